@@ -1,0 +1,89 @@
+#include "core/tensor.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace primus_turbo {
+
+int dtype_bits(int32_t dtype) {
+  switch (dtype) {
+    case PT_FLOAT32: return 32;
+    case PT_FLOAT16: return 16;
+    case PT_BFLOAT16: return 16;
+    case PT_FLOAT8_E4M3: return 8;
+    case PT_FLOAT8_E5M2: return 8;
+    case PT_FLOAT8_E8M0: return 8;
+    case PT_FLOAT4_E2M1_X2: return 8;  // one storage element holds two FP4 values
+    case PT_INT32: return 32;
+    case PT_INT64: return 64;
+    case PT_UINT8: return 8;
+    default: PT_THROW(PT_ERROR_INVALID_ARGUMENT, "unknown dtype code ", dtype);
+  }
+}
+
+const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case PT_FLOAT32: return "float32";
+    case PT_FLOAT16: return "float16";
+    case PT_BFLOAT16: return "bfloat16";
+    case PT_FLOAT8_E4M3: return "float8_e4m3fn";
+    case PT_FLOAT8_E5M2: return "float8_e5m2";
+    case PT_FLOAT8_E8M0: return "float8_e8m0fnu";
+    case PT_FLOAT4_E2M1_X2: return "float4_e2m1fn_x2";
+    case PT_INT32: return "int32";
+    case PT_INT64: return "int64";
+    case PT_UINT8: return "uint8";
+    default: return "unknown";
+  }
+}
+
+std::string shape_string(const pt_tensor& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int i = 0; i < t.ndim; ++i) os << (i ? ", " : "") << t.shape[i];
+  os << "]";
+  return os.str();
+}
+
+Matrix2D as_matrix(const pt_tensor* t, const char* name) {
+  PT_CHECK_ARG(t != nullptr, "argument '", name, "' is null");
+  PT_CHECK_ARG(t->ndim == 2, "argument '", name, "' must be 2-D, got ", t->ndim,
+               "-D with shape ", shape_string(*t));
+  dtype_bits(t->dtype);  // validates the code
+  Matrix2D m;
+  m.t = t;
+  m.rows = t->shape[0];
+  m.cols = t->shape[1];
+  PT_CHECK_ARG(m.rows >= 0 && m.cols >= 0, "argument '", name, "' has a negative dimension ",
+               shape_string(*t));
+  // Row-major when the column stride is 1, column-major when the row stride is 1. A dimension of
+  // size 1 has no meaningful stride, so a single row or column can be read either way.
+  const int64_t s0 = t->strides[0], s1 = t->strides[1];
+  if (s1 == 1 || (m.cols <= 1 && s0 >= 1)) {
+    m.row_major = true;
+    m.ld = m.rows <= 1 ? std::max<int64_t>({s0, m.cols, 1}) : s0;
+  } else if (s0 == 1 || (m.rows <= 1 && s1 >= 1)) {
+    m.row_major = false;
+    m.ld = m.cols <= 1 ? std::max<int64_t>({s1, m.rows, 1}) : s1;
+  } else {
+    PT_THROW(PT_ERROR_INVALID_ARGUMENT, "argument '", name, "' with shape ", shape_string(*t),
+             " and strides [", s0, ", ", s1,
+             "] has no unit stride; expected a row-major or column-major matrix (make it "
+             "contiguous first)");
+  }
+  const int64_t inner = m.row_major ? m.cols : m.rows;
+  PT_CHECK_ARG(m.ld >= std::max<int64_t>(inner, 1), "argument '", name, "' with shape ",
+               shape_string(*t), " has leading dimension ", m.ld, " smaller than its ",
+               m.row_major ? "row" : "column", " length ", inner);
+  PT_CHECK_ARG(t->data != nullptr || m.rows == 0 || m.cols == 0, "argument '", name,
+               "' has a null data pointer");
+  return m;
+}
+
+bool is_aligned16(const Matrix2D& m) {
+  const int64_t bits = dtype_bits(m.t->dtype);
+  const auto addr = reinterpret_cast<uintptr_t>(m.t->data);
+  return addr % 16 == 0 && (m.ld * bits) % 128 == 0;
+}
+
+}  // namespace primus_turbo

@@ -1,0 +1,34 @@
+// Views over the C API's pt_tensor: dtype facts and the layout questions kernels ask.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+#include "primus_turbo/primus_turbo.h"
+
+namespace primus_turbo {
+
+// Size in bits (FP4 packs two values per byte, so bytes are not enough).
+int dtype_bits(int32_t dtype);
+const char* dtype_name(int32_t dtype);
+
+// A 2-D matrix seen as stored: rows x cols with one unit stride.
+struct Matrix2D {
+  const pt_tensor* t = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  bool row_major = true;  // stride(1) == 1; otherwise column-major (stride(0) == 1)
+  int64_t ld = 0;         // leading dimension in elements
+};
+
+// Checks t is a non-null 2-D tensor with one unit stride and returns how it is stored.
+// `name` appears in every message ("argument 'a' ...").
+Matrix2D as_matrix(const pt_tensor* t, const char* name);
+
+// Whether a pointer and leading dimension allow 16-byte vector / TMA access.
+bool is_aligned16(const Matrix2D& m);
+
+std::string shape_string(const pt_tensor& t);
+
+}  // namespace primus_turbo

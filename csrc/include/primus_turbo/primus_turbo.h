@@ -1,0 +1,151 @@
+// Primus-Turbo core C API.
+//
+// Framework-free: every function takes plain tensor descriptors (pointer, dtype, shape, strides
+// in elements), a CUDA stream and returns a status. Bindings (PyTorch now, JAX later) translate
+// their tensors into pt_tensor and a non-zero status into an exception carrying pt_last_error().
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define PT_API __attribute__((visibility("default")))
+#else
+#define PT_API
+#endif
+
+#define PT_MAX_DIMS 8
+
+typedef enum pt_status {
+  PT_SUCCESS = 0,
+  PT_ERROR_INVALID_ARGUMENT = 1,  // the caller's fault: shape, dtype, stride, alignment
+  PT_ERROR_NOT_SUPPORTED = 2,     // valid, but this backend/config does not implement it
+  PT_ERROR_CUDA = 3,              // CUDA runtime or driver error
+  PT_ERROR_CUBLAS = 4,            // cuBLAS / cuBLASLt error
+  PT_ERROR_JIT = 5,               // compiling or loading a JIT kernel failed
+  PT_ERROR_INTERNAL = 6,
+} pt_status;
+
+typedef enum pt_dtype {
+  PT_FLOAT32 = 0,
+  PT_FLOAT16 = 1,
+  PT_BFLOAT16 = 2,
+  PT_FLOAT8_E4M3 = 3,
+  PT_FLOAT8_E5M2 = 4,
+  PT_FLOAT8_E8M0 = 5,
+  PT_FLOAT4_E2M1_X2 = 6,
+  PT_INT32 = 7,
+  PT_INT64 = 8,
+  PT_UINT8 = 9,
+  PT_NUM_DTYPES = 10,
+} pt_dtype;
+
+typedef struct pt_tensor {
+  void* data;
+  int32_t dtype;  // pt_dtype
+  int32_t ndim;
+  int64_t shape[PT_MAX_DIMS];
+  int64_t strides[PT_MAX_DIMS];  // in elements
+} pt_tensor;
+
+// Implementations ("backends"). The numbering is part of the ABI; bindings mirror it.
+typedef enum pt_backend {
+  PT_BACKEND_NONE = 0,
+  PT_BACKEND_CUBLASLT = 1,
+  PT_BACKEND_CUTLASS = 2,
+  PT_BACKEND_CUDNN = 3,
+  PT_BACKEND_TURBO = 4,  // the library's own plain CUDA kernels
+  PT_BACKEND_NCCL = 5,
+  PT_BACKEND_DEEP_EP = 6,
+  PT_NUM_BACKENDS = 7,
+} pt_backend;
+
+// Operator families that carry a backend setting.
+typedef enum pt_op_family {
+  PT_OP_GEMM = 0,
+  PT_OP_GROUPED_GEMM = 1,
+  PT_OP_ATTN = 2,
+  PT_OP_MOE_DISPATCH_COMBINE = 3,
+  PT_NUM_OP_FAMILIES = 4,
+} pt_op_family;
+
+typedef enum pt_precision {
+  PT_PRECISION_BF16_FP16_FP32 = 0,
+  PT_PRECISION_FP8 = 1,
+  PT_PRECISION_FP4 = 2,
+  PT_NUM_PRECISIONS = 3,
+} pt_precision;
+
+// ---- errors and version -------------------------------------------------------------------
+// Message of the last failed call on this thread ("" if none).
+PT_API const char* pt_last_error(void);
+PT_API const char* pt_version(void);
+
+// ---- backend selection (code setting > environment > autotune > default > any) ------------
+// Name -> backend. Accepts NVIDIA names and the original AMD names where a natural equivalent
+// exists (HIPBLASLT -> CUBLASLT, CK -> CUTLASS); anything else is PT_ERROR_INVALID_ARGUMENT with a
+// message listing the choices.
+PT_API pt_status pt_backend_from_name(const char* name, int32_t* backend);
+PT_API const char* pt_backend_name(int32_t backend);
+// precision < 0: every precision. backend 0 with auto_tune 0 clears the code setting.
+PT_API pt_status pt_backend_set(int32_t op, int32_t precision, int32_t backend, int32_t auto_tune);
+// The code setting alone (backend 0 and auto_tune 0 when unset).
+PT_API pt_status pt_backend_get_code(int32_t op, int32_t precision, int32_t* backend,
+                                     int32_t* auto_tune);
+// The environment setting alone (PRIMUS_TURBO_<OP>_BACKEND), parsed; error on a bad value.
+PT_API pt_status pt_backend_get_env(int32_t op, int32_t precision, int32_t* backend,
+                                    int32_t* auto_tune);
+// enabled < 0 clears the code setting (PRIMUS_TURBO_AUTO_TUNE then decides).
+PT_API pt_status pt_autotune_set_enabled(int32_t enabled);
+PT_API int32_t pt_autotune_enabled(void);
+// Resolves code > environment > global autotune. *backend is 0 when nothing forces a choice;
+// *auto_tune is 1 when the op should profile its candidates.
+PT_API pt_status pt_backend_resolve(int32_t op, int32_t precision, int32_t* backend,
+                                    int32_t* auto_tune);
+PT_API pt_status pt_backend_reset(void);
+
+// ---- autotune cache (memory, persisted under <cache dir>/autotune) ------------------------
+// Returns 1 and copies the value when the key is known, 0 otherwise.
+PT_API int32_t pt_autotune_lookup(const char* key, char* value, size_t value_len);
+PT_API pt_status pt_autotune_store(const char* key, const char* value);
+// Clears memory; with also_disk, removes the persisted file too.
+PT_API pt_status pt_autotune_clear(int32_t also_disk);
+PT_API pt_status pt_autotune_cache_file(char* path, size_t path_len);
+
+// ---- JIT runtime -----------------------------------------------------------------------------
+PT_API pt_status pt_jit_set_cutlass_include(const char* path);
+PT_API pt_status pt_jit_cache_dir(char* path, size_t path_len);
+// Number of modules compiled / loaded from disk in this process (for tests and progress).
+PT_API pt_status pt_jit_stats(int64_t* compiled, int64_t* loaded_from_disk);
+
+// ---- GEMM: d = alpha * op(a) @ op(b) + beta * d ------------------------------------------
+// a, b, d are 2-D; each of a and b may be row- or column-major (any leading dimension), d is
+// row-major. backend: PT_BACKEND_CUBLASLT or PT_BACKEND_CUTLASS. config: index into the backend's
+// candidate list for this problem, or -1 for its heuristic default.
+PT_API pt_status pt_gemm(const pt_tensor* a, const pt_tensor* b, pt_tensor* d, int32_t trans_a,
+                         int32_t trans_b, float alpha, float beta, int32_t backend, int32_t config,
+                         void* workspace, size_t workspace_bytes, void* stream);
+// Whether backend accepts the problem (1/0), how many configs it offers, and if not, why.
+// Checks arguments first (an invalid problem is an error, not a refusal). No device work.
+PT_API pt_status pt_gemm_query(const pt_tensor* a, const pt_tensor* b, const pt_tensor* d,
+                               int32_t trans_a, int32_t trans_b, float beta, int32_t backend,
+                               int32_t* accepted, int32_t* num_configs, char* reason,
+                               size_t reason_len);
+// Human-readable name of a config (for logs and autotune cache values).
+PT_API pt_status pt_gemm_config_name(const pt_tensor* a, const pt_tensor* b, const pt_tensor* d,
+                                     int32_t trans_a, int32_t trans_b, float beta, int32_t backend,
+                                     int32_t config, char* name, size_t name_len);
+// Compiles (or loads from the cache) the kernel module a CUTLASS config needs, without running
+// it. Safe to call from several threads at once: used to compile autotune candidates in parallel.
+PT_API pt_status pt_gemm_prepare(const pt_tensor* a, const pt_tensor* b, const pt_tensor* d,
+                                 int32_t trans_a, int32_t trans_b, float beta, int32_t backend,
+                                 int32_t config);
+PT_API size_t pt_gemm_workspace_bytes(void);
+
+#ifdef __cplusplus
+}
+#endif

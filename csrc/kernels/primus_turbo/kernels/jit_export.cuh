@@ -1,0 +1,21 @@
+// Macros a generated JIT translation unit uses to export one kernel through the C ABI of jit_abi.h.
+#pragma once
+
+#include "primus_turbo/kernels/jit_abi.h"
+
+#define PT_JIT_EXPORT_ABI_VERSION \
+  extern "C" __attribute__((visibility("default"))) int pt_jit_abi_version() { \
+    return PT_JIT_ABI_VERSION;                                                  \
+  }
+
+// Exports Kernel::run and Kernel::workspace as pt_gemm_run / pt_gemm_workspace.
+#define PT_JIT_EXPORT_GEMM(Kernel)                                                          \
+  PT_JIT_EXPORT_ABI_VERSION                                                                 \
+  extern "C" __attribute__((visibility("default"))) int pt_gemm_run(                        \
+      const PtGemmParams* params, char* err, size_t err_len) {                              \
+    return Kernel::run(params, err, err_len);                                               \
+  }                                                                                         \
+  extern "C" __attribute__((visibility("default"))) int pt_gemm_workspace(                  \
+      const PtGemmParams* params, size_t* bytes, char* err, size_t err_len) {               \
+    return Kernel::workspace(params, bytes, err, err_len);                                  \
+  }

@@ -1,0 +1,33 @@
+#include "runtime/device.h"
+
+#include <map>
+#include <mutex>
+
+#include "core/cuda_check.h"
+
+namespace primus_turbo {
+
+int current_device() {
+  int dev = 0;
+  PT_CHECK_CUDA(cudaGetDevice(&dev));
+  return dev;
+}
+
+const DeviceInfo& device_info(int device) {
+  static std::mutex mutex;
+  static std::map<int, DeviceInfo> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  cudaDeviceProp prop;
+  PT_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  DeviceInfo info;
+  info.index = device;
+  info.sm_count = prop.multiProcessorCount;
+  info.major = prop.major;
+  info.minor = prop.minor;
+  info.name = prop.name;
+  return cache.emplace(device, info).first->second;
+}
+
+}  // namespace primus_turbo

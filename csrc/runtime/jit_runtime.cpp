@@ -1,0 +1,251 @@
+#include "runtime/jit_runtime.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <future>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "core/sha256.h"
+#include "primus_turbo/kernels/jit_abi.h"
+#include "runtime/jit_compiler.h"
+
+namespace primus_turbo::jit {
+
+namespace {
+
+constexpr const char* kModuleFile = "module.so";
+constexpr const char* kDigestFile = "module.sha256";
+
+std::mutex g_mutex;
+std::string g_cutlass_include;  // guarded by g_mutex
+std::map<std::string, std::shared_ptr<const Module>> g_modules;
+std::map<std::string, std::shared_future<std::shared_ptr<const Module>>> g_in_flight;
+std::atomic<int64_t> g_compiled{0};
+std::atomic<int64_t> g_loaded{0};
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void list_files(const std::string& dir, const std::string& rel, std::vector<std::string>* out) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    const std::string full = dir + "/" + name;
+    const std::string r = rel.empty() ? name : rel + "/" + name;
+    if (is_dir(full)) list_files(full, r, out);
+    else out->push_back(r);
+  }
+  closedir(d);
+}
+
+void remove_tree(const std::string& path) {
+  if (!is_dir(path)) {
+    unlink(path.c_str());
+    return;
+  }
+  std::vector<std::string> files;
+  list_files(path, "", &files);
+  for (const auto& f : files) unlink((path + "/" + f).c_str());
+  // Subdirectories are not created by the runtime; a flat remove is enough.
+  rmdir(path.c_str());
+}
+
+// Digest of every kernel header's relative path and content, computed once per process.
+const std::string& kernel_headers_digest() {
+  static std::once_flag once;
+  static std::string digest;
+  std::call_once(once, [] {
+    const std::string root = kernel_include();
+    std::vector<std::string> files;
+    list_files(root, "", &files);
+    std::sort(files.begin(), files.end());
+    Sha256 h;
+    for (const auto& f : files) {
+      std::string content;
+      read_file(root + "/" + f, &content);
+      h.update(f).update("\0", 1).update(content).update("\0", 1);
+    }
+    digest = h.hex_digest();
+  });
+  return digest;
+}
+
+std::string cutlass_version_digest() {
+  std::string content;
+  const std::string path = cutlass_include() + "/cutlass/version.h";
+  PT_CHECK_ARG(read_file(path, &content), "CUTLASS headers not found: ", path,
+               " does not exist (set PRIMUS_TURBO_CUTLASS_INCLUDE to the directory holding "
+               "cutlass/ and cute/, e.g. the nvidia-cutlass package's "
+               "cutlass_library/source/include)");
+  return sha256_hex(content);
+}
+
+std::string library_dir() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&kernel_include), &info) == 0 || info.dli_fname == nullptr) {
+    return ".";
+  }
+  std::string path = info.dli_fname;
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+std::string file_digest(const std::string& path) {
+  std::string data;
+  if (!read_file(path, &data)) return "";
+  return sha256_hex(data);
+}
+
+// A published entry is usable when its shared object matches the digest written beside it.
+bool entry_is_valid(const std::string& dir) {
+  std::string recorded;
+  if (!read_file(dir + "/" + kDigestFile, &recorded)) return false;
+  recorded = trim(recorded);
+  return !recorded.empty() && recorded == file_digest(dir + "/" + kModuleFile);
+}
+
+std::shared_ptr<const Module> load(const std::string& dir) {
+  const std::string path = dir + "/" + kModuleFile;
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) PT_THROW(PT_ERROR_JIT, "cannot load JIT module ", path, ": ", dlerror());
+  auto module = std::make_shared<const Module>(handle, path);
+  auto version = module->function<PtJitAbiVersionFn>("pt_jit_abi_version");
+  PT_CHECK_INTERNAL(version() == PT_JIT_ABI_VERSION, "JIT module ", path, " has ABI version ",
+                    version(), ", expected ", PT_JIT_ABI_VERSION);
+  return module;
+}
+
+std::shared_ptr<const Module> build_or_load(const ModuleRequest& request, const std::string& key) {
+  const std::string root = jit_cache_dir();
+  const std::string final_dir = str_cat(root, "/", request.name, "-", key.substr(0, 20));
+  if (is_dir(final_dir)) {
+    if (entry_is_valid(final_dir)) {
+      ++g_loaded;
+      return load(final_dir);
+    }
+    // Corrupt or half-deleted: move it out of the way atomically, then rebuild.
+    const std::string trash = str_cat(root, "/.trash-", unique_suffix());
+    if (rename(final_dir.c_str(), trash.c_str()) == 0) remove_tree(trash);
+  }
+
+  const Compiler& compiler = find_compiler();
+  const std::string tmp = str_cat(root, "/.tmp-", unique_suffix());
+  make_dirs(tmp);
+  try {
+    const std::string src = tmp + "/kernel.cu";
+    write_file_atomic(src, request.source);
+    std::vector<std::string> includes = {kernel_include()};
+    if (request.needs_cutlass) includes.push_back(cutlass_include());
+    compile_module(compiler, src, tmp + "/" + kModuleFile, includes, request.arch,
+                   tmp + "/build.log");
+    write_file_atomic(tmp + "/" + kDigestFile, file_digest(tmp + "/" + kModuleFile) + "\n");
+  } catch (...) {
+    remove_tree(tmp);
+    throw;
+  }
+  ++g_compiled;
+  if (rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    // Another process published the same key first: use theirs if it is sound.
+    remove_tree(tmp);
+    PT_CHECK_INTERNAL(entry_is_valid(final_dir), "cannot publish JIT module to ", final_dir, ": ",
+                      std::strerror(errno));
+  }
+  return load(final_dir);
+}
+
+}  // namespace
+
+void* Module::symbol(const char* name) const {
+  dlerror();
+  void* sym = dlsym(handle_, name);
+  if (sym == nullptr) PT_THROW(PT_ERROR_JIT, "JIT module ", path_, " has no symbol '", name, "'");
+  return sym;
+}
+
+void set_cutlass_include(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_cutlass_include = path;
+}
+
+std::string cutlass_include() {
+  if (auto v = env_value("PRIMUS_TURBO_CUTLASS_INCLUDE")) return *v;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_cutlass_include.empty()) {
+    PT_THROW(PT_ERROR_JIT,
+             "CUTLASS headers are not configured: install the nvidia-cutlass package (the Python "
+             "binding finds it) or set PRIMUS_TURBO_CUTLASS_INCLUDE");
+  }
+  return g_cutlass_include;
+}
+
+std::string kernel_include() {
+  if (auto v = env_value("PRIMUS_TURBO_KERNEL_INCLUDE")) return *v;
+  return library_dir() + "/../include";
+}
+
+std::string jit_cache_dir() {
+  const std::string dir = cache_root() + "/jit";
+  make_dirs(dir);
+  return dir;
+}
+
+std::string module_key(const ModuleRequest& request) {
+  Sha256 h;
+  h.update(str_cat("abi=", PT_JIT_ABI_VERSION, "\n"));
+  h.update(request.source).update("\n");
+  h.update("kernels=").update(kernel_headers_digest()).update("\n");
+  if (request.needs_cutlass) h.update("cutlass=").update(cutlass_version_digest()).update("\n");
+  h.update("compiler=").update(find_compiler().identity).update("\n");
+  for (const auto& f : module_flags(request.arch)) h.update(f).update(" ");
+  return h.hex_digest();
+}
+
+std::shared_ptr<const Module> get_module(const ModuleRequest& request) {
+  const std::string key = module_key(request);
+  std::promise<std::shared_ptr<const Module>> promise;
+  {
+    std::unique_lock<std::mutex> lock(g_mutex);
+    auto it = g_modules.find(key);
+    if (it != g_modules.end()) return it->second;
+    auto flight = g_in_flight.find(key);
+    if (flight != g_in_flight.end()) {
+      auto future = flight->second;
+      lock.unlock();
+      return future.get();  // rethrows the builder's error
+    }
+    g_in_flight.emplace(key, promise.get_future().share());
+  }
+  std::shared_ptr<const Module> module;
+  try {
+    module = build_or_load(request, key);
+  } catch (...) {
+    promise.set_exception(std::current_exception());
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_in_flight.erase(key);
+    throw;
+  }
+  promise.set_value(module);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_modules.emplace(key, module);
+  g_in_flight.erase(key);
+  return module;
+}
+
+Stats stats() { return Stats{g_compiled.load(), g_loaded.load()}; }
+
+}  // namespace primus_turbo::jit
