@@ -57,9 +57,10 @@ Matrix2D as_matrix(const pt_tensor* t, const char* name) {
   PT_CHECK_ARG(m.rows >= 0 && m.cols >= 0, "argument '", name, "' has a negative dimension ",
                shape_string(*t));
   // Row-major when the column stride is 1, column-major when the row stride is 1. A dimension of
-  // size 1 has no meaningful stride, so a single row or column can be read either way.
+  // size 1 has no meaningful stride, so a single row or column can be read either way, and a
+  // single element (e.g. an expanded scalar, strides [0, 0]) with any strides at all.
   const int64_t s0 = t->strides[0], s1 = t->strides[1];
-  if (s1 == 1 || (m.cols <= 1 && s0 >= 1)) {
+  if (s1 == 1 || (m.cols <= 1 && (s0 >= 1 || m.rows <= 1))) {
     m.row_major = true;
     m.ld = m.rows <= 1 ? std::max<int64_t>({s0, m.cols, 1}) : s0;
   } else if (s0 == 1 || (m.rows <= 1 && s1 >= 1)) {

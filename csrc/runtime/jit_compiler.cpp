@@ -113,7 +113,8 @@ std::vector<std::string> module_flags(const std::string& arch) {
           "--expt-relaxed-constexpr",
           "-shared",
           "-Xcompiler=-fPIC,-fvisibility=hidden",
-          "-cudart=static"};
+          // One shared CUDA runtime for every module (the one the framework already loaded).
+          "-cudart=shared"};
 }
 
 void compile_module(const Compiler& compiler, const std::string& source_path,
@@ -122,6 +123,11 @@ void compile_module(const Compiler& compiler, const std::string& source_path,
   std::string cmd = shell_quote(compiler.path);
   for (const auto& f : module_flags(arch)) cmd += " " + f;
   for (const auto& dir : include_dirs) cmd += " -I" + shell_quote(dir);
+  // Where to find libcudart when no framework has loaded it; a fallback, so not part of the key.
+  const auto bin = compiler.path.rfind("/bin/");
+  if (bin != std::string::npos) {
+    cmd += " -Xlinker -rpath," + shell_quote(compiler.path.substr(0, bin) + "/lib64");
+  }
   cmd += " " + shell_quote(source_path) + " -o " + shell_quote(output_path);
   std::string output;
   const int rc = run_command(cmd, &output);

@@ -135,6 +135,9 @@ PT_API pt_status pt_gemm_query(const pt_tensor* a, const pt_tensor* b, const pt_
                                int32_t trans_a, int32_t trans_b, float beta, int32_t backend,
                                int32_t* accepted, int32_t* num_configs, char* reason,
                                size_t reason_len);
+// Size of a backend's fixed config list (CUTLASS), or -1 when it depends on the problem
+// (cuBLASLt's heuristic candidates). Needs no GPU.
+PT_API int32_t pt_gemm_num_configs(int32_t backend);
 // Human-readable name of a config (for logs and autotune cache values).
 PT_API pt_status pt_gemm_config_name(const pt_tensor* a, const pt_tensor* b, const pt_tensor* d,
                                      int32_t trans_a, int32_t trans_b, float beta, int32_t backend,
@@ -144,6 +147,11 @@ PT_API pt_status pt_gemm_config_name(const pt_tensor* a, const pt_tensor* b, con
 PT_API pt_status pt_gemm_prepare(const pt_tensor* a, const pt_tensor* b, const pt_tensor* d,
                                  int32_t trans_a, int32_t trans_b, float beta, int32_t backend,
                                  int32_t config);
+// The part of an autotune key that identifies the problem: sizes, dtypes, layouts, alignment and
+// whether it accumulates. Bindings prefix it with the op and GPU name.
+PT_API pt_status pt_gemm_problem_key(const pt_tensor* a, const pt_tensor* b, const pt_tensor* d,
+                                     int32_t trans_a, int32_t trans_b, float beta, char* key,
+                                     size_t key_len);
 PT_API size_t pt_gemm_workspace_bytes(void);
 
 #ifdef __cplusplus

@@ -3,7 +3,9 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "core/tensor.h"
 #include "ops/gemm/gemm_backend.h"
+#include "ops/gemm/gemm_cutlass_configs.h"
 
 using namespace primus_turbo;
 using namespace primus_turbo::gemm;
@@ -57,6 +59,14 @@ pt_status pt_gemm_query(const pt_tensor* a, const pt_tensor* b, const pt_tensor*
   });
 }
 
+int32_t pt_gemm_num_configs(int32_t backend) {
+  int32_t n = -1;
+  api_guard([&] {
+    if (backend == PT_BACKEND_CUTLASS) n = static_cast<int32_t>(cutlass_candidates().size());
+  });
+  return n;
+}
+
 pt_status pt_gemm_config_name(const pt_tensor* a, const pt_tensor* b, const pt_tensor* d,
                               int32_t trans_a, int32_t trans_b, float beta, int32_t backend,
                               int32_t config, char* name, size_t name_len) {
@@ -74,6 +84,19 @@ pt_status pt_gemm_prepare(const pt_tensor* a, const pt_tensor* b, const pt_tenso
     const Problem p = make_problem(a, b, d, trans_a, trans_b, 1.0f, beta);
     const Backend& be = backend_for(backend);
     be.prepare(p, resolve_config(be, p, config));
+  });
+}
+
+pt_status pt_gemm_problem_key(const pt_tensor* a, const pt_tensor* b, const pt_tensor* d,
+                              int32_t trans_a, int32_t trans_b, float beta, char* key,
+                              size_t key_len) {
+  return api_guard([&] {
+    const Problem p = make_problem(a, b, d, trans_a, trans_b, 1.0f, beta);
+    copy_out(str_cat(p.m, "x", p.n, "x", p.k, "|", dtype_name(p.ab_dtype), ">",
+                     dtype_name(p.d_dtype), "|", p.layout_code(), "|align",
+                     p.a.aligned16 && p.b.aligned16 && p.d_aligned16 ? 16 : 0,
+                     p.accumulate() ? "|accumulate" : ""),
+             key, key_len, "key");
   });
 }
 

@@ -1,0 +1,140 @@
+"""Loads libprimus_turbo and declares its C API (csrc/include/primus_turbo/primus_turbo.h).
+
+The core is reached through ctypes rather than a compiled Python extension: nothing here is built
+against a Python or framework version, so one install keeps working across torch releases, and
+ctypes releases the GIL during calls, which lets several threads compile JIT kernels at once.
+"""
+
+import ctypes
+import os
+from pathlib import Path
+
+PT_MAX_DIMS = 8
+
+# pt_status codes.
+PT_SUCCESS = 0
+PT_ERROR_INVALID_ARGUMENT = 1
+PT_ERROR_NOT_SUPPORTED = 2
+PT_ERROR_CUDA = 3
+PT_ERROR_CUBLAS = 4
+PT_ERROR_JIT = 5
+PT_ERROR_INTERNAL = 6
+
+
+class TurboError(RuntimeError):
+    """A failure inside a Primus-Turbo kernel, library call or the JIT compiler."""
+
+
+class TurboNotSupportedError(TurboError, NotImplementedError):
+    """The inputs are valid, but the chosen backend or configuration does not implement them."""
+
+
+class PtTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * PT_MAX_DIMS),
+        ("strides", ctypes.c_int64 * PT_MAX_DIMS),
+    ]
+
+
+def _library_path() -> Path:
+    override = os.environ.get("PRIMUS_TURBO_LIBRARY")
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parent.parent / "lib" / "libprimus_turbo.so"
+
+
+_P = ctypes.POINTER
+_i32, _i64, _f32, _sz = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_size_t
+_vp, _cp = ctypes.c_void_p, ctypes.c_char_p
+_T = _P(PtTensor)
+
+_PROTOTYPES = {
+    "pt_last_error": (_cp, []),
+    "pt_version": (_cp, []),
+    "pt_backend_from_name": (_i32, [_cp, _P(_i32)]),
+    "pt_backend_name": (_cp, [_i32]),
+    "pt_backend_set": (_i32, [_i32, _i32, _i32, _i32]),
+    "pt_backend_get_code": (_i32, [_i32, _i32, _P(_i32), _P(_i32)]),
+    "pt_backend_get_env": (_i32, [_i32, _i32, _P(_i32), _P(_i32)]),
+    "pt_autotune_set_enabled": (_i32, [_i32]),
+    "pt_autotune_enabled": (_i32, []),
+    "pt_backend_resolve": (_i32, [_i32, _i32, _P(_i32), _P(_i32)]),
+    "pt_backend_reset": (_i32, []),
+    "pt_autotune_lookup": (_i32, [_cp, _cp, _sz]),
+    "pt_autotune_store": (_i32, [_cp, _cp]),
+    "pt_autotune_clear": (_i32, [_i32]),
+    "pt_autotune_cache_file": (_i32, [_cp, _sz]),
+    "pt_jit_set_cutlass_include": (_i32, [_cp]),
+    "pt_jit_cache_dir": (_i32, [_cp, _sz]),
+    "pt_jit_stats": (_i32, [_P(_i64), _P(_i64)]),
+    "pt_gemm": (_i32, [_T, _T, _T, _i32, _i32, _f32, _f32, _i32, _i32, _vp, _sz, _vp]),
+    "pt_gemm_query": (_i32, [_T, _T, _T, _i32, _i32, _f32, _i32, _P(_i32), _P(_i32), _cp, _sz]),
+    "pt_gemm_num_configs": (_i32, [_i32]),
+    "pt_gemm_config_name": (_i32, [_T, _T, _T, _i32, _i32, _f32, _i32, _i32, _cp, _sz]),
+    "pt_gemm_prepare": (_i32, [_T, _T, _T, _i32, _i32, _f32, _i32, _i32]),
+    "pt_gemm_problem_key": (_i32, [_T, _T, _T, _i32, _i32, _f32, _cp, _sz]),
+    "pt_gemm_workspace_bytes": (_sz, []),
+}
+
+
+def _load():
+    path = _library_path()
+    if not path.exists():
+        raise ImportError(
+            f"Primus-Turbo's core library is missing at {path}; install the package with "
+            "'pip install .' (or set PRIMUS_TURBO_LIBRARY to a built libprimus_turbo.so)"
+        )
+    handle = ctypes.CDLL(str(path))
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        fn = getattr(handle, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return handle
+
+
+lib = _load()
+
+
+def last_error() -> str:
+    return lib.pt_last_error().decode(errors="replace")
+
+
+def check(status: int, context: str = "") -> None:
+    """Raises the Python exception matching a pt_status, with the core's message."""
+    if status == PT_SUCCESS:
+        return
+    message = last_error()
+    if context:
+        message = f"{context}: {message}"
+    if status == PT_ERROR_INVALID_ARGUMENT:
+        raise ValueError(message)
+    if status == PT_ERROR_NOT_SUPPORTED:
+        raise TurboNotSupportedError(message)
+    raise TurboError(message)
+
+
+def string_out(fn, *args, size: int = 4096) -> str:
+    """Calls a C function that fills (char* buf, size_t len) as its last two arguments."""
+    buf = ctypes.create_string_buffer(size)
+    check(fn(*args, buf, size))
+    return buf.value.decode()
+
+
+def _configure_cutlass() -> None:
+    if os.environ.get("PRIMUS_TURBO_CUTLASS_INCLUDE"):
+        return
+    import importlib.util
+
+    # Locate the package without importing it: only its headers are needed.
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or not spec.origin:
+        return  # reported by the JIT runtime only if a CUTLASS kernel is needed
+    include = Path(spec.origin).resolve().parent / "source" / "include"
+    if include.is_dir():
+        check(lib.pt_jit_set_cutlass_include(str(include).encode()))
+
+
+_configure_cutlass()

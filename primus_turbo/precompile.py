@@ -1,0 +1,109 @@
+"""Warm the JIT kernel cache ahead of time, e.g. on a build node or before a training job.
+
+    python -m primus_turbo.precompile --dtype bf16                  # every GEMM config, all layouts
+    python -m primus_turbo.precompile --dtype bf16 --layouts AkBk --configs 0 3 -j 8
+
+A CUTLASS GEMM module depends on dtypes, operand layouts and the tile configuration, not on
+M/N/K, so this compiles per (dtype, layout, config). Layout codes name the contiguous dimension of
+each operand: AkBk is a Linear forward (x @ w^T), AkBn its dgrad, AmBn its wgrad. No GPU is needed.
+"""
+
+import argparse
+import ctypes
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import List, Sequence, Tuple
+
+from primus_turbo._core import PtTensor, check, lib
+
+BACKEND_CUTLASS = 2
+_DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2}
+# Layout code -> (trans_a, trans_b) on row-major storage.
+LAYOUTS = {"AkBk": (0, 1), "AkBn": (0, 0), "AmBn": (1, 0), "AmBk": (1, 1)}
+_FAKE_PTR = 1 << 20  # a 16-byte aligned address: descriptors are inspected, never dereferenced
+
+
+def _matrix(rows: int, cols: int, dtype: int) -> PtTensor:
+    t = PtTensor()
+    t.data = _FAKE_PTR
+    t.dtype = dtype
+    t.ndim = 2
+    t.shape[0], t.shape[1] = rows, cols
+    t.strides[0], t.strides[1] = cols, 1
+    return t
+
+
+def _problem(dtype: int, out_dtype: int, layout: str, size: int = 256):
+    trans_a, trans_b = LAYOUTS[layout]
+    a = _matrix(size, size, dtype)
+    b = _matrix(size, size, dtype)
+    d = _matrix(size, size, out_dtype)
+    return a, b, d, trans_a, trans_b
+
+
+def num_cutlass_configs() -> int:
+    return lib.pt_gemm_num_configs(BACKEND_CUTLASS)
+
+
+def config_name(dtype: str, out_dtype: str, layout: str, config: int) -> str:
+    a, b, d, ta, tb = _problem(_DTYPES[dtype], _DTYPES[out_dtype], layout)
+    buf = ctypes.create_string_buffer(256)
+    check(lib.pt_gemm_config_name(a, b, d, ta, tb, 0.0, BACKEND_CUTLASS, config, buf, 256))
+    return f"gemm {dtype}->{out_dtype} {layout} {buf.value.decode()}"
+
+
+def compile_one(dtype: str, out_dtype: str, layout: str, config: int) -> float:
+    a, b, d, ta, tb = _problem(_DTYPES[dtype], _DTYPES[out_dtype], layout)
+    start = time.time()
+    check(lib.pt_gemm_prepare(a, b, d, ta, tb, 0.0, BACKEND_CUTLASS, config))
+    return time.time() - start
+
+
+def compile_all(jobs: Sequence[Tuple[str, str, str, int]], workers: int, quiet: bool = False) -> List[str]:
+    """Compiles jobs in parallel; returns the error messages (empty when all succeeded)."""
+    errors = []
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = {pool.submit(compile_one, *job): job for job in jobs}
+        for done, fut in enumerate(as_completed(futures), 1):
+            job = futures[fut]
+            label = config_name(*job)
+            try:
+                seconds = fut.result()
+                status = f"ok ({seconds:.1f} s)"
+            except Exception as e:  # report every failure, keep compiling the rest
+                errors.append(f"{label}: {e}")
+                status = "FAILED"
+            if not quiet:
+                bar = "#" * (30 * done // len(jobs))
+                print(f"[{bar:<30}] {done}/{len(jobs)} {label}: {status}", flush=True)
+    return errors
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
+    p.add_argument("--out-dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp32"],
+                   help="output dtypes (default: same as the input; add fp32 for main_grad accumulation)")
+    p.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    p.add_argument("--configs", nargs="+", type=int, default=None, help="config indices (default: all)")
+    p.add_argument("--gemm", nargs="*", default=None,
+                   help="MxNxK shapes (accepted for convenience; kernels do not depend on sizes)")
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args(argv)
+    configs = args.configs if args.configs is not None else list(range(num_cutlass_configs()))
+    jobs = []
+    for dt in args.dtype:
+        for out in args.out_dtype or [dt]:
+            for layout in args.layouts:
+                jobs.extend((dt, out, layout, c) for c in configs)
+    print(f"compiling {len(jobs)} kernel modules with {args.jobs} workers", flush=True)
+    errors = compile_all(jobs, args.jobs)
+    for e in errors:
+        print(e, file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Backend selection and autotuning, as the original library exposes it.
+
+Priority, highest first: code settings (``GlobalBackendManager.set_*_backend``) > environment
+variables (``PRIMUS_TURBO_*_BACKEND``) > autotune (``set_auto_tune`` / ``PRIMUS_TURBO_AUTO_TUNE``)
+> the operator's default > any registered backend that accepts the inputs (warned once).
+The state lives in the C++ core, so every binding sees the same settings.
+"""
+
+import ctypes
+from enum import Enum
+from typing import Optional, Union
+
+from primus_turbo._core import check, lib
+
+
+class BackendType(Enum):
+    """Implementations available on NVIDIA GPUs. Values mirror pt_backend in the C API."""
+
+    CUBLASLT = 1
+    CUTLASS = 2
+    CUDNN = 3
+    TURBO = 4
+    NCCL = 5
+    DEEP_EP = 6
+    # The original library's AMD names, where a natural equivalent exists (Enum aliases).
+    HIPBLASLT = 1
+    CK = 2
+    RCCL = 5
+
+    @classmethod
+    def _missing_(cls, value):
+        if isinstance(value, str):
+            return cls.from_name(value)
+        return None
+
+    @classmethod
+    def from_name(cls, name: str) -> "BackendType":
+        """Parses a name as the environment variables do (case-insensitive, AMD aliases)."""
+        code = ctypes.c_int32()
+        check(lib.pt_backend_from_name(name.encode(), ctypes.byref(code)))
+        return cls(code.value)
+
+
+class _AmdOnlyBackend:
+    """Class attribute for an AMD backend with no NVIDIA equivalent: reading it explains why."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, obj, owner):
+        BackendType.from_name(self.name)  # raises ValueError naming the NVIDIA choices
+
+
+for _name in ("AITER", "TRITON", "FLYDSL", "HIPKITTENS"):
+    setattr(BackendType, _name, _AmdOnlyBackend(_name))
+
+
+class PrecisionType(Enum):
+    """Precision classes a backend setting can target. Values mirror pt_precision."""
+
+    BF16_FP16_FP32 = 0
+    FP8 = 1
+    FP4 = 2
+
+
+class OpFamily(Enum):
+    GEMM = 0
+    GROUPED_GEMM = 1
+    ATTN = 2
+    MOE_DISPATCH_COMBINE = 3
+
+
+class BackendChoice:
+    """A resolved setting: a fixed backend, autotune, or neither."""
+
+    __slots__ = ("backend", "auto_tune")
+
+    def __init__(self, backend: Optional[BackendType] = None, auto_tune: bool = False):
+        self.backend = backend
+        self.auto_tune = auto_tune
+
+    def __repr__(self) -> str:
+        return f"BackendChoice(backend={self.backend}, auto_tune={self.auto_tune})"
+
+    def __eq__(self, other) -> bool:
+        return (
+            isinstance(other, BackendChoice)
+            and self.backend == other.backend
+            and self.auto_tune == other.auto_tune
+        )
+
+
+def _to_backend(backend: Union[None, str, BackendType]) -> int:
+    if backend is None:
+        return 0
+    if isinstance(backend, str):
+        backend = BackendType.from_name(backend)
+    if not isinstance(backend, BackendType):
+        raise TypeError(f"backend must be a BackendType, a name or None, got {type(backend).__name__}")
+    return backend.value
+
+
+def _to_precision(precision: Union[None, str, PrecisionType]) -> int:
+    if precision is None:
+        return -1
+    if isinstance(precision, str):
+        key = precision.strip().upper()
+        words = {"BF16": 0, "FP16": 0, "FP32": 0, "BF16_FP16_FP32": 0, "FP8": 1, "FP4": 2}
+        if key not in words:
+            raise ValueError(f"unknown precision '{precision}'; expected bf16, fp16, fp32, fp8 or fp4")
+        return words[key]
+    if not isinstance(precision, PrecisionType):
+        raise TypeError(f"precision must be a PrecisionType, a name or None, got {type(precision).__name__}")
+    return precision.value
+
+
+def _choice(fn, op: OpFamily, precision) -> Optional[BackendChoice]:
+    b, t = ctypes.c_int32(), ctypes.c_int32()
+    check(fn(op.value, _to_precision(precision), ctypes.byref(b), ctypes.byref(t)))
+    if b.value == 0 and not t.value:
+        return None
+    return BackendChoice(BackendType(b.value) if b.value else None, bool(t.value))
+
+
+class GlobalBackendManager:
+    """Process-wide backend settings for every operator family."""
+
+    @staticmethod
+    def _set(op: OpFamily, backend, precision, auto_tune: bool) -> None:
+        check(lib.pt_backend_set(op.value, _to_precision(precision), _to_backend(backend), int(auto_tune)))
+
+    @classmethod
+    def set_gemm_backend(cls, backend=None, precision=None, auto_tune: bool = False) -> None:
+        cls._set(OpFamily.GEMM, backend, precision, auto_tune)
+
+    @classmethod
+    def set_grouped_gemm_backend(cls, backend=None, precision=None, auto_tune: bool = False) -> None:
+        cls._set(OpFamily.GROUPED_GEMM, backend, precision, auto_tune)
+
+    @classmethod
+    def set_attn_backend(cls, backend=None, precision=None, auto_tune: bool = False) -> None:
+        cls._set(OpFamily.ATTN, backend, precision, auto_tune)
+
+    @classmethod
+    def set_moe_dispatch_combine_backend(cls, backend=None, precision=None, auto_tune: bool = False) -> None:
+        cls._set(OpFamily.MOE_DISPATCH_COMBINE, backend, precision, auto_tune)
+
+    @staticmethod
+    def get_backend(op: OpFamily, precision) -> Optional[BackendChoice]:
+        """The code setting, else the environment's, for one precision (None when neither)."""
+        if _to_precision(precision) < 0:
+            raise ValueError("precision is required to read a backend setting")
+        return _choice(lib.pt_backend_get_code, op, precision) or _choice(
+            lib.pt_backend_get_env, op, precision
+        )
+
+    @classmethod
+    def get_gemm_backend(cls, precision) -> Optional[BackendChoice]:
+        return cls.get_backend(OpFamily.GEMM, precision)
+
+    @classmethod
+    def get_grouped_gemm_backend(cls, precision) -> Optional[BackendChoice]:
+        return cls.get_backend(OpFamily.GROUPED_GEMM, precision)
+
+    @classmethod
+    def get_attn_backend(cls, precision) -> Optional[BackendChoice]:
+        return cls.get_backend(OpFamily.ATTN, precision)
+
+    @classmethod
+    def get_moe_dispatch_combine_backend(cls, precision) -> Optional[BackendChoice]:
+        return cls.get_backend(OpFamily.MOE_DISPATCH_COMBINE, precision)
+
+    @staticmethod
+    def set_auto_tune(enabled: Optional[bool]) -> None:
+        """True/False overrides PRIMUS_TURBO_AUTO_TUNE; None returns control to it."""
+        check(lib.pt_autotune_set_enabled(-1 if enabled is None else int(bool(enabled))))
+
+    @staticmethod
+    def auto_tune_enabled() -> bool:
+        return bool(lib.pt_autotune_enabled())
+
+    @staticmethod
+    def reset() -> None:
+        """Clears every code setting and the in-memory autotune results (the disk cache stays)."""
+        from primus_turbo.pytorch.core import autotune
+
+        check(lib.pt_backend_reset())
+        check(lib.pt_autotune_clear(0))
+        autotune.clear_memory()
+
+
+def resolve(op: OpFamily, precision: PrecisionType) -> BackendChoice:
+    """Code > environment > autotune, as the core resolves it."""
+    b, t = ctypes.c_int32(), ctypes.c_int32()
+    check(lib.pt_backend_resolve(op.value, precision.value, ctypes.byref(b), ctypes.byref(t)))
+    return BackendChoice(BackendType(b.value) if b.value else None, bool(t.value))

@@ -1,0 +1,115 @@
+"""Low-precision formats and quantization configurations (FP8 / FP4)."""
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "Format",
+    "ScalingGranularity",
+    "ScaleDtype",
+    "ScalingStrategy",
+    "ScalingRecipe",
+    "Float8QuantConfig",
+    "Float4QuantConfig",
+    "float8_e4m3",
+    "float8_e5m2",
+    "float4_e2m1fn_x2",
+]
+
+# The torch dtypes the formats map to on NVIDIA GPUs (OCP FP8 "fn" variants).
+float8_e4m3 = torch.float8_e4m3fn
+float8_e5m2 = torch.float8_e5m2
+float4_e2m1fn_x2 = getattr(torch, "float4_e2m1fn_x2", None)
+
+
+class Format(Enum):
+    E4M3 = "e4m3"
+    E5M2 = "e5m2"
+    HYBRID = "hybrid"  # forward and wgrad E4M3, dgrad's output gradient E5M2
+    E2M1_X2 = "e2m1_x2"  # FP4, two values per byte
+
+
+class ScalingGranularity(Enum):
+    TENSORWISE = "tensorwise"
+    ROWWISE = "rowwise"
+    BLOCKWISE = "blockwise"
+    MX_BLOCKWISE = "mx_blockwise"
+
+
+class ScaleDtype(Enum):
+    FP32 = "fp32"
+    E8M0 = "e8m0"
+
+
+class ScalingStrategy(Enum):
+    DYNAMIC = "dynamic"  # scales computed from the current tensor
+
+
+@dataclass
+class ScalingRecipe:
+    """FP4 training recipe switches (arXiv 2509.25149)."""
+
+    use_2d_block: bool = False  # 2-D (32x32) block scales, so a transposed weight reuses them
+    use_sr: bool = False  # stochastic rounding (for gradients)
+    use_rht: bool = False  # random Hadamard transform on the wgrad operands
+    rowwise: bool = True
+    colwise: bool = False
+
+
+@dataclass
+class Float8QuantConfig:
+    format: Format = Format.E4M3
+    granularity: ScalingGranularity = ScalingGranularity.TENSORWISE
+    strategy: ScalingStrategy = ScalingStrategy.DYNAMIC
+    scale_dtype: ScaleDtype = ScaleDtype.FP32
+    block_size: Optional[int] = None
+
+    def __post_init__(self):
+        if not isinstance(self.format, Format) or self.format == Format.E2M1_X2:
+            raise ValueError(f"Float8QuantConfig: format must be E4M3, E5M2 or HYBRID, got {self.format}")
+        if not isinstance(self.granularity, ScalingGranularity):
+            raise ValueError(f"Float8QuantConfig: unknown granularity {self.granularity!r}")
+        if self.strategy != ScalingStrategy.DYNAMIC:
+            raise ValueError(f"Float8QuantConfig: strategy {self.strategy} is not supported; expected DYNAMIC")
+        g = self.granularity
+        if g == ScalingGranularity.BLOCKWISE:
+            if self.block_size is None:
+                raise ValueError("Float8QuantConfig: BLOCKWISE granularity needs block_size (e.g. 128)")
+            if self.block_size <= 0 or self.block_size % 16:
+                raise ValueError(f"Float8QuantConfig: block_size={self.block_size} must be a positive multiple of 16")
+            if self.scale_dtype != ScaleDtype.FP32:
+                raise ValueError("Float8QuantConfig: BLOCKWISE granularity uses FP32 scales")
+        elif g == ScalingGranularity.MX_BLOCKWISE:
+            if self.block_size != 32:
+                raise ValueError(f"Float8QuantConfig: MX_BLOCKWISE needs block_size=32, got {self.block_size}")
+            if self.scale_dtype != ScaleDtype.E8M0:
+                raise ValueError("Float8QuantConfig: MX_BLOCKWISE needs scale_dtype=E8M0")
+        else:
+            if self.block_size is not None:
+                raise ValueError(f"Float8QuantConfig: block_size is only meaningful for BLOCKWISE/MX_BLOCKWISE, not {g.name}")
+            if self.scale_dtype != ScaleDtype.FP32:
+                raise ValueError(f"Float8QuantConfig: {g.name} granularity uses FP32 scales")
+
+
+@dataclass
+class Float4QuantConfig:
+    format: Format = Format.E2M1_X2
+    granularity: ScalingGranularity = ScalingGranularity.MX_BLOCKWISE
+    strategy: ScalingStrategy = ScalingStrategy.DYNAMIC
+    scale_dtype: ScaleDtype = ScaleDtype.E8M0
+    block_size: int = 32
+    scaling_recipe: ScalingRecipe = field(default_factory=ScalingRecipe)
+    scaling_recipe_for_trans: Optional[ScalingRecipe] = None
+
+    def __post_init__(self):
+        if self.format != Format.E2M1_X2:
+            raise ValueError(f"Float4QuantConfig: format must be E2M1_X2, got {self.format}")
+        if self.granularity != ScalingGranularity.MX_BLOCKWISE:
+            raise ValueError(f"Float4QuantConfig: granularity must be MX_BLOCKWISE, got {self.granularity}")
+        if self.scale_dtype != ScaleDtype.E8M0:
+            raise ValueError(f"Float4QuantConfig: scale_dtype must be E8M0, got {self.scale_dtype}")
+        if self.block_size != 32:
+            raise ValueError(f"Float4QuantConfig: block_size must be 32, got {self.block_size}")

@@ -1,0 +1,41 @@
+"""torch.Tensor -> the core's pt_tensor descriptor, plus the stream and workspace of a call."""
+
+import torch
+
+from primus_turbo._core import PtTensor, lib
+
+# Must match pt_dtype in csrc/include/primus_turbo/primus_turbo.h.
+_DTYPE_CODES = {
+    torch.float32: 0,
+    torch.float16: 1,
+    torch.bfloat16: 2,
+    torch.float8_e4m3fn: 3,
+    torch.float8_e5m2: 4,
+    torch.int32: 7,
+    torch.int64: 8,
+    torch.uint8: 9,
+}
+if hasattr(torch, "float8_e8m0fnu"):
+    _DTYPE_CODES[torch.float8_e8m0fnu] = 5
+if hasattr(torch, "float4_e2m1fn_x2"):
+    _DTYPE_CODES[torch.float4_e2m1fn_x2] = 6
+
+
+def to_pt(t: torch.Tensor) -> PtTensor:
+    desc = PtTensor()
+    desc.data = t.data_ptr() if t.numel() > 0 else None
+    desc.dtype = _DTYPE_CODES[t.dtype]
+    desc.ndim = t.dim()
+    for i, (size, stride) in enumerate(zip(t.shape, t.stride())):
+        desc.shape[i] = size
+        desc.strides[i] = stride
+    return desc
+
+
+def current_stream_handle(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def workspace(device: torch.device) -> torch.Tensor:
+    """Scratch memory for one call, from torch's caching allocator (so it is graph-safe)."""
+    return torch.empty(lib.pt_gemm_workspace_bytes(), dtype=torch.uint8, device=device)

@@ -1,0 +1,49 @@
+"""turbo.modules.Linear: a drop-in torch.nn.Linear whose matmuls run on turbo.ops.gemm."""
+
+import math
+
+import torch
+from torch import nn
+
+from primus_turbo.pytorch.ops.gemm import gemm
+
+__all__ = ["Linear"]
+
+
+class Linear(nn.Module):
+    """``y = x @ weight^T + bias`` with ``weight`` of shape ``[out_features, in_features]``.
+
+    Same parameters, initialization and numerics as ``torch.nn.Linear``; inputs may have any
+    number of leading dimensions.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty((out_features, in_features), **factory))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, **factory))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in = self.in_features
+            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"Linear: input's last dimension is {x.shape[-1]}; expected in_features={self.in_features}")
+        leading = x.shape[:-1]
+        out = gemm(x.reshape(-1, self.in_features), self.weight, trans_b=True)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*leading, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

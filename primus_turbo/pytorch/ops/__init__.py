@@ -1,0 +1,5 @@
+"""Operators: ``turbo.ops.*``."""
+
+from primus_turbo.pytorch.ops.gemm import gemm  # noqa: F401
+
+__all__ = ["gemm"]

@@ -1,0 +1,51 @@
+"""Argument checks shared by the operators: raised on the host, before any launch."""
+
+from typing import Optional, Tuple
+
+import torch
+
+
+def check_cuda_tensors(op: str, **tensors: torch.Tensor) -> None:
+    """Every tensor is on one CUDA device (fake/meta tensors pass: they only carry shapes)."""
+    device = None
+    for name, t in tensors.items():
+        if t.device.type == "meta":
+            continue
+        if t.device.type != "cuda":
+            raise ValueError(f"{op}: argument '{name}' is on {t.device}; expected a CUDA device")
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            raise ValueError(f"{op}: argument '{name}' is on {t.device} but the other inputs are on {device}")
+
+
+def matrix_operand(t: torch.Tensor, trans: bool) -> Tuple[torch.Tensor, bool]:
+    """Returns t unchanged when it is row- or column-major (any leading dimension); otherwise a
+    contiguous copy. The core reads either major order directly, so views cost nothing."""
+    rows, cols = t.shape
+    s0, s1 = t.stride()
+    if s1 == 1 or s0 == 1 or rows <= 1 or cols <= 1:
+        return t, trans
+    return t.contiguous(), trans
+
+
+def check_main_grad(weight: torch.Tensor, pattern: Optional[str]) -> Optional[torch.Tensor]:
+    """For fuse_bgrad_accum_pattern="megatron": validates weight.main_grad, marks the weight so
+    Megatron skips its own accumulation, and returns the buffer the wgrad GEMM adds into."""
+    if pattern is None:
+        return None
+    if pattern != "megatron":
+        raise ValueError(f"fuse_bgrad_accum_pattern must be None or 'megatron', got {pattern!r}")
+    main_grad = getattr(weight, "main_grad", None)
+    if not isinstance(main_grad, torch.Tensor):
+        raise ValueError("fuse_bgrad_accum_pattern='megatron' needs the weight to carry a 'main_grad' tensor")
+    if main_grad.shape != weight.shape:
+        raise ValueError(
+            f"weight.main_grad has shape {tuple(main_grad.shape)}; expected the weight's shape {tuple(weight.shape)}"
+        )
+    if main_grad.dtype not in (torch.float32, weight.dtype):
+        raise TypeError(f"weight.main_grad has dtype {main_grad.dtype}; expected float32 or {weight.dtype}")
+    if main_grad.stride(-1) != 1:
+        raise ValueError("weight.main_grad must be row-major (unit stride on its last dimension)")
+    weight.grad_added_to_main_grad = True
+    return main_grad

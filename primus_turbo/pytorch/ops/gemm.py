@@ -1,0 +1,207 @@
+"""turbo.ops.gemm: dense GEMM, forward and backward, on cuBLASLt or our CUTLASS Hopper kernels."""
+
+from typing import Optional, Tuple
+
+import torch
+
+from primus_turbo._core import check, lib
+from primus_turbo.pytorch.core import autotune
+from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType
+from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, to_pt, workspace
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad, matrix_operand
+
+__all__ = ["gemm"]
+
+_GEMM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _gemm_shape(a, b, trans_a: bool, trans_b: bool, out_dtype) -> Tuple[int, int, torch.dtype]:
+    """Validates arguments (no device work) and returns (m, n, out_dtype)."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"gemm: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"gemm: argument '{name}' must be 2-D, got shape {tuple(t.shape)}")
+        if t.dtype not in _GEMM_DTYPES:
+            raise TypeError(f"gemm: argument '{name}' has dtype {t.dtype}; expected float32, float16 or bfloat16")
+    if b.dtype != a.dtype:
+        raise TypeError(f"gemm: argument 'b' has dtype {b.dtype}; expected the dtype of 'a' ({a.dtype})")
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype not in _GEMM_DTYPES:
+        raise TypeError(f"gemm: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
+    if a.dtype == torch.float32 and out_dtype != torch.float32:
+        raise TypeError(f"gemm: out_dtype {out_dtype} is not supported for float32 inputs; expected float32")
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    if k != kb:
+        raise ValueError(
+            f"gemm: inner dimensions do not match: op(a) is [{m}, {k}] (a {tuple(a.shape)}, trans_a={trans_a}) "
+            f"but op(b) is [{kb}, {n}] (b {tuple(b.shape)}, trans_b={trans_b})"
+        )
+    check_cuda_tensors("gemm", a=a, b=b)
+    return m, n, out_dtype
+
+
+class GemmProblem(autotune.TunableProblem):
+    op = OpFamily.GEMM
+    precision = PrecisionType.BF16_FP16_FP32
+    default_backend = BackendType.CUBLASLT
+    backends = (BackendType.CUBLASLT, BackendType.CUTLASS)
+
+    def __init__(self, a, b, out, trans_a: bool, trans_b: bool, beta: float):
+        self.a, self.b, self.out = a, b, out
+        self.pa, self.pb, self.pout = to_pt(a), to_pt(b), to_pt(out)
+        self.trans_a, self.trans_b, self.beta = int(trans_a), int(trans_b), float(beta)
+        self.stream = current_stream_handle(out.device)
+        self.ws = workspace(out.device)
+        self._scratch = None
+
+    def _args(self):
+        return self.pa, self.pb, self.pout, self.trans_a, self.trans_b
+
+    def key(self) -> str:
+        import ctypes
+
+        buf = ctypes.create_string_buffer(512)
+        check(lib.pt_gemm_problem_key(*self._args(), self.beta, buf, len(buf)))
+        return buf.value.decode()
+
+    def query(self, backend: BackendType):
+        import ctypes
+
+        accepted, n = ctypes.c_int32(), ctypes.c_int32()
+        reason = ctypes.create_string_buffer(1024)
+        check(
+            lib.pt_gemm_query(
+                *self._args(), self.beta, backend.value, ctypes.byref(accepted), ctypes.byref(n), reason, len(reason)
+            )
+        )
+        return bool(accepted.value), n.value, reason.value.decode()
+
+    def prepare(self, backend: BackendType, config: int) -> None:
+        check(lib.pt_gemm_prepare(*self._args(), self.beta, backend.value, config))
+
+    def run(self, backend: BackendType, config: int, for_tuning: bool = False) -> None:
+        pout = self.pout
+        if for_tuning and self.beta != 0.0:
+            # Profiling must not accumulate into the caller's tensor several times.
+            if self._scratch is None:
+                self._scratch = self.out.clone()
+            pout = to_pt(self._scratch)
+        check(
+            lib.pt_gemm(
+                self.pa, self.pb, pout, self.trans_a, self.trans_b, 1.0, self.beta,
+                backend.value, config, self.ws.data_ptr(), self.ws.numel(), self.stream,
+            ),
+            context=f"gemm on {backend.name}",
+        )
+
+
+def _run_gemm(a, b, out, trans_a: bool, trans_b: bool, beta: float) -> None:
+    a, trans_a = matrix_operand(a, trans_a)
+    b, trans_b = matrix_operand(b, trans_b)
+    with torch.cuda.device(out.device):
+        problem = GemmProblem(a, b, out, trans_a, trans_b, beta)
+        if out.numel() == 0:
+            return
+        backend, config = autotune.select(problem, out.device)
+        problem.run(backend, config)
+
+
+@torch.library.custom_op("primus_turbo::gemm", mutates_args=())
+def _gemm_op(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    m, n, out_dtype = _gemm_shape(a, b, trans_a, trans_b, out_dtype)
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    _run_gemm(a, b, out, trans_a, trans_b, 0.0)
+    return out
+
+
+@_gemm_op.register_fake
+def _(a, b, trans_a, trans_b, out_dtype):
+    m, n, out_dtype = _gemm_shape(a, b, trans_a, trans_b, out_dtype)
+    return a.new_empty((m, n), dtype=out_dtype)
+
+
+@torch.library.custom_op("primus_turbo::gemm_accum_", mutates_args=("out",))
+def _gemm_accum_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, trans_a: bool, trans_b: bool) -> None:
+    """out += op(a) @ op(b), in the GEMM's epilogue (out may be float32 for bf16/fp16 inputs)."""
+    m, n, _ = _gemm_shape(a, b, trans_a, trans_b, out.dtype)
+    if tuple(out.shape) != (m, n):
+        raise ValueError(f"gemm: accumulation target has shape {tuple(out.shape)}; expected [{m}, {n}]")
+    check_cuda_tensors("gemm", a=a, out=out)
+    _run_gemm(a, b, out, trans_a, trans_b, 1.0)
+
+
+@_gemm_accum_op.register_fake
+def _(a, b, out, trans_a, trans_b):
+    _gemm_shape(a, b, trans_a, trans_b, out.dtype)
+
+
+_dummy_wgrads = {}
+
+
+def _dummy_wgrad(like: torch.Tensor) -> torch.Tensor:
+    """Stand-in weight gradient when wgrad went straight into main_grad: Megatron expects a tensor
+    (its hooks stand down because grad_added_to_main_grad is set) and never reads it."""
+    key = (tuple(like.shape), like.dtype, like.device)
+    if key not in _dummy_wgrads:
+        _dummy_wgrads[key] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    return _dummy_wgrads[key]
+
+
+class GemmFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, trans_a: bool, trans_b: bool, out_dtype, main_grad):
+        out = _gemm_op(a, b, trans_a, trans_b, out_dtype)
+        ctx.save_for_backward(a, b)
+        ctx.trans_a, ctx.trans_b = trans_a, trans_b
+        ctx.main_grad = main_grad
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a, b = ctx.saved_tensors
+        ta, tb = ctx.trans_a, ctx.trans_b
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            # d op(a) = grad_out @ op(b)^T, written in a's own orientation.
+            if ta:
+                grad_a = _gemm_op(b, grad_out, tb, True, a.dtype)
+            else:
+                grad_a = _gemm_op(grad_out, b, False, not tb, a.dtype)
+        if ctx.needs_input_grad[1] or ctx.main_grad is not None:
+            # d op(b) = op(a)^T @ grad_out, written in b's own orientation.
+            if tb:
+                args = (grad_out, a, True, ta)
+            else:
+                args = (a, grad_out, not ta, False)
+            if ctx.main_grad is not None:
+                _gemm_accum_op(args[0], args[1], ctx.main_grad, args[2], args[3])
+                grad_b = _dummy_wgrad(b)
+            else:
+                grad_b = _gemm_op(*args, b.dtype)
+        return grad_a, grad_b, None, None, None, None
+
+
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    out_dtype: Optional[torch.dtype] = None,
+    fuse_bgrad_accum_pattern: Optional[str] = None,
+) -> torch.Tensor:
+    """``op(a) @ op(b)`` where ``op`` transposes when ``trans_a`` / ``trans_b`` is set.
+
+    Args:
+        a: ``[M, K]`` (``[K, M]`` with ``trans_a``), float32, float16 or bfloat16, on a CUDA device.
+        b: ``[K, N]`` (``[N, K]`` with ``trans_b``), same dtype as ``a``.
+        out_dtype: output dtype (default: ``a.dtype``); float32 output is allowed for 16-bit inputs.
+        fuse_bgrad_accum_pattern: ``"megatron"`` accumulates the weight gradient of ``b`` into
+            ``b.main_grad`` inside the GEMM and sets ``b.grad_added_to_main_grad``.
+
+    Any row- or column-major view works (other strides are copied once). Differentiable.
+    """
+    _, _, out_dtype = _gemm_shape(a, b, trans_a, trans_b, out_dtype)
+    main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)
+    return GemmFunction.apply(a, b, bool(trans_a), bool(trans_b), out_dtype, main_grad)

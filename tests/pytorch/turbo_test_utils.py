@@ -1,0 +1,45 @@
+"""Reference checks shared by the tests: the gates of ACCURACY.md."""
+
+import torch
+
+# (rtol/atol, minimum SNR in dB) per output dtype.
+GATES = {
+    torch.float32: (1e-4, None),
+    torch.bfloat16: (1e-2, 45.0),
+    torch.float16: (1e-2, 50.0),
+}
+
+
+def snr_db(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out64, ref64 = out.double(), ref.double()
+    noise = (ref64 - out64).pow(2).sum().item()
+    signal = ref64.pow(2).sum().item()
+    if noise == 0:
+        return float("inf")
+    return 10.0 * torch.log10(torch.tensor(signal / noise)).item()
+
+
+def assert_gate(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "output") -> None:
+    """allclose at the dtype's tolerance and, for 16-bit types, the SNR floor; NaN/Inf fail."""
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    assert torch.isfinite(out).all() or not torch.isfinite(ref).all(), f"{what}: non-finite values"
+    tol, min_snr = GATES[dtype]
+    out64, ref64 = out.double(), ref.double()
+    if not torch.allclose(out64, ref64, rtol=tol, atol=tol):
+        err = (out64 - ref64).abs().max().item()
+        raise AssertionError(f"{what}: max abs error {err:.3g} exceeds rtol=atol={tol}")
+    if min_snr is not None and ref.numel() > 0:
+        snr = snr_db(out, ref)
+        assert snr >= min_snr, f"{what}: SNR {snr:.1f} dB < {min_snr} dB"
+
+
+def poisoned(shape, dtype, device="cuda") -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def poison_allocator(nbytes: int, device="cuda") -> None:
+    """Leaves a NaN-filled block in torch's caching allocator, so an op's next output of that size
+    starts as NaN: any element the kernel fails to write shows up in the check."""
+    block = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    block.view(torch.uint8).fill_(0xFF)  # 0xFFFF is NaN in bf16 and fp16, 0xFFFFFFFF in fp32
+    del block

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One command that validates a change on a machine with a GPU: install, warm the JIT kernel cache,
+# run the test suite (GPU tests included) and the benchmarks, leaving logs and results in OUT_DIR.
+#
+#   tools/gpu_check.sh OUT_DIR [all|tests|bench] [extra pytest args...]
+#
+# Offline machines: wheels placed in .whl/ are installed first; a JIT cache tarball placed at
+# .carry/jitcache.tgz seeds the kernel cache (kernels are keyed by content, so a cache built on
+# another machine with the same compiler is reused as is).
+set -uo pipefail
+OUT=${1:?usage: tools/gpu_check.sh OUT_DIR [all|tests|bench]}
+MODE=${2:-all}
+shift $(( $# >= 2 ? 2 : 1 ))
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+LOG="$OUT/run.log"
+export PYTHONUNBUFFERED=1
+export PRIMUS_TURBO_CACHE_DIR=${PRIMUS_TURBO_CACHE_DIR:-/tmp/primus_turbo_cache}
+JOBS=$(nproc)
+step() { echo "=== $* ($(date +%T))" | tee -a "$LOG"; }
+status=0
+
+step "machine"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvcc --version | tail -2;
+  python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'; } >> "$LOG" 2>&1
+
+if compgen -G ".whl/*.whl" > /dev/null; then
+  step "install carried wheels"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >> "$LOG" 2>&1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [ -f .carry/jitcache.tgz ]; then
+  mkdir -p "$PRIMUS_TURBO_CACHE_DIR" && tar xzf .carry/jitcache.tgz -C "$PRIMUS_TURBO_CACHE_DIR"
+fi
+
+step "install"
+python3 -m pip install -q --no-build-isolation --no-deps . >> "$LOG" 2>&1 || { echo "install failed" | tee -a "$LOG"; exit 1; }
+
+step "warm the kernel cache"
+python3 -P -m primus_turbo.precompile --dtype bf16 fp16 --configs 0 3 -j "$JOBS" >> "$LOG" 2>&1 || status=1
+python3 -P -m primus_turbo.precompile --dtype bf16 --layouts AkBk AkBn AmBn -j "$JOBS" >> "$LOG" 2>&1 || status=1
+python3 -P -m primus_turbo.precompile --dtype bf16 --out-dtype fp32 --layouts AkBn AmBn --configs 0 3 -j "$JOBS" >> "$LOG" 2>&1 || status=1
+tar czf "$OUT/jitcache.tgz" -C "$PRIMUS_TURBO_CACHE_DIR" jit 2>/dev/null
+
+if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
+  step "tests"
+  python3 -P -m pytest tests/pytorch -ra -q -p no:cacheprovider "$@" > "$OUT/pytest.log" 2>&1 || status=1
+  tail -n 30 "$OUT/pytest.log" | tee -a "$LOG"
+fi
+
+if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
+  step "benchmarks"
+  for dtype in bf16 fp16; do
+    python3 benchmark/ops/bench_gemm.py --dtype "$dtype" --autotune --output-dir "$OUT/results" \
+      >> "$OUT/bench.log" 2>&1 || status=1
+  done
+  tail -n 40 "$OUT/bench.log" | tee -a "$LOG"
+  tar czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$OUT/results"
+fi
+
+step "done (status $status)"
+exit $status
