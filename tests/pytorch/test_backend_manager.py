@@ -96,10 +96,10 @@ def test_autotune_cache_persists_across_processes(tmp_path):
     import os
 
     env = {**os.environ, **env}
-    subprocess.run([sys.executable, "-c", code, "store"], check=True, env=env)
-    out = subprocess.run([sys.executable, "-c", code, "load"], check=True, env=env, capture_output=True, text=True)
+    subprocess.run([sys.executable, "-c", code, "store"], check=True, env=env, cwd=tmp_path)
+    out = subprocess.run([sys.executable, "-c", code, "load"], check=True, env=env, capture_output=True, text=True, cwd=tmp_path)
     assert out.stdout.strip() == "CUTLASS:4"
     # A damaged line is ignored, the good one survives.
     cache.write_text(cache.read_text() + "GEMM|H100|9x9x9\tCUTLASS:1\tdeadbeefdeadbeef\n")
-    out = subprocess.run([sys.executable, "-c", code, "load"], check=True, env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code, "load"], check=True, env=env, capture_output=True, text=True, cwd=tmp_path)
     assert out.stdout.strip() == "CUTLASS:4"
