@@ -195,7 +195,7 @@ std::string cutlass_include() {
 
 std::string kernel_include() {
   if (auto v = env_value("PRIMUS_TURBO_KERNEL_INCLUDE")) return *v;
-  return library_dir() + "/../include";
+  return library_dir() + "/../kernels";
 }
 
 std::string jit_cache_dir() {

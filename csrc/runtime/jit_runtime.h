@@ -48,7 +48,7 @@ std::string module_key(const ModuleRequest& request);
 void set_cutlass_include(const std::string& path);
 // $PRIMUS_TURBO_CUTLASS_INCLUDE, else what the binding set; throws PT_ERROR_JIT if neither.
 std::string cutlass_include();
-// $PRIMUS_TURBO_KERNEL_INCLUDE, else <directory of this library>/../include.
+// $PRIMUS_TURBO_KERNEL_INCLUDE, else <directory of this library>/../kernels.
 std::string kernel_include();
 std::string jit_cache_dir();
 

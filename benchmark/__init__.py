@@ -1,0 +1,1 @@
+"""Benchmarks of Primus-Turbo (see benchmark/README.md)."""
