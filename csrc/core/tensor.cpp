@@ -56,6 +56,12 @@ Matrix2D as_matrix(const pt_tensor* t, const char* name) {
   m.cols = t->shape[1];
   PT_CHECK_ARG(m.rows >= 0 && m.cols >= 0, "argument '", name, "' has a negative dimension ",
                shape_string(*t));
+  // An empty matrix has no element to address: any strides will do.
+  if (m.rows == 0 || m.cols == 0) {
+    m.row_major = true;
+    m.ld = std::max<int64_t>(m.cols, 1);
+    return m;
+  }
   // Row-major when the column stride is 1, column-major when the row stride is 1. A dimension of
   // size 1 has no meaningful stride, so a single row or column can be read either way, and a
   // single element (e.g. an expanded scalar, strides [0, 0]) with any strides at all.

@@ -59,8 +59,10 @@ def warn_once(message: str) -> None:
 
 
 def clear_memory() -> None:
+    """Forgets this process's decisions and re-arms the once-only warnings."""
     with _lock:
         _decided.clear()
+        _warned.clear()
 
 
 def set_process_group(group) -> None:
