@@ -134,6 +134,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "plus 'subset' or 'quick' when the case set is not the default one; none for a default run)",
     )
     p.add_argument("--quick", action="store_true", help="smoke test: one model (Llama-3.1-8B), MBS 1")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="CSV",
+        help="report from the CSVs of runs over disjoint --models subsets (e.g. two device sessions) "
+        "instead of running: writes the combined CSV, plot and summary entry as one full run would",
+    )
     p.add_argument("--iters", type=int, default=bu.MIN_TIMED_ITERS, help="timed calls per measurement (>= 50)")
     p.add_argument("--warmup", type=int, default=10, help="warm-up calls per measurement (fewer on huge shapes)")
     p.add_argument(
@@ -353,8 +361,36 @@ def _progress(row: dict, total: int, seconds: float) -> str:
     )
 
 
+def load_rows(paths: Sequence[str]) -> list[dict]:
+    """Rows of earlier runs' CSVs, numbers parsed back, TestIDs renumbered in order."""
+    import csv
+
+    rows = []
+    for path in paths:
+        with open(path, newline="") as f:
+            for raw in csv.DictReader(f):
+                row = {}
+                for key, value in raw.items():
+                    try:
+                        row[key] = int(value) if key in ("TestID", "M", "N", "K") else float(value)
+                    except (TypeError, ValueError):
+                        row[key] = value
+                    if key in ("Case", "GPU", "dtype", "Check", "Group", "Backend", "Note", "MBS"):
+                        row[key] = value
+                rows.append(row)
+    # Square rows go last, as in a single run; keep only the first.
+    model = [r for r in rows if r.get("Group") == "model"]
+    square = [r for r in rows if r.get("Group") == "square"][:1]
+    merged = model + square
+    for i, row in enumerate(merged, start=1):
+        row["TestID"] = i
+    return merged
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        return report_merged(args)
     if not torch.cuda.is_available():
         print("bench_gemm: no CUDA device", file=sys.stderr)
         return 2
@@ -437,6 +473,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         reset_backend()
 
+    status = report(rows, args, stem, out_dir, csv_path, gpu_name, gpu, label, interrupted)
+    print(f"[bench_gemm] done in {time.perf_counter() - t_start:.0f}s")
+    return status
+
+
+def report(rows, args, stem, out_dir, csv_path, gpu_name, gpu, label, interrupted) -> int:
+    """Writes the CSV, prints the table, plots, and updates the summary entry."""
     bu.write_csv(csv_path, rows, COLUMNS)
     model_rows = [r for r in rows if r["Group"] == "model"]
     square_rows = [r for r in rows if r["Group"] == "square"]
@@ -500,9 +543,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"[bench_gemm] square 8192^3 forward: ours {square['ours_fwd_tflops']:.1f} TFLOPS, "
             f"{BASELINE_NAME} {square['baseline_fwd_tflops']:.1f} TFLOPS"
         )
-    print(f"[bench_gemm] done in {time.perf_counter() - t_start:.0f}s; results: {csv_path}")
+    print(f"[bench_gemm] results: {csv_path}")
     return 0 if all(r.get("Check") == "PASS" for r in rows) else 1
 
+
+
+def report_merged(args: argparse.Namespace) -> int:
+    rows = load_rows(args.merge)
+    if not rows:
+        print("bench_gemm: --merge found no rows", file=sys.stderr)
+        return 2
+    gpu_name = rows[0]["GPU"]
+    gpu = bu.gpu_short_name(gpu_name)
+    args.dtype = rows[0]["dtype"]
+    label = rows[0].get("Backend", "default")
+    stem = f"gemm_{args.dtype}" + (f"_{args.tag}" if args.tag else "")
+    out_dir = bu.results_dir_for(args.output_dir, gpu)
+    models = sorted({r["Case"].split("/")[0] for r in rows if r.get("Group") == "model"})
+    args.models = [m for m in cfg.resolve_dense_models(None) if m in models] or models
+    return report(rows, args, stem, out_dir, out_dir / f"{stem}.csv", gpu_name, gpu, label, False)
 
 if __name__ == "__main__":
     sys.exit(main())

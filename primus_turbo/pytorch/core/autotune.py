@@ -138,17 +138,33 @@ def _candidates(problem: TunableProblem) -> List[Choice]:
     return out
 
 
-def _time_ms(fn: Callable[[], None], warmup: int = 2, iters: int = 8) -> float:
-    for _ in range(warmup):
+def _time_rounds(fns: List[Callable[[], None]], rounds: int = 3, target_ms: float = 1.0) -> List[float]:
+    """Per-call milliseconds of each fn: the best of `rounds` round-robin rounds, each long enough
+    (about target_ms) to swamp launch overhead. Interleaving the candidates keeps clock and
+    thermal drift from favouring whichever ran first; the minimum discards one-off stalls."""
+    per_call = []
+    for fn in fns:  # warm-up, and a first estimate that sizes each round
         fn()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
         fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
+        end.record()
+        end.synchronize()
+        per_call.append(max(start.elapsed_time(end), 1e-3))
+    iters = [min(50, max(2, int(target_ms / t))) for t in per_call]
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters[i]):
+                fn()
+            end.record()
+            end.synchronize()
+            best[i] = min(best[i], start.elapsed_time(end) / iters[i])
+    return best
 
 
 def _sync_group():
@@ -172,17 +188,19 @@ def _profile(problem: TunableProblem, candidates: List[Choice]) -> List[float]:
     workers = max(1, min(len(candidates), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         errors = list(pool.map(compile_one, candidates))
-    times = []
+    runnable = []
     for c, err in zip(candidates, errors):
-        if err is None:
-            try:
-                times.append(_time_ms(lambda: problem.run(*c, for_tuning=True)))
-                continue
-            except Exception as e:
-                err = e
-        warn_once(f"{problem.op.name}: autotune skips {c[0].name} config {c[1]}: {err}")
-        times.append(float("inf"))
-    return times
+        if err is not None:
+            warn_once(f"{problem.op.name}: autotune skips {c[0].name} config {c[1]}: {err}")
+            continue
+        try:
+            problem.run(*c, for_tuning=True)  # a config that fails to launch is skipped too
+            runnable.append(c)
+        except Exception as e:
+            warn_once(f"{problem.op.name}: autotune skips {c[0].name} config {c[1]}: {e}")
+    measured = _time_rounds([lambda c=c: problem.run(*c, for_tuning=True) for c in runnable]) if runnable else []
+    by_candidate = dict(zip(runnable, measured))
+    return [by_candidate.get(c, float("inf")) for c in candidates]
 
 
 def tune(problem: TunableProblem, device: torch.device) -> Optional[Choice]:
