@@ -13,6 +13,14 @@ int current_device() {
   return dev;
 }
 
+void bind_device_context(int device) {
+  thread_local int bound = -1;
+  if (bound == device) return;
+  // Since CUDA 12, cudaSetDevice initializes the primary context and makes it current.
+  PT_CHECK_CUDA(cudaSetDevice(device));
+  bound = device;
+}
+
 const DeviceInfo& device_info(int device) {
   static std::mutex mutex;
   static std::map<int, DeviceInfo> cache;

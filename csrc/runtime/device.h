@@ -14,6 +14,10 @@ struct DeviceInfo {
 };
 
 int current_device();
+// Binds the device's primary context to the calling thread (once per thread and device). A thread
+// that only ever asked for device 0 may have no context bound (e.g. an autograd worker), and the
+// driver API calls kernels make on the host, such as encoding TMA descriptors, then fail.
+void bind_device_context(int device);
 const DeviceInfo& device_info(int device);
 
 }  // namespace primus_turbo

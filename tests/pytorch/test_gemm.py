@@ -221,3 +221,27 @@ def test_env_backend_is_used(monkeypatch):
     assert GlobalBackendManager.get_gemm_backend("bf16").backend == BackendType.CUTLASS
     out = turbo.ops.gemm(a, b, trans_b=True)
     assert_gate(out, reference(a, b, False, True), torch.bfloat16)
+
+
+@pytest.mark.parametrize("backend", [BackendType.CUBLASLT, BackendType.CUTLASS])
+def test_gemm_on_a_fresh_thread(backend):
+    """A thread that never touched CUDA (like autograd's worker) has no context bound; the first
+    GEMM there must still work (CUTLASS encodes TMA descriptors through the driver API)."""
+    import threading
+
+    GlobalBackendManager.set_gemm_backend(backend)
+    a, b = make_operands(256, 256, 256, torch.bfloat16, True, False)
+    result = {}
+
+    def work():
+        try:
+            result["out"] = turbo.ops.gemm(a, b, trans_a=True)
+            torch.cuda.synchronize()
+        except Exception as e:  # surfaced below with its message
+            result["error"] = e
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "error" not in result, result.get("error")
+    assert_gate(result["out"], reference(a, b, True, False), torch.bfloat16)

@@ -2,6 +2,7 @@
 // one (dtype, layout, config), has the JIT runtime build or load it, and launches it.
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -54,21 +55,23 @@ struct LoadedKernel {
   PtGemmRunFn run = nullptr;
 };
 
-// Memoized by module name (which encodes dtype, layout and config), so a call after the first
-// costs one map lookup instead of hashing the request again.
+// Memoized by (dtypes, layouts, config): after the first call, finding the kernel costs one map
+// lookup, with no source generation or hashing.
 LoadedKernel load_kernel(const Problem& p, int config) {
+  using Key = std::tuple<int32_t, int32_t, bool, bool, int>;
   static std::mutex mutex;
-  static std::map<std::string, LoadedKernel> loaded;
-  const jit::ModuleRequest request = module_request(p, cutlass_candidates().at(config));
+  static std::map<Key, LoadedKernel> loaded;
+  const Key key{p.ab_dtype, p.d_dtype, p.a.k_major, p.b.k_major, config};
   {
     std::lock_guard<std::mutex> lock(mutex);
-    auto it = loaded.find(request.name);
+    auto it = loaded.find(key);
     if (it != loaded.end()) return it->second;
   }
-  auto module = jit::get_module(request);  // may compile: not under the lock
+  // May compile: not under the lock, so other configs can build in parallel.
+  auto module = jit::get_module(module_request(p, cutlass_candidates().at(config)));
   LoadedKernel kernel{module->function<PtGemmRunFn>("pt_gemm_run")};
   std::lock_guard<std::mutex> lock(mutex);
-  loaded.emplace(request.name, kernel);
+  loaded.emplace(key, kernel);
   return kernel;
 }
 
@@ -125,6 +128,7 @@ class CutlassBackend final : public Backend {
     PT_CHECK_SUPPORTED(why.empty(), why);
     LoadedKernel kernel = load_kernel(p, config);
     const int device = current_device();
+    bind_device_context(device);
     PtGemmParams params{};
     params.m = p.m;
     params.n = p.n;

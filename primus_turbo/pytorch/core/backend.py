@@ -7,6 +7,7 @@ The state lives in the C++ core, so every binding sees the same settings.
 """
 
 import ctypes
+import os
 from enum import Enum
 from typing import Optional, Union
 
@@ -70,6 +71,14 @@ class OpFamily(Enum):
     MOE_DISPATCH_COMBINE = 3
 
 
+_ENV_VARS = {
+    OpFamily.GEMM: "PRIMUS_TURBO_GEMM_BACKEND",
+    OpFamily.GROUPED_GEMM: "PRIMUS_TURBO_GROUPED_GEMM_BACKEND",
+    OpFamily.ATTN: "PRIMUS_TURBO_ATTN_BACKEND",
+    OpFamily.MOE_DISPATCH_COMBINE: "PRIMUS_TURBO_MOE_DISPATCH_COMBINE_BACKEND",
+}
+
+
 class BackendChoice:
     """A resolved setting: a fixed backend, autotune, or neither."""
 
@@ -122,12 +131,28 @@ def _choice(fn, op: OpFamily, precision) -> Optional[BackendChoice]:
     return BackendChoice(BackendType(b.value) if b.value else None, bool(t.value))
 
 
+_epoch = 0  # bumped by every change of a code setting; part of the ops' plan-cache keys
+
+
+def settings_token(op: OpFamily) -> tuple:
+    """Changes whenever the resolved choice for op could change: a code setting, the op's backend
+    variable or PRIMUS_TURBO_AUTO_TUNE."""
+    env = os.environ
+    return (_epoch, env.get(_ENV_VARS[op]), env.get("PRIMUS_TURBO_AUTO_TUNE"))
+
+
+def _bump_epoch() -> None:
+    global _epoch
+    _epoch += 1
+
+
 class GlobalBackendManager:
     """Process-wide backend settings for every operator family."""
 
     @staticmethod
     def _set(op: OpFamily, backend, precision, auto_tune: bool) -> None:
         check(lib.pt_backend_set(op.value, _to_precision(precision), _to_backend(backend), int(auto_tune)))
+        _bump_epoch()
 
     @classmethod
     def set_gemm_backend(cls, backend=None, precision=None, auto_tune: bool = False) -> None:
@@ -174,6 +199,7 @@ class GlobalBackendManager:
     def set_auto_tune(enabled: Optional[bool]) -> None:
         """True/False overrides PRIMUS_TURBO_AUTO_TUNE; None returns control to it."""
         check(lib.pt_autotune_set_enabled(-1 if enabled is None else int(bool(enabled))))
+        _bump_epoch()
 
     @staticmethod
     def auto_tune_enabled() -> bool:
@@ -187,6 +213,7 @@ class GlobalBackendManager:
         check(lib.pt_backend_reset())
         check(lib.pt_autotune_clear(0))
         autotune.clear_memory()
+        _bump_epoch()
 
 
 def resolve(op: OpFamily, precision: PrecisionType) -> BackendChoice:

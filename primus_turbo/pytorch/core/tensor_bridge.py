@@ -1,8 +1,11 @@
 """torch.Tensor -> the core's pt_tensor descriptor, plus the stream and workspace of a call."""
 
+import ctypes
+
 import torch
 
 from primus_turbo._core import PtTensor, lib
+from primus_turbo._core.lib import PT_MAX_DIMS
 
 # Must match pt_dtype in csrc/include/primus_turbo/primus_turbo.h.
 _DTYPE_CODES = {
@@ -20,16 +23,14 @@ if hasattr(torch, "float8_e8m0fnu"):
 if hasattr(torch, "float4_e2m1fn_x2"):
     _DTYPE_CODES[torch.float4_e2m1fn_x2] = 6
 
+_Dims = ctypes.c_int64 * PT_MAX_DIMS
+
 
 def to_pt(t: torch.Tensor) -> PtTensor:
-    desc = PtTensor()
-    desc.data = t.data_ptr() if t.numel() > 0 else None
-    desc.dtype = _DTYPE_CODES[t.dtype]
-    desc.ndim = t.dim()
-    for i, (size, stride) in enumerate(zip(t.shape, t.stride())):
-        desc.shape[i] = size
-        desc.strides[i] = stride
-    return desc
+    shape = t.shape
+    return PtTensor(
+        t.data_ptr() if t.numel() > 0 else None, _DTYPE_CODES[t.dtype], len(shape), _Dims(*shape), _Dims(*t.stride())
+    )
 
 
 def current_stream_handle(device: torch.device) -> int:

@@ -5,8 +5,8 @@ from typing import Optional, Tuple
 import torch
 
 from primus_turbo._core import check, lib
-from primus_turbo.pytorch.core import autotune
-from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType
+from primus_turbo.pytorch.core import autotune, library
+from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, to_pt, workspace
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad, matrix_operand
 
@@ -53,8 +53,14 @@ class GemmProblem(autotune.TunableProblem):
         self.pa, self.pb, self.pout = to_pt(a), to_pt(b), to_pt(out)
         self.trans_a, self.trans_b, self.beta = int(trans_a), int(trans_b), float(beta)
         self.stream = current_stream_handle(out.device)
-        self.ws = workspace(out.device)
+        self._ws = None
         self._scratch = None
+
+    @property
+    def ws(self):
+        if self._ws is None:
+            self._ws = workspace(self.out.device)
+        return self._ws
 
     def _args(self):
         return self.pa, self.pb, self.pout, self.trans_a, self.trans_b
@@ -88,53 +94,84 @@ class GemmProblem(autotune.TunableProblem):
             if self._scratch is None:
                 self._scratch = self.out.clone()
             pout = to_pt(self._scratch)
-        check(
-            lib.pt_gemm(
-                self.pa, self.pb, pout, self.trans_a, self.trans_b, 1.0, self.beta,
-                backend.value, config, self.ws.data_ptr(), self.ws.numel(), self.stream,
-            ),
-            context=f"gemm on {backend.name}",
+        # Only cuBLASLt takes a workspace; the CUTLASS kernels' persistent scheduler needs none.
+        ws_ptr, ws_bytes = (self.ws.data_ptr(), self.ws.numel()) if backend == BackendType.CUBLASLT else (None, 0)
+        status = lib.pt_gemm(
+            self.pa, self.pb, pout, self.trans_a, self.trans_b, 1.0, self.beta,
+            backend.value, config, ws_ptr, ws_bytes, self.stream,
         )
+        if status:
+            check(status, context=f"gemm on {backend.name}")
+
+
+# (layout, dtypes, flags, device, settings) -> (backend, config): after the first call of a
+# problem, a call skips backend resolution and the autotune lookup entirely.
+_plans = {}
+
+
+def _plan_key(a, b, out, trans_a, trans_b, beta):
+    return (
+        a.shape, a.stride(), b.shape, b.stride(), out.shape, out.stride(), a.dtype, out.dtype,
+        trans_a, trans_b, beta, out.device.index,
+        # Alignment decides what CUTLASS accepts.
+        a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
+        settings_token(OpFamily.GEMM),
+    )
 
 
 def _run_gemm(a, b, out, trans_a: bool, trans_b: bool, beta: float) -> None:
+    if out.numel() == 0 and beta == 0.0:
+        return
     a, trans_a = matrix_operand(a, trans_a)
     b, trans_b = matrix_operand(b, trans_b)
-    with torch.cuda.device(out.device):
-        problem = GemmProblem(a, b, out, trans_a, trans_b, beta)
-        if out.numel() == 0:
-            return
-        backend, config = autotune.select(problem, out.device)
-        problem.run(backend, config)
+    device = out.device
+    if device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return _run_gemm(a, b, out, trans_a, trans_b, beta)
+    problem = GemmProblem(a, b, out, trans_a, trans_b, beta)
+    key = _plan_key(a, b, out, trans_a, trans_b, beta)
+    choice = _plans.get(key)
+    if choice is None:
+        choice = autotune.select(problem, device)
+        if not torch.cuda.is_current_stream_capturing():  # a capture-time choice may be provisional
+            _plans[key] = choice
+    problem.run(*choice)
 
 
-@torch.library.custom_op("primus_turbo::gemm", mutates_args=())
-def _gemm_op(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool, out_dtype: torch.dtype) -> torch.Tensor:
-    m, n, out_dtype = _gemm_shape(a, b, trans_a, trans_b, out_dtype)
+def _gemm_cuda(a, b, trans_a: bool, trans_b: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    m = a.shape[1] if trans_a else a.shape[0]
+    n = b.shape[0] if trans_b else b.shape[1]
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     _run_gemm(a, b, out, trans_a, trans_b, 0.0)
     return out
 
 
-@_gemm_op.register_fake
-def _(a, b, trans_a, trans_b, out_dtype):
+def _gemm_fake(a, b, trans_a, trans_b, out_dtype):
     m, n, out_dtype = _gemm_shape(a, b, trans_a, trans_b, out_dtype)
     return a.new_empty((m, n), dtype=out_dtype)
 
 
-@torch.library.custom_op("primus_turbo::gemm_accum_", mutates_args=("out",))
-def _gemm_accum_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, trans_a: bool, trans_b: bool) -> None:
+def _gemm_accum_cuda(a, b, out, trans_a: bool, trans_b: bool) -> None:
     """out += op(a) @ op(b), in the GEMM's epilogue (out may be float32 for bf16/fp16 inputs)."""
-    m, n, _ = _gemm_shape(a, b, trans_a, trans_b, out.dtype)
-    if tuple(out.shape) != (m, n):
-        raise ValueError(f"gemm: accumulation target has shape {tuple(out.shape)}; expected [{m}, {n}]")
-    check_cuda_tensors("gemm", a=a, out=out)
     _run_gemm(a, b, out, trans_a, trans_b, 1.0)
 
 
-@_gemm_accum_op.register_fake
-def _(a, b, out, trans_a, trans_b):
-    _gemm_shape(a, b, trans_a, trans_b, out.dtype)
+def _gemm_accum_fake(a, b, out, trans_a, trans_b):
+    m, n, _ = _gemm_shape(a, b, trans_a, trans_b, out.dtype)
+    if tuple(out.shape) != (m, n):
+        raise ValueError(f"gemm: accumulation target has shape {tuple(out.shape)}; expected [{m}, {n}]")
+
+
+library.define(
+    "gemm(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype) -> Tensor", _gemm_cuda, _gemm_fake
+)
+library.define(
+    "gemm_accum_(Tensor a, Tensor b, Tensor(a!) out, bool trans_a, bool trans_b) -> ()",
+    _gemm_accum_cuda,
+    _gemm_accum_fake,
+)
+_gemm_op = torch.ops.primus_turbo.gemm.default
+_gemm_accum_op = torch.ops.primus_turbo.gemm_accum_.default
 
 
 _dummy_wgrads = {}
