@@ -201,21 +201,19 @@ def check_close(
     ``ref`` is finite fails whatever the SNR. Works in chunks of ``chunk_elems`` elements.
     """
     if out.shape != ref.shape:
-        return CheckResult(
-            False,
-            float("-inf"),
-            False,
-            float("inf"),
-            0.0,
-            0,
-            f"{what}: FAIL shape {tuple(out.shape)} != reference {tuple(ref.shape)}",
-        )
+        return _shape_failure(what, out.shape, ref.shape)
     gate = gate or gate_for(dtype or out.dtype)
     acc = _ErrorAccumulator(gate.rtol or 0.0)
     o, r = out.reshape(-1), ref.reshape(-1)
     for s in range(0, o.numel(), chunk_elems):
         acc.update(o[s : s + chunk_elems], r[s : s + chunk_elems])
     return _finish(acc, gate, scale, what)
+
+
+def _shape_failure(what: str, got, expected) -> CheckResult:
+    return CheckResult(
+        False, float("-inf"), False, float("inf"), 0.0, 0, f"{what}: FAIL shape {tuple(got)} != expected {tuple(expected)}"
+    )
 
 
 def _tile_size(k: int, budget_bytes: int) -> int:
@@ -249,15 +247,7 @@ def check_matmul(
     if k != k2:
         raise ValueError(f"inner dimensions differ: op(a) is {tuple(A.shape)}, op(b) is {tuple(B.shape)}")
     if tuple(out.shape) != (m, n):
-        return CheckResult(
-            False,
-            float("-inf"),
-            False,
-            float("inf"),
-            0.0,
-            0,
-            f"{what}: FAIL shape {tuple(out.shape)} != expected {(m, n)}",
-        )
+        return _shape_failure(what, out.shape, (m, n))
     gate = gate or gate_for(dtype or out.dtype)
     acc = _ErrorAccumulator(gate.rtol or 0.0)
     t = _tile_size(k, budget_bytes)
