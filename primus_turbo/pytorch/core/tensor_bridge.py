@@ -33,7 +33,13 @@ def to_pt(t: torch.Tensor) -> PtTensor:
     )
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def current_stream_handle(device: torch.device) -> int:
+    """cudaStream_t of torch's current stream on device (the raw query skips a Stream object)."""
+    if _raw_stream is not None and device.index is not None:
+        return _raw_stream(device.index)
     return torch.cuda.current_stream(device).cuda_stream
 
 
