@@ -35,12 +35,15 @@ __all__ = [
     "GemmCase",
     "GroupedGemmCase",
     "MoEModelConfig",
+    "NORM_TOKENS",
+    "NormCase",
     "attention_fwd_flops",
     "dense_gemm_shapes",
     "gen_attention_test_cases",
     "gen_gemm_test_cases",
     "gen_grouped_gemm_group_lens",
     "gen_grouped_gemm_test_cases",
+    "gen_norm_test_cases",
     "resolve_dense_models",
     "resolve_moe_models",
 ]
@@ -506,6 +509,38 @@ def gen_attention_test_cases(
 ###############################################################################
 
 
+###############################################################################
+# Normalization (RMSNorm): hidden sizes of every model table, tokens per micro-batch
+###############################################################################
+
+#: Tokens per call (rows of the [tokens, hidden] activation): one 4K sequence to 32K tokens.
+NORM_TOKENS: tuple[int, ...] = (4096, 8192, 16384, 32768)
+
+
+@dataclass(frozen=True)
+class NormCase:
+    name: str  # the models sharing this hidden size
+    tokens: int
+    hidden: int
+
+
+def gen_norm_test_cases(tokens: Sequence[int] = NORM_TOKENS, models: Iterable[str] | None = None) -> list[NormCase]:
+    """One case per distinct hidden size of the dense and MoE tables (or of ``models``) and token count."""
+    table = {**{n: m.hidden for n, m in DENSE_MODELS.items()}, **{n: m.hidden for n, m in MOE_MODELS.items()}}
+    names = list(table) if models is None or list(models) == ["all"] else list(models)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ValueError(f"unknown models {unknown}; choose from {sorted(table)}")
+    by_hidden: dict[int, list[str]] = {}
+    for n in names:
+        by_hidden.setdefault(table[n], []).append(n)
+    return [
+        NormCase("/".join(by_hidden[h][:2]) + ("/..." if len(by_hidden[h]) > 2 else ""), t, h)
+        for h in sorted(by_hidden)
+        for t in tokens
+    ]
+
+
 def _print_rows(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(header)]
     print("  ".join(str(h).rjust(w) for h, w in zip(header, widths)))
@@ -516,7 +551,7 @@ def _print_rows(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Print benchmark shapes derived from real model configs.")
     p.add_argument("--list", action="store_true", help="print the cases (the default action)")
-    p.add_argument("--op", choices=("gemm", "grouped_gemm", "attention", "all"), default="gemm")
+    p.add_argument("--op", choices=("gemm", "grouped_gemm", "attention", "norm", "all"), default="gemm")
     p.add_argument("--models", nargs="+", default=None, help="model names ('all' for the whole table)")
     p.add_argument("--mbs", nargs="+", type=int, default=list(MICRO_BATCH_SIZES))
     p.add_argument("--lm-head", action="store_true", help="also list the lm_head GEMM")
@@ -545,6 +580,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             ("heads/dims", "B", "S", "causal", "fwd TFLOP"),
             [(c.name, c.batch, c.seqlen, c.causal, f"{c.fwd_flops / 1e12:.2f}") for c in cases],
         )
+    if args.op in ("norm", "all"):
+        cases = gen_norm_test_cases()
+        print(f"# normalization cases: {len(cases)}")
+        _print_rows(("models", "tokens", "hidden"), [(c.name, c.tokens, c.hidden) for c in cases])
 
 
 if __name__ == "__main__":

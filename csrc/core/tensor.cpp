@@ -37,6 +37,17 @@ const char* dtype_name(int32_t dtype) {
   }
 }
 
+const char* dtype_short_name(int32_t dtype) {
+  switch (dtype) {
+    case PT_FLOAT32: return "f32";
+    case PT_FLOAT16: return "f16";
+    case PT_BFLOAT16: return "bf16";
+    case PT_FLOAT8_E4M3: return "e4m3";
+    case PT_FLOAT8_E5M2: return "e5m2";
+    default: return "x";
+  }
+}
+
 std::string shape_string(const pt_tensor& t) {
   std::ostringstream os;
   os << "[";

@@ -12,6 +12,8 @@ namespace primus_turbo {
 // Size in bits (FP4 packs two values per byte, so bytes are not enough).
 int dtype_bits(int32_t dtype);
 const char* dtype_name(int32_t dtype);
+// Compact name for kernel module names: f32, f16, bf16, ...
+const char* dtype_short_name(int32_t dtype);
 
 // A 2-D matrix seen as stored: rows x cols with one unit stride.
 struct Matrix2D {

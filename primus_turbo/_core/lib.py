@@ -77,6 +77,10 @@ _PROTOTYPES = {
     "pt_gemm_prepare": (_i32, [_T, _T, _T, _i32, _i32, _f32, _i32, _i32]),
     "pt_gemm_problem_key": (_i32, [_T, _T, _T, _i32, _i32, _f32, _cp, _sz]),
     "pt_gemm_workspace_bytes": (_sz, []),
+    "pt_rmsnorm_fwd": (_i32, [_T, _T, _T, _T, _f32, _i32, _vp]),
+    "pt_rmsnorm_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _vp, _sz, _i32, _vp]),
+    "pt_rmsnorm_bwd_workspace_bytes": (_sz, [_i64, _i64]),
+    "pt_rmsnorm_prepare": (_i32, [_i32, _i32, _i64]),
 }
 
 

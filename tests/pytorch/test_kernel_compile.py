@@ -55,3 +55,34 @@ def test_compiled_modules_use_hgmma():
     assert modules, "no compiled module found (the compile test runs first)"
     sass = subprocess.run([tool, "--dump-sass", modules[0]], capture_output=True, text=True).stdout
     assert "HGMMA" in sass
+
+
+# RMSNorm: per dtype, the three module kinds a call can need (specialized hidden with 16-byte
+# accesses, any hidden with 16-byte accesses, any hidden with scalar accesses), plus float32 gamma.
+_RMSNORM_DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2}
+_RMSNORM_JOBS = [(dt, dt, h) for dt in _RMSNORM_DTYPES for h in (4096, 5000, 4097)]
+_RMSNORM_JOBS += [("bf16", "fp32", 7168), ("fp16", "fp32", 1000), ("bf16", "bf16", 512)]
+
+
+def test_rmsnorm_modules_compile_for_sm90a():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from primus_turbo._core.lib import check, lib, string_out
+
+    def build(job):
+        dt, gdt, hidden = job
+        try:
+            check(lib.pt_rmsnorm_prepare(_RMSNORM_DTYPES[dt], _RMSNORM_DTYPES[gdt], hidden))
+            return None
+        except Exception as e:  # report every failure
+            return f"rmsnorm {dt}/{gdt} hidden={hidden}: {e}"
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        errors = [e for e in pool.map(build, _RMSNORM_JOBS) if e]
+    assert not errors, "\n".join(errors)
+    cache = string_out(lib.pt_jit_cache_dir)
+    for name in ("rmsnorm_bf16_bf16_vec_h4096", "rmsnorm_f32_f32_vec_hany", "rmsnorm_f16_f16_scalar_hany",
+                 "rmsnorm_bf16_f32_vec_h7168"):
+        assert glob.glob(os.path.join(cache, "jit", f"{name}-*", "module.so")) or glob.glob(
+            os.path.join(cache, f"{name}-*", "module.so")
+        ), f"no compiled module {name} in {cache}"

@@ -154,6 +154,27 @@ PT_API pt_status pt_gemm_problem_key(const pt_tensor* a, const pt_tensor* b, con
                                      size_t key_len);
 PT_API size_t pt_gemm_workspace_bytes(void);
 
+// ---- RMSNorm over the last dimension ------------------------------------------------------
+// y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps) per row (statistics in float32) and
+// w = gamma, or 1 + gamma when zero_centered. x: contiguous, >= 1-D, float32/float16/bfloat16, last
+// dimension (hidden) 1 to 65536; every leading dimension is a row. gamma: contiguous [hidden], x's
+// dtype or float32. y: like x. rstd: contiguous float32 with one element per row (for the backward).
+// Runs on the current device and the given stream.
+PT_API pt_status pt_rmsnorm_fwd(const pt_tensor* x, const pt_tensor* gamma, pt_tensor* y,
+                                pt_tensor* rstd, float eps, int32_t zero_centered, void* stream);
+// dx = rstd * (w*dy - x_hat * mean(w*dy*x_hat)) with x_hat = x * rstd; dgamma = sum over rows of
+// dy * x_hat, reduced in a fixed order (bitwise reproducible). dy, dx: like x; dgamma: like gamma;
+// rstd: from the forward. workspace: 16-byte aligned, at least pt_rmsnorm_bwd_workspace_bytes.
+PT_API pt_status pt_rmsnorm_bwd(const pt_tensor* dy, const pt_tensor* x, const pt_tensor* gamma,
+                                const pt_tensor* rstd, pt_tensor* dx, pt_tensor* dgamma,
+                                void* workspace, size_t workspace_bytes, int32_t zero_centered,
+                                void* stream);
+// Workspace of the backward; depends only on the sizes (0 when rows or hidden is not positive).
+PT_API size_t pt_rmsnorm_bwd_workspace_bytes(int64_t rows, int64_t hidden);
+// Compiles (or loads from the cache) the module for sm_90a that contiguous, 16-byte aligned
+// tensors of this dtype pair and hidden size use, without running it. Needs no GPU.
+PT_API pt_status pt_rmsnorm_prepare(int32_t dtype, int32_t gamma_dtype, int64_t hidden);
+
 #ifdef __cplusplus
 }
 #endif

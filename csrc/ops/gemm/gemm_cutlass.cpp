@@ -25,18 +25,9 @@ const char* cutlass_type(int32_t dt) {
   }
 }
 
-const char* short_type(int32_t dt) {
-  switch (dt) {
-    case PT_FLOAT32: return "f32";
-    case PT_FLOAT16: return "f16";
-    case PT_BFLOAT16: return "bf16";
-    default: return "x";
-  }
-}
-
 jit::ModuleRequest module_request(const Problem& p, const CutlassConfig& c) {
   jit::ModuleRequest r;
-  r.name = str_cat("gemm_cutlass_", short_type(p.ab_dtype), "_", short_type(p.d_dtype), "_",
+  r.name = str_cat("gemm_cutlass_", dtype_short_name(p.ab_dtype), "_", dtype_short_name(p.d_dtype), "_",
                    p.layout_code(), "_", c.name());
   r.needs_cutlass = true;
   r.source = str_cat(

@@ -1,5 +1,6 @@
 """Operators: ``turbo.ops.*``."""
 
 from primus_turbo.pytorch.ops.gemm import gemm  # noqa: F401
+from primus_turbo.pytorch.ops.normalization import rmsnorm  # noqa: F401
 
-__all__ = ["gemm"]
+__all__ = ["gemm", "rmsnorm"]

@@ -34,11 +34,42 @@ typedef struct PtGemmParams {
   int num_sms;   // SMs the persistent scheduler may use (0: all)
 } PtGemmParams;
 
+// RMSNorm over the last dimension of a contiguous [rows, hidden] tensor (see
+// kernels/normalization/rmsnorm.cuh). Dtypes and vectorization are compile-time parts of the module.
+typedef struct PtRmsNormFwdParams {
+  int64_t rows, hidden;
+  const void* x;      // [rows, hidden]
+  const void* gamma;  // [hidden]
+  void* y;            // [rows, hidden], x's dtype
+  float* rstd;        // [rows]: 1 / sqrt(mean(x^2) + eps), kept for the backward
+  float eps;
+  int zero_centered;  // the weight is 1 + gamma
+  void* stream;       // cudaStream_t
+  int num_sms;
+} PtRmsNormFwdParams;
+
+typedef struct PtRmsNormBwdParams {
+  int64_t rows, hidden;
+  const void* dy;
+  const void* x;
+  const void* gamma;
+  const float* rstd;
+  void* dx;             // [rows, hidden], x's dtype
+  void* dgamma;         // [hidden], gamma's dtype
+  float* partials;      // [num_partials, hidden] fp32 workspace: one dgamma partial per block
+  int64_t num_partials; // the backward's grid size; >= 1
+  int zero_centered;
+  void* stream;
+  int num_sms;
+} PtRmsNormBwdParams;
+
 // Every module exports these. Return 0 on success; otherwise write a message into err.
 typedef int (*PtJitAbiVersionFn)(void);
 typedef int (*PtGemmRunFn)(const PtGemmParams* params, char* err, size_t err_len);
 typedef int (*PtGemmWorkspaceFn)(const PtGemmParams* params, size_t* bytes, char* err,
                                  size_t err_len);
+typedef int (*PtRmsNormFwdFn)(const PtRmsNormFwdParams* params, char* err, size_t err_len);
+typedef int (*PtRmsNormBwdFn)(const PtRmsNormBwdParams* params, char* err, size_t err_len);
 
 #ifdef __cplusplus
 }
