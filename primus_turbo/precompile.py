@@ -9,7 +9,6 @@ each operand: AkBk is a Linear forward (x @ w^T), AkBn its dgrad, AmBn its wgrad
 """
 
 import argparse
-import ctypes
 import os
 import sys
 import time
@@ -17,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import List, Sequence, Tuple
 
 from primus_turbo._core import PtTensor, check, lib
+from primus_turbo._core.lib import string_out
 
 BACKEND_CUTLASS = 2
 _DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2}
@@ -49,9 +49,8 @@ def num_cutlass_configs() -> int:
 
 def config_name(dtype: str, out_dtype: str, layout: str, config: int) -> str:
     a, b, d, ta, tb = _problem(_DTYPES[dtype], _DTYPES[out_dtype], layout)
-    buf = ctypes.create_string_buffer(256)
-    check(lib.pt_gemm_config_name(a, b, d, ta, tb, 0.0, BACKEND_CUTLASS, config, buf, 256))
-    return f"gemm {dtype}->{out_dtype} {layout} {buf.value.decode()}"
+    name = string_out(lib.pt_gemm_config_name, a, b, d, ta, tb, 0.0, BACKEND_CUTLASS, config, size=256)
+    return f"gemm {dtype}->{out_dtype} {layout} {name}"
 
 
 def compile_one(dtype: str, out_dtype: str, layout: str, config: int) -> float:

@@ -10,9 +10,11 @@ import torch
 LIB = torch.library.Library("primus_turbo", "DEF")
 
 
-def define(schema: str, cuda_impl, fake_impl) -> None:
-    """Declares ``primus_turbo::<name>`` with its CUDA kernel and fake implementation."""
+def define(schema: str, cuda_impl, fake_impl) -> torch._ops.OpOverload:
+    """Declares ``primus_turbo::<name>`` with its CUDA kernel and fake implementation; returns the
+    op to call."""
     name = schema.split("(", 1)[0]
     LIB.define(schema)
     LIB.impl(name, cuda_impl, "CUDA")
     torch.library.register_fake(f"primus_turbo::{name}", fake_impl, lib=LIB)
+    return getattr(torch.ops.primus_turbo, name).default

@@ -1,10 +1,12 @@
 """turbo.ops.gemm: dense GEMM, forward and backward, on cuBLASLt or our CUTLASS Hopper kernels."""
 
+import ctypes
 from typing import Optional, Tuple
 
 import torch
 
 from primus_turbo._core import check, lib
+from primus_turbo._core.lib import string_out
 from primus_turbo.pytorch.core import autotune, library
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, to_pt, workspace
@@ -66,15 +68,9 @@ class GemmProblem(autotune.TunableProblem):
         return self.pa, self.pb, self.pout, self.trans_a, self.trans_b
 
     def key(self) -> str:
-        import ctypes
-
-        buf = ctypes.create_string_buffer(512)
-        check(lib.pt_gemm_problem_key(*self._args(), self.beta, buf, len(buf)))
-        return buf.value.decode()
+        return string_out(lib.pt_gemm_problem_key, *self._args(), self.beta, size=512)
 
     def query(self, backend: BackendType):
-        import ctypes
-
         accepted, n = ctypes.c_int32(), ctypes.c_int32()
         reason = ctypes.create_string_buffer(1024)
         check(
@@ -162,16 +158,14 @@ def _gemm_accum_fake(a, b, out, trans_a, trans_b):
         raise ValueError(f"gemm: accumulation target has shape {tuple(out.shape)}; expected [{m}, {n}]")
 
 
-library.define(
+_gemm_op = library.define(
     "gemm(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype) -> Tensor", _gemm_cuda, _gemm_fake
 )
-library.define(
+_gemm_accum_op = library.define(
     "gemm_accum_(Tensor a, Tensor b, Tensor(a!) out, bool trans_a, bool trans_b) -> ()",
     _gemm_accum_cuda,
     _gemm_accum_fake,
 )
-_gemm_op = torch.ops.primus_turbo.gemm.default
-_gemm_accum_op = torch.ops.primus_turbo.gemm_accum_.default
 
 
 _dummy_wgrads = {}

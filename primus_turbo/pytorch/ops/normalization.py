@@ -91,16 +91,14 @@ def _bwd_fake(dy, x, gamma, rstd, zero_centered):
     return torch.empty_like(x), torch.empty_like(gamma)
 
 
-library.define(
+_fwd_op = library.define(
     "rmsnorm_fwd(Tensor x, Tensor gamma, float eps, bool zero_centered) -> (Tensor, Tensor)", _fwd_cuda, _fwd_fake
 )
-library.define(
+_bwd_op = library.define(
     "rmsnorm_bwd(Tensor dy, Tensor x, Tensor gamma, Tensor rstd, bool zero_centered) -> (Tensor, Tensor)",
     _bwd_cuda,
     _bwd_fake,
 )
-_fwd_op = torch.ops.primus_turbo.rmsnorm_fwd.default
-_bwd_op = torch.ops.primus_turbo.rmsnorm_bwd.default
 
 
 class RmsNormFunction(torch.autograd.Function):
