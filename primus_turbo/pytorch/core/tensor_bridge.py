@@ -1,5 +1,6 @@
 """torch.Tensor -> the core's pt_tensor descriptor, plus the stream and workspace of a call."""
 
+import contextlib
 import ctypes
 
 import torch
@@ -41,6 +42,13 @@ def current_stream_handle(device: torch.device) -> int:
     if _raw_stream is not None and device.index is not None:
         return _raw_stream(device.index)
     return torch.cuda.current_stream(device).cuda_stream
+
+
+def device_guard(device: torch.device):
+    """Makes device current for the block; a no-op (no torch guard object) when it already is."""
+    if device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 def workspace(device: torch.device) -> torch.Tensor:

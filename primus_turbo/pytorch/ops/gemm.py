@@ -9,7 +9,7 @@ from primus_turbo._core import check, lib
 from primus_turbo._core.lib import string_out
 from primus_turbo.pytorch.core import autotune, library
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
-from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, to_pt, workspace
+from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt, workspace
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad, matrix_operand
 
 __all__ = ["gemm"]
@@ -121,17 +121,15 @@ def _run_gemm(a, b, out, trans_a: bool, trans_b: bool, beta: float) -> None:
     a, trans_a = matrix_operand(a, trans_a)
     b, trans_b = matrix_operand(b, trans_b)
     device = out.device
-    if device.index != torch.cuda.current_device():
-        with torch.cuda.device(device):
-            return _run_gemm(a, b, out, trans_a, trans_b, beta)
-    problem = GemmProblem(a, b, out, trans_a, trans_b, beta)
-    key = _plan_key(a, b, out, trans_a, trans_b, beta)
-    choice = _plans.get(key)
-    if choice is None:
-        choice = autotune.select(problem, device)
-        if not torch.cuda.is_current_stream_capturing():  # a capture-time choice may be provisional
-            _plans[key] = choice
-    problem.run(*choice)
+    with device_guard(device):
+        problem = GemmProblem(a, b, out, trans_a, trans_b, beta)
+        key = _plan_key(a, b, out, trans_a, trans_b, beta)
+        choice = _plans.get(key)
+        if choice is None:
+            choice = autotune.select(problem, device)
+            if not torch.cuda.is_current_stream_capturing():  # a capture-time choice may be provisional
+                _plans[key] = choice
+        problem.run(*choice)
 
 
 def _gemm_cuda(a, b, trans_a: bool, trans_b: bool, out_dtype: torch.dtype) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 
 from primus_turbo._core import check, lib
 from primus_turbo.pytorch.core import library
-from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, to_pt
+from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
 __all__ = ["rmsnorm"]
@@ -37,18 +37,6 @@ def _check_args(x, gamma, eps) -> None:
     check_cuda_tensors("rmsnorm", x=x, gamma=gamma)
 
 
-def _on_device(t: torch.Tensor):
-    return torch.cuda.device(t.device) if t.device.index != torch.cuda.current_device() else _NoGuard()
-
-
-class _NoGuard:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 # ---- registered ops: x is [rows, hidden] and contiguous here ------------------------------------
 
 
@@ -57,7 +45,7 @@ def _fwd_cuda(x, gamma, eps: float, zero_centered: bool):
     rstd = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
     if x.shape[0] == 0:
         return y, rstd
-    with _on_device(x):
+    with device_guard(x.device):
         status = lib.pt_rmsnorm_fwd(
             to_pt(x), to_pt(gamma), to_pt(y), to_pt(rstd), float(eps), int(zero_centered),
             current_stream_handle(x.device),
@@ -76,7 +64,7 @@ def _bwd_cuda(dy, x, gamma, rstd, zero_centered: bool):
     dgamma = torch.empty_like(gamma)
     rows, hidden = x.shape
     ws = torch.empty(lib.pt_rmsnorm_bwd_workspace_bytes(rows, hidden), dtype=torch.uint8, device=x.device)
-    with _on_device(x):
+    with device_guard(x.device):
         status = lib.pt_rmsnorm_bwd(
             to_pt(dy), to_pt(x), to_pt(gamma), to_pt(rstd), to_pt(dx), to_pt(dgamma),
             ws.data_ptr() if ws.numel() else None, ws.numel(), int(zero_centered),
