@@ -4,6 +4,8 @@
 #
 #   tools/gpu_check.sh OUT_DIR [all|tests|bench] [extra pytest args...]
 #
+# PRECOMPILE=0 skips warming the GEMM kernels (when only other operators' tests are selected).
+#
 # Offline machines: wheels placed in .whl/ are installed first; a JIT cache tarball placed at
 # .carry/jitcache.tgz seeds the kernel cache (kernels are keyed by content, so a cache built on
 # another machine with the same compiler is reused as is).
@@ -39,12 +41,12 @@ python3 -m pip install -q --no-build-isolation --no-deps . >> "$LOG" 2>&1 || { e
 
 step "warm the kernel cache"
 precompile() { python3 -P -m primus_turbo.precompile -j "$JOBS" "$@" >> "$LOG" 2>&1 || status=1; }
-if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
+if [ "${PRECOMPILE:-1}" = 1 ] && { [ "$MODE" = all ] || [ "$MODE" = tests ]; }; then
   # What the tests force: the default configs of every layout, and fp32 output for main_grad.
   precompile --dtype bf16 fp16 --configs 0 3
   precompile --dtype bf16 --out-dtype fp32 --layouts AkBn AmBn --configs 0 3
 fi
-if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
+if [ "${PRECOMPILE:-1}" = 1 ] && { [ "$MODE" = all ] || [ "$MODE" = bench ]; }; then
   # Every autotune candidate of the forward, dgrad and wgrad layouts.
   precompile --dtype ${BENCH_DTYPES:-bf16 fp16} --layouts AkBk AkBn AmBn
 fi

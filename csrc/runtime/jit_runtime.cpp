@@ -12,6 +12,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "core/env.h"
@@ -65,24 +66,39 @@ void remove_tree(const std::string& path) {
   rmdir(path.c_str());
 }
 
-// Digest of every kernel header's relative path and content, computed once per process.
-const std::string& kernel_headers_digest() {
-  static std::once_flag once;
-  static std::string digest;
-  std::call_once(once, [] {
-    const std::string root = kernel_include();
-    std::vector<std::string> files;
-    list_files(root, "", &files);
-    std::sort(files.begin(), files.end());
-    Sha256 h;
-    for (const auto& f : files) {
-      std::string content;
-      read_file(root + "/" + f, &content);
-      h.update(f).update("\0", 1).update(content).update("\0", 1);
-    }
-    digest = h.hex_digest();
-  });
-  return digest;
+// The kernel headers a source includes, directly or through other kernel headers: quoted or
+// angled includes that resolve under the kernel include root. Headers outside it (CUTLASS, CUDA,
+// the standard library) are covered by the CUTLASS version and compiler identity in the key.
+void collect_kernel_includes(const std::string& text, std::set<std::string>* seen) {
+  const std::string root = kernel_include();
+  size_t pos = 0;
+  while ((pos = text.find("#include", pos)) != std::string::npos) {
+    pos += 8;
+    const size_t open = text.find_first_of("\"<\n", pos);
+    if (open == std::string::npos || text[open] == '\n') continue;
+    const size_t close = text.find_first_of("\">\n", open + 1);
+    if (close == std::string::npos || text[close] == '\n') continue;
+    const std::string rel = text.substr(open + 1, close - open - 1);
+    std::string content;
+    if (seen->count(rel) || !read_file(root + "/" + rel, &content)) continue;
+    seen->insert(rel);
+    collect_kernel_includes(content, seen);
+  }
+}
+
+// Digest of the relative paths and contents of the kernel headers a source depends on: editing
+// or adding one header rebuilds only the modules that include it.
+std::string kernel_headers_digest(const std::string& source) {
+  std::set<std::string> headers;
+  collect_kernel_includes(source, &headers);
+  const std::string root = kernel_include();
+  Sha256 h;
+  for (const auto& rel : headers) {  // std::set iterates in sorted order
+    std::string content;
+    read_file(root + "/" + rel, &content);
+    h.update(rel).update("\0", 1).update(content).update("\0", 1);
+  }
+  return h.hex_digest();
 }
 
 std::string cutlass_version_digest() {
@@ -208,7 +224,7 @@ std::string module_key(const ModuleRequest& request) {
   Sha256 h;
   h.update(str_cat("abi=", PT_JIT_ABI_VERSION, "\n"));
   h.update(request.source).update("\n");
-  h.update("kernels=").update(kernel_headers_digest()).update("\n");
+  h.update("kernels=").update(kernel_headers_digest(request.source)).update("\n");
   if (request.needs_cutlass) h.update("cutlass=").update(cutlass_version_digest()).update("\n");
   h.update("compiler=").update(find_compiler().identity).update("\n");
   for (const auto& f : module_flags(request.arch)) h.update(f).update(" ");
