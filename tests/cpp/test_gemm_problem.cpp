@@ -202,3 +202,51 @@ TEST(MakeProblem, AlignmentFlagsFollowPointerAndLeadingDimension) {
 }
 
 }  // namespace
+
+// GEMM plans: the same argument checks as pt_gemm, made once; an empty output needs no GPU.
+namespace plan_tests {
+
+TEST(GemmPlan, InvalidProblemIsAnErrorAndLeavesNoPlan) {
+  const pt_tensor a = matrix(g_a, PT_BFLOAT16, 3, 7, true);
+  const pt_tensor b = matrix(g_b, PT_BFLOAT16, 6, 5, true);
+  const pt_tensor d = out_matrix(PT_BFLOAT16, 3, 5);
+  pt_gemm_plan plan = reinterpret_cast<pt_gemm_plan>(0x1);
+  EXPECT_EQ(pt_gemm_plan_create(&a, &b, &d, 0, 0, 1, 0, PT_BACKEND_CUBLASLT, -1, &plan),
+            PT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(plan, nullptr);
+  EXPECT_THAT(pt_last_error(), HasSubstr("inner dimensions do not match"));
+}
+
+TEST(GemmPlan, UnknownBackendIsRejected) {
+  const pt_tensor a = matrix(g_a, PT_BFLOAT16, M, K, true);
+  const pt_tensor b = matrix(g_b, PT_BFLOAT16, K, N, true);
+  const pt_tensor d = out_matrix(PT_BFLOAT16, M, N);
+  pt_gemm_plan plan = nullptr;
+  EXPECT_EQ(pt_gemm_plan_create(&a, &b, &d, 0, 0, 1, 0, PT_BACKEND_NCCL, -1, &plan),
+            PT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(plan, nullptr);
+}
+
+TEST(GemmPlan, EmptyOutputRunsAsNoOp) {
+  const pt_tensor a = matrix(g_a, PT_BFLOAT16, 0, K, true);
+  const pt_tensor b = matrix(g_b, PT_BFLOAT16, K, N, true);
+  const pt_tensor d = out_matrix(PT_BFLOAT16, 0, N);
+  pt_gemm_plan plan = nullptr;
+  ASSERT_EQ(pt_gemm_plan_create(&a, &b, &d, 0, 0, 1, 0, PT_BACKEND_CUTLASS, -1, &plan),
+            PT_SUCCESS);
+  ASSERT_NE(plan, nullptr);
+  EXPECT_EQ(pt_gemm_plan_needs_workspace(plan), 0);
+  EXPECT_EQ(pt_gemm_plan_run(plan, g_a, g_b, g_d, nullptr, 0, nullptr), PT_SUCCESS);
+  pt_gemm_plan_destroy(plan);
+}
+
+TEST(GemmPlan, NullPlanIsAnError) {
+  EXPECT_EQ(pt_gemm_plan_run(nullptr, g_a, g_b, g_d, nullptr, 0, nullptr),
+            PT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(pt_gemm_plan_create(nullptr, nullptr, nullptr, 0, 0, 1, 0, PT_BACKEND_CUBLASLT, -1,
+                                nullptr),
+            PT_ERROR_INVALID_ARGUMENT);
+  pt_gemm_plan_destroy(nullptr);  // harmless
+}
+
+}  // namespace plan_tests

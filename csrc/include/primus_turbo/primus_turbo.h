@@ -154,6 +154,21 @@ PT_API pt_status pt_gemm_problem_key(const pt_tensor* a, const pt_tensor* b, con
                                      size_t key_len);
 PT_API size_t pt_gemm_workspace_bytes(void);
 
+// A GEMM plan binds one backend config to a problem's sizes, layouts, dtypes, leading dimensions
+// and pointer alignment, validated once; running it on new pointers skips all per-call checks and
+// reuses the backend's descriptors (the per-call path of a framework's plan cache). The pointers
+// given to pt_gemm_plan_run must be at least as aligned as those the plan was created with (an
+// error otherwise). A plan is bound to the device current at creation.
+typedef struct pt_gemm_plan_s* pt_gemm_plan;
+PT_API pt_status pt_gemm_plan_create(const pt_tensor* a, const pt_tensor* b, const pt_tensor* d,
+                                     int32_t trans_a, int32_t trans_b, float alpha, float beta,
+                                     int32_t backend, int32_t config, pt_gemm_plan* plan);
+PT_API pt_status pt_gemm_plan_run(pt_gemm_plan plan, const void* a, const void* b, void* d,
+                                  void* workspace, size_t workspace_bytes, void* stream);
+// Whether the plan's backend needs a workspace (cuBLASLt) or not.
+PT_API int32_t pt_gemm_plan_needs_workspace(pt_gemm_plan plan);
+PT_API void pt_gemm_plan_destroy(pt_gemm_plan plan);
+
 // ---- RMSNorm over the last dimension ------------------------------------------------------
 // y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps) per row (statistics in float32) and
 // w = gamma, or 1 + gamma when zero_centered. x: contiguous, >= 1-D, float32/float16/bfloat16, last

@@ -4,11 +4,21 @@
 
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <string>
 
 #include "ops/gemm/gemm_problem.h"
 
 namespace primus_turbo::gemm {
+
+// One config bound to one problem's shape, layout, dtypes and alignment: runs it on new pointers
+// with no re-validation and with the backend's per-problem state (descriptors, kernel) kept.
+class BoundRun {
+ public:
+  virtual ~BoundRun() = default;
+  virtual void run(const Problem& p, void* workspace, size_t workspace_bytes,
+                   cudaStream_t stream) const = 0;
+};
 
 class Backend {
  public:
@@ -23,6 +33,9 @@ class Backend {
   virtual void prepare(const Problem& p, int config) const { (void)p, (void)config; }
   virtual void run(const Problem& p, int config, void* workspace, size_t workspace_bytes,
                    cudaStream_t stream) const = 0;
+  // Validated, accepted problem -> a reusable run. The default replays run() unchanged.
+  virtual std::unique_ptr<BoundRun> bind(const Problem& p, int config) const;
+  virtual bool needs_workspace() const { return false; }
 };
 
 const Backend& cublaslt_backend();

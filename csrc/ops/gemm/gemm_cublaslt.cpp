@@ -128,6 +128,28 @@ const std::vector<cublasLtMatmulHeuristicResult_t>& algos_for(const Problem& p) 
   return cache.emplace(key, std::move(algos)).first->second;
 }
 
+// Descriptors and algorithm made once per plan: a run is one cublasLtMatmul.
+class CublasLtBoundRun final : public BoundRun {
+ public:
+  CublasLtBoundRun(const Problem& p, const cublasLtMatmulHeuristicResult_t& algo)
+      : desc_(p), algo_(algo), handle_(handle_for(current_device())) {}
+
+  void run(const Problem& p, void* workspace, size_t workspace_bytes,
+           cudaStream_t stream) const override {
+    PT_CHECK_ARG(algo_.workspaceSize <= workspace_bytes, "cuBLASLt algorithm needs ",
+                 algo_.workspaceSize, " bytes of workspace, got ", workspace_bytes);
+    PT_CHECK_CUBLAS(cublasLtMatmul(handle_, desc_.op.value, &p.alpha, p.b.ptr, desc_.a.value,
+                                   p.a.ptr, desc_.b.value, &p.beta, p.d, desc_.d.value, p.d,
+                                   desc_.d.value, &algo_.algo, workspace, workspace_bytes,
+                                   stream));
+  }
+
+ private:
+  Descriptors desc_;
+  cublasLtMatmulHeuristicResult_t algo_;
+  cublasLtHandle_t handle_;
+};
+
 class CublasLtBackend final : public Backend {
  public:
   std::string rejection(const Problem&) const override { return ""; }
@@ -137,6 +159,13 @@ class CublasLtBackend final : public Backend {
   }
 
   int default_config(const Problem&) const override { return 0; }
+
+  bool needs_workspace() const override { return true; }
+
+  std::unique_ptr<BoundRun> bind(const Problem& p, int config) const override {
+    check_config(p, config);
+    return std::make_unique<CublasLtBoundRun>(p, algos_for(p)[config]);
+  }
 
   std::string config_name(const Problem& p, int config) const override {
     check_config(p, config);

@@ -117,8 +117,14 @@ class CutlassBackend final : public Backend {
     check_config(p, config);
     const std::string why = rejection(p);
     PT_CHECK_SUPPORTED(why.empty(), why);
-    LoadedKernel kernel = load_kernel(p, config);
-    const int device = current_device();
+    launch(p, config, load_kernel(p, config), current_device(), workspace, workspace_bytes,
+           stream);
+  }
+
+  std::unique_ptr<BoundRun> bind(const Problem& p, int config) const override;
+
+  void launch(const Problem& p, int config, LoadedKernel kernel, int device, void* workspace,
+              size_t workspace_bytes, cudaStream_t stream) const {
     bind_device_context(device);
     PtGemmParams params{};
     params.m = p.m;
@@ -151,6 +157,29 @@ class CutlassBackend final : public Backend {
                  ")");
   }
 };
+
+// The kernel is loaded and the problem accepted once, when the plan is made.
+class CutlassBoundRun final : public BoundRun {
+ public:
+  CutlassBoundRun(const CutlassBackend& backend, const Problem& p, int config)
+      : backend_(backend), config_(config), kernel_(load_kernel(p, config)),
+        device_(current_device()) {}
+  void run(const Problem& p, void* workspace, size_t workspace_bytes,
+           cudaStream_t stream) const override {
+    backend_.launch(p, config_, kernel_, device_, workspace, workspace_bytes, stream);
+  }
+
+ private:
+  const CutlassBackend& backend_;
+  int config_;
+  LoadedKernel kernel_;
+  int device_;
+};
+
+std::unique_ptr<BoundRun> CutlassBackend::bind(const Problem& p, int config) const {
+  check_config(p, config);
+  return std::make_unique<CutlassBoundRun>(*this, p, config);
+}
 
 }  // namespace
 

@@ -9,7 +9,13 @@ from primus_turbo._core import check, lib
 from primus_turbo._core.lib import string_out
 from primus_turbo.pytorch.core import autotune, library
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
-from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt, workspace
+from primus_turbo.pytorch.core.tensor_bridge import (
+    current_stream_handle,
+    device_guard,
+    stream_workspace,
+    to_pt,
+    workspace,
+)
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad, matrix_operand
 
 __all__ = ["gemm"]
@@ -100,17 +106,53 @@ class GemmProblem(autotune.TunableProblem):
             check(status, context=f"gemm on {backend.name}")
 
 
-# (layout, dtypes, flags, device, settings) -> (backend, config): after the first call of a
-# problem, a call skips backend resolution and the autotune lookup entirely.
+class _Plan:
+    """A backend config bound to one problem (sizes, layouts, dtypes, alignment) in the core: a
+    call is one C call with the new pointers, with no re-validation or descriptor setup."""
+
+    __slots__ = ("handle", "needs_ws")
+
+    def __init__(self, problem: GemmProblem, backend: BackendType, config: int):
+        handle = ctypes.c_void_p()
+        check(
+            lib.pt_gemm_plan_create(
+                *problem._args(), 1.0, problem.beta, backend.value, config, ctypes.byref(handle)
+            ),
+            context=f"gemm on {backend.name}",
+        )
+        self.handle = handle.value
+        self.needs_ws = bool(lib.pt_gemm_plan_needs_workspace(self.handle))
+
+    def __del__(self):
+        if lib is not None and self.handle:
+            lib.pt_gemm_plan_destroy(self.handle)
+
+    def run(self, a, b, out, device) -> None:
+        ws = stream_workspace(device) if self.needs_ws else None
+        status = lib.pt_gemm_plan_run(
+            self.handle, a.data_ptr(), b.data_ptr(), out.data_ptr(),
+            ws.data_ptr() if ws is not None else None, ws.numel() if ws is not None else 0,
+            current_stream_handle(device),
+        )
+        if status:
+            check(status, context="gemm")
+
+
+# (layout, dtypes, flags, alignment, device, settings) -> _Plan: after the first call of a problem,
+# a call skips backend resolution, the autotune lookup and the core's argument checks.
 _plans = {}
+
+
+def _alignment(ptr: int) -> int:
+    return min(ptr & -ptr, 256) if ptr else 256
 
 
 def _plan_key(a, b, out, trans_a, trans_b, beta):
     return (
         a.shape, a.stride(), b.shape, b.stride(), out.shape, out.stride(), a.dtype, out.dtype,
         trans_a, trans_b, beta, out.device.index,
-        # Alignment decides what CUTLASS accepts.
-        a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
+        # Alignment decides what CUTLASS accepts and which cuBLASLt algorithms are valid.
+        _alignment(a.data_ptr()), _alignment(b.data_ptr()), _alignment(out.data_ptr()),
         settings_token(OpFamily.GEMM),
     )
 
@@ -121,15 +163,15 @@ def _run_gemm(a, b, out, trans_a: bool, trans_b: bool, beta: float) -> None:
     a, trans_a = matrix_operand(a, trans_a)
     b, trans_b = matrix_operand(b, trans_b)
     device = out.device
+    key = _plan_key(a, b, out, trans_a, trans_b, beta)
     with device_guard(device):
-        problem = GemmProblem(a, b, out, trans_a, trans_b, beta)
-        key = _plan_key(a, b, out, trans_a, trans_b, beta)
-        choice = _plans.get(key)
-        if choice is None:
-            choice = autotune.select(problem, device)
+        plan = _plans.get(key)
+        if plan is None:
+            problem = GemmProblem(a, b, out, trans_a, trans_b, beta)
+            plan = _Plan(problem, *autotune.select(problem, device))
             if not torch.cuda.is_current_stream_capturing():  # a capture-time choice may be provisional
-                _plans[key] = choice
-        problem.run(*choice)
+                _plans[key] = plan
+        plan.run(a, b, out, device)
 
 
 def _gemm_cuda(a, b, trans_a: bool, trans_b: bool, out_dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,118 @@
+// GEMM plans: a problem validated and bound to one backend config once, then run on new pointers
+// with nothing but an alignment check per call. This is the per-call path of the Python binding's
+// plan cache; pt_gemm stays the general entry point.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "ops/gemm/gemm_backend.h"
+#include "runtime/device.h"
+
+using namespace primus_turbo;
+using namespace primus_turbo::gemm;
+
+namespace primus_turbo::gemm {
+
+namespace {
+
+class ReplayRun final : public BoundRun {
+ public:
+  ReplayRun(const Backend& backend, int config) : backend_(backend), config_(config) {}
+  void run(const Problem& p, void* ws, size_t ws_bytes, cudaStream_t stream) const override {
+    backend_.run(p, config_, ws, ws_bytes, stream);
+  }
+
+ private:
+  const Backend& backend_;
+  int config_;
+};
+
+// d = beta * d when the product is empty (k == 0); beta is 0 or 1 (checked when the plan is made).
+class EmptyKRun final : public BoundRun {
+ public:
+  void run(const Problem& p, void*, size_t, cudaStream_t stream) const override {
+    if (p.beta != 0.0f) return;
+    const size_t esz = p.d_dtype == PT_FLOAT32 ? 4 : 2;
+    PT_CHECK_CUDA(cudaMemset2DAsync(p.d, p.ldd * esz, 0, p.n * esz, p.m, stream));
+  }
+};
+
+// Largest power of two (at most 256) dividing the address: what alignment-sensitive kernels see.
+uint32_t alignment_of(const void* ptr) {
+  const auto v = reinterpret_cast<uintptr_t>(ptr);
+  return v == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(v & (~v + 1), 256));
+}
+
+}  // namespace
+
+std::unique_ptr<BoundRun> Backend::bind(const Problem&, int config) const {
+  return std::make_unique<ReplayRun>(*this, config);
+}
+
+}  // namespace primus_turbo::gemm
+
+struct pt_gemm_plan_s {
+  Problem problem;  // pointers replaced per run
+  std::unique_ptr<BoundRun> bound;  // null when the output is empty
+  bool needs_workspace = false;
+  uint32_t align_a = 1, align_b = 1, align_d = 1;
+};
+
+extern "C" {
+
+pt_status pt_gemm_plan_create(const pt_tensor* a, const pt_tensor* b, const pt_tensor* d,
+                              int32_t trans_a, int32_t trans_b, float alpha, float beta,
+                              int32_t backend, int32_t config, pt_gemm_plan* plan) {
+  return api_guard([&] {
+    PT_CHECK_ARG(plan != nullptr, "pt_gemm_plan_create: 'plan' must not be null");
+    *plan = nullptr;
+    auto out = std::make_unique<pt_gemm_plan_s>();
+    out->problem = make_problem(a, b, d, trans_a, trans_b, alpha, beta);
+    const Problem& p = out->problem;
+    const Backend& be = backend_for(backend);
+    out->align_a = alignment_of(p.a.ptr);
+    out->align_b = alignment_of(p.b.ptr);
+    out->align_d = alignment_of(p.d);
+    if (p.m > 0 && p.n > 0) {
+      if (p.k == 0) {
+        PT_CHECK_SUPPORTED(p.beta == 0.0f || p.beta == 1.0f,
+                           "GEMM with k == 0 supports beta 0 or 1, got ", p.beta);
+        out->bound = std::make_unique<EmptyKRun>();
+      } else {
+        const std::string why = be.rejection(p);
+        PT_CHECK_SUPPORTED(why.empty(), why);
+        out->bound = be.bind(p, config < 0 ? be.default_config(p) : config);
+        out->needs_workspace = be.needs_workspace();
+      }
+    }
+    *plan = out.release();
+  });
+}
+
+pt_status pt_gemm_plan_run(pt_gemm_plan plan, const void* a, const void* b, void* d,
+                           void* workspace, size_t workspace_bytes, void* stream) {
+  return api_guard([&] {
+    PT_CHECK_ARG(plan != nullptr, "pt_gemm_plan_run: 'plan' must not be null");
+    if (!plan->bound) return;
+    PT_CHECK_ARG(alignment_of(a) >= plan->align_a && alignment_of(b) >= plan->align_b &&
+                     alignment_of(d) >= plan->align_d,
+                 "pt_gemm_plan_run: pointers are less aligned than those the plan was made for "
+                 "(need ", plan->align_a, "/", plan->align_b, "/", plan->align_d, " bytes)");
+    Problem p = plan->problem;
+    p.a.ptr = a;
+    p.b.ptr = b;
+    p.d = d;
+    plan->bound->run(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
+  });
+}
+
+int32_t pt_gemm_plan_needs_workspace(pt_gemm_plan plan) {
+  return plan != nullptr && plan->needs_workspace ? 1 : 0;
+}
+
+void pt_gemm_plan_destroy(pt_gemm_plan plan) { delete plan; }
+
+}  // extern "C"
