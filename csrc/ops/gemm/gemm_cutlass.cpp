@@ -143,6 +143,7 @@ class CutlassBackend final : public Backend {
     params.stream = stream;
     params.device = device;
     params.num_sms = device_info(device).sm_count;
+    params.swizzle = cutlass_candidates()[config].swizzle;
     char err[1024] = {0};
     if (kernel.run(&params, err, sizeof(err)) != 0) {
       PT_THROW(PT_ERROR_CUDA, "CUTLASS GEMM kernel ", config_name(p, config), " (", p.m, "x", p.n,

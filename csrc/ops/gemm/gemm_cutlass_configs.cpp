@@ -6,7 +6,7 @@ namespace primus_turbo::gemm {
 
 std::string CutlassConfig::name() const {
   return str_cat(tile_m, "x", tile_n, "x", tile_k, "_c", cluster_m, "x", cluster_n, "_",
-                 pingpong ? "pingpong" : "coop");
+                 pingpong ? "pingpong" : "coop", swizzle > 1 ? str_cat("_s", swizzle) : "");
 }
 
 const std::vector<CutlassConfig>& cutlass_candidates() {
@@ -19,6 +19,12 @@ const std::vector<CutlassConfig>& cutlass_candidates() {
       {128, 128, 64, 2, 1, false},
       {128, 128, 64, 1, 1, true},
       {64, 256, 64, 1, 1, true},
+      // The large tiles again with swizzled tile order: neighbouring CTAs share A and B panels
+      // in L2, which matters once the operands outgrow it (e.g. 8192^3).
+      {128, 256, 64, 2, 1, false, 4},
+      {256, 128, 64, 1, 2, false, 4},
+      {128, 256, 64, 1, 2, false, 4},
+      {128, 256, 64, 2, 1, false, 8},
   };
   return configs;
 }

@@ -14,6 +14,8 @@ struct CutlassConfig {
   int tile_m, tile_n, tile_k;
   int cluster_m, cluster_n;
   bool pingpong;
+  // Tile-scheduler swizzle: a launch argument, so configs differing only here share one module.
+  int swizzle = 1;
   std::string name() const;
 };
 

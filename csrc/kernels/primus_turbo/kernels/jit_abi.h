@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_JIT_ABI_VERSION 1
+#define PT_JIT_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,6 +32,8 @@ typedef struct PtGemmParams {
   void* stream;  // cudaStream_t
   int device;
   int num_sms;   // SMs the persistent scheduler may use (0: all)
+  int swizzle;   // persistent tile scheduler's max swizzle (1, 2, 4 or 8; 0 means 1): a runtime
+                 // choice, so autotune can try it without another module
 } PtGemmParams;
 
 // RMSNorm over the last dimension of a contiguous [rows, hidden] tensor (see

@@ -92,6 +92,7 @@ struct CutlassGemmSm90 {
         {{p.alpha, p.beta}, d, make_leading_stride<StrideD>(p.ldd), d,
          make_leading_stride<StrideD>(p.ldd)},
         hw_info};
+    if (p.swizzle > 1) args.scheduler.max_swizzle_size = p.swizzle;
     return args;
   }
 
