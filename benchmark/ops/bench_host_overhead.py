@@ -58,6 +58,7 @@ def main() -> None:
 
     with torch.no_grad():
         print(f"forward (no grad)   ours {per_call_us(ours_fwd, args.iters):7.1f} us   torch {per_call_us(torch_fwd, args.iters):7.1f} us")
+    print(f"forward (autograd)  ours {per_call_us(ours_fwd, args.iters):7.1f} us   torch {per_call_us(torch_fwd, args.iters):7.1f} us")
     print(f"forward + backward  ours {per_call_us(ours_step, args.iters // 4):7.1f} us   torch {per_call_us(torch_step, args.iters // 4):7.1f} us")
     if args.profile:
         prof = cProfile.Profile()
