@@ -423,7 +423,10 @@ def gpu_short_name(name: str | None = None) -> str:
 
 
 def git_commit(repo: Path = REPO_ROOT) -> str:
-    """``git rev-parse --short HEAD`` of the repository, "-dirty" appended when tracked files changed."""
+    """``git rev-parse --short HEAD`` of the repository, "-dirty" appended when tracked files changed.
+    PRIMUS_TURBO_COMMIT overrides it, for a copy of the tree whose git metadata is not its own."""
+    if os.environ.get("PRIMUS_TURBO_COMMIT"):
+        return os.environ["PRIMUS_TURBO_COMMIT"]
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True, check=True, timeout=30

@@ -56,19 +56,3 @@ def workspace(device: torch.device) -> torch.Tensor:
     return torch.empty(lib.pt_gemm_workspace_bytes(), dtype=torch.uint8, device=device)
 
 
-
-_stream_workspaces = {}
-
-
-def stream_workspace(device: torch.device) -> torch.Tensor:
-    """A workspace kept per (device, stream), as torch keeps cuBLAS's: work on one stream is
-    ordered, so successive calls can share it. During CUDA-graph capture a fresh buffer comes from
-    the graph's pool instead (a cached one must not be taken from it); the caller keeps the
-    returned tensor alive until its launch is issued."""
-    key = (device.index, current_stream_handle(device))
-    ws = _stream_workspaces.get(key)
-    if ws is None:
-        ws = workspace(device)
-        if not torch.cuda.is_current_stream_capturing():
-            _stream_workspaces[key] = ws
-    return ws

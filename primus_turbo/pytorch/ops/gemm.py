@@ -12,7 +12,6 @@ from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionTy
 from primus_turbo.pytorch.core.tensor_bridge import (
     current_stream_handle,
     device_guard,
-    stream_workspace,
     to_pt,
     workspace,
 )
@@ -128,7 +127,7 @@ class _Plan:
             lib.pt_gemm_plan_destroy(self.handle)
 
     def run(self, a, b, out, device) -> None:
-        ws = stream_workspace(device) if self.needs_ws else None
+        ws = workspace(device) if self.needs_ws else None
         status = lib.pt_gemm_plan_run(
             self.handle, a.data_ptr(), b.data_ptr(), out.data_ptr(),
             ws.data_ptr() if ws is not None else None, ws.numel() if ws is not None else 0,
