@@ -30,7 +30,7 @@ def main() -> None:
     args = p.parse_args()
 
     import primus_turbo.pytorch as turbo
-    from primus_turbo._core import lib as corelib
+    from primus_turbo._core.lib import lib
     from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager
     from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, workspace
     import sys
@@ -47,7 +47,6 @@ def main() -> None:
     plan = gemm_mod._plans.get(key) or next(iter(gemm_mod._plans.values()))
     ws = workspace(dev)
     stream = current_stream_handle(dev)
-    lib = corelib.lib
     pylib = ctypes.PyDLL(lib._name)  # same library, calls keep the GIL
     for name in ("pt_gemm_plan_run", "pt_gemm_plan_needs_workspace"):
         getattr(pylib, name).restype = getattr(lib, name).restype
