@@ -44,7 +44,8 @@ def main() -> None:
     with torch.no_grad():
         turbo.ops.gemm(a, b, trans_b=True)
     key = gemm_mod._plan_key(a, b.t(), out, False, False, 0.0)
-    plan = gemm_mod._plans.get(key) or next(iter(gemm_mod._plans.values()))
+    gemm_mod._run_gemm(a, b.t(), out, False, False, 0.0)
+    plan = gemm_mod._plans[key]
     ws = workspace(dev)
     stream = current_stream_handle(dev)
     pylib = ctypes.PyDLL(lib._name)  # same library, calls keep the GIL
@@ -53,6 +54,15 @@ def main() -> None:
         getattr(pylib, name).argtypes = getattr(lib, name).argtypes
     h, pa, pb, po, pw, nw = plan.handle, a.data_ptr(), b.data_ptr(), out.data_ptr(), ws.data_ptr(), ws.numel()
 
+    from primus_turbo.pytorch.core.tensor_bridge import device_guard
+    from primus_turbo.pytorch.ops._checks import matrix_operand
+
+    def guarded(fn):
+        with device_guard(dev):
+            fn()
+
+    bt = b.t()
+    print(f"plan hit: {key in gemm_mod._plans}; plans: {len(gemm_mod._plans)}")
     rows = [
         ("ctypes trivial call (GIL released)", lambda: lib.pt_gemm_plan_needs_workspace(h)),
         ("ctypes trivial call (GIL kept)", lambda: pylib.pt_gemm_plan_needs_workspace(h)),
@@ -62,6 +72,10 @@ def main() -> None:
         ("torch.empty workspace", lambda: workspace(dev)),
         ("current stream handle", lambda: current_stream_handle(dev)),
         ("plan key", lambda: gemm_mod._plan_key(a, b.t(), out, False, False, 0.0)),
+        ("plan lookup", lambda: gemm_mod._plans.get(key)),
+        ("device guard", lambda: guarded(lambda: None)),
+        ("matrix_operand x2", lambda: (matrix_operand(a, False), matrix_operand(bt, False))),
+        ("plan.run", lambda: plan.run(a, bt, out, dev)),
         ("_run_gemm (plan hit)", lambda: gemm_mod._run_gemm(a, b.t(), out, False, False, 0.0)),
         ("turbo.ops.gemm no grad", lambda: turbo.ops.gemm(a, b, trans_b=True)),
         ("torch.matmul", lambda: torch.matmul(a, b.t())),
