@@ -18,3 +18,26 @@ def define(schema: str, cuda_impl, fake_impl) -> torch._ops.OpOverload:
     LIB.impl(name, cuda_impl, "CUDA")
     torch.library.register_fake(f"primus_turbo::{name}", fake_impl, lib=LIB)
     return getattr(torch.ops.primus_turbo, name).default
+
+
+def _direct_ok(args) -> bool:
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    if torch._C._is_torch_function_mode_enabled():
+        return False
+    for x in args:
+        if isinstance(x, torch.Tensor) and (type(x) is not torch.Tensor or not x.is_cuda):
+            return False
+    return True
+
+
+def eager_call(op: torch._ops.OpOverload, cuda_impl):
+    """A callable for ``op`` that, in plain eager execution (real CUDA tensors, not tracing, no
+    dispatch or function mode active), runs its CUDA implementation directly: the dispatcher's
+    round trip into Python costs more than a short kernel. Anything else goes through ``op``."""
+
+    def call(*args):
+        return cuda_impl(*args) if _direct_ok(args) else op(*args)
+
+    call.__name__ = f"{op.__name__}_call"
+    return call

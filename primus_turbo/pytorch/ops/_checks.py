@@ -29,13 +29,17 @@ def matrix_operand(t: torch.Tensor, trans: bool) -> Tuple[torch.Tensor, bool]:
     return t.contiguous(), trans
 
 
+def check_main_grad_pattern(pattern: Optional[str]) -> None:
+    if pattern is not None and pattern != "megatron":
+        raise ValueError(f"fuse_bgrad_accum_pattern must be None or 'megatron', got {pattern!r}")
+
+
 def check_main_grad(weight: torch.Tensor, pattern: Optional[str]) -> Optional[torch.Tensor]:
     """For fuse_bgrad_accum_pattern="megatron": validates weight.main_grad, marks the weight so
     Megatron skips its own accumulation, and returns the buffer the wgrad GEMM adds into."""
+    check_main_grad_pattern(pattern)
     if pattern is None:
         return None
-    if pattern != "megatron":
-        raise ValueError(f"fuse_bgrad_accum_pattern must be None or 'megatron', got {pattern!r}")
     main_grad = getattr(weight, "main_grad", None)
     if not isinstance(main_grad, torch.Tensor):
         raise ValueError("fuse_bgrad_accum_pattern='megatron' needs the weight to carry a 'main_grad' tensor")

@@ -15,7 +15,12 @@ from primus_turbo.pytorch.core.tensor_bridge import (
     to_pt,
     workspace,
 )
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad, matrix_operand
+from primus_turbo.pytorch.ops._checks import (
+    check_cuda_tensors,
+    check_main_grad,
+    check_main_grad_pattern,
+    matrix_operand,
+)
 
 __all__ = ["gemm"]
 
@@ -205,6 +210,9 @@ _gemm_accum_op = library.define(
     _gemm_accum_cuda,
     _gemm_accum_fake,
 )
+# What the autograd function calls: the ops themselves under tracing, their kernels in eager mode.
+_gemm_call = library.eager_call(_gemm_op, _gemm_cuda)
+_gemm_accum_call = library.eager_call(_gemm_accum_op, _gemm_accum_cuda)
 
 
 _dummy_wgrads = {}
@@ -222,7 +230,7 @@ def _dummy_wgrad(like: torch.Tensor) -> torch.Tensor:
 class GemmFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, trans_a: bool, trans_b: bool, out_dtype, main_grad):
-        out = _gemm_op(a, b, trans_a, trans_b, out_dtype)
+        out = _gemm_call(a, b, trans_a, trans_b, out_dtype)
         ctx.save_for_backward(a, b)
         ctx.trans_a, ctx.trans_b = trans_a, trans_b
         ctx.main_grad = main_grad
@@ -236,9 +244,9 @@ class GemmFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # d op(a) = grad_out @ op(b)^T, written in a's own orientation.
             if ta:
-                grad_a = _gemm_op(b, grad_out, tb, True, a.dtype)
+                grad_a = _gemm_call(b, grad_out, tb, True, a.dtype)
             else:
-                grad_a = _gemm_op(grad_out, b, False, not tb, a.dtype)
+                grad_a = _gemm_call(grad_out, b, False, not tb, a.dtype)
         if ctx.needs_input_grad[1] or ctx.main_grad is not None:
             # d op(b) = op(a)^T @ grad_out, written in b's own orientation.
             if tb:
@@ -246,10 +254,10 @@ class GemmFunction(torch.autograd.Function):
             else:
                 args = (a, grad_out, not ta, False)
             if ctx.main_grad is not None:
-                _gemm_accum_op(args[0], args[1], ctx.main_grad, args[2], args[3])
+                _gemm_accum_call(args[0], args[1], ctx.main_grad, args[2], args[3])
                 grad_b = _dummy_wgrad(b)
             else:
-                grad_b = _gemm_op(*args, b.dtype)
+                grad_b = _gemm_call(*args, b.dtype)
         return grad_a, grad_b, None, None, None, None
 
 
@@ -273,5 +281,8 @@ def gemm(
     Any row- or column-major view works (other strides are copied once). Differentiable.
     """
     _, _, out_dtype = _gemm_shape(a, b, trans_a, trans_b, out_dtype)
+    if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        check_main_grad_pattern(fuse_bgrad_accum_pattern)  # no wgrad will be made to accumulate
+        return _gemm_call(a, b, bool(trans_a), bool(trans_b), out_dtype)
     main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)
     return GemmFunction.apply(a, b, bool(trans_a), bool(trans_b), out_dtype, main_grad)
