@@ -34,7 +34,8 @@ constexpr int kWarpMaxHidden = 1024;  // at or below: one warp per row
 constexpr int kWarpsPerBlock = 4;     // rows per block on the warp path
 constexpr int kMaxBlockThreads = 512;
 constexpr int kBlockCacheIters = 4;   // vectors per thread held in registers on the block path
-constexpr int kFinalizeWarps = 8;     // partial rows are split over 8 warps, 32 columns a block
+constexpr int kFinalizeWarps = 32;    // partial rows are split over 32 warps, 32 columns a block:
+                                      // few dependent L2 round trips per warp
 // Register budgets of the backward, which holds x, dy and the per-column sums: RMSNorm fits 128
 // registers (4 blocks of the warp path per SM); LayerNorm's second sum (dbeta) needs up to 255, so
 // its block path is capped at 256 threads (wider rows then stream).
@@ -413,7 +414,7 @@ __global__ void __launch_bounds__(bwd_max_block_threads(kLN)) bwd_block_per_row(
 }
 
 // out[col] = sum over k of partials[k, col], always in the same order: warp w adds the rows
-// k = w, w + 8, ... in turn, then the 8 warp sums are added in warp order. blockIdx.y picks
+// k = w, w + kFinalizeWarps, ... in turn, then the warp sums are added in warp order. blockIdx.y picks
 // dgamma (0) or dbeta (1).
 template <class W>
 __global__ void __launch_bounds__(kFinalizeWarps * 32)
