@@ -3,7 +3,8 @@
 - correctness: ``snr_db``, ``check_close`` (the gates of shared/ACCURACY.md), ``check_matmul``
   (a float64 reference computed tile by tile, so a 30 GB output never needs a 30 GB reference);
 - timing: ``time_cuda`` (CUDA events, median of >= 50 iterations, rotating input sets so the
-  50 MB L2 cannot serve repeated inputs), ``num_rotating_sets``, ``measure_copy_bandwidth``;
+  50 MB L2 cannot serve repeated inputs), ``time_cuda_graph`` (the same replayed from a CUDA graph:
+  device time without host launch overhead), ``num_rotating_sets``, ``measure_copy_bandwidth``;
 - reporting: ``write_csv``, ``plot_comparison`` (PNG, matplotlib Agg), ``format_table``,
   ``geomean``, ``update_summary`` (benchmark/results/<gpu>/summary.json, written atomically),
   ``gpu_short_name``, ``git_commit``.
@@ -363,6 +364,48 @@ def time_cuda(
         "p90": q(0.9),
         "iters": iters,
     }
+
+
+def time_cuda_graph(
+    fn: Callable[..., Any],
+    rotate: Sequence[Sequence[Any]] | None = None,
+    calls: int = 20,
+    replays: int = 20,
+    warmup: int = 3,
+    stream: torch.cuda.Stream | None = None,
+) -> float:
+    """Median milliseconds per call of ``fn`` replayed from one CUDA graph that holds ``calls``
+    calls (cycling through ``rotate``): device time without the host's per-call launch overhead,
+    which otherwise dominates memory-bound ops of a few tens of microseconds.
+
+    Warm-up calls (compilation, caching-allocator growth) run on ``stream`` before capture. A
+    backward whose forward ran outside the graph must use the stream that forward ran on: pass it.
+    Raises if ``fn`` cannot be captured (the caller may fall back to ``time_cuda``).
+    """
+    sets = list(rotate) if rotate else [()]
+    n = max(calls, len(sets))
+    s = stream or torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(max(1, warmup)):
+            fn(*sets[i % len(sets)])
+    s.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        for i in range(n):
+            fn(*sets[i % len(sets)])
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(max(3, replays)):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / n)
+    del graph
+    return statistics.median(times)
 
 
 def measure_copy_bandwidth(nbytes: int = 1 << 30, iters: int = 50) -> float:

@@ -541,6 +541,42 @@ def gen_norm_test_cases(tokens: Sequence[int] = NORM_TOKENS, models: Iterable[st
     ]
 
 
+###############################################################################
+# Gated activations (SwiGLU / GeGLU): MLP intermediate sizes of the dense and MoE tables
+###############################################################################
+
+
+@dataclass(frozen=True)
+class ActivationCase:
+    name: str  # the models sharing this intermediate size
+    tokens: int  # rows of the [tokens, 2 * cols] gate/up projection output
+    cols: int  # the intermediate size: the activation's output width
+
+
+def gen_activation_test_cases(
+    tokens: Sequence[int] = NORM_TOKENS, models: Iterable[str] | None = None
+) -> list[ActivationCase]:
+    """One case per distinct MLP intermediate size (dense ``intermediate``, MoE
+    ``expert_intermediate``) of the tables (or of ``models``) and token count. MoE experts see a
+    share of the tokens; the same token counts keep the sizes comparable across models."""
+    table = {
+        **{n: m.intermediate for n, m in DENSE_MODELS.items()},
+        **{n: m.expert_intermediate for n, m in MOE_MODELS.items()},
+    }
+    names = list(table) if models is None or list(models) == ["all"] else list(models)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ValueError(f"unknown models {unknown}; choose from {sorted(table)}")
+    by_cols: dict[int, list[str]] = {}
+    for n in names:
+        by_cols.setdefault(table[n], []).append(n)
+    return [
+        ActivationCase("/".join(by_cols[c][:2]) + ("/..." if len(by_cols[c]) > 2 else ""), t, c)
+        for c in sorted(by_cols)
+        for t in tokens
+    ]
+
+
 def _print_rows(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(header)]
     print("  ".join(str(h).rjust(w) for h, w in zip(header, widths)))

@@ -104,4 +104,66 @@ bool is_aligned16(const Matrix2D& m) {
   return addr % 16 == 0 && (m.ld * bits) % 128 == 0;
 }
 
+namespace {
+
+// Row-major contiguous; a dimension of size 1 may have any stride, and an empty tensor any strides.
+bool is_contiguous(const pt_tensor& t) {
+  if (numel(t) == 0) return true;
+  int64_t expected = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expected) return false;
+    expected *= t.shape[i];
+  }
+  return true;
+}
+
+std::string strides_string(const pt_tensor& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim; ++i) s += str_cat(i ? ", " : "", t.strides[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+int64_t numel(const pt_tensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return n;
+}
+
+// Non-null descriptor, sane rank and sizes, a known dtype, contiguous, data present and aligned
+// to its element (the scalar kernels' minimum).
+void check_contiguous(const pt_tensor* t, const char* name) {
+  PT_CHECK_ARG(t != nullptr, "argument '", name, "' is null");
+  PT_CHECK_ARG(t->ndim >= 0 && t->ndim <= PT_MAX_DIMS, "argument '", name, "' has ", t->ndim,
+               " dimensions; expected 0 to ", PT_MAX_DIMS);
+  for (int i = 0; i < t->ndim; ++i) {
+    PT_CHECK_ARG(t->shape[i] >= 0, "argument '", name, "' has a negative dimension ",
+                 shape_string(*t));
+  }
+  const int bits = dtype_bits(t->dtype);  // validates the code
+  PT_CHECK_ARG(is_contiguous(*t), "argument '", name, "' with shape ", shape_string(*t),
+               " and strides ", strides_string(*t), " must be contiguous (make it contiguous first)");
+  if (numel(*t) == 0) return;
+  PT_CHECK_ARG(t->data != nullptr, "argument '", name, "' has a null data pointer");
+  PT_CHECK_ARG(reinterpret_cast<uintptr_t>(t->data) % (bits / 8) == 0, "argument '", name,
+               "' is not aligned to its element size (", bits / 8, " bytes)");
+}
+
+void check_same_shape(const pt_tensor* t, const char* name, const pt_tensor& like, const char* like_name) {
+  bool same = t->ndim == like.ndim;
+  for (int i = 0; same && i < t->ndim; ++i) same = t->shape[i] == like.shape[i];
+  PT_CHECK_ARG(same, "argument '", name, "' has shape ", shape_string(*t), "; expected the shape of '",
+               like_name, "' ", shape_string(like));
+}
+
+void check_like(const pt_tensor* t, const char* name, const pt_tensor& like, const char* like_name) {
+  check_contiguous(t, name);
+  check_same_shape(t, name, like, like_name);
+  PT_CHECK_ARG(t->dtype == like.dtype, "argument '", name, "' has dtype ", dtype_name(t->dtype),
+               "; expected the dtype of '", like_name, "' (", dtype_name(like.dtype), ")");
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 }  // namespace primus_turbo

@@ -33,4 +33,14 @@ bool is_aligned16(const Matrix2D& m);
 
 std::string shape_string(const pt_tensor& t);
 
+// ---- checks of the plain-CUDA ops (contiguous tensors); messages name the argument ----
+int64_t numel(const pt_tensor& t);
+// Non-null, sane rank and sizes, a known dtype, row-major contiguous (a dimension of size 1 may
+// have any stride, an empty tensor any strides), data present and aligned to its element.
+void check_contiguous(const pt_tensor* t, const char* name);
+void check_same_shape(const pt_tensor* t, const char* name, const pt_tensor& like, const char* like_name);
+// check_contiguous, the shape and the dtype of `like`.
+void check_like(const pt_tensor* t, const char* name, const pt_tensor& like, const char* like_name);
+bool aligned16(const void* p);
+
 }  // namespace primus_turbo

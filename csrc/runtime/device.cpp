@@ -38,4 +38,10 @@ const DeviceInfo& device_info(int device) {
   return cache.emplace(device, info).first->second;
 }
 
+std::string arch_for_device(int device) {
+  const DeviceInfo& info = device_info(device);
+  if (info.major == 9 && info.minor == 0) return "90a";
+  return str_cat(info.major, info.minor);
+}
+
 }  // namespace primus_turbo

@@ -20,4 +20,8 @@ int current_device();
 void bind_device_context(int device);
 const DeviceInfo& device_info(int device);
 
+// The nvcc arch JIT kernels are built for on a device (sm_90a on Hopper, the plain compute
+// capability elsewhere).
+std::string arch_for_device(int device);
+
 }  // namespace primus_turbo

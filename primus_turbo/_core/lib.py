@@ -85,6 +85,16 @@ _PROTOTYPES = {
     "pt_rmsnorm_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _vp, _sz, _i32, _vp]),
     "pt_rmsnorm_bwd_workspace_bytes": (_sz, [_i64, _i64]),
     "pt_rmsnorm_prepare": (_i32, [_i32, _i32, _i64]),
+    # normalization.h, activation.h
+    "pt_rmsnorm_residual_fwd": (_i32, [_T, _T, _T, _T, _T, _T, _f32, _i32, _vp]),
+    "pt_rmsnorm_residual_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _T, _vp, _sz, _i32, _vp]),
+    "pt_layernorm_fwd": (_i32, [_T, _T, _T, _T, _T, _T, _f32, _vp]),
+    "pt_layernorm_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _T, _T, _vp, _sz, _vp]),
+    "pt_layernorm_bwd_workspace_bytes": (_sz, [_i64, _i64]),
+    "pt_norm_prepare": (_i32, [_i32, _i32, _i32, _i64]),
+    "pt_gated_act_fwd": (_i32, [_i32, _T, _T, _T, _T, _vp]),
+    "pt_gated_act_bwd": (_i32, [_i32, _T, _T, _T, _T, _T, _T, _vp]),
+    "pt_gated_act_prepare": (_i32, [_i32, _i32, _i64]),
 }
 
 

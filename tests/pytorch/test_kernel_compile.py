@@ -86,3 +86,32 @@ def test_rmsnorm_modules_compile_for_sm90a():
         assert glob.glob(os.path.join(cache, "jit", f"{name}-*", "module.so")) or glob.glob(
             os.path.join(cache, f"{name}-*", "module.so")
         ), f"no compiled module {name} in {cache}"
+
+
+# RMSNorm + residual and LayerNorm: both module kinds of a common and an odd hidden size, float32
+# parameters; gated activations: both activations, each dtype, vectorized and scalar.
+_NORM_JOBS = [(kind, dt, dt, h) for kind in (1, 2) for dt in ("bf16", "fp32") for h in (4096, 4097)]
+_NORM_JOBS += [(2, "fp16", "fp32", 1000), (1, "bf16", "fp32", 7168)]
+_GATED_JOBS = [(act, dt, cols) for act in (0, 1) for dt in _RMSNORM_DTYPES for cols in (1408, 7)]
+
+
+def test_norm_and_gated_modules_compile_for_sm90a():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from primus_turbo._core.lib import check, lib
+
+    def build(job):
+        try:
+            if len(job) == 4:
+                kind, dt, gdt, hidden = job
+                check(lib.pt_norm_prepare(kind, _RMSNORM_DTYPES[dt], _RMSNORM_DTYPES[gdt], hidden))
+            else:
+                act, dt, cols = job
+                check(lib.pt_gated_act_prepare(act, _RMSNORM_DTYPES[dt], cols))
+            return None
+        except Exception as e:  # report every failure
+            return f"{job}: {e}"
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        errors = [e for e in pool.map(build, _NORM_JOBS + _GATED_JOBS) if e]
+    assert not errors, "\n".join(errors)

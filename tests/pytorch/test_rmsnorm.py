@@ -179,3 +179,88 @@ def test_module_matches_torch_rmsnorm(zero_centered):
         ref.weight.copy_(m.weight.double() + (1.0 if zero_centered else 0.0))
     x = torch.randn(2, 64, 4096, device="cuda", dtype=torch.bfloat16)
     assert_gate(m(x), ref(x.double()).detach(), torch.bfloat16, "module")
+
+
+# ---- rmsnorm_residual: (rmsnorm(x + residual), x + residual) -----------------------------------
+
+
+def residual_reference(x, r, gamma, dy, ds, eps):
+    """The unfused math: s = x + residual rounded to x's dtype, then RMSNorm in float64."""
+    s = (x + r).detach()
+    s64 = s.double().requires_grad_()
+    g64 = gamma.detach().double().requires_grad_()
+    y = s64 * torch.rsqrt(s64.pow(2).mean(-1, keepdim=True) + eps) * g64
+    y.backward(dy.double())
+    return y.detach(), s, s64.grad + ds.double(), g64.grad
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows", [0, 3, 1000])
+@pytest.mark.parametrize("hidden", [1, 127, 1024, 4096, 4097, 16384])
+def test_rmsnorm_residual_matches_float64(hidden, rows, dtype):
+    x, gamma, dy = make_inputs(rows, hidden, dtype, seed=hidden + rows)
+    r = torch.randn_like(x)
+    ds = torch.randn_like(x)
+    poison_allocator(rows * hidden * dtype.itemsize)
+    xa, ra, ga = x.clone().requires_grad_(), r.clone().requires_grad_(), gamma.clone().requires_grad_()
+    y, s = turbo.ops.rmsnorm_residual(xa, ra, ga, EPS)
+    torch.autograd.backward((y, s), (dy, ds))
+    ry, rs, rdx, rdg = residual_reference(x, r, gamma, dy, ds, EPS)
+    assert torch.equal(s.detach(), rs), "x + residual must match the unfused add bitwise"
+    assert_gate(y.detach(), ry, dtype, "y")
+    if hidden > 1:
+        assert_gate(xa.grad, rdx, dtype, "dx")
+        assert_gate(ra.grad, rdx, dtype, "dresidual")
+    assert_gate(ga.grad, rdg, dtype, "dgamma")
+
+
+def test_rmsnorm_residual_only_y_used_and_views():
+    torch.manual_seed(21)
+    base = torch.randn(4096, 6, 2, device="cuda", dtype=torch.bfloat16)
+    x = base[:, :, 0].t()  # [6, 4096], non-contiguous
+    r = torch.randn(6, 4096, device="cuda", dtype=torch.bfloat16)
+    gamma = torch.randn(4096, device="cuda", dtype=torch.float32)
+    dy = torch.randn(6, 4096, device="cuda", dtype=torch.bfloat16)
+    xa, ra, ga = x.clone().requires_grad_(), r.clone().requires_grad_(), gamma.clone().requires_grad_()
+    y, _ = turbo.ops.rmsnorm_residual(xa, ra, ga)
+    y.backward(dy)
+    ry, _, rdx, rdg = residual_reference(x, r, gamma, dy, torch.zeros_like(dy), EPS)
+    assert_gate(y.detach(), ry, torch.bfloat16, "y")
+    assert_gate(xa.grad, rdx, torch.bfloat16, "dx")
+    assert_gate(ga.grad, rdg, torch.float32, "dgamma")
+
+
+def test_rmsnorm_residual_graph_and_compile():
+    x, gamma, dy = make_inputs(512, 2048, torch.bfloat16, seed=22)
+    r = torch.randn_like(x)
+
+    def fn(a, b, g):
+        y, s = turbo.ops.rmsnorm_residual(a, b, g)
+        return y * 2.0 + s
+
+    compiled = torch.compile(fn, fullgraph=True)
+    results = []
+    for f in (compiled, fn):
+        a, b, g = x.clone().requires_grad_(), r.clone().requires_grad_(), gamma.clone().requires_grad_()
+        out = f(a, b, g)
+        out.backward(dy)
+        results.append((out.detach(), a.grad, b.grad, g.grad))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+    fwd = torch.ops.primus_turbo.rmsnorm_residual_fwd.default
+    bwd = torch.ops.primus_turbo.rmsnorm_residual_bwd.default
+    y, s, rstd = fwd(x, r, gamma, EPS, False)
+    bwd(dy, dy, s, gamma, rstd, False)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, s, rstd = fwd(x, r, gamma, EPS, False)
+        dx, dgamma = bwd(dy, None, s, gamma, rstd, False)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    ry, _, rdx, rdg = residual_reference(x, r, gamma, dy, torch.zeros_like(dy), EPS)
+    assert_gate(y, ry, torch.bfloat16, "y (replay)")
+    assert_gate(dx, rdx, torch.bfloat16, "dx (replay)")
+    assert_gate(dgamma, rdg, torch.bfloat16, "dgamma (replay)")

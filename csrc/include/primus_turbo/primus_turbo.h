@@ -193,3 +193,6 @@ PT_API pt_status pt_rmsnorm_prepare(int32_t dtype, int32_t gamma_dtype, int64_t 
 #ifdef __cplusplus
 }
 #endif
+
+#include "primus_turbo/normalization.h"  // RMSNorm + residual, LayerNorm
+#include "primus_turbo/activation.h"     // SwiGLU, GeGLU

@@ -1,5 +1,14 @@
-"""turbo.ops.rmsnorm: RMSNorm over the last dimension, forward and backward, on the library's own
-CUDA kernels (kernels/normalization/rmsnorm.cuh)."""
+"""Normalizations over the last dimension on the library's own CUDA kernels
+(kernels/normalization/norm.cuh), forward and backward:
+
+- ``turbo.ops.rmsnorm(x, gamma)``;
+- ``turbo.ops.rmsnorm_residual(x, residual, gamma)``: ``(rmsnorm(x + residual), x + residual)`` in
+  one pass (the pre-norm transformer block's residual add and norm);
+- ``turbo.ops.layernorm(x, gamma, beta)``.
+
+Statistics are float32, outputs have ``x``'s dtype. The parameter gradients are reduced in a fixed
+order, so the backward is bitwise reproducible.
+"""
 
 import math
 
@@ -10,73 +19,178 @@ from primus_turbo.pytorch.core import library
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
-__all__ = ["rmsnorm"]
+__all__ = ["rmsnorm", "rmsnorm_residual", "layernorm"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HIDDEN = 65536
 
 
-def _check_args(x, gamma, eps) -> None:
-    """Validates arguments (no device work); messages name the argument."""
-    for name, t in (("x", x), ("gamma", gamma)):
+def _check_args(op: str, x, eps, params: dict, like_x: dict = None) -> None:
+    """Validates arguments (no device work); messages name the argument. params: [hidden] weights
+    (x's dtype or float32); like_x: tensors of x's shape and dtype."""
+    like_x = like_x or {}
+    for name, t in {"x": x, **like_x, **params}.items():
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"rmsnorm: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
     if x.dtype not in _DTYPES:
-        raise TypeError(f"rmsnorm: argument 'x' has dtype {x.dtype}; expected float32, float16 or bfloat16")
-    if gamma.dtype not in (x.dtype, torch.float32):
-        raise TypeError(f"rmsnorm: argument 'gamma' has dtype {gamma.dtype}; expected {x.dtype} (the dtype of 'x') or float32")
+        raise TypeError(f"{op}: argument 'x' has dtype {x.dtype}; expected float32, float16 or bfloat16")
     if x.dim() < 1:
-        raise ValueError("rmsnorm: argument 'x' must have at least 1 dimension, got a scalar")
+        raise ValueError(f"{op}: argument 'x' must have at least 1 dimension, got a scalar")
     hidden = x.shape[-1]
     if not 1 <= hidden <= MAX_HIDDEN:
-        raise ValueError(f"rmsnorm: argument 'x' has shape {tuple(x.shape)}; its last dimension must be 1 to {MAX_HIDDEN}")
-    if gamma.dim() != 1 or gamma.shape[0] != hidden:
-        raise ValueError(f"rmsnorm: argument 'gamma' has shape {tuple(gamma.shape)}; expected [{hidden}] (the last dimension of 'x')")
+        raise ValueError(f"{op}: argument 'x' has shape {tuple(x.shape)}; its last dimension must be 1 to {MAX_HIDDEN}")
+    for name, t in like_x.items():
+        if t.shape != x.shape:
+            raise ValueError(f"{op}: argument '{name}' has shape {tuple(t.shape)}; expected the shape of 'x' {tuple(x.shape)}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"{op}: argument '{name}' has dtype {t.dtype}; expected {x.dtype} (the dtype of 'x')")
+    first = None
+    for name, t in params.items():
+        if t.dtype not in (x.dtype, torch.float32):
+            raise TypeError(f"{op}: argument '{name}' has dtype {t.dtype}; expected {x.dtype} (the dtype of 'x') or float32")
+        if first is not None and t.dtype != first.dtype:
+            raise TypeError(f"{op}: argument '{name}' has dtype {t.dtype}; expected the dtype of the other weight ({first.dtype})")
+        first = t
+        if t.dim() != 1 or t.shape[0] != hidden:
+            raise ValueError(f"{op}: argument '{name}' has shape {tuple(t.shape)}; expected [{hidden}] (the last dimension of 'x')")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"rmsnorm: argument 'eps' must be a finite non-negative number, got {eps!r}")
-    check_cuda_tensors("rmsnorm", x=x, gamma=gamma)
+        raise ValueError(f"{op}: argument 'eps' must be a finite non-negative number, got {eps!r}")
+    check_cuda_tensors(op, x=x, **like_x, **params)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """[rows, hidden] contiguous view (a copy when the input is not contiguous)."""
+    return t.contiguous().reshape(-1, t.shape[-1])
+
+
+def _stat(x):
+    return torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+
+
+def _fake_stat(x):
+    return x.new_empty((x.shape[0],), dtype=torch.float32)
+
+
+def _workspace(nbytes: int, device) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def _call(status_fn, context: str, device) -> None:
+    with device_guard(device):
+        status = status_fn()
+    if status:
+        check(status, context=context)
 
 
 # ---- registered ops: x is [rows, hidden] and contiguous here ------------------------------------
 
 
 def _fwd_cuda(x, gamma, eps: float, zero_centered: bool):
-    y = torch.empty_like(x)
-    rstd = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    if x.shape[0] == 0:
-        return y, rstd
-    with device_guard(x.device):
-        status = lib.pt_rmsnorm_fwd(
-            to_pt(x), to_pt(gamma), to_pt(y), to_pt(rstd), float(eps), int(zero_centered),
-            current_stream_handle(x.device),
+    y, rstd = torch.empty_like(x), _stat(x)
+    if x.shape[0]:
+        _call(
+            lambda: lib.pt_rmsnorm_fwd(
+                to_pt(x), to_pt(gamma), to_pt(y), to_pt(rstd), float(eps), int(zero_centered), current_stream_handle(x.device)
+            ),
+            "rmsnorm forward",
+            x.device,
         )
-    if status:
-        check(status, context="rmsnorm forward")
     return y, rstd
 
 
 def _fwd_fake(x, gamma, eps, zero_centered):
-    return torch.empty_like(x), x.new_empty((x.shape[0],), dtype=torch.float32)
+    return torch.empty_like(x), _fake_stat(x)
 
 
 def _bwd_cuda(dy, x, gamma, rstd, zero_centered: bool):
-    dx = torch.empty_like(x)
-    dgamma = torch.empty_like(gamma)
-    rows, hidden = x.shape
-    ws = torch.empty(lib.pt_rmsnorm_bwd_workspace_bytes(rows, hidden), dtype=torch.uint8, device=x.device)
-    with device_guard(x.device):
-        status = lib.pt_rmsnorm_bwd(
+    dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
+    ws = _workspace(lib.pt_rmsnorm_bwd_workspace_bytes(*x.shape), x.device)
+    _call(
+        lambda: lib.pt_rmsnorm_bwd(
             to_pt(dy), to_pt(x), to_pt(gamma), to_pt(rstd), to_pt(dx), to_pt(dgamma),
-            ws.data_ptr() if ws.numel() else None, ws.numel(), int(zero_centered),
-            current_stream_handle(x.device),
-        )
-    if status:
-        check(status, context="rmsnorm backward")
+            ws.data_ptr() if ws.numel() else None, ws.numel(), int(zero_centered), current_stream_handle(x.device),
+        ),
+        "rmsnorm backward",
+        x.device,
+    )
     return dx, dgamma
 
 
 def _bwd_fake(dy, x, gamma, rstd, zero_centered):
     return torch.empty_like(x), torch.empty_like(gamma)
+
+
+def _res_fwd_cuda(x, residual, gamma, eps: float, zero_centered: bool):
+    y, s, rstd = torch.empty_like(x), torch.empty_like(x), _stat(x)
+    if x.shape[0]:
+        _call(
+            lambda: lib.pt_rmsnorm_residual_fwd(
+                to_pt(x), to_pt(residual), to_pt(gamma), to_pt(y), to_pt(s), to_pt(rstd), float(eps), int(zero_centered),
+                current_stream_handle(x.device),
+            ),
+            "rmsnorm_residual forward",
+            x.device,
+        )
+    return y, s, rstd
+
+
+def _res_fwd_fake(x, residual, gamma, eps, zero_centered):
+    return torch.empty_like(x), torch.empty_like(x), _fake_stat(x)
+
+
+def _res_bwd_cuda(dy, dsum, s, gamma, rstd, zero_centered: bool):
+    dx, dgamma = torch.empty_like(s), torch.empty_like(gamma)
+    ws = _workspace(lib.pt_rmsnorm_bwd_workspace_bytes(*s.shape), s.device)
+    _call(
+        lambda: lib.pt_rmsnorm_residual_bwd(
+            to_pt(dy), None if dsum is None else to_pt(dsum), to_pt(s), to_pt(gamma), to_pt(rstd), to_pt(dx),
+            to_pt(dgamma), ws.data_ptr() if ws.numel() else None, ws.numel(), int(zero_centered),
+            current_stream_handle(s.device),
+        ),
+        "rmsnorm_residual backward",
+        s.device,
+    )
+    return dx, dgamma
+
+
+def _res_bwd_fake(dy, dsum, s, gamma, rstd, zero_centered):
+    return torch.empty_like(s), torch.empty_like(gamma)
+
+
+def _ln_fwd_cuda(x, gamma, beta, eps: float):
+    y, mean, rstd = torch.empty_like(x), _stat(x), _stat(x)
+    if x.shape[0]:
+        _call(
+            lambda: lib.pt_layernorm_fwd(
+                to_pt(x), to_pt(gamma), to_pt(beta), to_pt(y), to_pt(mean), to_pt(rstd), float(eps),
+                current_stream_handle(x.device),
+            ),
+            "layernorm forward",
+            x.device,
+        )
+    return y, mean, rstd
+
+
+def _ln_fwd_fake(x, gamma, beta, eps):
+    return torch.empty_like(x), _fake_stat(x), _fake_stat(x)
+
+
+def _ln_bwd_cuda(dy, x, gamma, mean, rstd):
+    dx, dgamma, dbeta = torch.empty_like(x), torch.empty_like(gamma), torch.empty_like(gamma)
+    ws = _workspace(lib.pt_layernorm_bwd_workspace_bytes(*x.shape), x.device)
+    _call(
+        lambda: lib.pt_layernorm_bwd(
+            to_pt(dy), to_pt(x), to_pt(gamma), to_pt(mean), to_pt(rstd), to_pt(dx), to_pt(dgamma), to_pt(dbeta),
+            ws.data_ptr() if ws.numel() else None, ws.numel(), current_stream_handle(x.device),
+        ),
+        "layernorm backward",
+        x.device,
+    )
+    return dx, dgamma, dbeta
+
+
+def _ln_bwd_fake(dy, x, gamma, mean, rstd):
+    return torch.empty_like(x), torch.empty_like(gamma), torch.empty_like(gamma)
 
 
 _fwd_op = library.define(
@@ -86,6 +200,26 @@ _bwd_op = library.define(
     "rmsnorm_bwd(Tensor dy, Tensor x, Tensor gamma, Tensor rstd, bool zero_centered) -> (Tensor, Tensor)",
     _bwd_cuda,
     _bwd_fake,
+)
+_res_fwd_op = library.define(
+    "rmsnorm_residual_fwd(Tensor x, Tensor residual, Tensor gamma, float eps, bool zero_centered)"
+    " -> (Tensor, Tensor, Tensor)",
+    _res_fwd_cuda,
+    _res_fwd_fake,
+)
+_res_bwd_op = library.define(
+    "rmsnorm_residual_bwd(Tensor dy, Tensor? dsum, Tensor s, Tensor gamma, Tensor rstd, bool zero_centered)"
+    " -> (Tensor, Tensor)",
+    _res_bwd_cuda,
+    _res_bwd_fake,
+)
+_ln_fwd_op = library.define(
+    "layernorm_fwd(Tensor x, Tensor gamma, Tensor beta, float eps) -> (Tensor, Tensor, Tensor)", _ln_fwd_cuda, _ln_fwd_fake
+)
+_ln_bwd_op = library.define(
+    "layernorm_bwd(Tensor dy, Tensor x, Tensor gamma, Tensor mean, Tensor rstd) -> (Tensor, Tensor, Tensor)",
+    _ln_bwd_cuda,
+    _ln_bwd_fake,
 )
 
 
@@ -104,6 +238,41 @@ class RmsNormFunction(torch.autograd.Function):
         return dx, dgamma, None, None
 
 
+class RmsNormResidualFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, gamma, eps: float, zero_centered: bool):
+        y, s, rstd = _res_fwd_op(x, residual, gamma, eps, zero_centered)
+        ctx.save_for_backward(s, gamma, rstd)
+        ctx.set_materialize_grads(False)  # an unused s costs no zero-filled gradient read
+        ctx.zero_centered = zero_centered
+        return y, s
+
+    @staticmethod
+    def backward(ctx, dy, dsum):
+        s, gamma, rstd = ctx.saved_tensors
+        if dy is None:
+            dy = torch.zeros_like(s)
+        ds, dgamma = _res_bwd_op(
+            dy.contiguous(), None if dsum is None else dsum.contiguous(), s, gamma, rstd, ctx.zero_centered
+        )
+        # d(x + residual)/dx = d/dresidual = 1: both inputs receive ds.
+        return ds, ds, dgamma, None, None
+
+
+class LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, gamma, beta, eps: float):
+        y, mean, rstd = _ln_fwd_op(x, gamma, beta, eps)
+        ctx.save_for_backward(x, gamma, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, gamma, mean, rstd = ctx.saved_tensors
+        dx, dgamma, dbeta = _ln_bwd_op(dy.contiguous(), x, gamma, mean, rstd)
+        return dx, dgamma, dbeta, None
+
+
 def rmsnorm(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-6, zero_centered: bool = False) -> torch.Tensor:
     """``x * rsqrt(mean(x**2, -1) + eps) * w`` with ``w = gamma`` (``1 + gamma`` when ``zero_centered``).
 
@@ -115,7 +284,38 @@ def rmsnorm(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-6, zero_center
     Statistics are float32, the output has ``x``'s dtype. Differentiable in ``x`` and ``gamma``;
     ``gamma``'s gradient is reduced in a fixed order, so backward is bitwise reproducible.
     """
-    _check_args(x, gamma, eps)
-    hidden = x.shape[-1]
-    y = RmsNormFunction.apply(x.contiguous().reshape(-1, hidden), gamma.contiguous(), float(eps), bool(zero_centered))
+    _check_args("rmsnorm", x, eps, {"gamma": gamma})
+    y = RmsNormFunction.apply(_rows(x), gamma.contiguous(), float(eps), bool(zero_centered))
+    return y.view(x.shape)
+
+
+def rmsnorm_residual(
+    x: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-6, zero_centered: bool = False
+):
+    """``(rmsnorm(s, gamma, eps), s)`` with ``s = x + residual`` (rounded to ``x``'s dtype, as the
+    unfused add), in one pass over memory. ``residual``: ``x``'s shape and dtype; the rest as
+    :func:`rmsnorm`. Differentiable in ``x``, ``residual`` and ``gamma`` through both outputs."""
+    _check_args("rmsnorm_residual", x, eps, {"gamma": gamma}, {"residual": residual})
+    y, s = RmsNormResidualFunction.apply(_rows(x), _rows(residual), gamma.contiguous(), float(eps), bool(zero_centered))
+    return y.view(x.shape), s.view(x.shape)
+
+
+def layernorm(x: torch.Tensor, gamma=None, beta=None, eps: float = 1e-5) -> torch.Tensor:
+    """``(x - mean) * rsqrt(var + eps) * gamma + beta`` over the last dimension (biased variance,
+    float32 statistics), like ``torch.nn.functional.layer_norm(x, x.shape[-1:], gamma, beta, eps)``.
+
+    Args:
+        x: ``[..., hidden]`` (hidden 1 to 65536), float32, float16 or bfloat16, on a CUDA device; a
+            non-contiguous ``x`` is copied once.
+        gamma, beta: ``[hidden]``, ``x``'s dtype or float32 (both the same), or None (1 and 0).
+    """
+    like = gamma if isinstance(gamma, torch.Tensor) else beta if isinstance(beta, torch.Tensor) else None
+    if isinstance(x, torch.Tensor) and x.dim() >= 1:
+        dtype = like.dtype if like is not None else x.dtype
+        if gamma is None:
+            gamma = torch.ones(x.shape[-1], dtype=dtype, device=x.device)
+        if beta is None:
+            beta = torch.zeros(x.shape[-1], dtype=dtype, device=x.device)
+    _check_args("layernorm", x, eps, {"gamma": gamma, "beta": beta})
+    y = LayerNormFunction.apply(_rows(x), gamma.contiguous(), beta.contiguous(), float(eps))
     return y.view(x.shape)

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_JIT_ABI_VERSION 2
+#define PT_JIT_ABI_VERSION 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,42 +36,66 @@ typedef struct PtGemmParams {
                  // choice, so autotune can try it without another module
 } PtGemmParams;
 
-// RMSNorm over the last dimension of a contiguous [rows, hidden] tensor (see
-// kernels/normalization/rmsnorm.cuh). Dtypes and vectorization are compile-time parts of the module.
-typedef struct PtRmsNormFwdParams {
+// RMSNorm / LayerNorm over the last dimension of a contiguous [rows, hidden] tensor, optionally
+// fused with a residual add (see kernels/normalization/norm.cuh). Dtypes, the norm kind, the
+// residual fusion and vectorization are compile-time parts of the module; pointers a module does
+// not use are ignored.
+typedef struct PtNormFwdParams {
   int64_t rows, hidden;
-  const void* x;      // [rows, hidden]
-  const void* gamma;  // [hidden]
-  void* y;            // [rows, hidden], x's dtype
-  float* rstd;        // [rows]: 1 / sqrt(mean(x^2) + eps), kept for the backward
+  const void* x;        // [rows, hidden]
+  const void* residual; // [rows, hidden], x's dtype (residual modules)
+  const void* gamma;    // [hidden]
+  const void* beta;     // [hidden], gamma's dtype (LayerNorm)
+  void* y;              // [rows, hidden], x's dtype
+  void* residual_out;   // [rows, hidden]: x + residual (residual modules)
+  float* rstd;          // [rows], kept for the backward
+  float* mean;          // [rows] (LayerNorm)
   float eps;
-  int zero_centered;  // the weight is 1 + gamma
-  void* stream;       // cudaStream_t
+  int zero_centered;    // the weight is 1 + gamma
+  void* stream;         // cudaStream_t
   int num_sms;
-} PtRmsNormFwdParams;
+} PtNormFwdParams;
 
-typedef struct PtRmsNormBwdParams {
+typedef struct PtNormBwdParams {
   int64_t rows, hidden;
   const void* dy;
-  const void* x;
+  const void* x;        // the normalized input (x + residual for residual modules)
   const void* gamma;
   const float* rstd;
+  const float* mean;    // LayerNorm
+  const void* dsum;     // residual modules: gradient of the residual_out output, added to dx; may be null
   void* dx;             // [rows, hidden], x's dtype
   void* dgamma;         // [hidden], gamma's dtype
-  float* partials;      // [num_partials, hidden] fp32 workspace: one dgamma partial per block
+  void* dbeta;          // [hidden], gamma's dtype (LayerNorm)
+  float* partials;      // fp32 workspace: [1 or 2 (LayerNorm), num_partials, hidden]
   int64_t num_partials; // the backward's grid size; >= 1
   int zero_centered;
   void* stream;
   int num_sms;
-} PtRmsNormBwdParams;
+} PtNormBwdParams;
+
+// Gated activations over [rows, 2 * cols] -> [rows, cols] (see kernels/activation/gated.cuh):
+// out = act(x[:, :cols]) * x[:, cols:] * probs[row], rows with row_mask[row] == 0 give zeros.
+typedef struct PtGatedActParams {
+  int64_t rows, cols;
+  const void* x;         // [rows, 2 * cols]
+  const float* probs;    // [rows] or null (then 1)
+  const int64_t* row_mask; // [rows] or null (then every row)
+  const void* dy;        // backward: [rows, cols]
+  void* out;             // forward: [rows, cols]; backward: dx [rows, 2 * cols]
+  float* dprobs;         // backward: [rows] or null
+  void* stream;
+  int num_sms;
+} PtGatedActParams;
 
 // Every module exports these. Return 0 on success; otherwise write a message into err.
 typedef int (*PtJitAbiVersionFn)(void);
 typedef int (*PtGemmRunFn)(const PtGemmParams* params, char* err, size_t err_len);
 typedef int (*PtGemmWorkspaceFn)(const PtGemmParams* params, size_t* bytes, char* err,
                                  size_t err_len);
-typedef int (*PtRmsNormFwdFn)(const PtRmsNormFwdParams* params, char* err, size_t err_len);
-typedef int (*PtRmsNormBwdFn)(const PtRmsNormBwdParams* params, char* err, size_t err_len);
+typedef int (*PtNormFwdFn)(const PtNormFwdParams* params, char* err, size_t err_len);
+typedef int (*PtNormBwdFn)(const PtNormBwdParams* params, char* err, size_t err_len);
+typedef int (*PtGatedActFn)(const PtGatedActParams* params, char* err, size_t err_len);
 
 #ifdef __cplusplus
 }

@@ -20,14 +20,26 @@
     return Kernel::workspace(params, bytes, err, err_len);                                  \
   }
 
-// Exports Kernel::forward and Kernel::backward as pt_rmsnorm_fwd_run / pt_rmsnorm_bwd_run.
-#define PT_JIT_EXPORT_RMSNORM(Kernel)                                                       \
+// Exports Kernel::forward and Kernel::backward as pt_norm_fwd_run / pt_norm_bwd_run.
+#define PT_JIT_EXPORT_NORM(Kernel)                                                          \
   PT_JIT_EXPORT_ABI_VERSION                                                                 \
-  extern "C" __attribute__((visibility("default"))) int pt_rmsnorm_fwd_run(                 \
-      const PtRmsNormFwdParams* params, char* err, size_t err_len) {                        \
+  extern "C" __attribute__((visibility("default"))) int pt_norm_fwd_run(                    \
+      const PtNormFwdParams* params, char* err, size_t err_len) {                           \
     return Kernel::forward(params, err, err_len);                                           \
   }                                                                                         \
-  extern "C" __attribute__((visibility("default"))) int pt_rmsnorm_bwd_run(                 \
-      const PtRmsNormBwdParams* params, char* err, size_t err_len) {                        \
+  extern "C" __attribute__((visibility("default"))) int pt_norm_bwd_run(                    \
+      const PtNormBwdParams* params, char* err, size_t err_len) {                           \
+    return Kernel::backward(params, err, err_len);                                          \
+  }
+
+// Exports Kernel::forward and Kernel::backward as pt_gated_fwd_run / pt_gated_bwd_run.
+#define PT_JIT_EXPORT_GATED(Kernel)                                                         \
+  PT_JIT_EXPORT_ABI_VERSION                                                                 \
+  extern "C" __attribute__((visibility("default"))) int pt_gated_fwd_run(                   \
+      const PtGatedActParams* params, char* err, size_t err_len) {                          \
+    return Kernel::forward(params, err, err_len);                                           \
+  }                                                                                         \
+  extern "C" __attribute__((visibility("default"))) int pt_gated_bwd_run(                   \
+      const PtGatedActParams* params, char* err, size_t err_len) {                          \
     return Kernel::backward(params, err, err_len);                                          \
   }

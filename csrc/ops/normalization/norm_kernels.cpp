@@ -1,4 +1,4 @@
-#include "ops/normalization/rmsnorm_kernels.h"
+#include "ops/normalization/norm_kernels.h"
 
 #include <map>
 #include <mutex>
@@ -9,7 +9,7 @@
 #include "runtime/device.h"
 #include "runtime/jit_runtime.h"
 
-namespace primus_turbo::rmsnorm {
+namespace primus_turbo::norm {
 
 namespace {
 
@@ -18,21 +18,22 @@ const char* cuda_type(int32_t dt) {
     case PT_FLOAT32: return "float";
     case PT_FLOAT16: return "__half";
     case PT_BFLOAT16: return "__nv_bfloat16";
-    default: PT_THROW(PT_ERROR_NOT_SUPPORTED, "RMSNorm: unsupported dtype code ", dt);
+    default: PT_THROW(PT_ERROR_NOT_SUPPORTED, "normalization: unsupported dtype code ", dt);
   }
 }
 
 jit::ModuleRequest module_request(const Problem& p, int hidden, const std::string& arch) {
   jit::ModuleRequest r;
-  r.name = str_cat("rmsnorm_", dtype_short_name(p.x_dtype), "_", dtype_short_name(p.gamma_dtype), "_",
+  r.name = str_cat(kind_name(p.kind), "_", dtype_short_name(p.x_dtype), "_", dtype_short_name(p.gamma_dtype), "_",
                    p.vectorized ? "vec" : "scalar", "_", hidden ? str_cat("h", hidden) : "hany");
   r.needs_cutlass = false;
   r.arch = arch;
   r.source = str_cat(
-      "#include \"primus_turbo/kernels/normalization/rmsnorm.cuh\"\n"
-      "using Kernel = primus_turbo::kernels::rmsnorm::RmsNorm<",
+      "#include \"primus_turbo/kernels/normalization/norm.cuh\"\n"
+      "using Kernel = primus_turbo::kernels::norm::Norm<",
       cuda_type(p.x_dtype), ", ", cuda_type(p.gamma_dtype), ", ", p.vectorized ? "true" : "false", ", ",
-      hidden, ">;\nPT_JIT_EXPORT_RMSNORM(Kernel)\n");
+      hidden, ", ", p.layernorm() ? "true" : "false", ", ", p.residual() ? "true" : "false",
+      ">;\nPT_JIT_EXPORT_NORM(Kernel)\n");
   return r;
 }
 
@@ -40,10 +41,10 @@ jit::ModuleRequest module_request(const Problem& p, int hidden, const std::strin
 
 Kernels load_kernels(const Problem& p, const std::string& arch) {
   const int hidden = specialized_hidden(p.hidden, p.vectorized);
-  using Key = std::tuple<int32_t, int32_t, bool, int, std::string>;
+  using Key = std::tuple<int, int32_t, int32_t, bool, int, std::string>;
   static std::mutex mutex;
   static std::map<Key, Kernels> loaded;
-  const Key key{p.x_dtype, p.gamma_dtype, p.vectorized, hidden, arch};
+  const Key key{static_cast<int>(p.kind), p.x_dtype, p.gamma_dtype, p.vectorized, hidden, arch};
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = loaded.find(key);
@@ -51,17 +52,10 @@ Kernels load_kernels(const Problem& p, const std::string& arch) {
   }
   // May compile: not under the lock, so other modules can build in parallel.
   auto module = jit::get_module(module_request(p, hidden, arch));
-  Kernels k{module->function<PtRmsNormFwdFn>("pt_rmsnorm_fwd_run"),
-            module->function<PtRmsNormBwdFn>("pt_rmsnorm_bwd_run")};
+  Kernels k{module->function<PtNormFwdFn>("pt_norm_fwd_run"), module->function<PtNormBwdFn>("pt_norm_bwd_run")};
   std::lock_guard<std::mutex> lock(mutex);
   loaded.emplace(key, k);
   return k;
 }
 
-std::string arch_for_device(int device) {
-  const DeviceInfo& info = device_info(device);
-  if (info.major == 9 && info.minor == 0) return "90a";
-  return str_cat(info.major, info.minor);
-}
-
-}  // namespace primus_turbo::rmsnorm
+}  // namespace primus_turbo::norm

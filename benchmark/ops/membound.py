@@ -1,0 +1,237 @@
+"""The shared engine of the memory-bound operator benchmarks (bench_rmsnorm, bench_layernorm,
+bench_swiglu): ours against torch eager and torch.compile of the same math, forward and backward.
+
+Per case:
+  1. correctness first: every output and gradient against float64 references of the same inputs
+     under the gates of shared/ACCURACY.md (a FAIL or ERROR voids our timings);
+  2. timing, forward (with autograd recording, as in training) and backward (autograd.grad of
+     the outputs), by default replayed from a CUDA graph of 20 calls (``bu.time_cuda_graph``:
+     device time; without it a ~40 us op measures the host's Python overhead), inputs rotated so
+     that L2 cannot serve repeats. ``--no-graph`` times plain calls with CUDA events.
+
+Memory bound, so the metric is effective bandwidth: the bytes the op must move, each counted
+once, over the median time; and that as a fraction of the device-to-device copy bandwidth
+measured in the same run. Writes <output-dir>/<gpu>/<op>_<dtype>[_<tag>].csv and the summary.json
+entries <op>_fwd / <op>_bwd (suffixed with _<dtype> unless bf16, and the tag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import bench_utils as bu  # the bench scripts put this directory on sys.path
+
+METRIC = "effective GB/s"
+
+
+@dataclass
+class Inputs:
+    args: tuple  # fn(*args)
+    wrt: tuple  # leaf tensors the backward differentiates
+    douts: tuple  # one gradient per output
+
+
+@dataclass
+class OpBench:
+    name: str  # CSV and summary name: "rmsnorm", "swiglu_probs", ...
+    make: Callable[[Any, torch.dtype], Inputs]  # (case, dtype) -> fresh random inputs
+    ours: Callable[..., Any]
+    torch_math: Callable[..., Any]  # the same math in plain torch (eager; compiled for the baseline)
+    reference: Callable[[Inputs], tuple]  # float64 (outputs..., gradients...) in wrt order
+    fwd_bytes: Callable[[Any, int], int]  # (case, element size) -> bytes the forward must move
+    bwd_bytes: Callable[[Any, int], int]
+    names: Sequence[str] = ()  # of outputs then gradients, for the notes
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--models", nargs="+", default=None, help="models whose sizes to run (default: all)")
+    p.add_argument("--tokens", nargs="+", type=int, default=None)
+    p.add_argument("--quick", action="store_true", help="smoke test: a few model sizes at 8192 tokens")
+    p.add_argument("--output-dir", default=str(bu.DEFAULT_RESULTS_DIR))
+    p.add_argument("--tag", default=None, help="suffix of the file and summary-entry names")
+    p.add_argument("--iters", type=int, default=bu.MIN_TIMED_ITERS)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--mem-budget-gb", type=float, default=8.0)
+    p.add_argument("--no-compile-baseline", action="store_true", help="skip the torch.compile baseline")
+    p.add_argument("--no-graph", action="store_true", help="time plain calls (host overhead included)")
+    p.add_argument("--no-summary", action="store_true")
+    p.add_argument("--seed", type=int, default=1234)
+
+
+def turbo():
+    """primus_turbo.pytorch, imported on first use (the scripts import without a GPU)."""
+    import primus_turbo.pytorch as pt
+
+    return pt
+
+
+def _tuple(v) -> tuple:
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,)
+
+
+def gbps(nbytes: int, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9 if ms and math.isfinite(ms) and ms > 0 else float("nan")
+
+
+def _check(op: OpBench, inp: Inputs, dtype) -> tuple[str, str]:
+    outs = _tuple(op.ours(*inp.args))
+    grads = torch.autograd.grad(outs, inp.wrt, inp.douts)
+    refs = op.reference(inp)
+    got = [o.detach() for o in outs] + list(grads)
+    names = list(op.names) or [f"t{i}" for i in range(len(got))]
+    results = [bu.check_close(g, r, dtype, what=n) for g, r, n in zip(got, refs, names)]
+    ok = len(got) == len(refs) and all(results)
+    return ("PASS" if ok else "FAIL"), "; ".join(r.message for r in results if not r)
+
+
+def _time(fn, sets, args, stream=None) -> float:
+    if args.no_graph:
+        return bu.time_cuda(fn, rotate=sets, warmup=args.warmup, iters=args.iters)
+    return bu.time_cuda_graph(fn, rotate=sets, stream=stream)
+
+
+def _time_fwd_bwd(fn, sets: list[Inputs], args) -> tuple[float, float]:
+    fwd = _time(lambda inp: fn(*inp.args), [(s,) for s in sets], args)
+    stream = None if args.no_graph else torch.cuda.Stream()
+    with torch.cuda.stream(stream) if stream is not None else _null():
+        bwd_sets = [(_tuple(fn(*s.args)), s) for s in sets]
+    bwd = _time(
+        lambda outs, s: torch.autograd.grad(outs, s.wrt, s.douts, retain_graph=True), bwd_sets, args, stream=stream
+    )
+    return fwd, bwd
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def run(op: OpBench, cases: Sequence[Any], args, describe: Callable[[Any], dict], label: str) -> bool:
+    """Benchmarks one op over the cases; writes its CSV and summary entries. True if all passed."""
+    nan = float("nan")
+    dtype = bu.DTYPES[args.dtype]
+    es = torch.empty((), dtype=dtype).element_size()
+    gpu_name = torch.cuda.get_device_name()
+    gpu = bu.gpu_short_name(gpu_name)
+    out_dir = bu.results_dir_for(args.output_dir, gpu)
+    tag = args.tag if args.tag is not None else ("" if args.default_set else ("quick" if args.quick else "subset"))
+    suffix = ("" if args.dtype == "bf16" else f"_{args.dtype}") + (f"_{tag}" if tag else "")
+    csv_path = out_dir / f"{op.name}_{args.dtype}{'_' + tag if tag else ''}.csv"
+    copy_gbps = args.copy_gbps
+    impls = {"ours": op.ours, "eager": op.torch_math}
+    if not args.no_compile_baseline:
+        impls["compiled"] = torch.compile(op.torch_math, dynamic=False)
+    base = "Compiled" if "compiled" in impls else "Eager"
+    rows = []
+    for i, case in enumerate(cases, 1):
+        row = {"TestID": i, "GPU": gpu, **describe(case), "dtype": args.dtype, "Timing": "eager" if args.no_graph else "graph"}
+        notes = []
+        inp = op.make(case, dtype)
+        try:
+            row["Check"], note = _check(op, inp, dtype)
+            if note:
+                notes.append(note)
+        except Exception as e:  # noqa: BLE001 -- one bad case must not end the run
+            traceback.print_exc()
+            row["Check"] = "ERROR"
+            notes.append(f"check: {type(e).__name__}: {e}"[:400])
+        traffic = op.fwd_bytes(case, es)
+        n_sets = bu.num_rotating_sets(traffic, memory_budget_bytes=int(args.mem_budget_gb * 2**30))
+        sets = [inp] + [op.make(case, dtype) for _ in range(n_sets - 1)]
+        times = {}
+        for name, fn in impls.items():
+            if name == "ours" and row["Check"] != "PASS":
+                times[name] = (nan, nan)
+                continue
+            try:
+                times[name] = _time_fwd_bwd(fn, sets, args)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                times[name] = (nan, nan)
+                notes.append(f"{name}: {type(e).__name__}: {e}"[:300])
+        del sets, inp
+        for d, nbytes, k in (("Forward", op.fwd_bytes(case, es), 0), ("Backward", op.bwd_bytes(case, es), 1)):
+            ours = gbps(nbytes, times["ours"][k])
+            row[f"{d} Time (ms)"] = times["ours"][k]
+            row[f"{d} GB/s"] = ours
+            row[f"{d} BW Fraction"] = ours / copy_gbps
+            row[f"Eager {d} GB/s"] = gbps(nbytes, times["eager"][k])
+            row[f"Compiled {d} GB/s"] = gbps(nbytes, times.get("compiled", (nan, nan))[k])
+            b = row[f"{base} {d} GB/s"]
+            row[f"{d} Ratio"] = ours / b if math.isfinite(ours) and math.isfinite(b) and b > 0 else nan
+        row["Note"] = " | ".join(notes)
+        rows.append(row)
+        print(
+            f"[{op.name}] [{i:>3}/{len(cases)}] {label.format(**row):<44} {row['Check']:<5} "
+            f"fwd {row['Forward GB/s']:.0f} GB/s ({row['Forward BW Fraction']:.2f}) "
+            f"bwd {row['Backward GB/s']:.0f} GB/s ({row['Backward BW Fraction']:.2f}) | "
+            f"compiled {row['Compiled Forward GB/s']:.0f}/{row['Compiled Backward GB/s']:.0f} "
+            f"eager {row['Eager Forward GB/s']:.0f}/{row['Eager Backward GB/s']:.0f}",
+            flush=True,
+        )
+        columns = list(rows[0].keys())
+        bu.write_csv(csv_path, rows, columns[: columns.index("Note")] + columns[columns.index("Note") + 1 :] + ["Note"])
+        torch.cuda.empty_cache()
+
+    passed = [r.get("Check") == "PASS" for r in rows]
+    for d, direction in (("Forward", "fwd"), ("Backward", "bwd")):
+        entry = bu.summary_entry(
+            ours=[r[f"{d} GB/s"] for r in rows],
+            baseline_values=[r[f"{base} {d} GB/s"] for r in rows],
+            passed=passed,
+            metric=METRIC,
+            baseline="torch.compile" if base == "Compiled" else "torch eager",
+            gpu=gpu_name,
+            dtype=args.dtype,
+            eager_geomean=bu.geomean(r[f"Eager {d} GB/s"] for r, p in zip(rows, passed) if p),
+            bandwidth_fraction=bu.geomean(r[f"{d} BW Fraction"] for r, p in zip(rows, passed) if p),
+            copy_gbps=copy_gbps,
+            timing="eager calls" if args.no_graph else "CUDA graph replay (device time)",
+            tokens=list(args.tokens),
+            torch=torch.__version__,
+            csv=csv_path.name,
+        )
+        name = f"{op.name}_{direction}{suffix}"
+        if not args.no_summary:
+            bu.update_summary(args.output_dir, gpu, name, entry)
+        print(
+            f"[{op.name}] {name}: {entry['passed']}/{entry['cases']} passed; geomean {entry['ours_geomean']:.0f} GB/s "
+            f"({entry['bandwidth_fraction']:.2f} of copy {copy_gbps:.0f}) vs {entry['baseline']} "
+            f"{entry['baseline_geomean']:.0f} GB/s: ratio {entry['ratio_geomean']:.3f} (min {entry['ratio_min']:.3f})",
+            flush=True,
+        )
+    print(f"[{op.name}] results: {csv_path}")
+    return all(passed)
+
+
+def main(ops: dict[str, OpBench], parser: argparse.ArgumentParser, cases_fn, describe, label, argv=None) -> int:
+    """Parses the common arguments (plus ``--ops``), measures copy bandwidth once, runs each op."""
+    parser.add_argument("--ops", nargs="+", choices=list(ops), default=list(ops))
+    add_common_args(parser)
+    args = parser.parse_args(argv)
+    if args.iters < bu.MIN_TIMED_ITERS:
+        parser.error(f"--iters must be >= {bu.MIN_TIMED_ITERS}")
+    args.default_set = args.models is None and args.tokens is None and not args.quick
+    if not torch.cuda.is_available():
+        print(f"{parser.prog}: no CUDA device")
+        return 2
+    torch.manual_seed(args.seed)
+    cases = cases_fn(args)
+    args.copy_gbps = bu.measure_copy_bandwidth()
+    print(f"[{parser.prog}] {len(cases)} cases x {len(args.ops)} ops on {torch.cuda.get_device_name()}; "
+          f"copy bandwidth {args.copy_gbps:.0f} GB/s")
+    ok = True
+    for name in args.ops:
+        ok = run(ops[name], cases, args, describe, label) and ok
+    return 0 if ok else 1

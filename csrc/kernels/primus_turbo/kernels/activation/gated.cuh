@@ -1,0 +1,196 @@
+// Gated activations (SwiGLU, GeGLU) over the last dimension, forward and backward, with the MoE
+// variant's per-row routing probability and row mask fused in.
+//
+//   x = [gate | up] per row (cols elements each); a = act(gate), act = SiLU or exact (erf) GELU
+//   forward : out = a * up * p                       p = probs[row] (1 without probs)
+//   backward: dgate = dy * p * up * act'(gate),  dup = dy * p * a,  dp = sum over the row of dy * a * up
+//   row_mask[row] == 0: out, dx and dp of the row are zeros and the row's inputs are not read.
+//
+// Memory bound: one warp per row (rows are many at training sizes), 16-byte accesses when the host
+// found the pointers and cols allow them, kUnroll vectors of each input per lane loaded before
+// any is used (outputs may alias nothing the compiler can prove, so the batching is explicit).
+// dp is a warp sum: deterministic, no atomics. Arithmetic in fp32.
+#pragma once
+
+#include <algorithm>
+
+#include "primus_turbo/kernels/common/vec.cuh"
+#include "primus_turbo/kernels/jit_abi.h"
+#include "primus_turbo/kernels/jit_export.cuh"
+
+namespace primus_turbo::kernels::gated {
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kUnroll = 4;     // forward: vectors of gate and up per lane in flight
+constexpr int kBwdUnroll = 2;  // backward: three inputs, so fewer per lane and more warps per SM
+constexpr int kMinBlocks = 2;  // at most 128 registers: >= 16 resident warps per SM
+
+enum Act { kSilu = 0, kGelu = 1 };
+
+template <int kAct>
+struct Activation;
+
+template <>
+struct Activation<kSilu> {
+  __device__ static __forceinline__ float f(float g) { return g / (1.f + __expf(-g)); }
+  __device__ static __forceinline__ float df(float g) {
+    const float s = 1.f / (1.f + __expf(-g));
+    return s * (1.f + g * (1.f - s));
+  }
+};
+
+template <>
+struct Activation<kGelu> {  // exact GELU (torch's approximate="none")
+  __device__ static __forceinline__ float f(float g) { return 0.5f * g * (1.f + erff(g * 0.70710678118654752f)); }
+  __device__ static __forceinline__ float df(float g) {
+    return 0.5f * (1.f + erff(g * 0.70710678118654752f)) + g * 0.39894228040143268f * __expf(-0.5f * g * g);
+  }
+};
+
+template <class T, int kVec>
+__device__ __forceinline__ Pack<T, kVec> zeros() {
+  Pack<T, kVec> z;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) z.v[j] = from_float<T>(0.f);
+  return z;
+}
+
+template <class T, int kAct, int kVec>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks) gated_fwd(PtGatedActParams p) {
+  using TP = Pack<T, kVec>;
+  using A = Activation<kAct>;
+  const int lane = threadIdx.x & 31;
+  const int nvec = static_cast<int>(p.cols / kVec);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); row < p.rows;
+       row += step) {
+    TP* out = reinterpret_cast<TP*>(static_cast<T*>(p.out) + row * p.cols);
+    if (p.row_mask != nullptr && p.row_mask[row] == 0) {
+      for (int c = lane; c < nvec; c += 32) store_stream(out + c, zeros<T, kVec>());
+      continue;
+    }
+    const float prob = p.probs != nullptr ? p.probs[row] : 1.f;
+    const TP* gate = reinterpret_cast<const TP*>(static_cast<const T*>(p.x) + row * 2 * p.cols);
+    const TP* up = gate + nvec;
+    for (int base = lane; base < nvec; base += 32 * kUnroll) {
+      TP gv[kUnroll], uv[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const int c = base + 32 * k;
+        if (c < nvec) {
+          gv[k] = load_stream(gate + c);
+          uv[k] = load_stream(up + c);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const int c = base + 32 * k;
+        if (c < nvec) {
+          TP o;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) o.v[j] = from_float<T>(A::f(to_float(gv[k].v[j])) * to_float(uv[k].v[j]) * prob);
+          store_stream(out + c, o);
+        }
+      }
+    }
+  }
+}
+
+template <class T, int kAct, int kVec>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks) gated_bwd(PtGatedActParams p) {
+  using TP = Pack<T, kVec>;
+  using A = Activation<kAct>;
+  const int lane = threadIdx.x & 31;
+  const int nvec = static_cast<int>(p.cols / kVec);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); row < p.rows;
+       row += step) {
+    TP* dgate = reinterpret_cast<TP*>(static_cast<T*>(p.out) + row * 2 * p.cols);
+    TP* dup = dgate + nvec;
+    if (p.row_mask != nullptr && p.row_mask[row] == 0) {
+      for (int c = lane; c < nvec; c += 32) {
+        store_stream(dgate + c, zeros<T, kVec>());
+        store_stream(dup + c, zeros<T, kVec>());
+      }
+      if (p.dprobs != nullptr && lane == 0) p.dprobs[row] = 0.f;
+      continue;
+    }
+    const float prob = p.probs != nullptr ? p.probs[row] : 1.f;
+    const TP* gate = reinterpret_cast<const TP*>(static_cast<const T*>(p.x) + row * 2 * p.cols);
+    const TP* up = gate + nvec;
+    const TP* dy = reinterpret_cast<const TP*>(static_cast<const T*>(p.dy) + row * p.cols);
+    float dprob = 0.f;
+    for (int base = lane; base < nvec; base += 32 * kBwdUnroll) {
+      TP gv[kBwdUnroll], uv[kBwdUnroll], dv[kBwdUnroll];
+#pragma unroll
+      for (int k = 0; k < kBwdUnroll; ++k) {
+        const int c = base + 32 * k;
+        if (c < nvec) {
+          gv[k] = load_stream(gate + c);
+          uv[k] = load_stream(up + c);
+          dv[k] = load_stream(dy + c);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kBwdUnroll; ++k) {
+        const int c = base + 32 * k;
+        if (c < nvec) {
+          TP dg, du;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float g = to_float(gv[k].v[j]), u = to_float(uv[k].v[j]), d = to_float(dv[k].v[j]);
+            const float a = A::f(g);
+            dprob += d * a * u;
+            const float dp = d * prob;
+            dg.v[j] = from_float<T>(dp * u * A::df(g));
+            du.v[j] = from_float<T>(dp * a);
+          }
+          store_stream(dgate + c, dg);
+          store_stream(dup + c, du);
+        }
+      }
+    }
+    if (p.dprobs != nullptr) {
+      dprob = warp_sum(dprob);
+      if (lane == 0) p.dprobs[row] = dprob;
+    }
+  }
+}
+
+// T: x / out / dy / dx element type. kAct: kSilu or kGelu. kVectorized: 16-byte accesses (the host
+// checked that cols and every row pointer allow them).
+template <class T, int kAct, bool kVectorized>
+struct GatedAct {
+  static constexpr int kVec = kVectorized ? static_cast<int>(16 / sizeof(T)) : 1;
+
+  static bool check(const PtGatedActParams* p, char* err, size_t err_len) {
+    if (p->cols < 1 || p->cols > INT32_MAX || p->cols % kVec != 0) {
+      snprintf(err, err_len, "gated activation module (vector width %d) cannot take cols %lld", kVec,
+               static_cast<long long>(p->cols));
+      return false;
+    }
+    return true;
+  }
+
+  static unsigned grid(const PtGatedActParams* p) {
+    const int64_t sms = p->num_sms > 0 ? p->num_sms : 132;
+    // Enough resident warps to cover HBM latency; more blocks than that only add scheduling.
+    return static_cast<unsigned>(std::min<int64_t>(ceil_div(p->rows, kWarpsPerBlock), sms * 8));
+  }
+
+  static int forward(const PtGatedActParams* p, char* err, size_t err_len) {
+    if (!check(p, err, err_len)) return 1;
+    if (p->rows <= 0) return 0;
+    gated_fwd<T, kAct, kVec><<<grid(p), kWarpsPerBlock * 32, 0, static_cast<cudaStream_t>(p->stream)>>>(*p);
+    return report_launch("gated activation forward", err, err_len);
+  }
+
+  static int backward(const PtGatedActParams* p, char* err, size_t err_len) {
+    if (!check(p, err, err_len)) return 1;
+    if (p->rows <= 0) return 0;
+    gated_bwd<T, kAct, kVec><<<grid(p), kWarpsPerBlock * 32, 0, static_cast<cudaStream_t>(p->stream)>>>(*p);
+    return report_launch("gated activation backward", err, err_len);
+  }
+};
+
+}  // namespace primus_turbo::kernels::gated

@@ -1,0 +1,525 @@
+// RMSNorm and LayerNorm over the last dimension of a contiguous [rows, hidden] tensor, forward and
+// backward, optionally fused with the residual add that precedes the norm in a transformer block.
+//
+//   s        = x + residual (rounded to x's dtype, written out: the next residual stream), or x
+//   forward  : y = (s - mu) * rstd * w + b      w = gamma or 1 + gamma (zero_centered)
+//              RMSNorm:   mu = 0,        rstd = 1 / sqrt(mean(s^2) + eps),          b = 0
+//              LayerNorm: mu = mean(s),  rstd = 1 / sqrt(mean((s - mu)^2) + eps)
+//   backward : x_hat = (s - mu) * rstd, g = w * dy
+//              ds = rstd * (g - mean(g) [LayerNorm only] - x_hat * mean(g * x_hat)) + dsum
+//              dgamma = sum over rows of dy * x_hat, dbeta = sum over rows of dy
+//              (dsum: the gradient arriving at the residual-stream output; dx = dresidual = ds)
+//
+// Memory bound, so the design is about bytes: statistics in fp32, the row read from HBM once (kept
+// in registers between the reductions and the output) whenever it fits, 16-byte accesses when the
+// host found the pointers and the row length allow them, and all of a thread's loads of a row in
+// flight before the first use. Rows up to kWarpMaxHidden get one warp each (no barriers); wider
+// rows get one block each. Rows are walked with a grid-stride loop. One row routine serves both
+// mappings: a "team" (warp or block) supplies the thread's rank, the stride and the sums.
+//
+// dgamma/dbeta are deterministic: each backward block sums its rows into its own fp32 row of the
+// workspace (no float atomics), then a second kernel adds those partial rows in a fixed order.
+// The grid size (= number of partials) is chosen by the core and depends only on the problem.
+#pragma once
+
+#include <algorithm>
+
+#include "primus_turbo/kernels/common/vec.cuh"
+#include "primus_turbo/kernels/jit_abi.h"
+#include "primus_turbo/kernels/jit_export.cuh"
+
+namespace primus_turbo::kernels::norm {
+
+constexpr int kWarpMaxHidden = 1024;  // at or below: one warp per row
+constexpr int kWarpsPerBlock = 4;     // rows per block on the warp path
+constexpr int kMaxBlockThreads = 512;
+constexpr int kBlockCacheIters = 4;   // vectors per thread held in registers on the block path
+constexpr int kFinalizeWarps = 32;    // partial rows are split over 32 warps, 32 columns a block:
+                                      // few dependent L2 round trips per warp
+// Register budgets of the backward, which holds x, dy and the per-column sums: RMSNorm fits 128
+// registers (4 blocks of the warp path per SM); LayerNorm's second sum (dbeta) needs up to 255, so
+// its block path is capped at 256 threads (wider rows then stream).
+constexpr int bwd_warp_min_blocks(bool layernorm) { return layernorm ? 2 : 4; }
+constexpr int bwd_max_block_threads(bool layernorm) { return layernorm ? 256 : kMaxBlockThreads; }
+
+struct WarpTeam {
+  int rank;
+  static constexpr int size = 32;
+  __device__ __forceinline__ float2 sum2(float a, float b) const { return make_float2(warp_sum(a), warp_sum(b)); }
+};
+
+struct BlockTeam {
+  int rank, size;
+  float* scratch;  // 66 floats of shared memory
+  __device__ __forceinline__ float2 sum2(float a, float b) const { return block_sum2(a, b, scratch); }
+};
+
+template <class T, class W, int kVec, bool kLayerNorm, bool kResidual>
+struct Row {
+  using TP = Pack<T, kVec>;
+  using WP = Pack<W, kVec>;
+  static constexpr int kBetaIters = kLayerNorm ? 1 : 0;
+
+  // s = x + residual in x's dtype (what an unfused x + residual produces), written to residual_out.
+  __device__ static __forceinline__ TP load_input(const PtNormFwdParams& p, int64_t offset, int c) {
+    TP v = load_stream(reinterpret_cast<const TP*>(static_cast<const T*>(p.x) + offset) + c);
+    if constexpr (kResidual) {
+      const TP r = load_stream(reinterpret_cast<const TP*>(static_cast<const T*>(p.residual) + offset) + c);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v.v[j] = from_float<T>(to_float(v.v[j]) + to_float(r.v[j]));
+      reinterpret_cast<TP*>(static_cast<T*>(p.residual_out) + offset)[c] = v;
+    }
+    return v;
+  }
+
+  __device__ static __forceinline__ float sum(const TP& v) {
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) s += to_float(v.v[j]);
+    return s;
+  }
+
+  __device__ static __forceinline__ float centered_squares(const TP& v, float mu) {
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float d = to_float(v.v[j]) - mu;
+      s += d * d;
+    }
+    return s;
+  }
+
+  __device__ static __forceinline__ TP normalize(const PtNormFwdParams& p, const TP& v, int c, float mu, float rstd,
+                                                 float shift) {
+    const WP g = static_cast<const WP*>(p.gamma)[c];
+    WP b;
+    if constexpr (kLayerNorm) b = static_cast<const WP*>(p.beta)[c];
+    TP y;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      float o = (to_float(v.v[j]) - mu) * rstd * (to_float(g.v[j]) + shift);
+      if constexpr (kLayerNorm) o += to_float(b.v[j]);
+      y.v[j] = from_float<T>(o);
+    }
+    return y;
+  }
+
+  // Statistics from the row's fp32 partial sums; thread rank 0 records them for the backward.
+  template <class Team>
+  __device__ static __forceinline__ void finish_stats(const PtNormFwdParams& p, const Team& team, int64_t row,
+                                                      int hidden, float mu, float ss, float& rstd) {
+    rstd = rsqrtf(team.sum2(ss, 0.f).x / hidden + p.eps);
+    if (team.rank == 0) {
+      p.rstd[row] = rstd;
+      if constexpr (kLayerNorm) p.mean[row] = mu;
+    }
+  }
+
+  // Forward of one row held in registers: kIters vectors per thread cover it.
+  template <int kIters, class Team>
+  __device__ static __forceinline__ void forward_cached(const PtNormFwdParams& p, const Team& team, int64_t row,
+                                                        int hidden, int nvec) {
+    const int64_t offset = row * hidden;
+    const float shift = p.zero_centered ? 1.f : 0.f;
+    TP v[kIters];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int c = team.rank + i * team.size;
+      if (c < nvec) v[i] = load_input(p, offset, c);
+    }
+    float mu = 0.f;
+    if constexpr (kLayerNorm) {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        if (team.rank + i * team.size < nvec) s += sum(v[i]);
+      }
+      mu = team.sum2(s, 0.f).x / hidden;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      if (team.rank + i * team.size < nvec) ss += centered_squares(v[i], mu);
+    }
+    float rstd;
+    finish_stats(p, team, row, hidden, mu, ss, rstd);
+    TP* yr = reinterpret_cast<TP*>(static_cast<T*>(p.y) + offset);
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int c = team.rank + i * team.size;
+      if (c < nvec) store_stream(yr + c, normalize(p, v[i], c, mu, rstd, shift));
+    }
+  }
+
+  // Forward of a row too wide for registers: the first pass reads x (and residual, writing s),
+  // later passes re-read s (mostly from L2).
+  __device__ static void forward_streaming(const PtNormFwdParams& p, const BlockTeam& team, int64_t row, int hidden,
+                                           int nvec) {
+    const int64_t offset = row * hidden;
+    const float shift = p.zero_centered ? 1.f : 0.f;
+    const TP* s_row = reinterpret_cast<const TP*>(static_cast<const T*>(kResidual ? p.residual_out : p.x) + offset);
+    float s = 0.f, ss = 0.f;
+#pragma unroll 4
+    for (int c = team.rank; c < nvec; c += team.size) {
+      const TP v = load_input(p, offset, c);
+      s += sum(v);
+      ss += centered_squares(v, 0.f);
+    }
+    float mu = 0.f;
+    if constexpr (kLayerNorm) {
+      mu = team.sum2(s, 0.f).x / hidden;
+      ss = 0.f;  // two-pass variance: no cancellation when |mean| >> std
+#pragma unroll 4
+      for (int c = team.rank; c < nvec; c += team.size) ss += centered_squares(s_row[c], mu);
+    }
+    float rstd;
+    finish_stats(p, team, row, hidden, mu, ss, rstd);
+    TP* yr = reinterpret_cast<TP*>(static_cast<T*>(p.y) + offset);
+#pragma unroll 4
+    for (int c = team.rank; c < nvec; c += team.size) yr[c] = normalize(p, s_row[c], c, mu, rstd, shift);
+  }
+
+  // ---- backward ----
+
+  struct Grad {  // per-thread fp32 column sums over the rows a thread visits
+    float* dgamma;
+    float* dbeta;
+  };
+
+  // First pass over one vector: contributions to sum(g) and sum(g * x_hat).
+  __device__ static __forceinline__ void dots(const PtNormBwdParams& p, const TP& x, const TP& dy, int c, float mu,
+                                              float rstd, float shift, float& a, float& b) {
+    const WP g = static_cast<const WP*>(p.gamma)[c];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float gd = (to_float(g.v[j]) + shift) * to_float(dy.v[j]);
+      a += gd;
+      b += gd * ((to_float(x.v[j]) - mu) * rstd);
+    }
+  }
+
+  // ds of one vector; adds dy * x_hat and dy into the column sums.
+  __device__ static __forceinline__ TP input_grad(const PtNormBwdParams& p, const TP& x, const TP& dy, int64_t offset,
+                                                  int c, float mu, float rstd, float shift, float ma, float mb,
+                                                  float (&dg)[kVec], float (&db)[kVec]) {
+    const WP g = static_cast<const WP*>(p.gamma)[c];
+    TP add;
+    if constexpr (kResidual) {
+      if (p.dsum != nullptr) add = load_stream(reinterpret_cast<const TP*>(static_cast<const T*>(p.dsum) + offset) + c);
+    }
+    TP dx;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float x_hat = (to_float(x.v[j]) - mu) * rstd;
+      const float d = to_float(dy.v[j]);
+      float o = rstd * ((to_float(g.v[j]) + shift) * d - ma - x_hat * mb);
+      if constexpr (kResidual) {
+        if (p.dsum != nullptr) o += to_float(add.v[j]);
+      }
+      dx.v[j] = from_float<T>(o);
+      dg[j] += d * x_hat;
+      if constexpr (kLayerNorm) db[j] += d;
+    }
+    return dx;
+  }
+
+  template <int kIters, class Team>
+  __device__ static __forceinline__ void backward_cached(const PtNormBwdParams& p, const Team& team, int64_t row,
+                                                         int hidden, int nvec, float (&dg)[kIters][kVec],
+                                                         float (&db)[kIters][kVec]) {
+    const int64_t offset = row * hidden;
+    const float shift = p.zero_centered ? 1.f : 0.f;
+    const float rstd = p.rstd[row];
+    const float mu = kLayerNorm ? p.mean[row] : 0.f;
+    const TP* xr = reinterpret_cast<const TP*>(static_cast<const T*>(p.x) + offset);
+    const TP* dyr = reinterpret_cast<const TP*>(static_cast<const T*>(p.dy) + offset);
+    TP xv[kIters], dyv[kIters];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int c = team.rank + i * team.size;
+      if (c < nvec) {
+        xv[i] = load_stream(xr + c);
+        dyv[i] = load_stream(dyr + c);
+      }
+    }
+    float a = 0.f, b = 0.f;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int c = team.rank + i * team.size;
+      if (c < nvec) dots(p, xv[i], dyv[i], c, mu, rstd, shift, a, b);
+    }
+    const float2 s = team.sum2(a, b);
+    const float ma = kLayerNorm ? s.x / hidden : 0.f, mb = s.y / hidden;
+    TP* dxr = reinterpret_cast<TP*>(static_cast<T*>(p.dx) + offset);
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int c = team.rank + i * team.size;
+      if (c < nvec) store_stream(dxr + c, input_grad(p, xv[i], dyv[i], offset, c, mu, rstd, shift, ma, mb, dg[i], db[i]));
+    }
+  }
+
+  // Wide rows: the column sums live in the block's partial rows, each column owned by one thread,
+  // so the read-modify-write needs neither atomics nor barriers.
+  __device__ static void backward_streaming(const PtNormBwdParams& p, const BlockTeam& team, int64_t row, int hidden,
+                                            int nvec, float* dgamma_row, float* dbeta_row) {
+    using FP = Pack<float, kVec>;
+    const int64_t offset = row * hidden;
+    const float shift = p.zero_centered ? 1.f : 0.f;
+    const float rstd = p.rstd[row];
+    const float mu = kLayerNorm ? p.mean[row] : 0.f;
+    const TP* xr = reinterpret_cast<const TP*>(static_cast<const T*>(p.x) + offset);
+    const TP* dyr = reinterpret_cast<const TP*>(static_cast<const T*>(p.dy) + offset);
+    TP* dxr = reinterpret_cast<TP*>(static_cast<T*>(p.dx) + offset);
+    float a = 0.f, b = 0.f;
+#pragma unroll 4
+    for (int c = team.rank; c < nvec; c += team.size) dots(p, xr[c], dyr[c], c, mu, rstd, shift, a, b);
+    const float2 s = team.sum2(a, b);
+    const float ma = kLayerNorm ? s.x / hidden : 0.f, mb = s.y / hidden;
+    FP* dgp = reinterpret_cast<FP*>(dgamma_row);
+    FP* dbp = reinterpret_cast<FP*>(dbeta_row);
+#pragma unroll 2
+    for (int c = team.rank; c < nvec; c += team.size) {
+      FP dg = dgp[c], db;
+      if constexpr (kLayerNorm) db = dbp[c];
+      dxr[c] = input_grad(p, xr[c], dyr[c], offset, c, mu, rstd, shift, ma, mb, dg.v, db.v);
+      dgp[c] = dg;
+      if constexpr (kLayerNorm) dbp[c] = db;
+    }
+  }
+};
+
+// ---- forward kernels --------------------------------------------------------------------------
+
+template <class T, class W, int kVec, int kHidden, int kIters, bool kLN, bool kRes>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) fwd_warp_per_row(PtNormFwdParams p) {
+  const int hidden = kHidden > 0 ? kHidden : static_cast<int>(p.hidden);
+  const WarpTeam team{static_cast<int>(threadIdx.x & 31)};
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); row < p.rows;
+       row += step) {
+    Row<T, W, kVec, kLN, kRes>::template forward_cached<kIters>(p, team, row, hidden, hidden / kVec);
+  }
+}
+
+template <class T, class W, int kVec, int kHidden, bool kLN, bool kRes>
+__global__ void __launch_bounds__(kMaxBlockThreads) fwd_block_per_row(PtNormFwdParams p) {
+  __shared__ float scratch[66];
+  const int hidden = kHidden > 0 ? kHidden : static_cast<int>(p.hidden);
+  const int nvec = hidden / kVec;
+  const BlockTeam team{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), scratch};
+  using R = Row<T, W, kVec, kLN, kRes>;
+  const bool cached = nvec <= team.size * kBlockCacheIters;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    if (cached) {
+      R::template forward_cached<kBlockCacheIters>(p, team, row, hidden, nvec);
+    } else {
+      R::forward_streaming(p, team, row, hidden, nvec);
+    }
+  }
+}
+
+// ---- backward kernels -------------------------------------------------------------------------
+
+// Partial rows: dgamma's at partials[block], dbeta's (LayerNorm) at partials[num_partials + block].
+__device__ __forceinline__ float* partial_row(const PtNormBwdParams& p, int which) {
+  return p.partials + (static_cast<int64_t>(which) * p.num_partials + blockIdx.x) * p.hidden;
+}
+
+template <class T, class W, int kVec, int kHidden, int kIters, bool kLN, bool kRes>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, bwd_warp_min_blocks(kLN)) bwd_warp_per_row(PtNormBwdParams p) {
+  __shared__ float warp_partials[kWarpsPerBlock][kWarpMaxHidden];
+  const int hidden = kHidden > 0 ? kHidden : static_cast<int>(p.hidden);
+  const int nvec = hidden / kVec;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const WarpTeam team{lane};
+  float dg[kIters][kVec], db[kIters][kVec];
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) dg[i][j] = db[i][j] = 0.f;
+  }
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; row < p.rows; row += step) {
+    Row<T, W, kVec, kLN, kRes>::template backward_cached<kIters>(p, team, row, hidden, nvec, dg, db);
+  }
+  // The block's warps are added in a fixed order into its partial row(s).
+  for (int which = 0; which < (kLN ? 2 : 1); ++which) {
+    if (which) __syncthreads();  // the dgamma pass has read warp_partials
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int c = lane + i * 32;
+      if (c < nvec) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) warp_partials[warp][c * kVec + j] = which ? db[i][j] : dg[i][j];
+      }
+    }
+    __syncthreads();
+    float* out = partial_row(p, which);
+    for (int col = threadIdx.x; col < hidden; col += kWarpsPerBlock * 32) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarpsPerBlock; ++w) s += warp_partials[w][col];
+      out[col] = s;
+    }
+  }
+}
+
+template <class T, class W, int kVec, int kHidden, bool kLN, bool kRes>
+__global__ void __launch_bounds__(bwd_max_block_threads(kLN)) bwd_block_per_row(PtNormBwdParams p) {
+  using FP = Pack<float, kVec>;
+  using R = Row<T, W, kVec, kLN, kRes>;
+  __shared__ float scratch[66];
+  const int hidden = kHidden > 0 ? kHidden : static_cast<int>(p.hidden);
+  const int nvec = hidden / kVec;
+  const BlockTeam team{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), scratch};
+  float* dgamma_row = partial_row(p, 0);
+  float* dbeta_row = kLN ? partial_row(p, 1) : nullptr;
+
+  if (nvec <= team.size * kBlockCacheIters) {
+    float dg[kBlockCacheIters][kVec], db[kBlockCacheIters][kVec];
+#pragma unroll
+    for (int i = 0; i < kBlockCacheIters; ++i) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) dg[i][j] = db[i][j] = 0.f;
+    }
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+      R::template backward_cached<kBlockCacheIters>(p, team, row, hidden, nvec, dg, db);
+    }
+#pragma unroll
+    for (int i = 0; i < kBlockCacheIters; ++i) {
+      const int c = team.rank + i * team.size;
+      if (c < nvec) {
+        FP g, b;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          g.v[j] = dg[i][j];
+          b.v[j] = db[i][j];
+        }
+        reinterpret_cast<FP*>(dgamma_row)[c] = g;
+        if constexpr (kLN) reinterpret_cast<FP*>(dbeta_row)[c] = b;
+      }
+    }
+  } else {
+    for (int c = team.rank * kVec; c < hidden; c += team.size * kVec) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        dgamma_row[c + j] = 0.f;
+        if constexpr (kLN) dbeta_row[c + j] = 0.f;
+      }
+    }
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+      R::backward_streaming(p, team, row, hidden, nvec, dgamma_row, dbeta_row);
+    }
+  }
+}
+
+// out[col] = sum over k of partials[k, col], always in the same order: warp w adds the rows
+// k = w, w + kFinalizeWarps, ... in turn, then the warp sums are added in warp order. blockIdx.y picks
+// dgamma (0) or dbeta (1).
+template <class W>
+__global__ void __launch_bounds__(kFinalizeWarps * 32)
+    column_sums_finalize(const float* partials, int64_t num_partials, int hidden, W* dgamma, W* dbeta) {
+  __shared__ float sums[kFinalizeWarps][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int col = blockIdx.x * 32 + lane;
+  const float* src = partials + static_cast<int64_t>(blockIdx.y) * num_partials * hidden;
+  float s = 0.f;
+  if (col < hidden) {
+#pragma unroll 4
+    for (int64_t k = warp; k < num_partials; k += kFinalizeWarps) s += src[k * hidden + col];
+  }
+  sums[warp][lane] = s;
+  __syncthreads();
+  if (warp == 0 && col < hidden) {
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < kFinalizeWarps; ++w) t += sums[w][lane];
+    (blockIdx.y ? dbeta : dgamma)[col] = from_float<W>(t);
+  }
+}
+
+// ---- host side of the module ------------------------------------------------------------------
+
+// T: x / residual / y / dy / dx element type; W: gamma / beta / their gradients' element type.
+// kVectorized: 16-byte accesses (the host checked pointers and hidden allow them). kHidden: the
+// row length, or 0 for any. kLayerNorm: LayerNorm (else RMSNorm). kResidual: fused residual add.
+template <class T, class W, bool kVectorized, int kHidden, bool kLayerNorm, bool kResidual>
+struct Norm {
+  static constexpr int kVec = kVectorized ? static_cast<int>(16 / sizeof(T)) : 1;
+  static_assert(kHidden >= 0 && kHidden % kVec == 0, "kHidden must be a multiple of the vector width");
+  static constexpr bool kHasWarpPath = kHidden == 0 || kHidden <= kWarpMaxHidden;
+  static constexpr bool kHasBlockPath = kHidden == 0 || kHidden > kWarpMaxHidden;
+  // Vectors per lane that cover the widest row of the warp path.
+  static constexpr int kWarpIters =
+      ceil_div(kHidden > 0 && kHidden < kWarpMaxHidden ? kHidden : kWarpMaxHidden, kVec * 32);
+
+  // Threads of the block path: just enough for kBlockCacheIters vectors each, else the maximum.
+  static int block_threads(int nvec, int max_threads = kMaxBlockThreads) {
+    if (nvec > max_threads * kBlockCacheIters) return max_threads;
+    const int t = ceil_div(ceil_div(nvec, kBlockCacheIters), 32) * 32;
+    return t < 64 ? 64 : t;
+  }
+
+  static bool check_hidden(int64_t hidden, char* err, size_t err_len) {
+    if (hidden < 1 || hidden > INT32_MAX || hidden % kVec != 0 || (kHidden > 0 && hidden != kHidden)) {
+      snprintf(err, err_len, "norm module (vector width %d, hidden %d) cannot take hidden %lld", kVec, kHidden,
+               static_cast<long long>(hidden));
+      return false;
+    }
+    return true;
+  }
+
+  static int forward(const PtNormFwdParams* p, char* err, size_t err_len) {
+    if (!check_hidden(p->hidden, err, err_len)) return 1;
+    if (p->rows <= 0) return 0;
+    auto stream = static_cast<cudaStream_t>(p->stream);
+    const int64_t sms = p->num_sms > 0 ? p->num_sms : 132;
+    const int nvec = static_cast<int>(p->hidden / kVec);
+    if (p->hidden <= kWarpMaxHidden) {
+      if constexpr (kHasWarpPath) {
+        const int64_t grid = std::min<int64_t>(ceil_div(p->rows, kWarpsPerBlock), sms * 16);
+        fwd_warp_per_row<T, W, kVec, kHidden, kWarpIters, kLayerNorm, kResidual>
+            <<<static_cast<unsigned>(grid), kWarpsPerBlock * 32, 0, stream>>>(*p);
+      }
+    } else {
+      if constexpr (kHasBlockPath) {
+        const int threads = block_threads(nvec);
+        const int64_t grid = std::min<int64_t>(p->rows, sms * std::max(1, 2048 / threads));
+        fwd_block_per_row<T, W, kVec, kHidden, kLayerNorm, kResidual>
+            <<<static_cast<unsigned>(grid), threads, 0, stream>>>(*p);
+      }
+    }
+    return report_launch("norm forward", err, err_len);
+  }
+
+  static int backward(const PtNormBwdParams* p, char* err, size_t err_len) {
+    if (!check_hidden(p->hidden, err, err_len)) return 1;
+    if (p->rows <= 0) return 0;
+    if (p->num_partials < 1 || p->num_partials > INT32_MAX) {
+      snprintf(err, err_len, "norm backward: num_partials %lld is out of range",
+               static_cast<long long>(p->num_partials));
+      return 1;
+    }
+    auto stream = static_cast<cudaStream_t>(p->stream);
+    const auto grid = static_cast<unsigned>(p->num_partials);
+    const int nvec = static_cast<int>(p->hidden / kVec);
+    if (p->hidden <= kWarpMaxHidden) {
+      if constexpr (kHasWarpPath) {
+        bwd_warp_per_row<T, W, kVec, kHidden, kWarpIters, kLayerNorm, kResidual>
+            <<<grid, kWarpsPerBlock * 32, 0, stream>>>(*p);
+      }
+    } else {
+      if constexpr (kHasBlockPath) {
+        bwd_block_per_row<T, W, kVec, kHidden, kLayerNorm, kResidual><<<grid, block_threads(nvec, bwd_max_block_threads(kLayerNorm)), 0, stream>>>(*p);
+      }
+    }
+    if (report_launch("norm backward", err, err_len)) return 1;
+    const int hidden = static_cast<int>(p->hidden);
+    const dim3 fgrid(static_cast<unsigned>(ceil_div(hidden, 32)), kLayerNorm ? 2 : 1);
+    column_sums_finalize<W><<<fgrid, kFinalizeWarps * 32, 0, stream>>>(
+        p->partials, p->num_partials, hidden, static_cast<W*>(p->dgamma), static_cast<W*>(p->dbeta));
+    return report_launch("norm dgamma reduction", err, err_len);
+  }
+};
+
+}  // namespace primus_turbo::kernels::norm

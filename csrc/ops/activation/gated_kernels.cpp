@@ -1,0 +1,57 @@
+#include "ops/activation/gated_kernels.h"
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "runtime/jit_runtime.h"
+
+namespace primus_turbo::gated {
+
+namespace {
+
+const char* cuda_type(int32_t dt) {
+  switch (dt) {
+    case PT_FLOAT32: return "float";
+    case PT_FLOAT16: return "__half";
+    case PT_BFLOAT16: return "__nv_bfloat16";
+    default: PT_THROW(PT_ERROR_NOT_SUPPORTED, "gated activation: unsupported dtype code ", dt);
+  }
+}
+
+jit::ModuleRequest module_request(const Problem& p, const std::string& arch) {
+  jit::ModuleRequest r;
+  r.name = str_cat("gated_", act_name(p.act), "_", dtype_short_name(p.dtype), "_", p.vectorized ? "vec" : "scalar");
+  r.needs_cutlass = false;
+  r.arch = arch;
+  r.source = str_cat(
+      "#include \"primus_turbo/kernels/activation/gated.cuh\"\n"
+      "using Kernel = primus_turbo::kernels::gated::GatedAct<",
+      cuda_type(p.dtype), ", ", static_cast<int>(p.act), ", ", p.vectorized ? "true" : "false",
+      ">;\nPT_JIT_EXPORT_GATED(Kernel)\n");
+  return r;
+}
+
+}  // namespace
+
+Kernels load_kernels(const Problem& p, const std::string& arch) {
+  using Key = std::tuple<int, int32_t, bool, std::string>;
+  static std::mutex mutex;
+  static std::map<Key, Kernels> loaded;
+  const Key key{static_cast<int>(p.act), p.dtype, p.vectorized, arch};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = loaded.find(key);
+    if (it != loaded.end()) return it->second;
+  }
+  // May compile: not under the lock, so other modules can build in parallel.
+  auto module = jit::get_module(module_request(p, arch));
+  Kernels k{module->function<PtGatedActFn>("pt_gated_fwd_run"), module->function<PtGatedActFn>("pt_gated_bwd_run")};
+  std::lock_guard<std::mutex> lock(mutex);
+  loaded.emplace(key, k);
+  return k;
+}
+
+}  // namespace primus_turbo::gated

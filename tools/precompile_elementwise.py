@@ -1,0 +1,66 @@
+"""Warms the JIT cache with the normalization and gated-activation modules that the GPU tests and
+the quick benchmarks use, compiling in parallel (one nvcc per worker). Needs no GPU.
+
+    python3 -P tools/precompile_elementwise.py [-j JOBS]
+"""
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from primus_turbo._core.lib import check, lib
+
+F32, F16, BF16 = 0, 1, 2
+DTYPES = (BF16, F16, F32)
+RMS, RES, LN = 0, 1, 2
+
+# (kind, dtype, param dtype, hidden): prepare() picks the module a contiguous, aligned tensor of
+# that hidden size uses; an odd hidden stands for the scalar module that unaligned pointers use.
+MODEL_HIDDEN = (2048, 2880, 3584, 4096, 5120, 6144, 7168, 8192, 16384)
+JOBS = set()
+for dt in DTYPES:
+    for h in (1, 127, 128, 1000, 4096, 4097, 7168, 16384):
+        JOBS.add((RMS, dt, dt, h))
+    for h in (1, 127, 1024, 4096, 4097, 16384):
+        JOBS.add((RES, dt, dt, h))
+    for h in (1, 127, 128, 1024, 4096, 4097, 7168, 16384, 20000):
+        JOBS.add((LN, dt, dt, h))
+for dt in (BF16, F16):
+    for h in (127, 1024, 4096, 5000):
+        JOBS.update({(RMS, dt, F32, h), (LN, dt, F32, h)})
+JOBS.update({(RMS, BF16, BF16, 65536), (LN, BF16, BF16, 65536), (RES, BF16, F32, 4096), (RES, BF16, BF16, 2048)})
+for kind in (RMS, RES, LN):
+    for h in MODEL_HIDDEN:
+        JOBS.add((kind, BF16, BF16, h))
+GATED = [(act, dt, cols) for act in (0, 1) for dt in DTYPES for cols in (128, 127)]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args()
+
+    def build(job):
+        try:
+            if len(job) == 4:
+                check(lib.pt_norm_prepare(*job))
+            else:
+                check(lib.pt_gated_act_prepare(*job))
+            return None
+        except Exception as e:  # noqa: BLE001 -- report every failure
+            return f"{job}: {e}"
+
+    t0 = time.time()
+    jobs = sorted(JOBS) + GATED
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        errors = [e for e in pool.map(build, jobs) if e]
+    print(f"precompile_elementwise: {len(jobs)} requests in {time.time() - t0:.0f}s, {len(errors)} errors")
+    for e in errors:
+        print(e, file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
