@@ -41,3 +41,8 @@ def eager_call(op: torch._ops.OpOverload, cuda_impl):
 
     call.__name__ = f"{op.__name__}_call"
     return call
+
+
+def define_op(schema: str, cuda_impl, fake_impl):
+    """``define`` + ``eager_call``: declares the op and returns what an autograd function calls."""
+    return eager_call(define(schema, cuda_impl, fake_impl), cuda_impl)

@@ -67,10 +67,10 @@ def _bwd_fake(dy, x, probs, row_mask, act, need_dprobs):
     return torch.empty_like(x), x.new_empty((n,), dtype=torch.float32)
 
 
-_fwd_op = library.define(
+_fwd_op = library.define_op(
     "gated_act_fwd(Tensor x, Tensor? probs, Tensor? row_mask, int act) -> Tensor", _fwd_cuda, _fwd_fake
 )
-_bwd_op = library.define(
+_bwd_op = library.define_op(
     "gated_act_bwd(Tensor dy, Tensor x, Tensor? probs, Tensor? row_mask, int act, bool need_dprobs)"
     " -> (Tensor, Tensor)",
     _bwd_cuda,

@@ -193,30 +193,30 @@ def _ln_bwd_fake(dy, x, gamma, mean, rstd):
     return torch.empty_like(x), torch.empty_like(gamma), torch.empty_like(gamma)
 
 
-_fwd_op = library.define(
+_fwd_op = library.define_op(
     "rmsnorm_fwd(Tensor x, Tensor gamma, float eps, bool zero_centered) -> (Tensor, Tensor)", _fwd_cuda, _fwd_fake
 )
-_bwd_op = library.define(
+_bwd_op = library.define_op(
     "rmsnorm_bwd(Tensor dy, Tensor x, Tensor gamma, Tensor rstd, bool zero_centered) -> (Tensor, Tensor)",
     _bwd_cuda,
     _bwd_fake,
 )
-_res_fwd_op = library.define(
+_res_fwd_op = library.define_op(
     "rmsnorm_residual_fwd(Tensor x, Tensor residual, Tensor gamma, float eps, bool zero_centered)"
     " -> (Tensor, Tensor, Tensor)",
     _res_fwd_cuda,
     _res_fwd_fake,
 )
-_res_bwd_op = library.define(
+_res_bwd_op = library.define_op(
     "rmsnorm_residual_bwd(Tensor dy, Tensor? dsum, Tensor s, Tensor gamma, Tensor rstd, bool zero_centered)"
     " -> (Tensor, Tensor)",
     _res_bwd_cuda,
     _res_bwd_fake,
 )
-_ln_fwd_op = library.define(
+_ln_fwd_op = library.define_op(
     "layernorm_fwd(Tensor x, Tensor gamma, Tensor beta, float eps) -> (Tensor, Tensor, Tensor)", _ln_fwd_cuda, _ln_fwd_fake
 )
-_ln_bwd_op = library.define(
+_ln_bwd_op = library.define_op(
     "layernorm_bwd(Tensor dy, Tensor x, Tensor gamma, Tensor mean, Tensor rstd) -> (Tensor, Tensor, Tensor)",
     _ln_bwd_cuda,
     _ln_bwd_fake,
