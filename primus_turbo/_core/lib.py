@@ -81,6 +81,9 @@ _PROTOTYPES = {
     "pt_rmsnorm_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _vp, _sz, _i32, _vp]),
     "pt_rmsnorm_bwd_workspace_bytes": (_sz, [_i64, _i64]),
     "pt_rmsnorm_prepare": (_i32, [_i32, _i32, _i64]),
+    # rope.h
+    "pt_rope": (_i32, [_T, _T, _T, _T, _T, _T, _T, _T, _i32, ctypes.c_double, _i32, _i32, _i32, _vp]),
+    "pt_rope_prepare": (_i32, [_i32, _i32, _i32, _i32]),
 }
 
 
