@@ -64,7 +64,7 @@ Operand as_operand(const pt_tensor* t, const char* name, int layout) {
   PT_CHECK_ARG(is_float(t->dtype), "argument '", name, "' has dtype ", dtype_name(t->dtype),
                "; expected float32, float16 or bfloat16");
   const int d = t->ndim;
-  PT_CHECK_ARG(t->shape[d - 1] <= 1 || t->strides[d - 1] == 1, "argument '", name,
+  PT_CHECK_ARG(numel(*t) == 0 || t->shape[d - 1] <= 1 || t->strides[d - 1] == 1, "argument '", name,
                "' must have unit stride on its last (head_dim) dimension");
   Operand o;
   o.head_dim = t->shape[d - 1];
@@ -91,10 +91,10 @@ void check_output(const pt_tensor* out, const char* name, const pt_tensor& like,
 
 int vector_width(int32_t dtype) { return 16 / (dtype_bits(dtype) / 8); }
 
-int block_threads(int64_t heads, int64_t items_per_head) {
-  // About two items per thread: enough loads in flight without idle threads on small tokens.
-  const int64_t want = (heads * items_per_head + 1) / 2;
-  return static_cast<int>(std::clamp<int64_t>((want + 31) / 32 * 32, 64, 256));
+int tokens_per_block(int64_t heads, int64_t items_per_head) {
+  // About four work items per thread of a 256-thread block, within the kernel's 64 tokens a block.
+  const int64_t per_token = std::max<int64_t>(1, heads * items_per_head);
+  return static_cast<int>(std::clamp<int64_t>((4 * 256 + per_token - 1) / per_token, 1, 64));
 }
 
 Problem make_problem(const pt_tensor* q, const pt_tensor* k, const pt_tensor* cos, const pt_tensor* sin,
@@ -191,10 +191,12 @@ Problem make_problem(const pt_tensor* q, const pt_tensor* k, const pt_tensor* co
   p.vectorized = rot_elems % item == 0 && (oq.head_dim - rot) % vec == 0 && oq.head_dim % vec == 0;
   for (int64_t s : {oq.s0, oq.s1, oq.sh, ok.s0, ok.s1, ok.sh}) p.vectorized = p.vectorized && s % vec == 0;
   for (const void* ptr : {q->data, k->data, q_out->data, k_out->data}) p.vectorized = p.vectorized && aligned16(ptr);
+  // The vector path also reads cos / sin rows in 16-byte pieces.
+  if (p.table) p.vectorized = p.vectorized && aligned16(cos->data) && aligned16(sin->data);
   const int64_t v = p.vectorized ? vec : 1;
   const int64_t iv = p.interleaved ? std::max<int64_t>(v, 2) : v;
   const int64_t items_per_head = (p.interleaved ? rot / iv : rot / 2 / iv) + (oq.head_dim - rot) / v;
-  r.block_threads = block_threads(oq.heads + ok.heads, items_per_head);
+  r.tokens_per_block = tokens_per_block(oq.heads + ok.heads, items_per_head);
   return p;
 }
 

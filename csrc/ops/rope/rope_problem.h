@@ -28,7 +28,7 @@ Problem make_problem(const pt_tensor* q, const pt_tensor* k, const pt_tensor* co
 // Elements per 16-byte access of a dtype.
 int vector_width(int32_t dtype);
 
-// Threads per block for a token of `heads` heads of `items_per_head` work items.
-int block_threads(int64_t heads, int64_t items_per_head);
+// Tokens per thread block for a token of `heads` heads of `items_per_head` work items.
+int tokens_per_block(int64_t heads, int64_t items_per_head);
 
 }  // namespace primus_turbo::rope

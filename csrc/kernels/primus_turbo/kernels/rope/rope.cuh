@@ -7,11 +7,13 @@
 //   Features rotary_dim..head_dim-1 are copied. angle_j = position * theta^(-2j / rotary_dim), or
 //   cos_j / sin_j read from a table row. The backward is the rotation by -angle (sin negated).
 //
-// Memory bound: one block per token covers every head of q and k, so the token's cos/sin row is
-// produced once (read from the table, or computed in fp64-reduced fp32) into shared memory and
-// reused by all heads. Work items are vectors (16 bytes when the host allowed it) of one head;
-// consecutive threads take consecutive items, and each thread loads up to kItems items before it
-// computes, so several loads are in flight.
+// Memory bound, so every load should be independent of the others: a block covers a few whole
+// tokens (all heads of q and k); the per-token facts (offsets, position, found by division and
+// binary search) are computed once into shared memory, then the block's work items (one 16-byte
+// vector of one head, with its partner half for half-rotated pairs) are spread over the threads,
+// each issuing the loads of kItems items before using them. cos/sin rows are read after the data
+// loads (the row is shared by every head of the token, so these hit L1) or computed with the angle
+// reduced in fp64 (inverse frequencies once per block in shared memory).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -27,7 +29,9 @@
 
 namespace primus_turbo::kernels::rope {
 
-constexpr int kItems = 4;  // items a thread loads before computing
+constexpr int kBlockThreads = 256;
+constexpr int kMinBlocksPerSm = 4;  // <= 64 registers: 1024 threads an SM keep enough loads in flight
+constexpr int kMaxTokensPerBlock = 64;
 
 // N elements moved together; kAlign is 16 on the vector path and the element size on the scalar
 // path (where an interleaved pair is two scalar accesses: the pointers may be element-aligned only).
@@ -76,121 +80,147 @@ __device__ __forceinline__ int64_t token_position(const PtRopeParams& p, int64_t
   }
 }
 
-// cos/sin of the token's angles into shared memory (sin negated for the backward).
-template <bool kTable>
-__device__ __forceinline__ void fill_angles(const PtRopeParams& p, int64_t pos, float* cs, float* sn) {
-  const int half = p.rotary_dim / 2;
-  const float sign = p.backward ? -1.f : 1.f;
-  for (int j = threadIdx.x; j < half; j += blockDim.x) {
-    float c, s;
-    if constexpr (kTable) {
-      if (pos >= 0 && pos < p.table_len) {
-        c = p.cos[pos * half + j];
-        s = p.sin[pos * half + j];
-      } else {
-        c = s = __int_as_float(0x7fc00000);  // out-of-range position: NaN, visible downstream
-      }
-    } else {
-      // The angle in fp64, reduced to [-pi, pi] there, so fp32 sincos stays accurate at long
-      // positions (an fp32 product would lose ~1e-3 rad at position 32K).
-      const double inv_freq = exp2(-(2.0 * j / p.rotary_dim) * p.log2_theta);
-      const double angle = static_cast<double>(pos) * inv_freq;
-      constexpr double kTwoPi = 6.283185307179586476925286766559;
-      const double r = angle - kTwoPi * rint(angle * (1.0 / kTwoPi));
-      sincosf(static_cast<float>(r), &s, &c);
-    }
-    cs[j] = c;
-    sn[j] = sign * s;
+// What every item of one token needs, computed once per block (the 64-bit divisions, the
+// position search) and kept in shared memory.
+struct TokenInfo {
+  int64_t q_off, k_off;  // element offsets of the token in q and k
+  double pos;            // its rotary position
+};
+
+template <class T, int N, int kAlign>
+__device__ __forceinline__ void rotate(const Pack<T, N, kAlign>& x0, const Pack<T, N, kAlign>& x1, const float* c,
+                                       const float* s, Pack<T, N, kAlign>& y0, Pack<T, N, kAlign>& y1) {
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    const float a = to_float(x0.v[e]), b = to_float(x1.v[e]);
+    y0.v[e] = from_float<T>(a * c[e] - b * s[e]);
+    y1.v[e] = from_float<T>(b * c[e] + a * s[e]);
   }
 }
 
 // kVec: elements per access (1 or 16 / sizeof(T)); kInterleaved: the pair layout; kTable: cos/sin
-// from p.cos / p.sin rather than computed.
+// from p.cos / p.sin rather than computed. Block b covers tokens [b, b + 1) * tokens_per_block; its
+// work items (token, head, vector) are independent, so loads of several items are in flight at once.
 template <class T, int kVec, bool kInterleaved, bool kTable>
-__global__ void rope_kernel(PtRopeParams p) {
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm) rope_kernel(PtRopeParams p) {
   // An interleaved item holds whole pairs: at least two elements.
   constexpr int kItemElems = kInterleaved && kVec < 2 ? 2 : kVec;
+  constexpr int kPairs = kInterleaved ? kItemElems / 2 : kItemElems;  // angles per rotated item
   constexpr int kAlign = kVec > 1 ? 16 : static_cast<int>(sizeof(T));
-  using P = Pack<T, kItemElems, kAlign>;  // a rotated item
+  using P = Pack<T, kItemElems, kAlign>;  // a rotated item (half-rotated: and its partner)
   using C = Pack<T, kVec, kAlign>;        // a copied (pass-through) item
-  extern __shared__ float smem[];
+  constexpr bool kSame = kItemElems == kVec;
+  // Items a thread loads before computing: 64 bytes in flight (a half-rotated item reads two vectors).
+  constexpr int kItems = kInterleaved ? 4 : 2;
+  constexpr int kAngleAlign = kVec > 1 ? (kPairs * 4 >= 16 ? 16 : kPairs * 4) : 4;
+  using A = Pack<float, kPairs, kAngleAlign>;
+
+  __shared__ TokenInfo tok[kMaxTokensPerBlock];
+  extern __shared__ double inv_freq[];  // [rotary_dim / 2], theta mode only
   const int half = p.rotary_dim / 2;
-  float* cs = smem;
-  float* sn = smem + half;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * p.tokens_per_block;
+  const int64_t tokens = p.n0 * p.n1;
+  const int ntok = static_cast<int>(tokens - t0 < p.tokens_per_block ? tokens - t0 : p.tokens_per_block);
+  for (int i = threadIdx.x; i < ntok; i += blockDim.x) {
+    const int64_t t = t0 + i, i0 = t / p.n1, i1 = t - i0 * p.n1;
+    tok[i].q_off = i0 * p.q_stride0 + i1 * p.q_stride1;
+    tok[i].k_off = i0 * p.k_stride0 + i1 * p.k_stride1;
+    tok[i].pos = static_cast<double>(token_position(p, t, i0, i1));
+  }
+  if constexpr (!kTable) {
+    for (int j = threadIdx.x; j < half; j += blockDim.x) inv_freq[j] = exp2(-(2.0 * j / p.rotary_dim) * p.log2_theta);
+  }
+  __syncthreads();
 
   const int rot_items = kInterleaved ? p.rotary_dim / kItemElems : half / kItemElems;
-  const int pass_items = (p.head_dim - p.rotary_dim) / kVec;
-  const int items_per_head = rot_items + pass_items;
-  const int heads = p.heads_q + p.heads_k;
-  const int total = heads * items_per_head;
-  const int64_t tokens = p.n0 * p.n1;
+  const int items_per_head = rot_items + (p.head_dim - p.rotary_dim) / kVec;
+  const int items_per_token = (p.heads_q + p.heads_k) * items_per_head;
+  const int total = ntok * items_per_token;
+  const float sign = p.backward ? -1.f : 1.f;
 
-  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    const int64_t i0 = t / p.n1, i1 = t - i0 * p.n1;
-    fill_angles<kTable>(p, token_position(p, t, i0, i1), cs, sn);
-    __syncthreads();
-    const T* q_in = static_cast<const T*>(p.q) + i0 * p.q_stride0 + i1 * p.q_stride1;
-    const T* k_in = static_cast<const T*>(p.k) + i0 * p.k_stride0 + i1 * p.k_stride1;
-    T* q_out = static_cast<T*>(p.q_out) + t * p.heads_q * p.head_dim;
-    T* k_out = static_cast<T*>(p.k_out) + t * p.heads_k * p.head_dim;
-
-    for (int base = threadIdx.x; base < total; base += kItems * blockDim.x) {
-      P a[kItems], b[kItems];
-      C c[kItems];
-      const T* src[kItems];
-      T* dst[kItems];
-      int col[kItems];  // first feature of the item (of its first half, for half-rotated pairs)
+  for (int base = threadIdx.x; base < total; base += kItems * blockDim.x) {
+    P a[kItems], b[kItems];
+    C c[kItems];
 #pragma unroll
-      for (int u = 0; u < kItems; ++u) {
-        const int item = base + u * blockDim.x;
-        src[u] = nullptr;
-        if (item >= total) continue;
-        const int head = item / items_per_head;
-        const int r = item - head * items_per_head;
-        const bool is_q = head < p.heads_q;
-        const int h = is_q ? head : head - p.heads_q;
-        src[u] = is_q ? q_in + h * p.q_stride_h : k_in + h * p.k_stride_h;
-        dst[u] = (is_q ? q_out : k_out) + static_cast<int64_t>(h) * p.head_dim;
-        if (r < rot_items) {
-          col[u] = r * kItemElems;
-          a[u] = *reinterpret_cast<const P*>(src[u] + col[u]);
-          if (!kInterleaved) b[u] = *reinterpret_cast<const P*>(src[u] + col[u] + half);
-        } else {
-          col[u] = p.rotary_dim + (r - rot_items) * kVec;  // pass-through
-          c[u] = *reinterpret_cast<const C*>(src[u] + col[u]);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kItems; ++u) {
-        if (src[u] == nullptr) continue;
-        const int c0 = col[u];
-        if (c0 >= p.rotary_dim) {
-          *reinterpret_cast<C*>(dst[u] + c0) = c[u];
-        } else if constexpr (kInterleaved) {
-          P y;
-#pragma unroll
-          for (int e = 0; e < kItemElems; e += 2) {
-            const int j = (c0 + e) / 2;
-            const float x0 = to_float(a[u].v[e]), x1 = to_float(a[u].v[e + 1]);
-            y.v[e] = from_float<T>(x0 * cs[j] - x1 * sn[j]);
-            y.v[e + 1] = from_float<T>(x1 * cs[j] + x0 * sn[j]);
-          }
-          *reinterpret_cast<P*>(dst[u] + c0) = y;
-        } else {
-          P y0, y1;
-#pragma unroll
-          for (int e = 0; e < kItemElems; ++e) {
-            const int j = c0 + e;
-            const float x0 = to_float(a[u].v[e]), x1 = to_float(b[u].v[e]);
-            y0.v[e] = from_float<T>(x0 * cs[j] - x1 * sn[j]);
-            y1.v[e] = from_float<T>(x1 * cs[j] + x0 * sn[j]);
-          }
-          *reinterpret_cast<P*>(dst[u] + c0) = y0;
-          *reinterpret_cast<P*>(dst[u] + c0 + half) = y1;
-        }
+    for (int u = 0; u < kItems; ++u) {  // issue every load first
+      const int item = base + u * blockDim.x;
+      if (item >= total) break;
+      const int tl = item / items_per_token, rem = item - tl * items_per_token;
+      const int head = rem / items_per_head, r = rem - head * items_per_head;
+      const bool is_q = head < p.heads_q;
+      const int h = is_q ? head : head - p.heads_q;
+      const T* src = is_q ? static_cast<const T*>(p.q) + tok[tl].q_off + h * p.q_stride_h
+                          : static_cast<const T*>(p.k) + tok[tl].k_off + h * p.k_stride_h;
+      if (r < rot_items) {
+        const int col = r * kItemElems;
+        a[u] = *reinterpret_cast<const P*>(src + col);
+        if (!kInterleaved) b[u] = *reinterpret_cast<const P*>(src + col + half);
+      } else {
+        const C v = *reinterpret_cast<const C*>(src + p.rotary_dim + (r - rot_items) * kVec);
+        if constexpr (kSame) a[u] = v; else c[u] = v;  // one register set when the types agree
       }
     }
-    __syncthreads();  // cs / sn are rewritten for the next token
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) {
+      const int item = base + u * blockDim.x;
+      if (item >= total) break;
+      const int tl = item / items_per_token, rem = item - tl * items_per_token;
+      const int head = rem / items_per_head, r = rem - head * items_per_head;
+      const bool is_q = head < p.heads_q;
+      const int h = is_q ? head : head - p.heads_q;
+      const int heads = is_q ? p.heads_q : p.heads_k;
+      T* dst = static_cast<T*>(is_q ? p.q_out : p.k_out) + ((t0 + tl) * heads + h) * p.head_dim;
+      if (r >= rot_items) {
+        if constexpr (kSame) {
+          *reinterpret_cast<C*>(dst + p.rotary_dim + (r - rot_items) * kVec) = a[u];
+        } else {
+          *reinterpret_cast<C*>(dst + p.rotary_dim + (r - rot_items) * kVec) = c[u];
+        }
+        continue;
+      }
+      const int col = r * kItemElems;
+      const int j0 = kInterleaved ? col / 2 : col;  // first angle of the item
+      float cs[kPairs], sn[kPairs];
+      const double pos = tok[tl].pos;
+      if constexpr (kTable) {
+        if (pos >= 0 && pos < static_cast<double>(p.table_len)) {
+          const int64_t row = static_cast<int64_t>(pos) * half + j0;
+          const A cv = *reinterpret_cast<const A*>(p.cos + row), sv = *reinterpret_cast<const A*>(p.sin + row);
+#pragma unroll
+          for (int e = 0; e < kPairs; ++e) cs[e] = cv.v[e], sn[e] = sign * sv.v[e];
+        } else {
+#pragma unroll
+          for (int e = 0; e < kPairs; ++e) cs[e] = sn[e] = __int_as_float(0x7fc00000);  // NaN: visible downstream
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < kPairs; ++e) {
+          // The angle in fp64, reduced to [-pi, pi] there, so fp32 sincos stays accurate at long
+          // positions (an fp32 product would lose ~1e-3 rad at position 32K).
+          const double angle = pos * inv_freq[j0 + e];
+          constexpr double kTwoPi = 6.283185307179586476925286766559;
+          const float rr = static_cast<float>(angle - kTwoPi * rint(angle * (1.0 / kTwoPi)));
+          float sv;
+          sincosf(rr, &sv, &cs[e]);
+          sn[e] = sign * sv;
+        }
+      }
+      if constexpr (kInterleaved) {
+        Pack<T, kPairs, 2 * sizeof(T)> x0, x1, y0, y1;  // even / odd elements
+#pragma unroll
+        for (int e = 0; e < kPairs; ++e) x0.v[e] = a[u].v[2 * e], x1.v[e] = a[u].v[2 * e + 1];
+        rotate(x0, x1, cs, sn, y0, y1);
+        P y;
+#pragma unroll
+        for (int e = 0; e < kPairs; ++e) y.v[2 * e] = y0.v[e], y.v[2 * e + 1] = y1.v[e];
+        *reinterpret_cast<P*>(dst + col) = y;
+      } else {
+        P y0, y1;
+        rotate(a[u], b[u], cs, sn, y0, y1);
+        *reinterpret_cast<P*>(dst + col) = y0;
+        *reinterpret_cast<P*>(dst + col + half) = y1;
+      }
+    }
   }
 }
 
@@ -213,15 +243,20 @@ struct Rope {
     const int rot_elems = kInterleaved ? p->rotary_dim : half;
     if (p->rotary_dim < 2 || p->rotary_dim % 2 || p->rotary_dim > p->head_dim || rot_elems % kItemElems ||
         (p->head_dim - p->rotary_dim) % kVec || (kTable && (p->cos == nullptr || p->sin == nullptr)) ||
-        p->block_threads < 32 || p->block_threads > 1024 || p->block_threads % 32) {
-      snprintf(err, err_len, "RoPE module (vector %d, interleaved %d) cannot take head_dim %d, rotary_dim %d, %d threads",
-               kVec, static_cast<int>(kInterleaved), p->head_dim, p->rotary_dim, p->block_threads);
+        p->tokens_per_block < 1 || p->tokens_per_block > kMaxTokensPerBlock ||
+        static_cast<int64_t>(p->tokens_per_block) * (p->heads_q + p->heads_k) * p->head_dim > INT32_MAX) {
+      snprintf(err, err_len, "RoPE module (vector %d, interleaved %d) cannot take head_dim %d, rotary_dim %d, %d tokens a block",
+               kVec, static_cast<int>(kInterleaved), p->head_dim, p->rotary_dim, p->tokens_per_block);
       return 1;
     }
-    const unsigned grid = static_cast<unsigned>(tokens < (int64_t{1} << 30) ? tokens : (int64_t{1} << 30));
-    const size_t smem = 2 * sizeof(float) * half;
+    const int64_t grid = (tokens + p->tokens_per_block - 1) / p->tokens_per_block;
+    if (grid > INT32_MAX) {
+      snprintf(err, err_len, "RoPE: %lld tokens are too many for one launch", static_cast<long long>(tokens));
+      return 1;
+    }
+    const size_t smem = kTable ? 0 : sizeof(double) * half;
     rope_kernel<T, kVec, kInterleaved, kTable>
-        <<<grid, p->block_threads, smem, static_cast<cudaStream_t>(p->stream)>>>(*p);
+        <<<static_cast<unsigned>(grid), kBlockThreads, smem, static_cast<cudaStream_t>(p->stream)>>>(*p);
     return report_launch(p->backward ? "RoPE backward" : "RoPE forward", err, err_len);
   }
 };

@@ -42,7 +42,7 @@ typedef struct PtRopeParams {
   const int32_t* cu_seqlens;  // [num_seqs + 1], nondecreasing, from 0
   int64_t num_seqs;
   int32_t backward;       // rotate by -angle (the gradient of the forward rotation)
-  int32_t block_threads;
+  int32_t tokens_per_block;  // tokens of one thread block (1 to 64), chosen by the core
   void* stream;           // cudaStream_t
 } PtRopeParams;
 
