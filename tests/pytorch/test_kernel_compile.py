@@ -107,3 +107,11 @@ def test_rope_modules_compile_for_sm90a():
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         errors = [e for e in pool.map(build, _ROPE_JOBS) if e]
     assert not errors, "\n".join(errors)
+
+
+def test_moe_permute_modules_compile_for_sm90a():
+    from primus_turbo._core.lib import check, lib
+
+    for dtype in (0, 1, 2):
+        for vectorized in (0, 1):
+            check(lib.pt_moe_permute_prepare(dtype, vectorized))

@@ -180,4 +180,5 @@ PT_API pt_status pt_rmsnorm_prepare(int32_t dtype, int32_t gamma_dtype, int64_t 
 #endif
 
 #include "primus_turbo/rope.h"
+#include "primus_turbo/moe_permute.h"
 
