@@ -28,6 +28,7 @@ __all__ = [
     "GROUPED_GEMM_TOKENS_PER_EXPERT",
     "MICRO_BATCH_SIZES",
     "MOE_MODELS",
+    "NORM_TOKENS",
     "SQUARE_GEMM_SHAPE",
     "AttentionCase",
     "AttentionShape",
@@ -35,7 +36,6 @@ __all__ = [
     "GemmCase",
     "GroupedGemmCase",
     "MoEModelConfig",
-    "NORM_TOKENS",
     "NormCase",
     "attention_fwd_flops",
     "dense_gemm_shapes",
@@ -575,6 +575,38 @@ def gen_activation_test_cases(
         for c in sorted(by_cols)
         for t in tokens
     ]
+
+
+###############################################################################
+# RoPE: the attention head configurations, tokens per micro-batch
+###############################################################################
+
+#: Tokens per call, as [batch, seq] = [tokens // ROPE_SEQLEN, ROPE_SEQLEN].
+ROPE_TOKENS: tuple[int, ...] = (4096, 8192, 16384, 32768)
+ROPE_SEQLEN = 4096
+#: MLA (head_dim_qk 192) rotates only its 64 positional features.
+MLA_ROPE_DIM = 64
+
+
+@dataclass(frozen=True)
+class RopeCase:
+    name: str
+    tokens: int
+    heads_q: int
+    heads_k: int
+    head_dim: int
+    rotary_dim: int
+
+
+def gen_rope_test_cases(tokens: Sequence[int] = ROPE_TOKENS, shapes: Sequence[AttentionShape] = ATTENTION_SHAPES) -> list[RopeCase]:
+    """One case per attention head configuration (q heads, k heads, head_dim) and token count."""
+    cases = []
+    for sh in shapes:
+        rd = MLA_ROPE_DIM if sh.head_dim_qk == 192 else sh.head_dim_qk
+        name = f"h{sh.num_heads_q}/{sh.num_heads_kv}_d{sh.head_dim_qk}" + (f"_r{rd}" if rd != sh.head_dim_qk else "")
+        for t in tokens:
+            cases.append(RopeCase(name, t, sh.num_heads_q, sh.num_heads_kv, sh.head_dim_qk, rd))
+    return cases
 
 
 def _print_rows(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:

@@ -95,6 +95,14 @@ _PROTOTYPES = {
     "pt_gated_act_fwd": (_i32, [_i32, _T, _T, _T, _T, _vp]),
     "pt_gated_act_bwd": (_i32, [_i32, _T, _T, _T, _T, _T, _T, _vp]),
     "pt_gated_act_prepare": (_i32, [_i32, _i32, _i64]),
+    # rope.h
+    "pt_rope": (_i32, [_T, _T, _T, _T, _T, _T, _T, _T, _i32, ctypes.c_double, _i32, _i32, _i32, _vp]),
+    "pt_rope_prepare": (_i32, [_i32, _i32, _i32, _i32]),
+    # moe_permute.h
+    "pt_moe_permute": (_i32, [_T, _T, _T, _T, _T, _T, _T, _vp]),
+    "pt_moe_unpermute": (_i32, [_T, _T, _T, _T, _T, _T, _vp]),
+    "pt_moe_unpermute_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _vp]),
+    "pt_moe_permute_prepare": (_i32, [_i32, _i32]),
 }
 
 

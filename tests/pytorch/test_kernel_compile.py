@@ -115,3 +115,32 @@ def test_norm_and_gated_modules_compile_for_sm90a():
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         errors = [e for e in pool.map(build, _NORM_JOBS + _GATED_JOBS) if e]
     assert not errors, "\n".join(errors)
+
+
+# RoPE: every module a call can choose (dtype x 16-byte/scalar accesses x pair layout x cos/sin source).
+_ROPE_JOBS = [(dt, vec, inter, table) for dt in (0, 1, 2) for vec in (0, 1) for inter in (0, 1) for table in (0, 1)]
+
+
+def test_rope_modules_compile_for_sm90a():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from primus_turbo._core.lib import check, lib
+
+    def build(job):
+        try:
+            check(lib.pt_rope_prepare(*job))
+            return None
+        except Exception as e:  # report every failure
+            return f"rope (dtype, vectorized, interleaved, table) = {job}: {e}"
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        errors = [e for e in pool.map(build, _ROPE_JOBS) if e]
+    assert not errors, "\n".join(errors)
+
+
+def test_moe_permute_modules_compile_for_sm90a():
+    from primus_turbo._core.lib import check, lib
+
+    for dtype in (0, 1, 2):
+        for vectorized in (0, 1):
+            check(lib.pt_moe_permute_prepare(dtype, vectorized))

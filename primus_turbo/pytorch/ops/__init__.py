@@ -2,7 +2,9 @@
 
 from primus_turbo.pytorch.ops.activation import geglu, geglu_with_probs, swiglu, swiglu_with_probs  # noqa: F401
 from primus_turbo.pytorch.ops.gemm import gemm  # noqa: F401
+from primus_turbo.pytorch.ops.moe_permute import token_permute, token_unpermute  # noqa: F401
 from primus_turbo.pytorch.ops.normalization import layernorm, rmsnorm, rmsnorm_residual  # noqa: F401
+from primus_turbo.pytorch.ops.rope import rope, rope_cos_sin  # noqa: F401
 
 __all__ = [
     "gemm",
@@ -13,4 +15,8 @@ __all__ = [
     "geglu",
     "swiglu_with_probs",
     "geglu_with_probs",
+    "rope",
+    "rope_cos_sin",
+    "token_permute",
+    "token_unpermute",
 ]

@@ -1,0 +1,243 @@
+"""MoE token permutation benchmark: turbo.ops.token_permute / token_unpermute (with merging probs)
+against torch eager and torch.compile of the same indexing math, forward and backward, on the MoE
+table (hidden, experts, topk; config.MOE_MODELS) and 4096-32768 tokens.
+
+    python benchmark/ops/bench_moe_permute.py
+    python benchmark/ops/bench_moe_permute.py --quick
+
+Per case (random top-k routing, num_out_tokens = tokens * topk, so no host synchronization):
+  1. correctness first: permuted rows and probabilities bitwise equal to the indexing reference,
+     the merge against float64 under the gates; a FAIL voids our timings;
+  2. timing (CUDA events, median of >= 50 calls, inputs rotated past L2).
+
+Effective bandwidth counts the token rows each op must move once (permute: T*H read, T*k*H
+written; unpermute: T*k*H read, T*H written; backward likewise, the merge's backward also reading
+the forward input), as GB/s and as a fraction of the measured device copy bandwidth. The torch
+baselines get the permutation indices for the unpermute precomputed (a stable argsort for the
+permute). Summary entries moe_permute_fwd/_bwd and moe_unpermute_fwd/_bwd.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+if __package__:
+    from . import bench_utils as bu
+    from . import config as cfg
+else:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_utils as bu  # type: ignore[no-redef]
+    import config as cfg  # type: ignore[no-redef]
+
+METRIC = "effective GB/s"
+TOKENS = (4096, 8192, 16384, 32768)
+OPS = ("permute", "unpermute")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--models", nargs="+", default=None)
+    p.add_argument("--tokens", nargs="+", type=int, default=None)
+    p.add_argument("--quick", action="store_true", help="DeepSeek-V3 and Mixtral-8x7B at 8192 tokens")
+    p.add_argument("--output-dir", default=str(bu.DEFAULT_RESULTS_DIR))
+    p.add_argument("--tag", default=None)
+    p.add_argument("--iters", type=int, default=bu.MIN_TIMED_ITERS)
+    p.add_argument("--no-compile-baseline", action="store_true")
+    p.add_argument("--no-summary", action="store_true")
+    args = p.parse_args(argv)
+    args.default_set = args.models is None and args.tokens is None and not args.quick
+    if args.quick:
+        args.models = args.models or ["DeepSeek-V3", "Mixtral-8x7B"]
+        args.tokens = args.tokens or [8192]
+    args.models = args.models or list(cfg.MOE_MODELS)
+    args.tokens = args.tokens or list(TOKENS)
+    return args
+
+
+def routing(t, e, k, device="cuda"):
+    idx = torch.rand(t, e, device=device).argsort(dim=1)[:, :k]
+    mask = torch.zeros(t, e, dtype=torch.bool, device=device).scatter_(1, idx, True)
+    return mask, torch.rand(t, e, device=device) * mask
+
+
+def torch_permute(x, probs, mask, num_out: int):
+    """Expert-major order of the routed (token, expert) pairs by a stable sort, then a gather."""
+    t = mask.shape[0]
+    order = torch.argsort((~mask.t().reshape(-1)).to(torch.int8), stable=True)[:num_out]
+    t_idx, e_idx = order % t, order // t
+    return x[t_idx], probs[t_idx, e_idx]
+
+
+def torch_unpermute(y, probs, t_idx, e_idx, num_tokens: int):
+    w = probs[t_idx, e_idx].unsqueeze(1)
+    return (
+        torch.zeros(num_tokens, y.shape[1], dtype=torch.float32, device=y.device)
+        .index_add_(0, t_idx, y.float() * w)
+        .to(y.dtype)
+    )
+
+
+def gbps(nbytes, ms):
+    return nbytes / (ms * 1e-3) / 1e9 if ms and math.isfinite(ms) and ms > 0 else float("nan")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_moe_permute: no CUDA device", file=sys.stderr)
+        return 2
+    import primus_turbo.pytorch as turbo
+
+    torch.manual_seed(1234)
+    dtype = bu.DTYPES[args.dtype]
+    es = torch.empty((), dtype=dtype).element_size()
+    shapes = {}
+    for name in args.models:
+        m = cfg.MOE_MODELS[name]
+        shapes.setdefault((m.hidden, m.num_experts, m.topk), []).append(name)
+    gpu_name = torch.cuda.get_device_name()
+    gpu = bu.gpu_short_name(gpu_name)
+    out_dir = bu.results_dir_for(args.output_dir, gpu)
+    tag = args.tag if args.tag is not None else ("" if args.default_set else ("quick" if args.quick else "subset"))
+    suffix = ("" if args.dtype == "bf16" else f"_{args.dtype}") + (f"_{tag}" if tag else "")
+    csv_path = out_dir / f"moe_permute_{args.dtype}{'_' + tag if tag else ''}.csv"
+    copy_gbps = bu.measure_copy_bandwidth()
+    print(f"[bench_moe_permute] {len(shapes) * len(args.tokens)} cases on {gpu_name}; copy {copy_gbps:.0f} GB/s")
+
+    compiled_p = torch.compile(torch_permute, dynamic=False) if not args.no_compile_baseline else None
+    compiled_u = torch.compile(torch_unpermute, dynamic=False) if not args.no_compile_baseline else None
+    nan = float("nan")
+
+    def run_case(h, e, k, names, t):
+        n = t * k
+        row = {"GPU": gpu, "Case": "/".join(names[:2]), "Tokens": t, "Hidden": h, "Experts": e, "TopK": k}
+        x = torch.randn(t, h, device="cuda", dtype=dtype, requires_grad=True)
+        mask, probs = routing(t, e, k)
+        probs.requires_grad_()
+        y = torch.randn(n, h, device="cuda", dtype=dtype, requires_grad=True)
+        notes = []
+        try:
+            out, pprobs, rmap = turbo.ops.token_permute(x, probs, mask, num_out_tokens=n)
+            ro, rp = torch_permute(x.detach(), probs.detach(), mask, n)
+            ok_p = torch.equal(out, ro) and torch.equal(pprobs, rp)
+            e_idx, t_idx = mask.t().nonzero(as_tuple=True)
+            merged = turbo.ops.token_unpermute(y, rmap, probs)
+            ref = torch.zeros(t, h, dtype=torch.float64, device="cuda").index_add_(
+                0, t_idx, y.detach().double() * probs.detach()[t_idx, e_idx, None].double()
+            )
+            res = bu.check_close(merged.detach(), ref, dtype, what="merged")
+            row["Check"] = "PASS" if ok_p and res else "FAIL"
+            if not ok_p:
+                notes.append("permuted rows differ from the indexing reference")
+            if not res:
+                notes.append(res.message)
+            del ref
+        except Exception as ex:  # noqa: BLE001
+            traceback.print_exc()
+            row["Check"] = "ERROR"
+            notes.append(f"{type(ex).__name__}: {ex}"[:300])
+        impls = {
+            "ours": (
+                lambda: turbo.ops.token_permute(x, probs, mask, num_out_tokens=n),
+                lambda: turbo.ops.token_unpermute(y, rmap, probs),
+            ),
+            "eager": (
+                lambda: torch_permute(x, probs, mask, n),
+                lambda: torch_unpermute(y, probs, t_idx, e_idx, t),
+            ),
+        }
+        if compiled_p is not None:
+            impls["compiled"] = (
+                lambda: compiled_p(x, probs, mask, n),
+                lambda: compiled_u(y, probs, t_idx, e_idx, t),
+            )
+        bytes_fwd = {"permute": (t + n) * h * es, "unpermute": (n + t) * h * es}
+        bytes_bwd = {"permute": (n + t) * h * es, "unpermute": (t + 2 * n) * h * es}
+        for name, (pf, uf) in impls.items():
+            for op, fn, inputs in (("permute", pf, (x, probs)), ("unpermute", uf, (y, probs))):
+                if name == "ours" and row["Check"] != "PASS":
+                    row[f"{name} {op} fwd GB/s"] = row[f"{name} {op} bwd GB/s"] = nan
+                    continue
+                try:
+                    fwd = bu.time_cuda(fn, iters=args.iters)
+                    res = fn()
+                    outs = tuple(o for o in (res if isinstance(res, tuple) else (res,)) if o.requires_grad)
+                    grads = tuple(torch.randn_like(o) for o in outs)
+                    bwd = bu.time_cuda(
+                        lambda outs=outs, grads=grads, inputs=inputs: torch.autograd.grad(
+                            outs, inputs, grads, retain_graph=True, allow_unused=True
+                        ),
+                        iters=args.iters,
+                    )
+                except Exception as ex:  # noqa: BLE001
+                    traceback.print_exc()
+                    fwd = bwd = nan
+                    notes.append(f"{name} {op}: {type(ex).__name__}: {ex}"[:200])
+                row[f"{name} {op} fwd GB/s"] = gbps(bytes_fwd[op], fwd)
+                row[f"{name} {op} bwd GB/s"] = gbps(bytes_bwd[op], bwd)
+        base = "compiled" if compiled_p is not None else "eager"
+        for op in OPS:
+            for d in ("fwd", "bwd"):
+                o = row[f"ours {op} {d} GB/s"]
+                row[f"{op} {d} BW Fraction"] = o / copy_gbps
+                b = row.get(f"{base} {op} {d} GB/s", nan)
+                row[f"{op} {d} Ratio"] = o / b if math.isfinite(o) and math.isfinite(b) and b > 0 else nan
+        row["Note"] = " | ".join(notes)
+        return row
+
+    rows = []
+    for (h, e, k), names in shapes.items():
+        for t in args.tokens:
+            row = run_case(h, e, k, names, t)
+            rows.append(row)
+            print(
+                f"{row['Case']:<28} T={t:<6} {row['Check']:<5} "
+                + " ".join(
+                    f"{op}-{d} {row[f'ours {op} {d} GB/s']:.0f} ({row[f'{op} {d} BW Fraction']:.2f}, x{row[f'{op} {d} Ratio']:.2f})"
+                    for op in OPS
+                    for d in ("fwd", "bwd")
+                ),
+                flush=True,
+            )
+            columns = list(rows[0].keys())
+            bu.write_csv(csv_path, rows, columns)
+            torch.cuda.empty_cache()
+
+    passed = [r["Check"] == "PASS" for r in rows]
+    base = "compiled" if compiled_p is not None else "eager"
+    for op in OPS:
+        for d in ("fwd", "bwd"):
+            entry = bu.summary_entry(
+                ours=[r[f"ours {op} {d} GB/s"] for r in rows],
+                baseline_values=[r.get(f"{base} {op} {d} GB/s", nan) for r in rows],
+                passed=passed,
+                metric=METRIC,
+                baseline="torch.compile" if base == "compiled" else "torch eager",
+                gpu=gpu_name,
+                dtype=args.dtype,
+                bandwidth_fraction=bu.geomean(r[f"{op} {d} BW Fraction"] for r, p in zip(rows, passed) if p),
+                eager_geomean=bu.geomean(r[f"eager {op} {d} GB/s"] for r, p in zip(rows, passed) if p),
+                copy_gbps=copy_gbps,
+                tokens=list(args.tokens),
+                torch=torch.__version__,
+                csv=csv_path.name,
+            )
+            name = f"moe_{op}_{d}{suffix}"
+            if not args.no_summary:
+                bu.update_summary(args.output_dir, gpu, name, entry)
+            print(
+                f"[bench_moe_permute] {name}: {entry['passed']}/{entry['cases']} passed; {entry['ours_geomean']:.0f} GB/s "
+                f"({entry['bandwidth_fraction']:.2f} of copy); vs {entry['baseline']} ratio {entry['ratio_geomean']:.3f}"
+            )
+    return 0 if all(passed) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

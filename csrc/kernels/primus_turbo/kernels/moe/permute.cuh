@@ -1,0 +1,380 @@
+// MoE token permutation by a routing mask, forward and backward (see permute_abi.h for the math).
+//
+// The map is built without host synchronization: per-expert counts (a block per expert), an
+// exclusive scan of the counts (one block), then per-expert ranks by a block-wide ballot scan in
+// token order, written token-major so that the data kernels read a token's E entries coalesced.
+// The data kernels take one token per block: the token's routes are compacted in expert order
+// into shared memory (a ballot scan again, so sums run in a fixed order), then every thread moves
+// 16-byte vectors of the row (scalar elements when the host found the rows unaligned).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "primus_turbo/kernels/jit_export.cuh"
+#include "primus_turbo/kernels/moe/permute_abi.h"
+
+namespace primus_turbo::kernels::moe {
+
+constexpr int kMaxExperts = 1024;
+constexpr int kThreads = 256;
+constexpr int kMapThreads = 1024;
+
+template <class E, int N>
+struct alignas(sizeof(E) * N >= 16 ? 16 : sizeof(E) * N) Pack {
+  E v[N];
+};
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class E>
+__device__ __forceinline__ E from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// pt_dtype codes of the probabilities: 0 float32, 1 float16, 2 bfloat16.
+__device__ __forceinline__ float load_prob(const void* p, int dtype, int64_t i) {
+  if (dtype == 1) return __half2float(static_cast<const __half*>(p)[i]);
+  if (dtype == 2) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+__device__ __forceinline__ void store_prob(void* p, int dtype, int64_t i, float v) {
+  if (dtype == 1) static_cast<__half*>(p)[i] = __float2half_rn(v);
+  else if (dtype == 2) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  else static_cast<float*>(p)[i] = v;
+}
+
+__device__ __forceinline__ bool routed(const PtMoePermuteParams& p, int64_t t, int e) {
+  const int64_t i = t * p.num_experts + e;
+  return p.routing_map_bytes == 4 ? static_cast<const int32_t*>(p.routing_map)[i] != 0
+                                  : static_cast<const uint8_t*>(p.routing_map)[i] != 0;
+}
+
+// Exclusive count of `flag` over the block in thread order; *total gets the block's count.
+// scratch: 33 ints. Safe to call back to back (the trailing barrier protects scratch).
+__device__ __forceinline__ int block_exclusive_count(bool flag, int* scratch, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const unsigned ballot = __ballot_sync(0xffffffffu, flag);
+  const int in_warp = __popc(ballot & ((1u << lane) - 1));
+  if (lane == 0) scratch[warp] = __popc(ballot);
+  __syncthreads();
+  if (warp == 0) {
+    const int v = lane < warps ? scratch[lane] : 0;
+    int inc = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(0xffffffffu, inc, o);
+      if (lane >= o) inc += n;
+    }
+    if (lane < warps) scratch[lane] = inc - v;
+    if (lane == warps - 1) scratch[32] = inc;
+  }
+  __syncthreads();
+  const int r = scratch[warp] + in_warp;
+  *total = scratch[32];
+  __syncthreads();
+  return r;
+}
+
+// ---- map -----------------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(kMapThreads) count_kernel(PtMoePermuteParams p) {
+  __shared__ int scratch[33];
+  const int e = blockIdx.x;
+  int count = 0;
+  for (int64_t base = 0; base < p.num_tokens; base += blockDim.x) {
+    const int64_t t = base + threadIdx.x;
+    int n;
+    block_exclusive_count(t < p.num_tokens && routed(p, t, e), scratch, &n);
+    count += n;
+  }
+  if (threadIdx.x == 0) p.workspace[e] = count;
+}
+
+// offsets[e] = sum of counts before e; total = min(sum of counts, num_out).
+__global__ void __launch_bounds__(kMapThreads) offsets_kernel(PtMoePermuteParams p) {
+  __shared__ int scratch[33];
+  int running = 0;
+  for (int base = 0; base < p.num_experts; base += blockDim.x) {
+    const int e = base + threadIdx.x;
+    const int c = e < p.num_experts ? p.workspace[e] : 0;
+    // Inclusive scan of counts (not flags): warp shuffles, then warp totals.
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int inc = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(0xffffffffu, inc, o);
+      if (lane >= o) inc += n;
+    }
+    if (lane == 31) scratch[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+      const int v = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0;
+      int w = v;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, w, o);
+        if (lane >= o) w += n;
+      }
+      scratch[lane] = w - v;
+      if (lane == 31) scratch[32] = w;
+    }
+    __syncthreads();
+    if (e < p.num_experts) p.workspace[p.num_experts + e] = running + scratch[warp] + inc - c;
+    running += scratch[32];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    p.workspace[2 * p.num_experts] = static_cast<int>(running < p.num_out ? running : p.num_out);
+  }
+}
+
+__global__ void __launch_bounds__(kMapThreads) rank_kernel(PtMoePermuteParams p) {
+  __shared__ int scratch[33];
+  const int e = blockIdx.x;
+  const int offset = p.workspace[p.num_experts + e];
+  int running = 0;
+  for (int64_t base = 0; base < p.num_tokens; base += blockDim.x) {
+    const int64_t t = base + threadIdx.x;
+    const bool r = t < p.num_tokens && routed(p, t, e);
+    int n;
+    const int rank = block_exclusive_count(r, scratch, &n);
+    if (t < p.num_tokens) {
+      const int64_t row = static_cast<int64_t>(offset) + running + rank;
+      p.row_id_map[t * p.num_experts + e] = r && row < p.num_out ? static_cast<int32_t>(row) : -1;
+    }
+    running += n;
+  }
+}
+
+// ---- data ----------------------------------------------------------------------------------
+
+// The routes of token t in expert order: rows[i], experts[i] for i < count. Every thread returns
+// the count.
+__device__ __forceinline__ int collect_routes(const PtMoePermuteParams& p, int64_t t, int* rows, int* experts,
+                                              int* scratch) {
+  int count = 0;
+  for (int base = 0; base < p.num_experts; base += blockDim.x) {
+    const int e = base + threadIdx.x;
+    const int row = e < p.num_experts ? p.row_id_map[t * p.num_experts + e] : -1;
+    int n;
+    const int i = block_exclusive_count(row >= 0, scratch, &n);
+    if (row >= 0) rows[count + i] = row, experts[count + i] = e;
+    count += n;
+  }
+  __syncthreads();
+  return count;
+}
+
+// output[row] = input[t] for every route; permuted_probs[row] = probs[t, e].
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads) scatter_kernel(PtMoePermuteParams p) {
+  using P = Pack<T, V>;
+  __shared__ int rows[kMaxExperts], experts[kMaxExperts], scratch[33];
+  const int64_t nvec = p.hidden / V;
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    const int n = collect_routes(p, t, rows, experts, scratch);
+    if (p.probs != nullptr && p.permuted_probs != nullptr) {
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        store_prob(p.permuted_probs, p.probs_dtype, rows[i], load_prob(p.probs, p.probs_dtype, t * p.num_experts + experts[i]));
+      }
+    }
+    const P* src = static_cast<const P*>(p.input) + t * nvec;
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      const P x = src[v];
+      for (int i = 0; i < n; ++i) static_cast<P*>(p.output)[rows[i] * nvec + v] = x;
+    }
+    __syncthreads();  // rows / experts are rewritten for the next token
+  }
+}
+
+// Rows [total, num_out) of the permuted tensor (and its probs) are zero.
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads) zero_tail_kernel(PtMoePermuteParams p) {
+  using P = Pack<T, V>;
+  const int64_t nvec = p.hidden / V;
+  const int64_t total = p.workspace[2 * p.num_experts];
+  P zero;
+#pragma unroll
+  for (int j = 0; j < V; ++j) zero.v[j] = from_float<T>(0.f);
+  for (int64_t r = total + blockIdx.x; r < p.num_out; r += gridDim.x) {
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) static_cast<P*>(p.output)[r * nvec + v] = zero;
+    if (threadIdx.x == 0 && p.permuted_probs != nullptr) store_prob(p.permuted_probs, p.probs_dtype, r, 0.f);
+  }
+}
+
+// output[t] = sum over routes of (probs[t, e] *) input[row], in expert order, fp32.
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads) gather_kernel(PtMoePermuteParams p) {
+  using P = Pack<T, V>;
+  __shared__ int rows[kMaxExperts], experts[kMaxExperts], scratch[33];
+  __shared__ float weights[kMaxExperts];
+  const int64_t nvec = p.hidden / V;
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    const int n = collect_routes(p, t, rows, experts, scratch);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      weights[i] = p.probs != nullptr ? load_prob(p.probs, p.probs_dtype, t * p.num_experts + experts[i]) : 1.f;
+    }
+    if (p.grad_probs != nullptr) {  // the permute's probs gradient: gathered, zero where not routed
+      for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) {
+        const int row = p.row_id_map[t * p.num_experts + e];
+        store_prob(p.grad_probs, p.probs_dtype, t * p.num_experts + e,
+                   row >= 0 ? load_prob(p.permuted_probs, p.probs_dtype, row) : 0.f);
+      }
+    }
+    __syncthreads();
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      float acc[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] = 0.f;
+      for (int i = 0; i < n; ++i) {
+        const P x = static_cast<const P*>(p.input)[rows[i] * nvec + v];
+        const float w = weights[i];
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] += w * to_float(x.v[j]);
+      }
+      P y;
+#pragma unroll
+      for (int j = 0; j < V; ++j) y.v[j] = from_float<T>(acc[j]);
+      static_cast<P*>(p.output)[t * nvec + v] = y;
+    }
+    __syncthreads();
+  }
+}
+
+// Backward of the merging gather: output[row] = grad_output[t] * probs[t, e];
+// grad_probs[t, e] = <grad_output[t], fwd_input[row]> (fp32, fixed-order block sums), 0 where not routed.
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads) gather_bwd_kernel(PtMoePermuteParams p) {
+  using P = Pack<T, V>;
+  __shared__ int rows[kMaxExperts], experts[kMaxExperts], scratch[33];
+  __shared__ float partial[kThreads / 32];
+  const int64_t nvec = p.hidden / V;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    const int n = collect_routes(p, t, rows, experts, scratch);
+    for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) {
+      if (p.row_id_map[t * p.num_experts + e] < 0) store_prob(p.grad_probs, p.probs_dtype, t * p.num_experts + e, 0.f);
+    }
+    const P* g = static_cast<const P*>(p.grad_output) + t * nvec;
+    for (int i = 0; i < n; ++i) {
+      const int64_t row = rows[i];
+      const float w = load_prob(p.probs, p.probs_dtype, t * p.num_experts + experts[i]);
+      float dot = 0.f;
+      for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+        const P gv = g[v];
+        const P x = static_cast<const P*>(p.fwd_input)[row * nvec + v];
+        P y;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float gf = to_float(gv.v[j]);
+          dot += gf * to_float(x.v[j]);
+          y.v[j] = from_float<T>(gf * w);
+        }
+        static_cast<P*>(p.output)[row * nvec + v] = y;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      if (lane == 0) partial[warp] = dot;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        float s = 0.f;
+        for (int w2 = 0; w2 < (int)(blockDim.x >> 5); ++w2) s += partial[w2];
+        store_prob(p.grad_probs, p.probs_dtype, t * p.num_experts + experts[i], s);
+      }
+      __syncthreads();
+    }
+    __syncthreads();
+  }
+}
+
+inline int report_launch(const char* what, char* err, size_t err_len) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return 0;
+  snprintf(err, err_len, "%s launch failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  return 1;
+}
+
+// T: the token dtype; kVectorized: rows move as 16-byte vectors (the host checked H and pointers).
+template <class T, bool kVectorized>
+struct MoePermute {
+  static constexpr int V = kVectorized ? static_cast<int>(16 / sizeof(T)) : 1;
+
+  static bool check(const PtMoePermuteParams* p, char* err, size_t err_len) {
+    if (p->num_experts < 1 || p->num_experts > kMaxExperts || p->hidden % V || p->num_tokens > INT32_MAX ||
+        p->num_out > INT32_MAX) {
+      snprintf(err, err_len, "MoE permute module (vector %d) cannot take %d experts, hidden %lld", V, p->num_experts,
+               static_cast<long long>(p->hidden));
+      return false;
+    }
+    return true;
+  }
+
+  static unsigned grid(const PtMoePermuteParams* p, int64_t rows) {
+    const int64_t cap = static_cast<int64_t>(p->num_sms > 0 ? p->num_sms : 132) * 8;
+    return static_cast<unsigned>(rows < cap ? (rows > 0 ? rows : 1) : cap);
+  }
+
+  static int build_map(const PtMoePermuteParams* p, char* err, size_t err_len) {
+    if (!check(p, err, err_len)) return 1;
+    auto s = static_cast<cudaStream_t>(p->stream);
+    count_kernel<<<p->num_experts, kMapThreads, 0, s>>>(*p);
+    offsets_kernel<<<1, kMapThreads, 0, s>>>(*p);
+    rank_kernel<<<p->num_experts, kMapThreads, 0, s>>>(*p);
+    return report_launch("MoE permute map", err, err_len);
+  }
+
+  static int permute(const PtMoePermuteParams* p, char* err, size_t err_len) {
+    if (!check(p, err, err_len)) return 1;
+    auto s = static_cast<cudaStream_t>(p->stream);
+    if (p->num_tokens > 0) scatter_kernel<T, V><<<grid(p, p->num_tokens), kThreads, 0, s>>>(*p);
+    if (p->num_out > 0) zero_tail_kernel<T, V><<<grid(p, p->num_out), kThreads, 0, s>>>(*p);
+    return report_launch("MoE permute", err, err_len);
+  }
+
+  static int unpermute(const PtMoePermuteParams* p, char* err, size_t err_len) {
+    if (!check(p, err, err_len)) return 1;
+    if (p->num_tokens > 0) {
+      gather_kernel<T, V><<<grid(p, p->num_tokens), kThreads, 0, static_cast<cudaStream_t>(p->stream)>>>(*p);
+    }
+    return report_launch("MoE unpermute", err, err_len);
+  }
+
+  static int unpermute_bwd(const PtMoePermuteParams* p, char* err, size_t err_len) {
+    if (!check(p, err, err_len)) return 1;
+    if (p->num_tokens > 0) {
+      gather_bwd_kernel<T, V><<<grid(p, p->num_tokens), kThreads, 0, static_cast<cudaStream_t>(p->stream)>>>(*p);
+    }
+    return report_launch("MoE unpermute backward", err, err_len);
+  }
+};
+
+}  // namespace primus_turbo::kernels::moe
+
+#define PT_JIT_EXPORT_MOE_PERMUTE(Kernel)                                                                   \
+  PT_JIT_EXPORT_ABI_VERSION                                                                                 \
+  extern "C" __attribute__((visibility("default"))) int pt_moe_build_map_run(const PtMoePermuteParams* p,   \
+                                                                             char* err, size_t n) {         \
+    return Kernel::build_map(p, err, n);                                                                    \
+  }                                                                                                         \
+  extern "C" __attribute__((visibility("default"))) int pt_moe_permute_run(const PtMoePermuteParams* p,     \
+                                                                           char* err, size_t n) {           \
+    return Kernel::permute(p, err, n);                                                                      \
+  }                                                                                                         \
+  extern "C" __attribute__((visibility("default"))) int pt_moe_unpermute_run(const PtMoePermuteParams* p,   \
+                                                                             char* err, size_t n) {         \
+    return Kernel::unpermute(p, err, n);                                                                    \
+  }                                                                                                         \
+  extern "C" __attribute__((visibility("default"))) int pt_moe_unpermute_bwd_run(                           \
+      const PtMoePermuteParams* p, char* err, size_t n) {                                                   \
+    return Kernel::unpermute_bwd(p, err, n);                                                                \
+  }
