@@ -77,7 +77,7 @@ def unpack_fp4(q: torch.Tensor) -> torch.Tensor:
 
 def rht(x: torch.Tensor, dim: int) -> torch.Tensor:
     """y = H16 diag(s) x / 4 on each 16 consecutive elements along dim (float64)."""
-    h = torch.tensor([[(-1.0) ** bin(i & j).count("1") for j in range(16)] for i in range(16)], dtype=torch.float64,
+    h = torch.tensor([[(-1.0) ** (i & j).bit_count() for j in range(16)] for i in range(16)], dtype=torch.float64,
                      device=x.device)
     xt = x.double().movedim(dim, -1)
     g = xt.reshape(*xt.shape[:-1], -1, 16) * RHT_SIGNS.to(x.device)
@@ -86,7 +86,7 @@ def rht(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def inverse_rht(y: torch.Tensor, dim: int) -> torch.Tensor:
-    h = torch.tensor([[(-1.0) ** bin(i & j).count("1") for j in range(16)] for i in range(16)], dtype=torch.float64,
+    h = torch.tensor([[(-1.0) ** (i & j).bit_count() for j in range(16)] for i in range(16)], dtype=torch.float64,
                      device=y.device)
     yt = y.double().movedim(dim, -1)
     g = (yt.reshape(*yt.shape[:-1], -1, 16) @ h.T) / 4 * RHT_SIGNS.to(y.device)

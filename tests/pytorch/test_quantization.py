@@ -8,13 +8,13 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import quant_reference as R
 import torch
+from turbo_test_utils import poison_allocator
 
 import primus_turbo.pytorch as turbo
-import quant_reference as R
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
 from primus_turbo.pytorch.core.low_precision import ScalingRecipe
-from turbo_test_utils import poison_allocator
 
 pytestmark = pytest.mark.gpu
 
@@ -238,7 +238,7 @@ def test_quantize_fp4_matches_reference(axis, two_d, in_dtype, shape):
     ref = (R.e2m1_values(codes).float() * inv).to(in_dtype)
     assert torch.equal(out if axis == -1 else out.t(), ref)
     if two_d and m % 2 == 0:  # the weight's transpose reuses the scales
-        q_t, s_t = turbo.ops.quantize_fp4(x, axis=1 if axis == 0 else 0, scaling_recipe=recipe)
+        _, s_t = turbo.ops.quantize_fp4(x, axis=1 if axis == 0 else 0, scaling_recipe=recipe)
         assert torch.equal(s_t.view(torch.uint8), s.view(torch.uint8).t())
 
 
@@ -254,7 +254,7 @@ def test_fp4_hadamard_is_invertible(axis):
     # The transformed values themselves quantize like any input.
     y = R.rht(x, 1 if axis == -1 else 0).float()
     ys = y if axis == -1 else y.t()
-    codes, byte, _ = reference_fp4_codes(ys, 1, 32)
+    codes, _, _ = reference_fp4_codes(ys, 1, 32)
     assert (R.unpack_fp4(q) == codes).double().mean() > 0.995
 
 

@@ -86,7 +86,7 @@ def test_torch_compile_traces_without_graph_break():
     def fn(x):
         q, s = turbo.ops.quantize_fp8(x, E4M3, G.MX_BLOCKWISE, block_size=32, axis=-1)
         a = turbo.ops.dequantize_fp8(q, torch.float32, G.MX_BLOCKWISE, block_size=32, axis=-1, scale_inv=s)
-        q_row, s_row, q_col, s_col = turbo.ops.quantize_fp8_with_trans(x, E4M3, G.BLOCKWISE, block_size=128)
+        _, _, q_col, s_col = turbo.ops.quantize_fp8_with_trans(x, E4M3, G.BLOCKWISE, block_size=128)
         f, fs = turbo.ops.quantize_fp4(x, axis=-1, scaling_recipe=ScalingRecipe(use_sr=True), seed=7)
         return a * 2, q_col, s_col, f, fs
 

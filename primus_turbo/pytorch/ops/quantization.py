@@ -13,7 +13,6 @@ Conventions (the contract the FP8/FP4 GEMMs build on):
 """
 
 import itertools
-from typing import Optional, Tuple
 
 import torch
 
@@ -23,7 +22,7 @@ from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingR
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
-__all__ = ["quantize_fp8", "quantize_fp8_with_trans", "dequantize_fp8", "quantize_fp4", "dequantize_fp4", "RHT_SIGNS"]
+__all__ = ["RHT_SIGNS", "dequantize_fp4", "dequantize_fp8", "quantize_fp4", "quantize_fp8", "quantize_fp8_with_trans"]
 
 _IN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -230,10 +229,10 @@ def quantize_fp8(
     out_dtype: torch.dtype,
     granularity: ScalingGranularity,
     *,
-    block_size: Optional[int] = None,
-    axis: Optional[int] = None,
-    scaling_recipe: Optional[ScalingRecipe] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    block_size: int | None = None,
+    axis: int | None = None,
+    scaling_recipe: ScalingRecipe | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantizes x (float32/float16/bfloat16, seen as ``[M, K]``) to FP8; returns ``(q, scale_inv)``.
 
     q has x's shape and ``out_dtype`` (``torch.float8_e4m3fn`` or ``torch.float8_e5m2``), row-major.
@@ -263,10 +262,10 @@ def quantize_fp8_with_trans(
     out_dtype: torch.dtype,
     granularity: ScalingGranularity,
     *,
-    block_size: Optional[int] = None,
-    scaling_recipe: Optional[ScalingRecipe] = None,
-    scaling_recipe_for_trans: Optional[ScalingRecipe] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    block_size: int | None = None,
+    scaling_recipe: ScalingRecipe | None = None,
+    scaling_recipe_for_trans: ScalingRecipe | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One read of x ``[M, K]`` (leading dims flattened), two FP8 outputs:
     ``(q_row, scale_inv_row, q_col, scale_inv_col)``.
 
@@ -299,10 +298,10 @@ def dequantize_fp8(
     out_dtype: torch.dtype,
     granularity: ScalingGranularity,
     *,
-    block_size: Optional[int] = None,
-    axis: Optional[int] = None,
+    block_size: int | None = None,
+    axis: int | None = None,
     scale_inv: torch.Tensor,
-    scaling_recipe: Optional[ScalingRecipe] = None,
+    scaling_recipe: ScalingRecipe | None = None,
 ) -> torch.Tensor:
     """``x * scale_inv`` in ``out_dtype`` (float32/float16/bfloat16), x's shape; the scales laid out
     as :func:`quantize_fp8` returns them for the same granularity, axis and recipe (a transposed
@@ -333,11 +332,11 @@ def quantize_fp4(
     out_dtype: torch.dtype = _FP4_DTYPE,
     granularity: ScalingGranularity = ScalingGranularity.MX_BLOCKWISE,
     *,
-    block_size: Optional[int] = MX_BLOCK_SIZE,
-    axis: Optional[int] = None,
-    scaling_recipe: Optional[ScalingRecipe] = None,
-    seed: Optional[int] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    block_size: int | None = MX_BLOCK_SIZE,
+    axis: int | None = None,
+    scaling_recipe: ScalingRecipe | None = None,
+    seed: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP4 (E2M1, two values per byte, low nibble = even element; one E8M0 scale per 32 values).
 
     x ``[M, K]`` (leading dims flattened). axis -1: q ``[M, K/2]``, scale_inv ``[M, ceil(K/32)]``;
@@ -383,10 +382,10 @@ def dequantize_fp4(
     out_dtype: torch.dtype,
     granularity: ScalingGranularity = ScalingGranularity.MX_BLOCKWISE,
     *,
-    block_size: Optional[int] = MX_BLOCK_SIZE,
-    axis: Optional[int] = None,
+    block_size: int | None = MX_BLOCK_SIZE,
+    axis: int | None = None,
     scale_inv: torch.Tensor,
-    scaling_recipe: Optional[ScalingRecipe] = None,
+    scaling_recipe: ScalingRecipe | None = None,
 ) -> torch.Tensor:
     """Inverse of :func:`quantize_fp4` for the same axis and recipe: returns ``[M, K]``. For axis 0 the
     stored ``[K, M/2]`` data is dequantized along its rows and returned as a ``[M, K]`` transposed
