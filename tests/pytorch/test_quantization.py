@@ -166,7 +166,9 @@ def test_with_trans_matches_two_calls(config, in_dtype, shape):
     # And q_col dequantizes along its own rows.
     out = turbo.ops.dequantize_fp8(q_col, torch.float32, g, block_size=block, axis=-1, scale_inv=s_col,
                                    scaling_recipe=recipe)
-    assert (out - x.float().t()).abs().max() <= x.float().abs().max() * 0.07
+    # E4M3 keeps 3 mantissa bits (relative error <= 2^-4); MX scales may also saturate a block's
+    # largest values by up to 1/8 of the block amax.
+    assert (out - x.float().t()).abs().max() <= x.float().abs().max() * (0.13 if g == G.MX_BLOCKWISE else 0.07)
 
 
 def test_all_zero_groups_and_empty_inputs():

@@ -48,7 +48,7 @@ Kernels load_kernels(int32_t x_dtype, int32_t q_dtype, const std::string& arch) 
   r.needs_cutlass = false;
   r.arch = arch;
   r.source = str_cat(
-      "#include \"primus_turbo/kernels/quantization/quantize_tile.cuh\"\n"
+      "#include \"primus_turbo/kernels/quantization/quantizer.cuh\"\n"
       "using Kernel = primus_turbo::kernels::quant::Quantizer<",
       cuda_type(x_dtype), ", primus_turbo::kernels::quant::", fmt, ">;\nPT_JIT_EXPORT_QUANTIZER(Kernel)\n");
   // May compile: not under the lock, so other modules can build in parallel.

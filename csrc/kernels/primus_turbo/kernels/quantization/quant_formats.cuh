@@ -125,6 +125,14 @@ __device__ __forceinline__ Scale make_scale(float amax, bool e8m0) {
   return s;
 }
 
+__device__ __forceinline__ void store_scale_at(void* dst, int64_t i, const Scale& sc, bool e8m0) {
+  if (e8m0) {
+    static_cast<uint8_t*>(dst)[i] = sc.e8m0;
+  } else {
+    static_cast<float*>(dst)[i] = sc.inv;
+  }
+}
+
 __device__ __forceinline__ float decode_scale(const void* s, int64_t i, bool e8m0) {
   if (e8m0) return pow2f(static_cast<int>(static_cast<const uint8_t*>(s)[i]) - 127);
   return static_cast<const float*>(s)[i];

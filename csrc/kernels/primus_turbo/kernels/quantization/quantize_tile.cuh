@@ -16,11 +16,10 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <type_traits>
 
-#include "primus_turbo/kernels/jit_export.cuh"
 #include "primus_turbo/kernels/quantization/quant_abi.h"
 #include "primus_turbo/kernels/quantization/quant_formats.cuh"
 
@@ -29,12 +28,23 @@ namespace primus_turbo::kernels::quant {
 constexpr int kTile = 128;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kLd = kTile + 4;  // row stride in floats: keeps rows 16-byte aligned for float4
 constexpr int kSegs = kTile / 32;
-constexpr size_t kTileSmemBytes = sizeof(float) * (kTile * kLd + 4 * kTile * kSegs + 16);
+// Row stride of the tile in elements: 16 bytes of padding keeps every row 16-byte aligned and
+// shifts consecutive rows across banks.
+template <class S>
+constexpr int kLdOf = kTile + 16 / static_cast<int>(sizeof(S));
 
+// The tile is held in the input's 16-bit type when it can be (half the shared memory, so more
+// CTAs per SM hide more latency), in fp32 for fp32 inputs and when the Hadamard transform
+// rewrites it in place.
+template <class S>
+constexpr size_t tile_smem_bytes() {
+  return sizeof(S) * kTile * kLdOf<S> + sizeof(float) * (4 * kTile * kSegs + 16);
+}
+
+template <class S>
 struct TileSmem {
-  float* tile;       // [kTile][kLd]
+  S* tile;           // [kTile][kLdOf<S>]
   float* seg_row;    // [kTile][kSegs]: amax of 32-column segments, then their scale multipliers
   float* seg_col;    // [kSegs][kTile]: amax of 32-row segments
   float* row_mult;   // [kTile][kSegs]
@@ -42,10 +52,11 @@ struct TileSmem {
   float* blk2d;      // [4][4]: amax of 2-D blocks
 };
 
-__device__ __forceinline__ TileSmem carve(float* base) {
-  TileSmem s;
-  s.tile = base;
-  s.seg_row = s.tile + kTile * kLd;
+template <class S>
+__device__ __forceinline__ TileSmem<S> carve(float* base) {
+  TileSmem<S> s;
+  s.tile = reinterpret_cast<S*>(base);
+  s.seg_row = reinterpret_cast<float*>(s.tile + kTile * kLdOf<S>);
   s.seg_col = s.seg_row + kTile * kSegs;
   s.row_mult = s.seg_col + kTile * kSegs;
   s.col_mult = s.row_mult + kTile * kSegs;
@@ -58,10 +69,19 @@ __device__ __forceinline__ float warp_max(float a, int width) {
   return a;
 }
 
-// Loads the tile at (m0, k0) as floats; elements outside [m, k] read as 0 (they never raise an amax).
-template <class T>
+// Four consecutive tile elements as floats (p is 4-element aligned), and the reverse.
+__device__ __forceinline__ float4 read4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+template <class S>
+__device__ __forceinline__ float4 read4(const S* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const S* e = reinterpret_cast<const S*>(&u);
+  return make_float4(to_float(e[0]), to_float(e[1]), to_float(e[2]), to_float(e[3]));
+}
+
+// Loads the tile at (m0, k0); elements outside [m, k] read as 0 (they never raise an amax).
+template <class T, class S>
 __device__ __forceinline__ void load_tile(const T* __restrict__ x, int64_t m, int64_t k, int64_t m0, int64_t k0,
-                                          float* tile) {
+                                          S* tile) {
   constexpr int V = 16 / sizeof(T);
   constexpr int kVecPerRow = kTile / V;
   constexpr int kIters = kTile * kVecPerRow / kThreads;
@@ -77,33 +97,41 @@ __device__ __forceinline__ void load_tile(const T* __restrict__ x, int64_t m, in
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       const int idx = threadIdx.x + i * kThreads;
-      float* dst = tile + (idx / kVecPerRow) * kLd + (idx % kVecPerRow) * V;
-      const T* e = reinterpret_cast<const T*>(&regs[i]);
+      S* dst = tile + (idx / kVecPerRow) * kLdOf<S> + (idx % kVecPerRow) * V;
+      if constexpr (std::is_same_v<S, T>) {
+        *reinterpret_cast<uint4*>(dst) = regs[i];
+      } else {
+        const T* e = reinterpret_cast<const T*>(&regs[i]);
 #pragma unroll
-      for (int j = 0; j < V; j += 4) {
-        *reinterpret_cast<float4*>(dst + j) =
-            make_float4(to_float(e[j]), to_float(e[j + 1]), to_float(e[j + 2]), to_float(e[j + 3]));
+        for (int j = 0; j < V; j += 4) {
+          *reinterpret_cast<float4*>(dst + j) =
+              make_float4(to_float(e[j]), to_float(e[j + 1]), to_float(e[j + 2]), to_float(e[j + 3]));
+        }
       }
     }
   } else {
     for (int idx = threadIdx.x; idx < kTile * kTile; idx += kThreads) {
       const int r = idx / kTile, c = idx % kTile;
       const int64_t gr = m0 + r, gc = k0 + c;
-      tile[r * kLd + c] = (gr < m && gc < k) ? to_float(x[gr * k + gc]) : 0.0f;
+      tile[r * kLdOf<S> + c] = from_float<S>((gr < m && gc < k) ? to_float(x[gr * k + gc]) : 0.0f);
     }
   }
 }
 
 // Stage A for rows: amax of each 32-column segment (a warp per row, 4 consecutive values per
 // lane). With rht the tile is transformed in place first.
-__device__ __forceinline__ void row_segment_amax(TileSmem s, bool rht) {
+template <class S>
+__device__ __forceinline__ void row_segment_amax(TileSmem<S> s, bool rht) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int r = warp; r < kTile; r += kWarps) {
-    float4* p = reinterpret_cast<float4*>(s.tile + r * kLd + 4 * lane);
-    float v[4] = {p->x, p->y, p->z, p->w};
-    if (rht) {
-      rht16_lanes(v, lane);
-      *p = make_float4(v[0], v[1], v[2], v[3]);
+    S* p = s.tile + r * kLdOf<S> + 4 * lane;
+    const float4 f = read4(p);
+    float v[4] = {f.x, f.y, f.z, f.w};
+    if constexpr (std::is_same_v<S, float>) {
+      if (rht) {
+        rht16_lanes(v, lane);
+        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+      }
     }
     float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
     a = warp_max(a, 8);
@@ -112,18 +140,21 @@ __device__ __forceinline__ void row_segment_amax(TileSmem s, bool rht) {
 }
 
 // Stage A for columns: a thread per column and half tile (64 rows, two 32-row segments).
-__device__ __forceinline__ void col_segment_amax(TileSmem s, bool rht) {
+template <class S>
+__device__ __forceinline__ void col_segment_amax(TileSmem<S> s, bool rht) {
   const int c = threadIdx.x % kTile, half = threadIdx.x / kTile;
   for (int seg = 2 * half; seg < 2 * half + 2; ++seg) {
     float a = 0.0f;
     for (int g = 0; g < 32; g += 16) {
       float v[16];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) v[j] = s.tile[(32 * seg + g + j) * kLd + c];
-      if (rht) {
-        rht16(v);
+      for (int j = 0; j < 16; ++j) v[j] = to_float(s.tile[(32 * seg + g + j) * kLdOf<S> + c]);
+      if constexpr (std::is_same_v<S, float>) {
+        if (rht) {
+          rht16(v);
 #pragma unroll
-        for (int j = 0; j < 16; ++j) s.tile[(32 * seg + g + j) * kLd + c] = v[j];
+          for (int j = 0; j < 16; ++j) s.tile[(32 * seg + g + j) * kLdOf<S> + c] = v[j];
+        }
       }
 #pragma unroll
       for (int j = 0; j < 16; ++j) a = fmaxf(a, fabsf(v[j]));
@@ -133,7 +164,8 @@ __device__ __forceinline__ void col_segment_amax(TileSmem s, bool rht) {
 }
 
 // 2-D blocks of B x B (B = 32 or 128): amax from the column segments, one warp per block.
-__device__ __forceinline__ void block2d_amax(TileSmem s, int B) {
+template <class S>
+__device__ __forceinline__ void block2d_amax(TileSmem<S> s, int B) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int nb = kTile / B;
   for (int b = warp; b < nb * nb; b += kWarps) {
@@ -143,14 +175,6 @@ __device__ __forceinline__ void block2d_amax(TileSmem s, int B) {
       for (int c = cb * B + lane; c < (cb + 1) * B; c += 32) a = fmaxf(a, s.seg_col[seg * kTile + c]);
     a = warp_max(a, 32);
     if (lane == 0) s.blk2d[rb * 4 + cb] = a;
-  }
-}
-
-__device__ __forceinline__ void store_scale(void* dst, int64_t i, const Scale& sc, bool e8m0) {
-  if (e8m0) {
-    static_cast<uint8_t*>(dst)[i] = sc.e8m0;
-  } else {
-    static_cast<float*>(dst)[i] = sc.inv;
   }
 }
 
@@ -164,8 +188,8 @@ __device__ __forceinline__ uint8_t quantize_one(float v, float mult, const PtQua
 }
 
 // Stage B + C for the row output.
-template <class F>
-__device__ __forceinline__ void row_output(TileSmem s, const PtQuantParams& p, int64_t m0, int64_t k0, bool first_k_tile) {
+template <class F, class S>
+__device__ __forceinline__ void row_output(TileSmem<S> s, const PtQuantParams& p, int64_t m0, int64_t k0, bool first_k_tile) {
   const int64_t m = p.m, k = p.k;
   const bool ext = p.row_block == 0;
   const int B = p.row_block;
@@ -188,14 +212,14 @@ __device__ __forceinline__ void row_output(TileSmem s, const PtQuantParams& p, i
     if (gr >= m || gc >= k) continue;
     if (ext) {
       if (p.amax_row_per_row) {
-        if (first_k_tile && sg == 0) store_scale(p.s_row, gr, sc, p.e8m0);
+        if (first_k_tile && sg == 0) store_scale_at(p.s_row, gr, sc, p.e8m0);
       } else if (gr == 0 && gc == 0) {
-        store_scale(p.s_row, 0, sc, p.e8m0);
+        store_scale_at(p.s_row, 0, sc, p.e8m0);
       }
     } else if ((32 * sg) % B == 0 && (!p.block_2d || r % B == 0)) {
       const int64_t ld = (k + B - 1) / B;
       const int64_t row = p.block_2d ? gr / B : gr;
-      store_scale(p.s_row, row * ld + gc / B, sc, p.e8m0);
+      store_scale_at(p.s_row, row * ld + gc / B, sc, p.e8m0);
     }
   }
   __syncthreads();
@@ -205,7 +229,7 @@ __device__ __forceinline__ void row_output(TileSmem s, const PtQuantParams& p, i
     const int64_t gr = m0 + r;
     if (gr >= m) break;
     if (gc >= k) continue;
-    const float4 v = *reinterpret_cast<const float4*>(s.tile + r * kLd + 4 * lane);
+    const float4 v = read4(s.tile + r * kLdOf<S> + 4 * lane);
     const float mult = s.row_mult[r * kSegs + lane / 8];
     const int64_t idx = gr * k + gc;
     uint8_t q[4] = {quantize_one<F>(v.x, mult, p, idx), quantize_one<F>(v.y, mult, p, idx + 1),
@@ -232,8 +256,8 @@ __device__ __forceinline__ void row_output(TileSmem s, const PtQuantParams& p, i
 }
 
 // Stage B + C for the column output: thread per column, 32-row segments.
-template <class F>
-__device__ __forceinline__ void col_output(TileSmem s, const PtQuantParams& p, int64_t m0, int64_t k0, bool first_m_tile) {
+template <class F, class S>
+__device__ __forceinline__ void col_output(TileSmem<S> s, const PtQuantParams& p, int64_t m0, int64_t k0, bool first_m_tile) {
   const int64_t m = p.m, k = p.k;
   const int c = threadIdx.x % kTile, half = threadIdx.x / kTile;
   const int64_t gc = k0 + c;
@@ -255,23 +279,23 @@ __device__ __forceinline__ void col_output(TileSmem s, const PtQuantParams& p, i
     if (gc >= k || gr0 >= m) continue;
     if (ext) {
       if (p.amax_col_per_col) {
-        if (first_m_tile && seg == 0) store_scale(p.s_col, gc, sc, p.e8m0);
+        if (first_m_tile && seg == 0) store_scale_at(p.s_col, gc, sc, p.e8m0);
       } else if (gc == 0 && gr0 == 0) {
-        store_scale(p.s_col, 0, sc, p.e8m0);
+        store_scale_at(p.s_col, 0, sc, p.e8m0);
       }
     } else if ((32 * seg) % B == 0 && (!p.block_2d || c % B == 0)) {
       const int64_t ldm = (m + B - 1) / B;
       if (p.col_transposed) {
-        store_scale(p.s_col, (p.block_2d ? gc / B : gc) * ldm + gr0 / B, sc, p.e8m0);
+        store_scale_at(p.s_col, (p.block_2d ? gc / B : gc) * ldm + gr0 / B, sc, p.e8m0);
       } else {
-        store_scale(p.s_col, (gr0 / B) * k + gc, sc, p.e8m0);
+        store_scale_at(p.s_col, (gr0 / B) * k + gc, sc, p.e8m0);
       }
     }
     // Quantize the 32 values of this segment.
     alignas(16) uint8_t q[32];
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
-      q[j] = quantize_one<F>(s.tile[(32 * seg + j) * kLd + c], sc.mult, p, (gr0 + j) * k + gc);
+      q[j] = quantize_one<F>(to_float(s.tile[(32 * seg + j) * kLdOf<S> + c]), sc.mult, p, (gr0 + j) * k + gc);
     }
     const bool full = gr0 + 32 <= m;
     uint8_t* base = static_cast<uint8_t*>(p.q_col);
@@ -300,10 +324,10 @@ __device__ __forceinline__ void col_output(TileSmem s, const PtQuantParams& p, i
   }
 }
 
-template <class T, class F>
-__global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const PtQuantParams p) {
+template <class T, class F, class S>
+__global__ void __launch_bounds__(kThreads, sizeof(S) == 2 ? 5 : 3) quantize_tile_kernel(const PtQuantParams p) {
   extern __shared__ __align__(16) float smem[];
-  const TileSmem s = carve(smem);
+  const TileSmem<S> s = carve<S>(smem);
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTile, k0 = static_cast<int64_t>(blockIdx.y) * kTile;
   load_tile(static_cast<const T*>(p.x), p.m, p.k, m0, k0, s.tile);
   __syncthreads();
@@ -315,15 +339,15 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const PtQuantPa
     block2d_amax(s, p.row_block);
     __syncthreads();
   }
-  if (row) row_output<F>(s, p, m0, k0, blockIdx.y == 0);
-  if (col) col_output<F>(s, p, m0, k0, blockIdx.x == 0);
+  if (row) row_output<F, S>(s, p, m0, k0, blockIdx.y == 0);
+  if (col) col_output<F, S>(s, p, m0, k0, blockIdx.x == 0);
 }
 
 // Absolute maxima into atomically updated buffers (non-negative floats order like their bits).
 template <class T>
 __global__ void __launch_bounds__(kThreads) amax_tile_kernel(const PtQuantAmaxParams p) {
   extern __shared__ __align__(16) float smem[];
-  const TileSmem s = carve(smem);
+  const TileSmem<T> s = carve<T>(smem);
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTile, k0 = static_cast<int64_t>(blockIdx.y) * kTile;
   load_tile(static_cast<const T*>(p.x), p.m, p.k, m0, k0, s.tile);
   __syncthreads();
@@ -356,115 +380,4 @@ __global__ void __launch_bounds__(kThreads) amax_tile_kernel(const PtQuantAmaxPa
   }
 }
 
-// Dequantization: a thread per 4 consecutive elements of a row; rows grid-strided.
-template <class F, class O>
-__global__ void __launch_bounds__(kThreads) dequantize_kernel(const PtDequantParams p) {
-  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * 4;
-  if (c0 >= p.k) return;
-  const uint8_t* q = static_cast<const uint8_t*>(p.q);
-  O* out = static_cast<O*>(p.out);
-  for (int64_t r = blockIdx.y; r < p.m; r += gridDim.y) {
-    const int64_t srow = (r / p.block_m) * p.ld_s;
-    for (int j = 0; j < 4 && c0 + j < p.k; ++j) {
-      const int64_t c = c0 + j;
-      uint8_t b;
-      if constexpr (F::kFp4) {
-        b = q[r * (p.k / 2) + c / 2];
-        b = (c & 1) ? (b >> 4) : (b & 15);
-      } else {
-        b = q[r * p.k + c];
-      }
-      out[r * p.k + c] = from_float<O>(F::decode(b) * decode_scale(p.s, srow + c / p.block_k, p.e8m0));
-    }
-  }
-}
-
-inline int report_launch(const char* what, char* err, size_t err_len) {
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return 0;
-  snprintf(err, err_len, "%s launch failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
-  return 1;
-}
-
-inline dim3 tile_grid(int64_t m, int64_t k) {
-  return dim3(static_cast<unsigned>((m + kTile - 1) / kTile), static_cast<unsigned>((k + kTile - 1) / kTile));
-}
-
-// Opts a tile kernel into its dynamic shared memory (above the 48 KiB default) once per device.
-template <auto kKernel>
-int reserve_smem(char* err, size_t err_len) {
-  static std::atomic<uint64_t> done{0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) dev = 63;
-  const uint64_t bit = uint64_t{1} << dev;
-  if (done.load(std::memory_order_acquire) & bit) return 0;
-  const cudaError_t e =
-      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTileSmemBytes));
-  if (e != cudaSuccess) {
-    snprintf(err, err_len, "quantization: cannot reserve %zu bytes of shared memory: %s", kTileSmemBytes,
-             cudaGetErrorString(e));
-    return 1;
-  }
-  done.fetch_or(bit, std::memory_order_acq_rel);
-  return 0;
-}
-
-// One module: input dtype T, quantized format F.
-template <class T, class F>
-struct Quantizer {
-  static int check_grid(int64_t m, int64_t k, char* err, size_t err_len) {
-    if ((m + kTile - 1) / kTile > INT32_MAX || (k + kTile - 1) / kTile > 65535) {
-      snprintf(err, err_len, "quantization: tensor [%lld, %lld] is too large for the tile grid",
-               static_cast<long long>(m), static_cast<long long>(k));
-      return 1;
-    }
-    return 0;
-  }
-
-  static int quantize(const PtQuantParams* p, char* err, size_t err_len) {
-    if (p->m <= 0 || p->k <= 0) return 0;
-    if (check_grid(p->m, p->k, err, err_len)) return 1;
-    if (reserve_smem<quantize_tile_kernel<T, F>>(err, err_len)) return 1;
-    quantize_tile_kernel<T, F>
-        <<<tile_grid(p->m, p->k), kThreads, kTileSmemBytes, static_cast<cudaStream_t>(p->stream)>>>(*p);
-    return report_launch("quantize", err, err_len);
-  }
-
-  static int amax(const PtQuantAmaxParams* p, char* err, size_t err_len) {
-    if (p->m <= 0 || p->k <= 0) return 0;
-    if (check_grid(p->m, p->k, err, err_len)) return 1;
-    if (reserve_smem<amax_tile_kernel<T>>(err, err_len)) return 1;
-    amax_tile_kernel<T><<<tile_grid(p->m, p->k), kThreads, kTileSmemBytes, static_cast<cudaStream_t>(p->stream)>>>(*p);
-    return report_launch("amax", err, err_len);
-  }
-
-  static int dequantize(const PtDequantParams* p, char* err, size_t err_len) {
-    if (p->m <= 0 || p->k <= 0) return 0;
-    const int64_t gx = (p->k + 4 * kThreads - 1) / (4 * kThreads);
-    if (gx > INT32_MAX) {
-      snprintf(err, err_len, "dequantize: last dimension %lld is too large", static_cast<long long>(p->k));
-      return 1;
-    }
-    const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(p->m < 65535 ? p->m : 65535));
-    dequantize_kernel<F, T><<<grid, kThreads, 0, static_cast<cudaStream_t>(p->stream)>>>(*p);
-    return report_launch("dequantize", err, err_len);
-  }
-};
-
 }  // namespace primus_turbo::kernels::quant
-
-// Exports Quantizer<T, F>'s entry points as pt_quantize_run / pt_quant_amax_run / pt_dequantize_run.
-#define PT_JIT_EXPORT_QUANTIZER(Kernel)                                                       \
-  PT_JIT_EXPORT_ABI_VERSION                                                                   \
-  extern "C" __attribute__((visibility("default"))) int pt_quantize_run(                      \
-      const PtQuantParams* params, char* err, size_t err_len) {                               \
-    return Kernel::quantize(params, err, err_len);                                            \
-  }                                                                                           \
-  extern "C" __attribute__((visibility("default"))) int pt_quant_amax_run(                    \
-      const PtQuantAmaxParams* params, char* err, size_t err_len) {                           \
-    return Kernel::amax(params, err, err_len);                                                \
-  }                                                                                           \
-  extern "C" __attribute__((visibility("default"))) int pt_dequantize_run(                    \
-      const PtDequantParams* params, char* err, size_t err_len) {                             \
-    return Kernel::dequantize(params, err, err_len);                                          \
-  }
