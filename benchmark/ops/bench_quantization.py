@@ -40,7 +40,7 @@ else:
 METRIC = "effective GB/s"
 FP8 = torch.float8_e4m3fn
 FP8_MAX, FP8_EMAX, FP4_EMAX = 448.0, 8, 2
-OPS = ("tensorwise", "rowwise", "blockwise", "mx_blockwise", "with_trans_blockwise", "fp4")
+OPS = ("with_trans_blockwise", "blockwise", "mx_blockwise", "tensorwise", "rowwise", "fp4")
 ENTRY = {
     "tensorwise": "quantize_fp8_tensorwise",
     "rowwise": "quantize_fp8_rowwise",
@@ -265,8 +265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     copy_gbps = bu.measure_copy_bandwidth()
     print(f"[bench_quantization] {len(cases)} cases x {len(args.ops)} ops on {gpu_name}; copy {copy_gbps:.0f} GB/s")
     rows = []
-    for case in cases:
-        for op in args.ops:
+    all_ok = True
+    # Op by op, so that each op's summary entry is written as soon as its cases are done.
+    for op in args.ops:
+        for case in cases:
             row = {"TestID": len(rows) + 1, "GPU": gpu, **run_case(case, op, dtype, copy_gbps, args)}
             rows.append(row)
             print(f"[{row['TestID']:>3}] {case.name:<28} {case.m:>6}x{case.k:<6} {op:<21} {row['Check']:<5} "
@@ -274,8 +276,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"x{row['Ratio']:.1f} {row['Note']}", flush=True)
             bu.write_csv(csv_path, rows, COLUMNS)
             torch.cuda.empty_cache()
-    all_ok = True
-    for op in args.ops:
         rs = [r for r in rows if r["Op"] == op]
         passed = [r["Check"] == "PASS" for r in rs]
         all_ok &= all(passed)
@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bu.update_summary(args.output_dir, gpu, ENTRY[op] + suffix, entry)
         print(f"[bench_quantization] {ENTRY[op]}: {entry['passed']}/{entry['cases']} passed; {entry['ours_geomean']:.0f} GB/s "
               f"({entry['bandwidth_fraction']:.2f} of copy) vs eager {entry['baseline_geomean']:.0f}: "
-              f"x{entry['ratio_geomean']:.2f} (min x{entry['ratio_min']:.2f})")
+              f"x{entry['ratio_geomean']:.2f} (min x{entry['ratio_min']:.2f})", flush=True)
     print(f"[bench_quantization] results: {csv_path}")
     return 0 if all_ok else 1
 
