@@ -274,11 +274,15 @@ def test_fp4_stochastic_rounding_is_unbiased_and_deterministic():
     inv = torch.pow(2.0, s1.view(torch.uint8).float() - 127)
     step = inv.repeat_interleave(32, 1)[:1] * 2.0  # the coarsest E2M1 spacing at that scale
     assert ((out - x).abs() <= step + 1e-6).all()  # always one of the two neighbours
-    bias = (out.double().mean(0) - row.double()[0]).abs()
-    assert (bias <= 0.05 * step[0].double()).all(), f"mean bias {bias.max():.4g}"
+    # OCP MX scales can push a block's largest values past 6 (they saturate, as with nearest
+    # rounding); every other element must be unbiased.
+    unsat = row[0].abs() <= 6.0 * inv.repeat_interleave(32, 1)[0]
+    bias = (out.double().mean(0) - row.double()[0]).abs()[unsat]
+    assert unsat.sum() >= 48
+    assert (bias <= 0.05 * step[0][unsat].double()).all(), f"mean bias {bias.max():.4g}"
     # Nearest rounding of the same data is biased somewhere; SR is not.
     rn = turbo.ops.dequantize_fp4(*turbo.ops.quantize_fp4(x, axis=-1), torch.float32, axis=-1)
-    assert (rn.double().mean(0) - row.double()[0]).abs().max() > bias.max()
+    assert (rn.double().mean(0) - row.double()[0]).abs()[unsat].max() > bias.max()
 
 
 # ---- graphs and compile ------------------------------------------------------------------------------
@@ -307,7 +311,7 @@ def test_cuda_graph_capture_and_replay():
     graph.replay()
     torch.cuda.synchronize()
     for got, want in zip(outs, run(x)):
-        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+        assert torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))
 
 
 def test_torch_compile_fullgraph():

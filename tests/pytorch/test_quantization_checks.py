@@ -82,6 +82,17 @@ def test_quantize_fp4_shapes(axis, two_d, q_shape, s_shape):
     assert out.shape == (300, 200)
 
 
+def test_fake_tensor_mode_on_cuda_device():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(130, 256, device="cuda", dtype=torch.float16)
+        q, s = turbo.ops.quantize_fp8(x, E5M2, G.BLOCKWISE, block_size=128, axis=0)
+        q4, s4 = turbo.ops.quantize_fp4(x, axis=-1, scaling_recipe=ScalingRecipe(use_rht=True, use_sr=True))
+    assert q.shape == (130, 256) and s.shape == (2, 256) and q.device.type == "cuda"
+    assert q4.shape == (130, 128) and s4.shape == (130, 8)
+
+
 def test_torch_compile_traces_without_graph_break():
     def fn(x):
         q, s = turbo.ops.quantize_fp8(x, E4M3, G.MX_BLOCKWISE, block_size=32, axis=-1)

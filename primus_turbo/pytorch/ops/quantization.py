@@ -163,6 +163,18 @@ _dequantize_op = library.define(
 )
 
 
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+
+
+def _run(op, impl, x: torch.Tensor, *args):
+    """Plain eager CUDA calls go straight to the implementation: the dispatcher's round trip into
+    Python costs tens of microseconds per call, more than the kernel on mid-size tensors. Anything
+    else (torch.compile tracing, fake/meta tensors, dispatch modes) goes through the registered op."""
+    if not torch.compiler.is_compiling() and type(x) is torch.Tensor and x.is_cuda and _dispatch_modes() == 0:
+        return impl(x, *args)
+    return op(x, *args)
+
+
 # ---- argument checks (host only, before any launch) ----------------------------------------------
 
 
@@ -252,7 +264,7 @@ def quantize_fp8(
     along_k = True if g == _TENSORWISE or two_d else _along_last(op, axis, x.dim())
     x2 = _as_2d(x)
     flags = _FLAG_2D if two_d else 0
-    q_row, s_row, q_col, s_col = _quantize_op(x2, out_dtype, g, block, along_k, not along_k, False, flags, 0)
+    q_row, s_row, q_col, s_col = _run(_quantize_op, _quantize_cuda, x2, out_dtype, g, block, along_k, not along_k, False, flags, 0)
     q, s = (q_row, s_row) if along_k else (q_col, s_col)
     return q.view(x.shape), s
 
@@ -290,7 +302,7 @@ def quantize_fp8_with_trans(
             "(2-D blocks are shared by both outputs)"
         )
     x2 = _as_2d(x)
-    return _quantize_op(x2, out_dtype, g, block, True, True, True, _FLAG_2D if two_d else 0, 0)
+    return _run(_quantize_op, _quantize_cuda, x2, out_dtype, g, block, True, True, True, _FLAG_2D if two_d else 0, 0)
 
 
 def dequantize_fp8(
@@ -317,8 +329,8 @@ def dequantize_fp8(
     check_cuda_tensors(op, x=x, scale_inv=scale_inv)
     two_d = g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe)
     along_k = True if g == _TENSORWISE or two_d else _along_last(op, axis, x.dim())
-    out = _dequantize_op(_as_2d(x), scale_inv.contiguous(), out_dtype, g, block, -1 if along_k else 0,
-                         _FLAG_2D if two_d else 0)
+    out = _run(_dequantize_op, _dequantize_cuda, _as_2d(x), scale_inv.contiguous(), out_dtype, g, block,
+               -1 if along_k else 0, _FLAG_2D if two_d else 0)
     return out.view(x.shape)
 
 
@@ -372,7 +384,7 @@ def quantize_fp4(
     flags = (_FLAG_2D if r.use_2d_block else 0) | (_FLAG_RHT if r.use_rht else 0) | (_FLAG_SR if r.use_sr else 0)
     if seed is None:
         seed = next(_seed_counter) if r.use_sr else 0
-    q_row, s_row, q_col, s_col = _quantize_op(x2, _FP4_DTYPE, g, block, along_k, not along_k, True, flags, int(seed))
+    q_row, s_row, q_col, s_col = _run(_quantize_op, _quantize_cuda, x2, _FP4_DTYPE, g, block, along_k, not along_k, True, flags, int(seed))
     q, s = (q_row, s_row) if along_k else (q_col, s_col)
     return (q.view(torch.uint8) if out_dtype == torch.uint8 and q.dtype != torch.uint8 else q), s
 
@@ -407,5 +419,5 @@ def dequantize_fp4(
     along_k = _along_last(op, axis, 2)
     flags = _FLAG_2D if _use_2d(scaling_recipe) else 0
     q = x if x.dtype == _FP4_DTYPE else x.view(_FP4_DTYPE)
-    out = _dequantize_op(q.contiguous(), scale_inv.contiguous(), out_dtype, g, block, -1, flags)
+    out = _run(_dequantize_op, _dequantize_cuda, q.contiguous(), scale_inv.contiguous(), out_dtype, g, block, -1, flags)
     return out if along_k else out.t()
