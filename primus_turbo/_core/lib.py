@@ -103,6 +103,11 @@ _PROTOTYPES = {
     "pt_moe_unpermute": (_i32, [_T, _T, _T, _T, _T, _T, _vp]),
     "pt_moe_unpermute_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _vp]),
     "pt_moe_permute_prepare": (_i32, [_i32, _i32]),
+    # quantization (csrc/include/primus_turbo/quantization.h)
+    "pt_quantize": (_i32, [_T, _T, _T, _T, _T, _i32, _i32, _i32, _i32, ctypes.c_uint64, _vp, _sz, _vp]),
+    "pt_quantize_workspace_bytes": (_sz, [_i64, _i64, _i32]),
+    "pt_dequantize": (_i32, [_T, _T, _T, _i32, _i32, _i32, _i32, _vp]),
+    "pt_quantize_prepare": (_i32, [_i32, _i32]),
 }
 
 

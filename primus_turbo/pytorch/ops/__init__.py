@@ -5,6 +5,13 @@ from primus_turbo.pytorch.ops.gemm import gemm  # noqa: F401
 from primus_turbo.pytorch.ops.moe_permute import token_permute, token_unpermute  # noqa: F401
 from primus_turbo.pytorch.ops.normalization import layernorm, rmsnorm, rmsnorm_residual  # noqa: F401
 from primus_turbo.pytorch.ops.rope import rope, rope_cos_sin  # noqa: F401
+from primus_turbo.pytorch.ops.quantization import (  # noqa: F401
+    dequantize_fp4,
+    dequantize_fp8,
+    quantize_fp4,
+    quantize_fp8,
+    quantize_fp8_with_trans,
+)
 
 __all__ = [
     "gemm",
@@ -19,4 +26,9 @@ __all__ = [
     "rope_cos_sin",
     "token_permute",
     "token_unpermute",
+    "quantize_fp8",
+    "quantize_fp8_with_trans",
+    "dequantize_fp8",
+    "quantize_fp4",
+    "dequantize_fp4",
 ]

@@ -1,0 +1,192 @@
+// Quantization along the last dim of a contiguous [m, k] tensor when only that output is wanted
+// (1-D blocks, or a scale from a device amax): no shared memory and no barriers, so occupancy is
+// high and the loop keeps two 16-byte loads per lane in flight. A warp takes 256 consecutive
+// elements of a row (8 per lane); a scale group of 32 / 64 / 128 elements is 4 / 8 / 16 lanes,
+// reduced with shuffles.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "primus_turbo/kernels/quantization/quant_abi.h"
+#include "primus_turbo/kernels/quantization/quant_formats.cuh"
+
+namespace primus_turbo::kernels::quant {
+
+constexpr int kRowThreads = 256;
+constexpr int kRowElems = 8;                   // per lane
+constexpr int kRowChunk = 32 * kRowElems;      // elements of a row per warp step
+constexpr int kRowUnroll = 2;                  // chunks per warp in flight
+
+template <class T>
+__device__ __forceinline__ void load8(const T* __restrict__ x, int64_t m, int64_t k, int64_t r, int64_t c, bool vec,
+                                      float (&v)[kRowElems]) {
+  if (r < m && vec && c < k) {
+    const T* p = x + r * k + c;
+    if constexpr (sizeof(T) == 2) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+      const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int j = 0; j < kRowElems; ++j) v[j] = to_float(e[j]);
+    } else {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+      const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kRowElems; ++j) v[j] = (r < m && c + j < k) ? to_float(x[r * k + c + j]) : 0.0f;
+  }
+}
+
+// 16-point random Hadamard transform with 8 values per lane: lanes 2g and 2g+1 hold one group.
+__device__ __forceinline__ void rht16_pair(float (&v)[kRowElems], int lane) {
+  const int base = (lane & 1) * 8;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] *= rht_sign(base + j);
+#pragma unroll
+  for (int h = 1; h < 8; h <<= 1) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if ((j & h) == 0) {
+        const float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float p = __shfl_xor_sync(0xffffffffu, v[j], 1);
+    v[j] = ((lane & 1) ? p - v[j] : v[j] + p) * 0.25f;
+  }
+}
+
+template <class T, class F>
+__global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const PtQuantParams p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t m = p.m, k = p.k;
+  const int64_t chunks_per_row = (k + kRowChunk - 1) / kRowChunk;
+  const int64_t total = m * chunks_per_row;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowThreads / 32);
+  const bool vec = k % kRowElems == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  const bool ext = p.row_block == 0;
+  const int group_lanes = ext ? 32 : p.row_block / kRowElems;
+  const int64_t ld_s = ext ? 0 : (k + p.row_block - 1) / p.row_block;
+  const T* x = static_cast<const T*>(p.x);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kRowThreads / 32) + threadIdx.x / 32; base < total;
+       base += warps * kRowUnroll) {
+    float v[kRowUnroll][kRowElems];
+    int64_t row[kRowUnroll], col[kRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t chunk = base + u * warps;
+      row[u] = chunk < total ? chunk / chunks_per_row : m;  // m: nothing to do
+      col[u] = chunk < total ? (chunk % chunks_per_row) * kRowChunk + lane * kRowElems : k;
+      load8(x, m, k, row[u], col[u], vec, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t r = row[u], c = col[u];
+      if (p.rht) rht16_pair(v[u], lane);
+      float amax;
+      if (ext) {
+        amax = p.amax_row_per_row ? (r < m ? p.amax_row[r] : 0.0f) : p.amax_row[0];
+      } else {
+        amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kRowElems; ++j) amax = fmaxf(amax, fabsf(v[u][j]));
+        for (int o = 1; o < group_lanes; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      }
+      if (r >= m || c >= k) continue;
+      const Scale sc = make_scale<F>(amax, p.e8m0);
+      if (ext) {
+        if (c == 0 && (p.amax_row_per_row || r == 0)) store_scale_at(p.s_row, p.amax_row_per_row ? r : 0, sc, p.e8m0);
+      } else if (lane % group_lanes == 0) {
+        store_scale_at(p.s_row, r * ld_s + c / p.row_block, sc, p.e8m0);
+      }
+      uint8_t q[kRowElems];
+#pragma unroll
+      for (int j = 0; j < kRowElems; ++j) {
+        if constexpr (F::kFp4) {
+          q[j] = p.sr ? F::encode_sr(v[u][j] * sc.mult, hash_uniform(p.seed, static_cast<uint64_t>(r * k + c + j)))
+                      : F::encode(v[u][j] * sc.mult);
+        } else {
+          q[j] = F::encode(v[u][j] * sc.mult);
+        }
+      }
+      const bool full = c + kRowElems <= k;
+      if constexpr (F::kFp4) {
+        uint8_t* out = static_cast<uint8_t*>(p.q_row) + r * (k / 2) + c / 2;
+        uint32_t packed = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) packed |= static_cast<uint32_t>(q[2 * j] | (q[2 * j + 1] << 4)) << (8 * j);
+        if (full && k % kRowElems == 0) {
+          *reinterpret_cast<uint32_t*>(out) = packed;
+        } else {
+          for (int j = 0; j < 4 && c + 2 * j < k; ++j) out[j] = static_cast<uint8_t>(packed >> (8 * j));
+        }
+      } else {
+        uint8_t* out = static_cast<uint8_t*>(p.q_row) + r * k + c;
+        if (full && k % kRowElems == 0) {
+          uint2 w;
+          w.x = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<uint32_t>(q[3]) << 24);
+          w.y = q[4] | (q[5] << 8) | (q[6] << 16) | (static_cast<uint32_t>(q[7]) << 24);
+          *reinterpret_cast<uint2*>(out) = w;
+        } else {
+          for (int j = 0; j < kRowElems && c + j < k; ++j) out[j] = q[j];
+        }
+      }
+    }
+  }
+}
+
+// amax of the whole tensor and/or of each row, same walk as above; one atomic per warp chunk.
+template <class T>
+__global__ void __launch_bounds__(kRowThreads) amax_rows_kernel(const PtQuantAmaxParams p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t m = p.m, k = p.k;
+  const int64_t chunks_per_row = (k + kRowChunk - 1) / kRowChunk;
+  const int64_t total = m * chunks_per_row;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowThreads / 32);
+  const bool vec = k % kRowElems == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  const T* x = static_cast<const T*>(p.x);
+  float tensor_amax = 0.0f;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * (kRowThreads / 32) + threadIdx.x / 32; base < total;
+       base += warps * kRowUnroll) {
+    float v[kRowUnroll][kRowElems];
+    int64_t row[kRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t chunk = base + u * warps;
+      row[u] = chunk < total ? chunk / chunks_per_row : m;
+      const int64_t c = chunk < total ? (chunk % chunks_per_row) * kRowChunk + lane * kRowElems : k;
+      load8(x, m, k, row[u], c, vec, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      float a = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kRowElems; ++j) a = fmaxf(a, fabsf(v[u][j]));
+      tensor_amax = fmaxf(tensor_amax, a);
+      if (p.amax_rows) {
+        for (int o = 1; o < 32; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        if (lane == 0 && row[u] < m) atomicMax(reinterpret_cast<int*>(p.amax_rows + row[u]), __float_as_int(a));
+      }
+    }
+  }
+  if (p.amax_tensor) {
+    for (int o = 1; o < 32; o <<= 1) tensor_amax = fmaxf(tensor_amax, __shfl_xor_sync(0xffffffffu, tensor_amax, o));
+    __shared__ float warp_amax[kRowThreads / 32];
+    if (lane == 0) warp_amax[threadIdx.x / 32] = tensor_amax;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float t = 0.0f;
+      for (int w = 0; w < kRowThreads / 32; ++w) t = fmaxf(t, warp_amax[w]);
+      atomicMax(reinterpret_cast<int*>(p.amax_tensor), __float_as_int(t));
+    }
+  }
+}
+
+}  // namespace primus_turbo::kernels::quant

@@ -1,0 +1,151 @@
+// The quantization JIT module: Quantizer<T, F> picks the kernel for a request (row-only outputs:
+// quantize_rows.cuh; column, transposed or 2-D outputs: quantize_tile.cuh), and dequantizes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+
+#include "primus_turbo/kernels/jit_export.cuh"
+#include "primus_turbo/kernels/quantization/quant_abi.h"
+#include "primus_turbo/kernels/quantization/quant_formats.cuh"
+#include "primus_turbo/kernels/quantization/quantize_rows.cuh"
+#include "primus_turbo/kernels/quantization/quantize_tile.cuh"
+
+namespace primus_turbo::kernels::quant {
+
+// Dequantization: a thread per 4 consecutive elements of a row; rows grid-strided.
+template <class F, class O>
+__global__ void __launch_bounds__(kThreads) dequantize_kernel(const PtDequantParams p) {
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * 4;
+  if (c0 >= p.k) return;
+  const uint8_t* q = static_cast<const uint8_t*>(p.q);
+  O* out = static_cast<O*>(p.out);
+  for (int64_t r = blockIdx.y; r < p.m; r += gridDim.y) {
+    const int64_t srow = (r / p.block_m) * p.ld_s;
+    for (int j = 0; j < 4 && c0 + j < p.k; ++j) {
+      const int64_t c = c0 + j;
+      uint8_t b;
+      if constexpr (F::kFp4) {
+        b = q[r * (p.k / 2) + c / 2];
+        b = (c & 1) ? (b >> 4) : (b & 15);
+      } else {
+        b = q[r * p.k + c];
+      }
+      out[r * p.k + c] = from_float<O>(F::decode(b) * decode_scale(p.s, srow + c / p.block_k, p.e8m0));
+    }
+  }
+}
+
+inline int report_launch(const char* what, char* err, size_t err_len) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return 0;
+  snprintf(err, err_len, "%s launch failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  return 1;
+}
+
+inline dim3 tile_grid(int64_t m, int64_t k) {
+  return dim3(static_cast<unsigned>((m + kTile - 1) / kTile), static_cast<unsigned>((k + kTile - 1) / kTile));
+}
+
+// Opts a tile kernel into its dynamic shared memory (above the 48 KiB default) once per device.
+template <auto kKernel, size_t kBytes>
+int reserve_smem(char* err, size_t err_len) {
+  static std::atomic<uint64_t> done{0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) dev = 63;
+  const uint64_t bit = uint64_t{1} << dev;
+  if (done.load(std::memory_order_acquire) & bit) return 0;
+  const cudaError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
+  if (e != cudaSuccess) {
+    snprintf(err, err_len, "quantization: cannot reserve %zu bytes of shared memory: %s", kBytes, cudaGetErrorString(e));
+    return 1;
+  }
+  done.fetch_or(bit, std::memory_order_acq_rel);
+  return 0;
+}
+
+template <class T, class F, class S>
+int launch_tile(const PtQuantParams* p, cudaStream_t stream, char* err, size_t err_len) {
+  constexpr size_t bytes = tile_smem_bytes<S>();
+  if (reserve_smem<quantize_tile_kernel<T, F, S>, bytes>(err, err_len)) return 1;
+  quantize_tile_kernel<T, F, S><<<tile_grid(p->m, p->k), kThreads, bytes, stream>>>(*p);
+  return report_launch("quantize", err, err_len);
+}
+
+// One module: input dtype T, quantized format F.
+template <class T, class F>
+struct Quantizer {
+  static int check_grid(int64_t m, int64_t k, char* err, size_t err_len) {
+    if ((m + kTile - 1) / kTile > INT32_MAX || (k + kTile - 1) / kTile > 65535) {
+      snprintf(err, err_len, "quantization: tensor [%lld, %lld] is too large for the tile grid",
+               static_cast<long long>(m), static_cast<long long>(k));
+      return 1;
+    }
+    return 0;
+  }
+
+  static int quantize(const PtQuantParams* p, char* err, size_t err_len) {
+    if (p->m <= 0 || p->k <= 0) return 0;
+    auto stream = static_cast<cudaStream_t>(p->stream);
+    if (p->q_col == nullptr && !p->block_2d) {
+      const int64_t chunks = p->m * ((p->k + kRowChunk - 1) / kRowChunk);
+      const int64_t grid = std::min<int64_t>((chunks + 8 * kRowUnroll - 1) / (8 * kRowUnroll), INT32_MAX);
+      quantize_rows_kernel<T, F><<<static_cast<unsigned>(grid), kRowThreads, 0, stream>>>(*p);
+      return report_launch("quantize (rows)", err, err_len);
+    }
+    if (check_grid(p->m, p->k, err, err_len)) return 1;
+    if (sizeof(T) == 4 || p->rht) return launch_tile<T, F, float>(p, stream, err, err_len);
+    return launch_tile<T, F, T>(p, stream, err, err_len);
+  }
+
+  static int amax(const PtQuantAmaxParams* p, char* err, size_t err_len) {
+    if (p->m <= 0 || p->k <= 0) return 0;
+    auto stream = static_cast<cudaStream_t>(p->stream);
+    if (p->amax_cols == nullptr) {
+      const int64_t chunks = p->m * ((p->k + kRowChunk - 1) / kRowChunk);
+      // Enough blocks to fill the GPU; each warp then walks many chunks (fewer atomics).
+      const int64_t grid = std::min<int64_t>((chunks + 8 * kRowUnroll - 1) / (8 * kRowUnroll), 132 * 8);
+      amax_rows_kernel<T><<<static_cast<unsigned>(grid), kRowThreads, 0, stream>>>(*p);
+      return report_launch("amax (rows)", err, err_len);
+    }
+    if (check_grid(p->m, p->k, err, err_len)) return 1;
+    constexpr size_t bytes = tile_smem_bytes<T>();
+    if (reserve_smem<amax_tile_kernel<T>, bytes>(err, err_len)) return 1;
+    amax_tile_kernel<T><<<tile_grid(p->m, p->k), kThreads, bytes, stream>>>(*p);
+    return report_launch("amax", err, err_len);
+  }
+
+  static int dequantize(const PtDequantParams* p, char* err, size_t err_len) {
+    if (p->m <= 0 || p->k <= 0) return 0;
+    const int64_t gx = (p->k + 4 * kThreads - 1) / (4 * kThreads);
+    if (gx > INT32_MAX) {
+      snprintf(err, err_len, "dequantize: last dimension %lld is too large", static_cast<long long>(p->k));
+      return 1;
+    }
+    const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(p->m < 65535 ? p->m : 65535));
+    dequantize_kernel<F, T><<<grid, kThreads, 0, static_cast<cudaStream_t>(p->stream)>>>(*p);
+    return report_launch("dequantize", err, err_len);
+  }
+};
+
+}  // namespace primus_turbo::kernels::quant
+
+// Exports Quantizer<T, F>'s entry points as pt_quantize_run / pt_quant_amax_run / pt_dequantize_run.
+#define PT_JIT_EXPORT_QUANTIZER(Kernel)                                                       \
+  PT_JIT_EXPORT_ABI_VERSION                                                                   \
+  extern "C" __attribute__((visibility("default"))) int pt_quantize_run(                      \
+      const PtQuantParams* params, char* err, size_t err_len) {                               \
+    return Kernel::quantize(params, err, err_len);                                            \
+  }                                                                                           \
+  extern "C" __attribute__((visibility("default"))) int pt_quant_amax_run(                    \
+      const PtQuantAmaxParams* params, char* err, size_t err_len) {                           \
+    return Kernel::amax(params, err, err_len);                                                \
+  }                                                                                           \
+  extern "C" __attribute__((visibility("default"))) int pt_dequantize_run(                    \
+      const PtDequantParams* params, char* err, size_t err_len) {                             \
+    return Kernel::dequantize(params, err, err_len);                                          \
+  }
