@@ -178,3 +178,5 @@ PT_API pt_status pt_rmsnorm_prepare(int32_t dtype, int32_t gamma_dtype, int64_t 
 #ifdef __cplusplus
 }
 #endif
+
+#include "primus_turbo/grouped_gemm.h"
