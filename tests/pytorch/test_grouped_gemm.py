@@ -172,9 +172,11 @@ def test_cuda_graph_replay_with_new_group_sizes():
         static_out = turbo.ops.grouped_gemm(a, b, lens, trans_b=True)
         static_out.backward(grad_out)
     for seed in range(3):
-        new = _lens("skewed" if seed else "zeros", g, m // g, seed=seed).cpu()
-        new[-1] += m - new.sum()  # keep the total at m
-        lens.copy_(new.cuda())
+        # m tokens over a random subset of experts (the others empty), summing to m exactly.
+        gen = torch.Generator().manual_seed(seed)
+        experts = torch.randperm(g, generator=gen)[: max(1, g - 2 * seed)]
+        picks = experts[torch.randint(0, len(experts), (m,), generator=gen)]
+        lens.copy_(torch.bincount(picks, minlength=g).cuda())
         graph.replay()
         torch.cuda.synchronize()
         ref, da, db = _reference(a.detach(), b.detach(), lens, grad_out, True)

@@ -4,6 +4,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "ops/grouped_gemm/grouped_gemm_configs.h"
 #include "ops/grouped_gemm/grouped_gemm_kernels.h"
 #include "primus_turbo/grouped_gemm.h"
 #include "runtime/device.h"

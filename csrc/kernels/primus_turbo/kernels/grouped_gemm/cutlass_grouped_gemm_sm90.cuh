@@ -146,17 +146,17 @@ __global__ void __launch_bounds__(kSetupThreads)
   }
 }
 
-// Reduction split: d[g] = 0 for every group whose reduction is empty. Grid (chunks, groups); a
-// block of a non-empty group returns at once.
-template <class Shape, class ElementD>
-__global__ void zero_empty_groups(const Shape* __restrict__ shapes, ElementD* d, int64_t group_elems) {
+// Reduction split: d[g] = 0 for every group whose reduction is empty, in 16-byte stores (a group
+// is m * n elements with n a multiple of 16 bytes). Grid (chunks, groups); a block of a non-empty
+// group returns at once.
+template <class Shape>
+__global__ void zero_empty_groups(const Shape* __restrict__ shapes, uint4* d, int64_t group_vecs) {
   const int64_t g = blockIdx.y;
   if (cute::get<2>(shapes[g]) != 0) return;
-  ElementD* dst = d + g * group_elems;
-  const ElementD zero(0);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < group_elems;
+  uint4* dst = d + g * group_vecs;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < group_vecs;
        i += int64_t(gridDim.x) * blockDim.x) {
-    dst[i] = zero;
+    dst[i] = make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -243,10 +243,10 @@ struct CutlassGroupedGemmSm90 {
           arr, p->group_lens, p->group_offs, p->num_groups, p->rows, int(p->m), int(p->n),
           int(p->k), static_cast<const ElementA*>(p->a), static_cast<const ElementB*>(p->b),
           static_cast<ElementD*>(p->d));
-      const int64_t elems = p->m * p->n;
-      const int64_t chunks = std::min<int64_t>(32, (elems + 255) / 256);
+      const int64_t vecs = p->m * p->n * int64_t(sizeof(ElementD)) / 16;
+      const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(128, (vecs + 255) / 256));
       zero_empty_groups<<<dim3(unsigned(chunks), unsigned(p->num_groups)), 256, 0, stream>>>(
-          arr.shapes, static_cast<ElementD*>(p->d), elems);
+          arr.shapes, static_cast<uint4*>(p->d), vecs);
     } else {
       setup_groups<false, kAKMajor, kBKMajor><<<1, kSetupThreads, 0, stream>>>(
           arr, p->group_lens, p->group_offs, p->num_groups, p->rows, int(p->m), int(p->n),
