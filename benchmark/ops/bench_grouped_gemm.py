@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,6 +67,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-dir", default=str(bu.DEFAULT_RESULTS_DIR))
     p.add_argument("--tag", default=None, help="suffix of the file and summary-entry names")
     p.add_argument("--iters", type=int, default=bu.MIN_TIMED_ITERS)
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds; start no new case after this (the summary covers the cases run)")
     p.add_argument("--no-summary", action="store_true")
     p.add_argument("--seed", type=int, default=1234)
     args = p.parse_args(argv)
@@ -169,11 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench_grouped_gemm: no CUDA device", file=sys.stderr)
         return 2
     import primus_turbo.pytorch as turbo  # noqa: F401  (registers the ops)
-    from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager
+    from primus_turbo.pytorch.core.backend import GlobalBackendManager
 
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.autotune:
-        GlobalBackendManager.set_grouped_gemm_backend(BackendType.CUTLASS, auto_tune=True)
+        GlobalBackendManager.set_grouped_gemm_backend(auto_tune=True)
     dtype = bu.DTYPES[args.dtype]
     cases = select_cases(args)
     gpu_name = torch.cuda.get_device_name()
@@ -185,7 +188,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"[bench_grouped_gemm] {len(cases)} cases on {gpu_name}; autotune={args.autotune}", flush=True)
 
     rows = []
+    start = time.monotonic()
     for i, case in enumerate(cases, 1):
+        if args.time_budget is not None and time.monotonic() - start > args.time_budget:
+            print(f"[bench_grouped_gemm] time budget reached: {i - 1} of {len(cases)} cases run", flush=True)
+            break
         row = {
             "TestID": i, "GPU": gpu, "Case": case.name, "EP": case.EP, "G": case.G,
             "Tokens/Expert": case.tokens_per_expert, "Balanced": case.balanced, "M": case.total_tokens,
@@ -222,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dtype=args.dtype,
         autotune=args.autotune,
         case_set="quick" if args.quick else ("default" if args.default_set else "subset"),
+        cases_planned=len(cases),
         forward_ratio_geomean=bu.geomean(r["Forward Ratio"] for r, p in zip(rows, passed) if p),
         backward_ratio_geomean=bu.geomean(r["Backward Ratio"] for r, p in zip(rows, passed) if p),
         torch=torch.__version__,

@@ -105,8 +105,7 @@ TEST(GroupedGemmProblem, ArgumentErrors) {
   f.offs.shape[0] = G;
   EXPECT_THAT(std::string(error_of([&] { make_problem(&f.args); }).what()), HasSubstr("'group_offs' has shape"));
   Call g(true, true);
-  g.d.shape[1] = K;
-  g.d.shape[2] = N;
+  g.d = packed(g_d, PT_BFLOAT16, {G, K, N});  // trans_b wants [G, N, K]
   EXPECT_THAT(std::string(error_of([&] { make_problem(&g.args); }).what()), HasSubstr("argument 'out' has shape"));
 }
 
