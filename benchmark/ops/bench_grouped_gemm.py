@@ -125,10 +125,10 @@ def run_case(row: dict, case, dtype, args) -> None:
     lens = lens_cpu.cuda()
     offs32 = torch.cumsum(lens_cpu, 0).to(torch.int32).cuda()
     ops = torch.ops.primus_turbo
-    ours_fwd = lambda: ops.grouped_gemm(x, w, lens, None, True)  # noqa: E731
-    ours_bwd = lambda: (ops.grouped_gemm(grad, w, lens, None, False), ops.grouped_gemm_wgrad(x, grad, lens, None, True))  # noqa: E731
-    base_fwd = lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs32)  # noqa: E731
-    base_bwd = lambda: (torch._grouped_mm(grad, w, offs=offs32), torch._grouped_mm(grad.t(), x, offs=offs32))  # noqa: E731
+    ours_fwd = lambda: ops.grouped_gemm(x, w, lens, None, True)
+    ours_bwd = lambda: (ops.grouped_gemm(grad, w, lens, None, False), ops.grouped_gemm_wgrad(x, grad, lens, None, True))
+    base_fwd = lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs32)
+    base_bwd = lambda: (torch._grouped_mm(grad, w, offs=offs32), torch._grouped_mm(grad.t(), x, offs=offs32))
 
     flops = case.fwd_flops
     refs = references(lens_cpu, x, w, grad)

@@ -3,9 +3,9 @@ reference, group-size distributions, CUDA graphs with sizes changed between repl
 
 import pytest
 import torch
+from turbo_test_utils import assert_gate, poison_allocator
 
 import primus_turbo.pytorch as turbo
-from turbo_test_utils import assert_gate, poison_allocator
 
 pytestmark = pytest.mark.gpu
 

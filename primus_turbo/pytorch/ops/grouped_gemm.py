@@ -64,7 +64,7 @@ def _forward_shape(a, b, group_lens, group_offs, trans_b: bool):
             f"grouped_gemm: inner dimensions do not match: 'a' is {tuple(a.shape)} but 'b' {tuple(b.shape)} "
             f"has K = {kb} (trans_b={trans_b})"
         )
-    tensors = dict(a=a, b=b, group_lens=group_lens)
+    tensors = {"a": a, "b": b, "group_lens": group_lens}
     if group_offs is not None:
         tensors["group_offs"] = group_offs
     check_cuda_tensors("grouped_gemm", **tensors)
