@@ -6,6 +6,11 @@
 A CUTLASS GEMM module depends on dtypes, operand layouts and the tile configuration, not on
 M/N/K, so this compiles per (dtype, layout, config). Layout codes name the contiguous dimension of
 each operand: AkBk is a Linear forward (x @ w^T), AkBn its dgrad, AmBn its wgrad. No GPU is needed.
+
+    python -m primus_turbo.precompile --op grouped_gemm --dtype bf16   # MoE grouped GEMM modules
+
+Grouped GEMM layouts: AkBn is the forward with b [G, K, N] (and the dgrad of trans_b=True), AkBk
+the forward with trans_b=True (and the dgrad of trans_b=False), AmBn every wgrad.
 """
 
 import argparse
@@ -15,8 +20,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import List, Sequence, Tuple
 
+import ctypes
+
 from primus_turbo._core import PtTensor, check, lib
-from primus_turbo._core.lib import string_out
+from primus_turbo._core.lib import PtGroupedGemmArgs, string_out
 
 BACKEND_CUTLASS = 2
 _DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2}
@@ -25,14 +32,58 @@ LAYOUTS = {"AkBk": (0, 1), "AkBn": (0, 0), "AmBn": (1, 0), "AmBk": (1, 1)}
 _FAKE_PTR = 1 << 20  # a 16-byte aligned address: descriptors are inspected, never dereferenced
 
 
-def _matrix(rows: int, cols: int, dtype: int) -> PtTensor:
+def _tensor(shape: Sequence[int], dtype: int) -> PtTensor:
+    """A contiguous descriptor at a fake address."""
     t = PtTensor()
     t.data = _FAKE_PTR
     t.dtype = dtype
-    t.ndim = 2
-    t.shape[0], t.shape[1] = rows, cols
-    t.strides[0], t.strides[1] = cols, 1
+    t.ndim = len(shape)
+    stride = 1
+    for i in reversed(range(len(shape))):
+        t.shape[i], t.strides[i] = shape[i], stride
+        stride *= shape[i]
     return t
+
+
+def _matrix(rows: int, cols: int, dtype: int) -> PtTensor:
+    return _tensor((rows, cols), dtype)
+
+
+# Grouped GEMM layout code -> (wgrad, trans_b) of a call that uses it.
+GROUPED_LAYOUTS = {"AkBn": (0, 0), "AkBk": (0, 1), "AmBn": (1, 0)}
+_INT64 = 8
+
+
+def _grouped_args(dtype: int, layout: str, g: int = 4, size: int = 256):
+    wgrad, trans_b = GROUPED_LAYOUTS[layout]
+    parts = [
+        _tensor((size, size), dtype),
+        _tensor((size, size) if wgrad else (g, size, size), dtype),
+        _tensor((g,), _INT64),
+        None,
+        _tensor((g, size, size) if wgrad else (size, size), dtype),
+    ]
+    ptrs = [ctypes.pointer(t) if t is not None else None for t in parts]
+    args = PtGroupedGemmArgs(*ptrs, wgrad, trans_b)
+    args._keep = parts  # the descriptors must outlive the struct that points at them
+    return args
+
+
+def num_grouped_configs() -> int:
+    return lib.pt_grouped_gemm_num_configs(BACKEND_CUTLASS)
+
+
+def grouped_config_name(dtype: str, layout: str, config: int) -> str:
+    args = _grouped_args(_DTYPES[dtype], layout)
+    name = string_out(lib.pt_grouped_gemm_config_name, ctypes.byref(args), BACKEND_CUTLASS, config, size=256)
+    return f"grouped_gemm {dtype} {layout} {name}"
+
+
+def compile_grouped_one(dtype: str, layout: str, config: int) -> float:
+    args = _grouped_args(_DTYPES[dtype], layout)
+    start = time.time()
+    check(lib.pt_grouped_gemm_prepare(ctypes.byref(args), BACKEND_CUTLASS, config))
+    return time.time() - start
 
 
 def _problem(dtype: int, out_dtype: int, layout: str, size: int = 256):
@@ -60,14 +111,26 @@ def compile_one(dtype: str, out_dtype: str, layout: str, config: int) -> float:
     return time.time() - start
 
 
-def compile_all(jobs: Sequence[Tuple[str, str, str, int]], workers: int, quiet: bool = False) -> List[str]:
+def _job_fns(job: Tuple):
+    """GEMM jobs are (dtype, out_dtype, layout, config); grouped ones ("grouped_gemm", dtype,
+    layout, config)."""
+    if job[0] == "grouped_gemm":
+        return compile_grouped_one, grouped_config_name, job[1:]
+    return compile_one, config_name, job
+
+
+def compile_all(jobs: Sequence[Tuple], workers: int, quiet: bool = False) -> List[str]:
     """Compiles jobs in parallel; returns the error messages (empty when all succeeded)."""
     errors = []
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = {pool.submit(compile_one, *job): job for job in jobs}
+        futures = {}
+        for job in jobs:
+            fn, _, args = _job_fns(job)
+            futures[pool.submit(fn, *args)] = job
         for done, fut in enumerate(as_completed(futures), 1):
             job = futures[fut]
-            label = config_name(*job)
+            _, namer, args = _job_fns(job)
+            label = namer(*args)
             try:
                 seconds = fut.result()
                 status = f"ok ({seconds:.1f} s)"
@@ -82,21 +145,29 @@ def compile_all(jobs: Sequence[Tuple[str, str, str, int]], workers: int, quiet: 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--op", nargs="+", default=["gemm"], choices=["gemm", "grouped_gemm"])
     p.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
     p.add_argument("--out-dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp32"],
                    help="output dtypes (default: same as the input; add fp32 for main_grad accumulation)")
-    p.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    p.add_argument("--layouts", nargs="+", default=None, choices=sorted(set(LAYOUTS) | set(GROUPED_LAYOUTS)),
+                   help="default: every layout of the op")
     p.add_argument("--configs", nargs="+", type=int, default=None, help="config indices (default: all)")
     p.add_argument("--gemm", nargs="*", default=None,
                    help="MxNxK shapes (accepted for convenience; kernels do not depend on sizes)")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     args = p.parse_args(argv)
-    configs = args.configs if args.configs is not None else list(range(num_cutlass_configs()))
     jobs = []
-    for dt in args.dtype:
-        for out in args.out_dtype or [dt]:
-            for layout in args.layouts:
-                jobs.extend((dt, out, layout, c) for c in configs)
+    if "gemm" in args.op:
+        configs = args.configs if args.configs is not None else list(range(num_cutlass_configs()))
+        for dt in args.dtype:
+            for out in args.out_dtype or [dt]:
+                for layout in [x for x in args.layouts or LAYOUTS if x in LAYOUTS]:
+                    jobs.extend((dt, out, layout, c) for c in configs)
+    if "grouped_gemm" in args.op:
+        configs = args.configs if args.configs is not None else list(range(num_grouped_configs()))
+        for dt in args.dtype:
+            for layout in [x for x in args.layouts or GROUPED_LAYOUTS if x in GROUPED_LAYOUTS]:
+                jobs.extend(("grouped_gemm", dt, layout, c) for c in configs)
     print(f"compiling {len(jobs)} kernel modules with {args.jobs} workers", flush=True)
     errors = compile_all(jobs, args.jobs)
     for e in errors:

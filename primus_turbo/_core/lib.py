@@ -39,6 +39,20 @@ class PtTensor(ctypes.Structure):
     ]
 
 
+class PtGroupedGemmArgs(ctypes.Structure):
+    """pt_grouped_gemm_args (csrc/include/primus_turbo/grouped_gemm.h)."""
+
+    _fields_ = [
+        ("a", ctypes.POINTER(PtTensor)),
+        ("b", ctypes.POINTER(PtTensor)),
+        ("group_lens", ctypes.POINTER(PtTensor)),
+        ("group_offs", ctypes.POINTER(PtTensor)),
+        ("d", ctypes.POINTER(PtTensor)),
+        ("wgrad", ctypes.c_int32),
+        ("trans_b", ctypes.c_int32),
+    ]
+
+
 def _library_path() -> Path:
     override = os.environ.get("PRIMUS_TURBO_LIBRARY")
     if override:
@@ -81,6 +95,13 @@ _PROTOTYPES = {
     "pt_gemm_plan_run": (_i32, [_vp, _vp, _vp, _vp, _vp, _sz, _vp]),
     "pt_gemm_plan_needs_workspace": (_i32, [_vp]),
     "pt_gemm_plan_destroy": (None, [_vp]),
+    "pt_grouped_gemm": (_i32, [_P(PtGroupedGemmArgs), _i32, _i32, _vp, _sz, _vp]),
+    "pt_grouped_gemm_query": (_i32, [_P(PtGroupedGemmArgs), _i32, _P(_i32), _P(_i32), _cp, _sz]),
+    "pt_grouped_gemm_workspace_size": (_i32, [_P(PtGroupedGemmArgs), _i32, _i32, _P(_sz)]),
+    "pt_grouped_gemm_prepare": (_i32, [_P(PtGroupedGemmArgs), _i32, _i32]),
+    "pt_grouped_gemm_config_name": (_i32, [_P(PtGroupedGemmArgs), _i32, _i32, _cp, _sz]),
+    "pt_grouped_gemm_problem_key": (_i32, [_P(PtGroupedGemmArgs), _cp, _sz]),
+    "pt_grouped_gemm_num_configs": (_i32, [_i32]),
     "pt_rmsnorm_fwd": (_i32, [_T, _T, _T, _T, _f32, _i32, _vp]),
     "pt_rmsnorm_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _vp, _sz, _i32, _vp]),
     "pt_rmsnorm_bwd_workspace_bytes": (_sz, [_i64, _i64]),

@@ -173,3 +173,33 @@ def test_quantization_modules_compile_for_sm90a():
         assert glob.glob(os.path.join(cache, "jit", f"{name}-*", "module.so")) or glob.glob(
             os.path.join(cache, f"{name}-*", "module.so")
         ), f"no compiled module {name} in {cache}"
+# Grouped GEMM: every config on the forward layout, the other two layouts (trans_b forward/dgrad
+# and wgrad) on their usual configs, and float16.
+def _grouped_jobs():
+    n = precompile.num_grouped_configs()
+    jobs = [("grouped_gemm", "bf16", "AkBn", c) for c in range(n)]
+    jobs += [("grouped_gemm", "bf16", "AkBk", 3), ("grouped_gemm", "bf16", "AmBn", 3)]
+    jobs += [("grouped_gemm", "fp16", "AmBn", 0)]
+    return jobs
+
+
+def test_cutlass_grouped_gemm_configs_compile_for_sm90a():
+    assert 3 <= precompile.num_grouped_configs() <= 4  # each config costs a compile per layout
+    errors = precompile.compile_all(_grouped_jobs(), workers=os.cpu_count() or 1, quiet=True)
+    assert not errors, "\n".join(errors)
+
+
+def test_grouped_gemm_modules_use_hgmma():
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not available")
+    from primus_turbo._core.lib import lib, string_out
+
+    cache = string_out(lib.pt_jit_cache_dir)
+    pattern = "grouped_gemm_cutlass_bf16_AmBn_*"
+    modules = glob.glob(os.path.join(cache, pattern, "module.so")) + glob.glob(
+        os.path.join(cache, "jit", pattern, "module.so")
+    )
+    assert modules, "no compiled module found (the compile test runs first)"
+    sass = subprocess.run([tool, "--dump-sass", modules[0]], capture_output=True, text=True).stdout
+    assert "HGMMA" in sass

@@ -200,3 +200,4 @@ PT_API pt_status pt_rmsnorm_prepare(int32_t dtype, int32_t gamma_dtype, int64_t 
 #include "primus_turbo/moe_permute.h"
 
 #include "primus_turbo/quantization.h"  // IWYU pragma: export
+#include "primus_turbo/grouped_gemm.h"

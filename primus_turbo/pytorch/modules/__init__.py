@@ -1,6 +1,7 @@
 """Modules: ``turbo.modules.*``."""
 
+from primus_turbo.pytorch.modules.grouped_linear import GroupedLinear  # noqa: F401
 from primus_turbo.pytorch.modules.linear import Linear  # noqa: F401
 from primus_turbo.pytorch.modules.normalization import LayerNorm, RMSNorm  # noqa: F401
 
-__all__ = ["Linear", "RMSNorm", "LayerNorm"]
+__all__ = ["GroupedLinear", "Linear", "RMSNorm", "LayerNorm"]

@@ -2,6 +2,7 @@
 
 from primus_turbo.pytorch.ops.activation import geglu, geglu_with_probs, swiglu, swiglu_with_probs  # noqa: F401
 from primus_turbo.pytorch.ops.gemm import gemm  # noqa: F401
+from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm  # noqa: F401
 from primus_turbo.pytorch.ops.moe_permute import token_permute, token_unpermute  # noqa: F401
 from primus_turbo.pytorch.ops.normalization import layernorm, rmsnorm, rmsnorm_residual  # noqa: F401
 from primus_turbo.pytorch.ops.rope import rope, rope_cos_sin  # noqa: F401
@@ -15,6 +16,7 @@ from primus_turbo.pytorch.ops.quantization import (  # noqa: F401
 
 __all__ = [
     "gemm",
+    "grouped_gemm",
     "rmsnorm",
     "rmsnorm_residual",
     "layernorm",

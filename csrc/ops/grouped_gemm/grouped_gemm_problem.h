@@ -1,0 +1,43 @@
+// A grouped GEMM call reduced to what a kernel needs: the packed extent, the fixed sizes, how the
+// groups split the operands, and which dimension of each kernel operand is contiguous.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "primus_turbo/grouped_gemm.h"
+
+namespace primus_turbo::grouped_gemm {
+
+struct Problem {
+  bool wgrad = false;   // groups split the reduction (wgrad) rather than the output rows
+  bool trans_b = false;
+  int64_t groups = 0;   // G
+  int64_t rows = 0;     // M: the packed extent the host knows
+  // The caller's sizes: a [rows, k]; forward b [G, k, n] / [G, n, k]; wgrad b [rows, n].
+  int64_t n = 0, k = 0;
+  int32_t dtype = PT_BFLOAT16;
+  const int64_t* group_lens = nullptr;
+  const int64_t* group_offs = nullptr;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+  bool aligned16 = false;  // every base pointer
+
+  // The kernel's view. Forward: A = a (K-major), B = b[g] (N- or K-major), D = d rows; fixed
+  // kernel sizes (n, k). Wgrad: D[g] [km, kn] = A^T B with A, B M-/N-major over the packed rows:
+  // (A, B) = (a, grad) without trans_b, (grad, a) with it.
+  const void* kernel_a() const { return wgrad && trans_b ? b : a; }
+  const void* kernel_b() const { return wgrad && trans_b ? a : b; }
+  int64_t kernel_m() const { return wgrad ? (trans_b ? n : k) : 0; }
+  int64_t kernel_n() const { return wgrad && trans_b ? k : n; }
+  int64_t kernel_k() const { return wgrad ? 0 : k; }
+  // "AkBn" etc.: the contiguous dimension of the kernel's A and B; names modules and keys.
+  std::string layout_code() const;
+};
+
+// Validates every tensor (dtype, rank, shape, contiguity) and canonicalizes. Messages name the
+// argument and what was expected.
+Problem make_problem(const pt_grouped_gemm_args* args);
+
+}  // namespace primus_turbo::grouped_gemm

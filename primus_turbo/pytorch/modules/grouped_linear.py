@@ -1,0 +1,46 @@
+"""turbo.modules.GroupedLinear: the expert layer of a mixture of experts on turbo.ops.grouped_gemm."""
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
+
+__all__ = ["GroupedLinear"]
+
+
+class GroupedLinear(nn.Module):
+    """``y[rows of g] = x[rows of g] @ weight[g]^T`` for ``group_num`` experts.
+
+    ``weight`` is ``[group_num, out_features, in_features]`` (each expert laid out like
+    ``torch.nn.Linear.weight``, initialized the same way). ``x`` is ``[tokens, in_features]`` with
+    the tokens sorted by expert; ``group_lens`` (int64, on x's device) holds each expert's count.
+    """
+
+    def __init__(self, group_num: int, in_features: int, out_features: int, device=None, dtype=None):
+        super().__init__()
+        if group_num < 1:
+            raise ValueError(f"GroupedLinear: group_num must be at least 1, got {group_num}")
+        self.group_num = group_num
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty((group_num, out_features, in_features), device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for w in self.weight.data:  # per expert, as torch.nn.Linear initializes its weight
+            nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+
+    def forward(
+        self, x: torch.Tensor, group_lens: torch.Tensor, group_offs: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"GroupedLinear: input has shape {tuple(x.shape)}; expected [tokens, in_features={self.in_features}]"
+            )
+        return grouped_gemm(x, self.weight, group_lens, group_offs, trans_b=True)
+
+    def extra_repr(self) -> str:
+        return f"group_num={self.group_num}, in_features={self.in_features}, out_features={self.out_features}"

@@ -1,0 +1,236 @@
+"""turbo.ops.grouped_gemm: mixture-of-experts grouped GEMM, forward and backward, with the group
+sizes kept on the device (no host sync; CUDA-graph capturable with sizes changing per replay)."""
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from primus_turbo._core import check, lib
+from primus_turbo._core.lib import PtGroupedGemmArgs, string_out
+from primus_turbo.pytorch.core import autotune, library
+from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
+from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+
+__all__ = ["grouped_gemm"]
+
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _check_groups(group_lens, group_offs, num_groups: Optional[int] = None) -> int:
+    if not isinstance(group_lens, torch.Tensor):
+        raise TypeError(f"grouped_gemm: argument 'group_lens' must be a torch.Tensor, got {type(group_lens).__name__}")
+    if group_lens.dtype != torch.int64:
+        raise TypeError(f"grouped_gemm: argument 'group_lens' has dtype {group_lens.dtype}; expected torch.int64")
+    if group_lens.dim() != 1 or group_lens.shape[0] < 1:
+        raise ValueError(
+            f"grouped_gemm: argument 'group_lens' must be 1-D with at least one group, got shape {tuple(group_lens.shape)}"
+        )
+    g = group_lens.shape[0]
+    if num_groups is not None and g != num_groups:
+        raise ValueError(f"grouped_gemm: argument 'group_lens' has {g} groups but 'b' has {num_groups}")
+    if group_offs is not None:
+        if not isinstance(group_offs, torch.Tensor):
+            raise TypeError(f"grouped_gemm: argument 'group_offs' must be a torch.Tensor or None, got {type(group_offs).__name__}")
+        if group_offs.dtype != torch.int64:
+            raise TypeError(f"grouped_gemm: argument 'group_offs' has dtype {group_offs.dtype}; expected torch.int64")
+        if tuple(group_offs.shape) != (g + 1,):
+            raise ValueError(
+                f"grouped_gemm: argument 'group_offs' has shape {tuple(group_offs.shape)}; expected [{g + 1}] (G + 1 offsets)"
+            )
+    return g
+
+
+def _check_matrix(name: str, t, ndim: int, dtype=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"grouped_gemm: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"grouped_gemm: argument '{name}' must be {ndim}-D, got shape {tuple(t.shape)}")
+    if dtype is None and t.dtype not in _DTYPES:
+        raise TypeError(f"grouped_gemm: argument '{name}' has dtype {t.dtype}; expected bfloat16 or float16")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"grouped_gemm: argument '{name}' has dtype {t.dtype}; expected the dtype of 'a' ({dtype})")
+
+
+def _forward_shape(a, b, group_lens, group_offs, trans_b: bool):
+    """Validates the forward's arguments (no device work); returns the output shape."""
+    _check_matrix("a", a, 2)
+    _check_matrix("b", b, 3, a.dtype)
+    _check_groups(group_lens, group_offs, b.shape[0])
+    kb, n = (b.shape[2], b.shape[1]) if trans_b else (b.shape[1], b.shape[2])
+    if kb != a.shape[1]:
+        raise ValueError(
+            f"grouped_gemm: inner dimensions do not match: 'a' is {tuple(a.shape)} but 'b' {tuple(b.shape)} "
+            f"has K = {kb} (trans_b={trans_b})"
+        )
+    tensors = {"a": a, "b": b, "group_lens": group_lens}
+    if group_offs is not None:
+        tensors["group_offs"] = group_offs
+    check_cuda_tensors("grouped_gemm", **tensors)
+    return a.shape[0], n
+
+
+def _wgrad_shape(a, grad_out, group_lens, group_offs, trans_b: bool):
+    _check_matrix("a", a, 2)
+    _check_matrix("grad_out", grad_out, 2, a.dtype)
+    g = _check_groups(group_lens, group_offs)
+    if grad_out.shape[0] != a.shape[0]:
+        raise ValueError(
+            f"grouped_gemm: argument 'grad_out' has shape {tuple(grad_out.shape)}; expected {a.shape[0]} rows like 'a'"
+        )
+    k, n = a.shape[1], grad_out.shape[1]
+    return (g, n, k) if trans_b else (g, k, n)
+
+
+class GroupedGemmProblem(autotune.TunableProblem):
+    op = OpFamily.GROUPED_GEMM
+    precision = PrecisionType.BF16_FP16_FP32
+    default_backend = BackendType.CUTLASS
+    backends = (BackendType.CUTLASS,)
+
+    def __init__(self, a, b, group_lens, group_offs, out, wgrad: bool, trans_b: bool):
+        self.out = out
+        # Keep the descriptors alive as long as the struct that points at them.
+        self._pts = [to_pt(t) for t in (a, b, group_lens, out)]
+        self._offs = to_pt(group_offs) if group_offs is not None else None
+        pa, pb, pl, pd = (ctypes.pointer(t) for t in self._pts)
+        po = ctypes.pointer(self._offs) if self._offs is not None else None
+        self.args = PtGroupedGemmArgs(pa, pb, pl, po, pd, int(wgrad), int(trans_b))
+        self.ref = ctypes.byref(self.args)
+        self.stream = current_stream_handle(out.device)
+
+    def key(self) -> str:
+        return string_out(lib.pt_grouped_gemm_problem_key, self.ref, size=512)
+
+    def query(self, backend: BackendType):
+        accepted, n = ctypes.c_int32(), ctypes.c_int32()
+        reason = ctypes.create_string_buffer(1024)
+        check(lib.pt_grouped_gemm_query(self.ref, backend.value, ctypes.byref(accepted), ctypes.byref(n), reason, 1024))
+        return bool(accepted.value), n.value, reason.value.decode()
+
+    def prepare(self, backend: BackendType, config: int) -> None:
+        check(lib.pt_grouped_gemm_prepare(self.ref, backend.value, config))
+
+    def workspace_bytes(self, backend: BackendType, config: int) -> int:
+        size = ctypes.c_size_t()
+        check(lib.pt_grouped_gemm_workspace_size(self.ref, backend.value, config, ctypes.byref(size)))
+        return size.value
+
+    def run(self, backend: BackendType, config: int, for_tuning: bool = False, ws_bytes: Optional[int] = None) -> None:
+        if ws_bytes is None:
+            ws_bytes = self.workspace_bytes(backend, config)
+        # From torch's caching allocator: graph-safe, and freed (stream-ordered) after the launch.
+        ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=self.out.device)
+        status = lib.pt_grouped_gemm(self.ref, backend.value, config, ws.data_ptr(), ws_bytes, self.stream)
+        if status:
+            check(status, context=f"grouped_gemm on {backend.name}")
+
+
+# (shapes, dtype, direction, device, settings) -> (backend, config, workspace bytes).
+_plans = {}
+
+
+def _run(a, b, group_lens, group_offs, out, wgrad: bool, trans_b: bool) -> None:
+    if out.numel() == 0:
+        return
+    a, b, group_lens = a.contiguous(), b.contiguous(), group_lens.contiguous()
+    group_offs = group_offs.contiguous() if group_offs is not None else None
+    with device_guard(out.device):
+        problem = GroupedGemmProblem(a, b, group_lens, group_offs, out, wgrad, trans_b)
+        key = (
+            a.shape, b.shape, group_lens.shape[0], group_offs is None, a.dtype, wgrad, trans_b, out.device.index,
+            a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
+            settings_token(OpFamily.GROUPED_GEMM),
+        )
+        plan = _plans.get(key)
+        if plan is None:
+            backend, config = autotune.select(problem, out.device)
+            plan = (backend, config, problem.workspace_bytes(backend, config))
+            if not torch.cuda.is_current_stream_capturing():  # a capture-time choice may be provisional
+                _plans[key] = plan
+        problem.run(plan[0], plan[1], ws_bytes=plan[2])
+
+
+def _grouped_gemm_cuda(a, b, group_lens, group_offs, trans_b: bool) -> torch.Tensor:
+    m, n = a.shape[0], (b.shape[1] if trans_b else b.shape[2])
+    out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    _run(a, b, group_lens, group_offs, out, False, trans_b)
+    return out
+
+
+def _grouped_gemm_fake(a, b, group_lens, group_offs, trans_b):
+    m, n = _forward_shape(a, b, group_lens, group_offs, trans_b)
+    return a.new_empty((m, n))
+
+
+def _grouped_gemm_wgrad_cuda(a, grad_out, group_lens, group_offs, trans_b: bool) -> torch.Tensor:
+    g = group_lens.shape[0]
+    shape = (g, grad_out.shape[1], a.shape[1]) if trans_b else (g, a.shape[1], grad_out.shape[1])
+    out = torch.empty(shape, dtype=a.dtype, device=a.device)
+    _run(a, grad_out, group_lens, group_offs, out, True, trans_b)
+    return out
+
+
+def _grouped_gemm_wgrad_fake(a, grad_out, group_lens, group_offs, trans_b):
+    return a.new_empty(_wgrad_shape(a, grad_out, group_lens, group_offs, trans_b))
+
+
+_grouped_gemm_op = library.define(
+    "grouped_gemm(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b) -> Tensor",
+    _grouped_gemm_cuda,
+    _grouped_gemm_fake,
+)
+_grouped_gemm_wgrad_op = library.define(
+    "grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, Tensor? group_offs, bool trans_b) -> Tensor",
+    _grouped_gemm_wgrad_cuda,
+    _grouped_gemm_wgrad_fake,
+)
+
+
+class GroupedGemmFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, group_lens, group_offs, trans_b: bool):
+        out = _grouped_gemm_op(a, b, group_lens, group_offs, trans_b)
+        ctx.save_for_backward(a, b, group_lens, group_offs)
+        ctx.trans_b = trans_b
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a, b, group_lens, group_offs = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            # dgrad: grad_out @ op(b[g])^T is the same kernel reading b the other way round.
+            grad_a = _grouped_gemm_op(grad_out, b, group_lens, group_offs, not ctx.trans_b)
+        if ctx.needs_input_grad[1]:
+            # wgrad: a variable-K grouped GEMM over each group's rows.
+            grad_b = _grouped_gemm_wgrad_op(a, grad_out, group_lens, group_offs, ctx.trans_b)
+        return grad_a, grad_b, None, None, None
+
+
+def grouped_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_lens: torch.Tensor,
+    group_offs: Optional[torch.Tensor] = None,
+    trans_b: bool = False,
+) -> torch.Tensor:
+    """Per-group ``a[rows of g] @ op(b[g])``: the expert layers of a mixture of experts.
+
+    Args:
+        a: ``[M, K]`` tokens sorted by group, bfloat16 or float16, on a CUDA device.
+        b: ``[G, K, N]`` (``[G, N, K]`` with ``trans_b``), same dtype.
+        group_lens: int64 ``[G]`` on a's device: rows of each group (zero is fine). Never copied
+            to the host, so the call does not synchronize and can be captured in a CUDA graph.
+        group_offs: optional int64 ``[G + 1]``: group g starts at row ``group_offs[g]``
+            (default: the exclusive prefix sum of ``group_lens``).
+
+    Returns ``[M, N]``. Differentiable in ``a`` and ``b``; an expert with no rows gets a zero
+    weight gradient. If ``group_lens`` does not add up to ``M`` (which cannot be checked without
+    a sync), each group is clamped to rows ``[0, M)``: nothing out of bounds is read or written,
+    and output rows that no group covers are left unwritten.
+    """
+    _forward_shape(a, b, group_lens, group_offs, trans_b)
+    return GroupedGemmFunction.apply(a, b, group_lens, group_offs, bool(trans_b))
