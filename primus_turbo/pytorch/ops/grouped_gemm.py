@@ -176,12 +176,12 @@ def _grouped_gemm_wgrad_fake(a, grad_out, group_lens, group_offs, trans_b):
     return a.new_empty(_wgrad_shape(a, grad_out, group_lens, group_offs, trans_b))
 
 
-_grouped_gemm_op = library.define(
+_grouped_gemm_op = library.define_op(
     "grouped_gemm(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b) -> Tensor",
     _grouped_gemm_cuda,
     _grouped_gemm_fake,
 )
-_grouped_gemm_wgrad_op = library.define(
+_grouped_gemm_wgrad_op = library.define_op(
     "grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, Tensor? group_offs, bool trans_b) -> Tensor",
     _grouped_gemm_wgrad_cuda,
     _grouped_gemm_wgrad_fake,

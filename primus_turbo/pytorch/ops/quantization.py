@@ -151,30 +151,18 @@ def _dequantize_fake(q, scale_inv, out_dtype, granularity, block_size, axis, fla
     return q.new_empty((m, 2 * k if q.dtype == _FP4_DTYPE else k), dtype=out_dtype)
 
 
-_quantize_op = library.define(
+_quantize_op = library.define_op(
     "quantize(Tensor x, ScalarType out_dtype, int granularity, int block_size, bool row, bool col, "
     "bool col_transposed, int flags, int seed) -> (Tensor, Tensor, Tensor, Tensor)",
     _quantize_cuda,
     _quantize_fake,
 )
-_dequantize_op = library.define(
+_dequantize_op = library.define_op(
     "dequantize(Tensor q, Tensor scale_inv, ScalarType out_dtype, int granularity, int block_size, int axis, "
     "int flags) -> Tensor",
     _dequantize_cuda,
     _dequantize_fake,
 )
-
-
-_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
-
-
-def _run(op, impl, x: torch.Tensor, *args):
-    """Plain eager CUDA calls go straight to the implementation, skipping the dispatcher's round
-    trip back into Python (~15 us per call on a busy host; mid-size kernels take ~20 us). Anything
-    else (torch.compile tracing, fake/meta tensors, dispatch modes) goes through the registered op."""
-    if not torch.compiler.is_compiling() and type(x) is torch.Tensor and x.is_cuda and _dispatch_modes() == 0:
-        return impl(x, *args)
-    return op(x, *args)
 
 
 # ---- argument checks (host only, before any launch) ----------------------------------------------
@@ -266,7 +254,7 @@ def quantize_fp8(
     along_k = True if g == _TENSORWISE or two_d else _along_last(op, axis, x.dim())
     x2 = _as_2d(x)
     flags = _FLAG_2D if two_d else 0
-    q_row, s_row, q_col, s_col = _run(_quantize_op, _quantize_cuda, x2, out_dtype, g, block, along_k, not along_k, False, flags, 0)
+    q_row, s_row, q_col, s_col = _quantize_op(x2, out_dtype, g, block, along_k, not along_k, False, flags, 0)
     q, s = (q_row, s_row) if along_k else (q_col, s_col)
     return q.view(x.shape), s
 
@@ -304,7 +292,7 @@ def quantize_fp8_with_trans(
             "(2-D blocks are shared by both outputs)"
         )
     x2 = _as_2d(x)
-    return _run(_quantize_op, _quantize_cuda, x2, out_dtype, g, block, True, True, True, _FLAG_2D if two_d else 0, 0)
+    return _quantize_op(x2, out_dtype, g, block, True, True, True, _FLAG_2D if two_d else 0, 0)
 
 
 def dequantize_fp8(
@@ -331,7 +319,7 @@ def dequantize_fp8(
     check_cuda_tensors(op, x=x, scale_inv=scale_inv)
     two_d = g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe)
     along_k = True if g == _TENSORWISE or two_d else _along_last(op, axis, x.dim())
-    out = _run(_dequantize_op, _dequantize_cuda, _as_2d(x), scale_inv.contiguous(), out_dtype, g, block,
+    out = _dequantize_op(_as_2d(x), scale_inv.contiguous(), out_dtype, g, block,
                -1 if along_k else 0, _FLAG_2D if two_d else 0)
     return out.view(x.shape)
 
@@ -386,7 +374,7 @@ def quantize_fp4(
     flags = (_FLAG_2D if r.use_2d_block else 0) | (_FLAG_RHT if r.use_rht else 0) | (_FLAG_SR if r.use_sr else 0)
     if seed is None:
         seed = next(_seed_counter) if r.use_sr else 0
-    q_row, s_row, q_col, s_col = _run(_quantize_op, _quantize_cuda, x2, _FP4_DTYPE, g, block, along_k, not along_k, True, flags, int(seed))
+    q_row, s_row, q_col, s_col = _quantize_op(x2, _FP4_DTYPE, g, block, along_k, not along_k, True, flags, int(seed))
     q, s = (q_row, s_row) if along_k else (q_col, s_col)
     return (q.view(torch.uint8) if out_dtype == torch.uint8 and q.dtype != torch.uint8 else q), s
 
@@ -421,5 +409,5 @@ def dequantize_fp4(
     along_k = _along_last(op, axis, 2)
     flags = _FLAG_2D if _use_2d(scaling_recipe) else 0
     q = x if x.dtype == _FP4_DTYPE else x.view(_FP4_DTYPE)
-    out = _run(_dequantize_op, _dequantize_cuda, q.contiguous(), scale_inv.contiguous(), out_dtype, g, block, -1, flags)
+    out = _dequantize_op(q.contiguous(), scale_inv.contiguous(), out_dtype, g, block, -1, flags)
     return out if along_k else out.t()
