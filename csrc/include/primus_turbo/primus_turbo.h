@@ -154,6 +154,8 @@ PT_API pt_status pt_gemm_problem_key(const pt_tensor* a, const pt_tensor* b, con
                                      size_t key_len);
 PT_API size_t pt_gemm_workspace_bytes(void);
 
+#include "primus_turbo/gemm_fp8.h"  // ---- FP8 GEMM
+
 // ---- RMSNorm over the last dimension ------------------------------------------------------
 // y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps) per row (statistics in float32) and
 // w = gamma, or 1 + gamma when zero_centered. x: contiguous, >= 1-D, float32/float16/bfloat16, last

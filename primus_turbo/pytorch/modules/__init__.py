@@ -1,6 +1,7 @@
 """Modules: ``turbo.modules.*``."""
 
+from primus_turbo.pytorch.modules.float8_linear import Float8Linear  # noqa: F401
 from primus_turbo.pytorch.modules.linear import Linear  # noqa: F401
 from primus_turbo.pytorch.modules.normalization import RMSNorm  # noqa: F401
 
-__all__ = ["Linear", "RMSNorm"]
+__all__ = ["Float8Linear", "Linear", "RMSNorm"]
