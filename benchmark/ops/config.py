@@ -28,6 +28,9 @@ __all__ = [
     "GROUPED_GEMM_TOKENS_PER_EXPERT",
     "MICRO_BATCH_SIZES",
     "MOE_MODELS",
+    "NORM_TOKENS",
+    "QUANT_MODELS",
+    "QUANT_TOKENS",
     "SQUARE_GEMM_SHAPE",
     "AttentionCase",
     "AttentionShape",
@@ -35,8 +38,8 @@ __all__ = [
     "GemmCase",
     "GroupedGemmCase",
     "MoEModelConfig",
-    "NORM_TOKENS",
     "NormCase",
+    "QuantCase",
     "attention_fwd_flops",
     "dense_gemm_shapes",
     "gen_attention_test_cases",
@@ -44,6 +47,7 @@ __all__ = [
     "gen_grouped_gemm_group_lens",
     "gen_grouped_gemm_test_cases",
     "gen_norm_test_cases",
+    "gen_quant_test_cases",
     "resolve_dense_models",
     "resolve_moe_models",
 ]
@@ -539,6 +543,36 @@ def gen_norm_test_cases(tokens: Sequence[int] = NORM_TOKENS, models: Iterable[st
         for h in sorted(by_hidden)
         for t in tokens
     ]
+
+
+# Quantization: the GEMM operands of a layer. Activations [tokens, K] for every distinct K of the
+# layer's GEMMs (hidden, attention output, MLP intermediate); weights [N, K] as dense_gemm_shapes.
+# ----------------------------------------------------------------------------------------------------
+
+#: Default models and tokens of the quantization benchmark (a small, representative set).
+QUANT_MODELS: tuple[str, ...] = ("Llama-3.1-8B", "Qwen2.5-7B")
+QUANT_TOKENS: tuple[int, ...] = (8192,)
+
+
+@dataclass(frozen=True)
+class QuantCase:
+    name: str  # model/operand, e.g. "Llama-3.1-8B/act_K14336" or "Llama-3.1-8B/w_mlp_down"
+    kind: str  # "activation" or "weight"
+    m: int
+    k: int
+
+
+def gen_quant_test_cases(
+    tokens: Sequence[int] = QUANT_TOKENS, models: Iterable[str] | None = None
+) -> list[QuantCase]:
+    """Activation [tokens, K] per distinct GEMM K and token count, then each weight [N, K]."""
+    cases: list[QuantCase] = []
+    for name in resolve_dense_models(models) if models is not None else list(QUANT_MODELS):
+        shapes = dense_gemm_shapes(name)
+        for k in sorted({kk for _, kk in shapes.values()}):
+            cases += [QuantCase(f"{name}/act_K{k}", "activation", t, k) for t in tokens]
+        cases += [QuantCase(f"{name}/w_{g}", "weight", n, k) for g, (n, k) in shapes.items()]
+    return cases
 
 
 def _print_rows(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:

@@ -84,6 +84,11 @@ _PROTOTYPES = {
     "pt_rmsnorm_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _vp, _sz, _i32, _vp]),
     "pt_rmsnorm_bwd_workspace_bytes": (_sz, [_i64, _i64]),
     "pt_rmsnorm_prepare": (_i32, [_i32, _i32, _i64]),
+    # quantization (csrc/include/primus_turbo/quantization.h)
+    "pt_quantize": (_i32, [_T, _T, _T, _T, _T, _i32, _i32, _i32, _i32, ctypes.c_uint64, _vp, _sz, _vp]),
+    "pt_quantize_workspace_bytes": (_sz, [_i64, _i64, _i32]),
+    "pt_dequantize": (_i32, [_T, _T, _T, _i32, _i32, _i32, _i32, _vp]),
+    "pt_quantize_prepare": (_i32, [_i32, _i32]),
 }
 
 

@@ -66,7 +66,7 @@ def dequant(q, s, rows_per_block, cols_per_block):
 
 def quantize_along_k(x, dtype, scaling):
     g = {TENSOR: G.TENSORWISE, ROW: G.ROWWISE}.get(scaling, G.BLOCKWISE)
-    q, s, _, _ = _fp8_quant.quantize_with_trans(x, dtype, g, 128, scaling == BLOCK_128x128)
+    q, s, _, _ = _fp8_quant.reference_quantize_with_trans(x, dtype, g, 128, scaling == BLOCK_128x128)
     blocks = {TENSOR: (0, 0), ROW: (1, 0), BLOCK_1x128: (1, 128), BLOCK_128x128: (128, 128)}[scaling]
     if scaling == TENSOR:
         ref = q.double() * s.double()

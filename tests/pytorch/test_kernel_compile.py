@@ -86,3 +86,34 @@ def test_rmsnorm_modules_compile_for_sm90a():
         assert glob.glob(os.path.join(cache, "jit", f"{name}-*", "module.so")) or glob.glob(
             os.path.join(cache, f"{name}-*", "module.so")
         ), f"no compiled module {name} in {cache}"
+
+
+# Quantization: one module per (input dtype, quantized format); each holds the tile quantizer, the
+# amax reduction and the dequantizer.
+_QUANT_IN = {"f32": 0, "f16": 1, "bf16": 2}
+_QUANT_OUT = {"E4M3": 3, "E5M2": 4, "E2M1": 6}
+
+
+def test_quantization_modules_compile_for_sm90a():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from primus_turbo._core.lib import check, lib, string_out
+
+    jobs = [(i, o) for i in _QUANT_IN for o in _QUANT_OUT]
+
+    def build(job):
+        try:
+            check(lib.pt_quantize_prepare(_QUANT_IN[job[0]], _QUANT_OUT[job[1]]))
+            return None
+        except Exception as e:  # report every failure
+            return f"quantization {job}: {e}"
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        errors = [e for e in pool.map(build, jobs) if e]
+    assert not errors, "\n".join(errors)
+    cache = string_out(lib.pt_jit_cache_dir)
+    for i, o in jobs:
+        name = f"quant_{i}_{o}"
+        assert glob.glob(os.path.join(cache, "jit", f"{name}-*", "module.so")) or glob.glob(
+            os.path.join(cache, f"{name}-*", "module.so")
+        ), f"no compiled module {name} in {cache}"

@@ -180,3 +180,5 @@ PT_API pt_status pt_rmsnorm_prepare(int32_t dtype, int32_t gamma_dtype, int64_t 
 #ifdef __cplusplus
 }
 #endif
+
+#include "primus_turbo/quantization.h"  // IWYU pragma: export

@@ -60,6 +60,12 @@ def quantize_with_trans(x: torch.Tensor, dtype: torch.dtype, granularity: Scalin
     if _quantize_with_trans_kernel is not None:
         recipe = ScalingRecipe(use_2d_block=True) if two_d else None
         return _quantize_with_trans_kernel(x, dtype, granularity, block_size=block_size, scaling_recipe=recipe)
+    return reference_quantize_with_trans(x, dtype, granularity, block_size, two_d)
+
+
+def reference_quantize_with_trans(x: torch.Tensor, dtype: torch.dtype, granularity, block_size, two_d: bool):
+    """The same contract in plain torch (fp32 math): the stand-in without the CUDA quantizer, and
+    an independent source of quantized operands for GEMM kernel tests."""
     xf = x.float()
     if granularity == ScalingGranularity.TENSORWISE:
         s = xf.abs().amax().clamp_min(_TINY) / _FP8_MAX[dtype]

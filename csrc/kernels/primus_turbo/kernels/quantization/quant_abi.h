@@ -1,0 +1,72 @@
+// The binary contract between the core and a quantization JIT module (kernels/quantization/).
+// Kept apart from jit_abi.h so that changing it invalidates only the quantization modules.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "primus_turbo/kernels/jit_abi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Quantizes a contiguous [m, k] tensor x. Two outputs, either may be absent (null q):
+//   row: quantized along k (the last dim), q_row [m, k] (FP4: [m, k/2]);
+//   col: quantized along m, stored as [k, m] (FP4: [k, m/2]) when col_transposed, else [m, k].
+// A scale covers row_block elements of a row (col_block of a column); 0 means the scale comes
+// from an amax computed beforehand (tensorwise / rowwise). block_2d: square row_block blocks
+// whose scales the col output reuses (weights). Scales are fp32 (scale_inv = 1 / scale) or E8M0
+// bytes (power of two, OCP MX).
+typedef struct PtQuantParams {
+  int64_t m, k;
+  const void* x;
+  void* q_row;
+  void* s_row;
+  void* q_col;
+  void* s_col;
+  int col_transposed;
+  int row_block;
+  int col_block;
+  int block_2d;
+  const float* amax_row;  // row_block == 0: per row [m] if amax_row_per_row, else one value
+  int amax_row_per_row;
+  const float* amax_col;  // col_block == 0: per column [k] if amax_col_per_col, else one value
+  int amax_col_per_col;
+  int e8m0;
+  int rht;        // FP4: 16-point random Hadamard transform along the quantized dim
+  int sr;         // FP4: stochastic rounding from a counter-based hash of (seed, element index)
+  uint64_t seed;
+  void* stream;
+} PtQuantParams;
+
+// Absolute maxima of a contiguous [m, k] tensor, accumulated with atomic max into buffers the
+// caller zeroed: the whole tensor, per row [m], per column [k] (null: not wanted).
+typedef struct PtQuantAmaxParams {
+  int64_t m, k;
+  const void* x;
+  float* amax_tensor;
+  float* amax_rows;
+  float* amax_cols;
+  void* stream;
+} PtQuantAmaxParams;
+
+// out[r, c] = q[r, c] * scale_inv[(r / block_m) * ld_s + c / block_k]; q is [m, k] (FP4 packed
+// [m, k/2]), out [m, k] contiguous.
+typedef struct PtDequantParams {
+  int64_t m, k;
+  const void* q;
+  const void* s;
+  void* out;
+  int64_t block_m, block_k, ld_s;
+  int e8m0;
+  void* stream;
+} PtDequantParams;
+
+typedef int (*PtQuantFn)(const PtQuantParams* params, char* err, size_t err_len);
+typedef int (*PtQuantAmaxFn)(const PtQuantAmaxParams* params, char* err, size_t err_len);
+typedef int (*PtDequantFn)(const PtDequantParams* params, char* err, size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,470 @@
+// Quantization of a contiguous [m, k] tensor by 128 x 128 tiles staged in shared memory.
+//
+// One CTA reads its tile from HBM once (16-byte loads when the row length and pointer allow) and
+// can write two outputs from it: quantized along k (row-major, like x) and quantized along m,
+// either in place ([m, k]) or transposed ([k, m], what Hopper FP8 tensor cores need for the
+// backward GEMMs). Both writes are coalesced: the row output by a warp per row, the column output
+// by a thread per column writing 16-byte runs of its output row.
+//
+// Scales come from the tile itself for block granularities (1 x B, B x 1, B x B with B = 32 or 128),
+// or from an amax reduced beforehand (tensorwise / rowwise: the amax kernel below, whose result
+// stays on the device, so nothing waits on the host). Tile stages, separated by barriers:
+//   A. amax of every 32-element segment of each row and each column;
+//   B. the scale of every segment's block (and scale_inv written by the block's owner);
+//   C. quantize and store.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+
+#include "primus_turbo/kernels/jit_export.cuh"
+#include "primus_turbo/kernels/quantization/quant_abi.h"
+#include "primus_turbo/kernels/quantization/quant_formats.cuh"
+
+namespace primus_turbo::kernels::quant {
+
+constexpr int kTile = 128;
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kLd = kTile + 4;  // row stride in floats: keeps rows 16-byte aligned for float4
+constexpr int kSegs = kTile / 32;
+constexpr size_t kTileSmemBytes = sizeof(float) * (kTile * kLd + 4 * kTile * kSegs + 16);
+
+struct TileSmem {
+  float* tile;       // [kTile][kLd]
+  float* seg_row;    // [kTile][kSegs]: amax of 32-column segments, then their scale multipliers
+  float* seg_col;    // [kSegs][kTile]: amax of 32-row segments
+  float* row_mult;   // [kTile][kSegs]
+  float* col_mult;   // [kSegs][kTile]
+  float* blk2d;      // [4][4]: amax of 2-D blocks
+};
+
+__device__ __forceinline__ TileSmem carve(float* base) {
+  TileSmem s;
+  s.tile = base;
+  s.seg_row = s.tile + kTile * kLd;
+  s.seg_col = s.seg_row + kTile * kSegs;
+  s.row_mult = s.seg_col + kTile * kSegs;
+  s.col_mult = s.row_mult + kTile * kSegs;
+  s.blk2d = s.col_mult + kTile * kSegs;
+  return s;
+}
+
+__device__ __forceinline__ float warp_max(float a, int width) {
+  for (int o = 1; o < width; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  return a;
+}
+
+// Loads the tile at (m0, k0) as floats; elements outside [m, k] read as 0 (they never raise an amax).
+template <class T>
+__device__ __forceinline__ void load_tile(const T* __restrict__ x, int64_t m, int64_t k, int64_t m0, int64_t k0,
+                                          float* tile) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int kVecPerRow = kTile / V;
+  constexpr int kIters = kTile * kVecPerRow / kThreads;
+  const bool vec = k % V == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (vec) {
+    uint4 regs[kIters];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      const int64_t gr = m0 + idx / kVecPerRow, gc = k0 + (idx % kVecPerRow) * V;
+      regs[i] = (gr < m && gc < k) ? __ldg(reinterpret_cast<const uint4*>(x + gr * k + gc)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      float* dst = tile + (idx / kVecPerRow) * kLd + (idx % kVecPerRow) * V;
+      const T* e = reinterpret_cast<const T*>(&regs[i]);
+#pragma unroll
+      for (int j = 0; j < V; j += 4) {
+        *reinterpret_cast<float4*>(dst + j) =
+            make_float4(to_float(e[j]), to_float(e[j + 1]), to_float(e[j + 2]), to_float(e[j + 3]));
+      }
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kTile * kTile; idx += kThreads) {
+      const int r = idx / kTile, c = idx % kTile;
+      const int64_t gr = m0 + r, gc = k0 + c;
+      tile[r * kLd + c] = (gr < m && gc < k) ? to_float(x[gr * k + gc]) : 0.0f;
+    }
+  }
+}
+
+// Stage A for rows: amax of each 32-column segment (a warp per row, 4 consecutive values per
+// lane). With rht the tile is transformed in place first.
+__device__ __forceinline__ void row_segment_amax(TileSmem s, bool rht) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < kTile; r += kWarps) {
+    float4* p = reinterpret_cast<float4*>(s.tile + r * kLd + 4 * lane);
+    float v[4] = {p->x, p->y, p->z, p->w};
+    if (rht) {
+      rht16_lanes(v, lane);
+      *p = make_float4(v[0], v[1], v[2], v[3]);
+    }
+    float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    a = warp_max(a, 8);
+    if (lane % 8 == 0) s.seg_row[r * kSegs + lane / 8] = a;
+  }
+}
+
+// Stage A for columns: a thread per column and half tile (64 rows, two 32-row segments).
+__device__ __forceinline__ void col_segment_amax(TileSmem s, bool rht) {
+  const int c = threadIdx.x % kTile, half = threadIdx.x / kTile;
+  for (int seg = 2 * half; seg < 2 * half + 2; ++seg) {
+    float a = 0.0f;
+    for (int g = 0; g < 32; g += 16) {
+      float v[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) v[j] = s.tile[(32 * seg + g + j) * kLd + c];
+      if (rht) {
+        rht16(v);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) s.tile[(32 * seg + g + j) * kLd + c] = v[j];
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) a = fmaxf(a, fabsf(v[j]));
+    }
+    s.seg_col[seg * kTile + c] = a;
+  }
+}
+
+// 2-D blocks of B x B (B = 32 or 128): amax from the column segments, one warp per block.
+__device__ __forceinline__ void block2d_amax(TileSmem s, int B) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int nb = kTile / B;
+  for (int b = warp; b < nb * nb; b += kWarps) {
+    const int rb = b / nb, cb = b % nb;
+    float a = 0.0f;
+    for (int seg = rb * B / 32; seg < (rb + 1) * B / 32; ++seg)
+      for (int c = cb * B + lane; c < (cb + 1) * B; c += 32) a = fmaxf(a, s.seg_col[seg * kTile + c]);
+    a = warp_max(a, 32);
+    if (lane == 0) s.blk2d[rb * 4 + cb] = a;
+  }
+}
+
+__device__ __forceinline__ void store_scale(void* dst, int64_t i, const Scale& sc, bool e8m0) {
+  if (e8m0) {
+    static_cast<uint8_t*>(dst)[i] = sc.e8m0;
+  } else {
+    static_cast<float*>(dst)[i] = sc.inv;
+  }
+}
+
+template <class F>
+__device__ __forceinline__ uint8_t quantize_one(float v, float mult, const PtQuantParams& p, int64_t index) {
+  if constexpr (F::kFp4) {
+    return p.sr ? F::encode_sr(v * mult, hash_uniform(p.seed, static_cast<uint64_t>(index))) : F::encode(v * mult);
+  } else {
+    return F::encode(v * mult);
+  }
+}
+
+// Stage B + C for the row output.
+template <class F>
+__device__ __forceinline__ void row_output(TileSmem s, const PtQuantParams& p, int64_t m0, int64_t k0, bool first_k_tile) {
+  const int64_t m = p.m, k = p.k;
+  const bool ext = p.row_block == 0;
+  const int B = p.row_block;
+  const int nseg = ext ? 1 : (B >= 32 ? B / 32 : 1);
+  for (int e = threadIdx.x; e < kTile * kSegs; e += kThreads) {
+    const int r = e / kSegs, sg = e % kSegs;
+    const int64_t gr = m0 + r, gc = k0 + 32 * sg;
+    float amax;
+    if (ext) {
+      amax = p.amax_row_per_row ? (gr < m ? p.amax_row[gr] : 0.0f) : p.amax_row[0];
+    } else if (p.block_2d) {
+      amax = s.blk2d[(r / B) * 4 + (32 * sg) / B];
+    } else {
+      amax = 0.0f;
+      const int s0 = sg / nseg * nseg;
+      for (int j = s0; j < s0 + nseg; ++j) amax = fmaxf(amax, s.seg_row[r * kSegs + j]);
+    }
+    const Scale sc = make_scale<F>(amax, p.e8m0);
+    s.row_mult[e] = sc.mult;
+    if (gr >= m || gc >= k) continue;
+    if (ext) {
+      if (p.amax_row_per_row) {
+        if (first_k_tile && sg == 0) store_scale(p.s_row, gr, sc, p.e8m0);
+      } else if (gr == 0 && gc == 0) {
+        store_scale(p.s_row, 0, sc, p.e8m0);
+      }
+    } else if ((32 * sg) % B == 0 && (!p.block_2d || r % B == 0)) {
+      const int64_t ld = (k + B - 1) / B;
+      const int64_t row = p.block_2d ? gr / B : gr;
+      store_scale(p.s_row, row * ld + gc / B, sc, p.e8m0);
+    }
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t gc = k0 + 4 * lane;
+  for (int r = warp; r < kTile; r += kWarps) {
+    const int64_t gr = m0 + r;
+    if (gr >= m) break;
+    if (gc >= k) continue;
+    const float4 v = *reinterpret_cast<const float4*>(s.tile + r * kLd + 4 * lane);
+    const float mult = s.row_mult[r * kSegs + lane / 8];
+    const int64_t idx = gr * k + gc;
+    uint8_t q[4] = {quantize_one<F>(v.x, mult, p, idx), quantize_one<F>(v.y, mult, p, idx + 1),
+                    quantize_one<F>(v.z, mult, p, idx + 2), quantize_one<F>(v.w, mult, p, idx + 3)};
+    const bool full = gc + 4 <= k;
+    if constexpr (F::kFp4) {
+      uint8_t* out = static_cast<uint8_t*>(p.q_row) + gr * (k / 2) + gc / 2;
+      const uint8_t b0 = q[0] | (q[1] << 4), b1 = q[2] | (q[3] << 4);
+      if (full && k % 4 == 0) {
+        *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(b0 | (b1 << 8));
+      } else {
+        out[0] = b0;  // k is even, so a valid first pair is whole
+        if (gc + 2 < k) out[1] = b1;
+      }
+    } else {
+      uint8_t* out = static_cast<uint8_t*>(p.q_row) + gr * k + gc;
+      if (full && k % 4 == 0) {
+        *reinterpret_cast<uint32_t*>(out) = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<uint32_t>(q[3]) << 24);
+      } else {
+        for (int j = 0; j < 4 && gc + j < k; ++j) out[j] = q[j];
+      }
+    }
+  }
+}
+
+// Stage B + C for the column output: thread per column, 32-row segments.
+template <class F>
+__device__ __forceinline__ void col_output(TileSmem s, const PtQuantParams& p, int64_t m0, int64_t k0, bool first_m_tile) {
+  const int64_t m = p.m, k = p.k;
+  const int c = threadIdx.x % kTile, half = threadIdx.x / kTile;
+  const int64_t gc = k0 + c;
+  const bool ext = p.col_block == 0;
+  const int B = p.block_2d ? p.row_block : p.col_block;
+  for (int seg = 2 * half; seg < 2 * half + 2; ++seg) {
+    const int64_t gr0 = m0 + 32 * seg;
+    float amax;
+    if (ext) {
+      amax = p.amax_col_per_col ? (gc < k ? p.amax_col[gc] : 0.0f) : p.amax_col[0];
+    } else if (p.block_2d) {
+      amax = s.blk2d[(32 * seg / B) * 4 + c / B];
+    } else {
+      amax = 0.0f;
+      const int s0 = seg / (B / 32) * (B / 32);
+      for (int j = s0; j < s0 + B / 32; ++j) amax = fmaxf(amax, s.seg_col[j * kTile + c]);
+    }
+    const Scale sc = make_scale<F>(amax, p.e8m0);
+    if (gc >= k || gr0 >= m) continue;
+    if (ext) {
+      if (p.amax_col_per_col) {
+        if (first_m_tile && seg == 0) store_scale(p.s_col, gc, sc, p.e8m0);
+      } else if (gc == 0 && gr0 == 0) {
+        store_scale(p.s_col, 0, sc, p.e8m0);
+      }
+    } else if ((32 * seg) % B == 0 && (!p.block_2d || c % B == 0)) {
+      const int64_t ldm = (m + B - 1) / B;
+      if (p.col_transposed) {
+        store_scale(p.s_col, (p.block_2d ? gc / B : gc) * ldm + gr0 / B, sc, p.e8m0);
+      } else {
+        store_scale(p.s_col, (gr0 / B) * k + gc, sc, p.e8m0);
+      }
+    }
+    // Quantize the 32 values of this segment.
+    alignas(16) uint8_t q[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      q[j] = quantize_one<F>(s.tile[(32 * seg + j) * kLd + c], sc.mult, p, (gr0 + j) * k + gc);
+    }
+    const bool full = gr0 + 32 <= m;
+    uint8_t* base = static_cast<uint8_t*>(p.q_col);
+    if constexpr (F::kFp4) {
+      // Transposed only: [k, m/2].
+      alignas(16) uint8_t b[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) b[j] = q[2 * j] | (q[2 * j + 1] << 4);
+      uint8_t* out = base + gc * (m / 2) + gr0 / 2;
+      if (full && (m / 2) % 16 == 0) {
+        *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(b);
+      } else {
+        for (int j = 0; j < 16 && gr0 + 2 * j < m; ++j) out[j] = b[j];
+      }
+    } else if (p.col_transposed) {
+      uint8_t* out = base + gc * m + gr0;
+      if (full && m % 16 == 0) {
+        reinterpret_cast<uint4*>(out)[0] = *reinterpret_cast<const uint4*>(q);
+        reinterpret_cast<uint4*>(out)[1] = *reinterpret_cast<const uint4*>(q + 16);
+      } else {
+        for (int j = 0; j < 32 && gr0 + j < m; ++j) out[j] = q[j];
+      }
+    } else {
+      for (int j = 0; j < 32 && gr0 + j < m; ++j) base[(gr0 + j) * k + gc] = q[j];
+    }
+  }
+}
+
+template <class T, class F>
+__global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const PtQuantParams p) {
+  extern __shared__ __align__(16) float smem[];
+  const TileSmem s = carve(smem);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTile, k0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  load_tile(static_cast<const T*>(p.x), p.m, p.k, m0, k0, s.tile);
+  __syncthreads();
+  const bool row = p.q_row != nullptr, col = p.q_col != nullptr;
+  if (row && p.row_block != 0 && !p.block_2d) row_segment_amax(s, p.rht);
+  if ((col && p.col_block != 0) || p.block_2d) col_segment_amax(s, p.rht && !row);
+  __syncthreads();
+  if (p.block_2d) {
+    block2d_amax(s, p.row_block);
+    __syncthreads();
+  }
+  if (row) row_output<F>(s, p, m0, k0, blockIdx.y == 0);
+  if (col) col_output<F>(s, p, m0, k0, blockIdx.x == 0);
+}
+
+// Absolute maxima into atomically updated buffers (non-negative floats order like their bits).
+template <class T>
+__global__ void __launch_bounds__(kThreads) amax_tile_kernel(const PtQuantAmaxParams p) {
+  extern __shared__ __align__(16) float smem[];
+  const TileSmem s = carve(smem);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTile, k0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  load_tile(static_cast<const T*>(p.x), p.m, p.k, m0, k0, s.tile);
+  __syncthreads();
+  row_segment_amax(s, false);
+  if (p.amax_cols) col_segment_amax(s, false);
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (p.amax_rows || p.amax_tensor) {
+    float t = 0.0f;
+    for (int r = threadIdx.x; r < kTile; r += kThreads) {
+      float a = 0.0f;
+      for (int j = 0; j < kSegs; ++j) a = fmaxf(a, s.seg_row[r * kSegs + j]);
+      if (p.amax_rows && m0 + r < p.m) atomicMax(reinterpret_cast<int*>(p.amax_rows + m0 + r), __float_as_int(a));
+      t = fmaxf(t, a);
+    }
+    if (p.amax_tensor) {
+      t = warp_max(t, 32);
+      if (lane == 0) s.blk2d[warp] = t;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        for (int w = 1; w < kWarps; ++w) t = fmaxf(t, s.blk2d[w]);
+        atomicMax(reinterpret_cast<int*>(p.amax_tensor), __float_as_int(t));
+      }
+    }
+  }
+  if (p.amax_cols && threadIdx.x < kTile && k0 + threadIdx.x < p.k) {
+    float a = 0.0f;
+    for (int j = 0; j < kSegs; ++j) a = fmaxf(a, s.seg_col[j * kTile + threadIdx.x]);
+    atomicMax(reinterpret_cast<int*>(p.amax_cols + k0 + threadIdx.x), __float_as_int(a));
+  }
+}
+
+// Dequantization: a thread per 4 consecutive elements of a row; rows grid-strided.
+template <class F, class O>
+__global__ void __launch_bounds__(kThreads) dequantize_kernel(const PtDequantParams p) {
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * 4;
+  if (c0 >= p.k) return;
+  const uint8_t* q = static_cast<const uint8_t*>(p.q);
+  O* out = static_cast<O*>(p.out);
+  for (int64_t r = blockIdx.y; r < p.m; r += gridDim.y) {
+    const int64_t srow = (r / p.block_m) * p.ld_s;
+    for (int j = 0; j < 4 && c0 + j < p.k; ++j) {
+      const int64_t c = c0 + j;
+      uint8_t b;
+      if constexpr (F::kFp4) {
+        b = q[r * (p.k / 2) + c / 2];
+        b = (c & 1) ? (b >> 4) : (b & 15);
+      } else {
+        b = q[r * p.k + c];
+      }
+      out[r * p.k + c] = from_float<O>(F::decode(b) * decode_scale(p.s, srow + c / p.block_k, p.e8m0));
+    }
+  }
+}
+
+inline int report_launch(const char* what, char* err, size_t err_len) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return 0;
+  snprintf(err, err_len, "%s launch failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  return 1;
+}
+
+inline dim3 tile_grid(int64_t m, int64_t k) {
+  return dim3(static_cast<unsigned>((m + kTile - 1) / kTile), static_cast<unsigned>((k + kTile - 1) / kTile));
+}
+
+// Opts a tile kernel into its dynamic shared memory (above the 48 KiB default) once per device.
+template <auto kKernel>
+int reserve_smem(char* err, size_t err_len) {
+  static std::atomic<uint64_t> done{0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) dev = 63;
+  const uint64_t bit = uint64_t{1} << dev;
+  if (done.load(std::memory_order_acquire) & bit) return 0;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTileSmemBytes));
+  if (e != cudaSuccess) {
+    snprintf(err, err_len, "quantization: cannot reserve %zu bytes of shared memory: %s", kTileSmemBytes,
+             cudaGetErrorString(e));
+    return 1;
+  }
+  done.fetch_or(bit, std::memory_order_acq_rel);
+  return 0;
+}
+
+// One module: input dtype T, quantized format F.
+template <class T, class F>
+struct Quantizer {
+  static int check_grid(int64_t m, int64_t k, char* err, size_t err_len) {
+    if ((m + kTile - 1) / kTile > INT32_MAX || (k + kTile - 1) / kTile > 65535) {
+      snprintf(err, err_len, "quantization: tensor [%lld, %lld] is too large for the tile grid",
+               static_cast<long long>(m), static_cast<long long>(k));
+      return 1;
+    }
+    return 0;
+  }
+
+  static int quantize(const PtQuantParams* p, char* err, size_t err_len) {
+    if (p->m <= 0 || p->k <= 0) return 0;
+    if (check_grid(p->m, p->k, err, err_len)) return 1;
+    if (reserve_smem<quantize_tile_kernel<T, F>>(err, err_len)) return 1;
+    quantize_tile_kernel<T, F>
+        <<<tile_grid(p->m, p->k), kThreads, kTileSmemBytes, static_cast<cudaStream_t>(p->stream)>>>(*p);
+    return report_launch("quantize", err, err_len);
+  }
+
+  static int amax(const PtQuantAmaxParams* p, char* err, size_t err_len) {
+    if (p->m <= 0 || p->k <= 0) return 0;
+    if (check_grid(p->m, p->k, err, err_len)) return 1;
+    if (reserve_smem<amax_tile_kernel<T>>(err, err_len)) return 1;
+    amax_tile_kernel<T><<<tile_grid(p->m, p->k), kThreads, kTileSmemBytes, static_cast<cudaStream_t>(p->stream)>>>(*p);
+    return report_launch("amax", err, err_len);
+  }
+
+  static int dequantize(const PtDequantParams* p, char* err, size_t err_len) {
+    if (p->m <= 0 || p->k <= 0) return 0;
+    const int64_t gx = (p->k + 4 * kThreads - 1) / (4 * kThreads);
+    if (gx > INT32_MAX) {
+      snprintf(err, err_len, "dequantize: last dimension %lld is too large", static_cast<long long>(p->k));
+      return 1;
+    }
+    const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(p->m < 65535 ? p->m : 65535));
+    dequantize_kernel<F, T><<<grid, kThreads, 0, static_cast<cudaStream_t>(p->stream)>>>(*p);
+    return report_launch("dequantize", err, err_len);
+  }
+};
+
+}  // namespace primus_turbo::kernels::quant
+
+// Exports Quantizer<T, F>'s entry points as pt_quantize_run / pt_quant_amax_run / pt_dequantize_run.
+#define PT_JIT_EXPORT_QUANTIZER(Kernel)                                                       \
+  PT_JIT_EXPORT_ABI_VERSION                                                                   \
+  extern "C" __attribute__((visibility("default"))) int pt_quantize_run(                      \
+      const PtQuantParams* params, char* err, size_t err_len) {                               \
+    return Kernel::quantize(params, err, err_len);                                            \
+  }                                                                                           \
+  extern "C" __attribute__((visibility("default"))) int pt_quant_amax_run(                    \
+      const PtQuantAmaxParams* params, char* err, size_t err_len) {                           \
+    return Kernel::amax(params, err, err_len);                                                \
+  }                                                                                           \
+  extern "C" __attribute__((visibility("default"))) int pt_dequantize_run(                    \
+      const PtDequantParams* params, char* err, size_t err_len) {                             \
+    return Kernel::dequantize(params, err, err_len);                                          \
+  }

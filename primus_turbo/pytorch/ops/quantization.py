@@ -1,0 +1,411 @@
+"""turbo.ops quantization: FP8 (tensorwise, rowwise, blockwise, MX) and MXFP4 quantize / dequantize
+on the library's own CUDA kernels (kernels/quantization/quantize_tile.cuh).
+
+Conventions (the contract the FP8/FP4 GEMMs build on):
+- ``x ~ q.float() * scale_inv`` broadcast per scale group; ``scale = FMT_MAX / amax`` with amax
+  clamped to 1e-30 (an all-zero group gives q = 0 and a finite scale_inv), values rounded to
+  nearest even and saturated to the format's maximum. MX scales are E8M0 powers of two (OCP MX:
+  exponent ``floor(log2(amax)) - emax`` of the element format).
+- x of rank > 2 is seen as ``[prod(leading dims), last dim]``; a non-contiguous x is copied once.
+- Tensorwise and rowwise amax are reduced on the device: no host synchronization anywhere, so
+  every op can be captured in a CUDA graph; each is a registered custom op with a fake
+  implementation, so ``torch.compile(fullgraph=True)`` traces it.
+"""
+
+import itertools
+
+import torch
+
+from primus_turbo._core import check, lib
+from primus_turbo.pytorch.core import library
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingRecipe, float4_e2m1fn_x2
+from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+
+__all__ = ["RHT_SIGNS", "dequantize_fp4", "dequantize_fp8", "quantize_fp4", "quantize_fp8", "quantize_fp8_with_trans"]
+
+_IN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_FP4_DTYPE = float4_e2m1fn_x2 if float4_e2m1fn_x2 is not None else torch.uint8
+_E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
+_FMT_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0, _FP4_DTYPE: 6.0}
+_GRANULARITY = {
+    ScalingGranularity.TENSORWISE: 0,
+    ScalingGranularity.ROWWISE: 1,
+    ScalingGranularity.BLOCKWISE: 2,
+    ScalingGranularity.MX_BLOCKWISE: 3,
+}
+_TENSORWISE, _ROWWISE, _BLOCKWISE, _MX = 0, 1, 2, 3
+_FLAG_2D, _FLAG_RHT, _FLAG_SR = 1, 2, 4
+_AMAX_EPS = 1e-30
+MX_BLOCK_SIZE = 32
+
+# Sign vector of the FP4 random Hadamard transform (kRhtSigns in quant_formats.cuh): element i of
+# each group of 16 along the quantized dim is negated when RHT_SIGNS[i] is -1. The transform is
+# y = H16 @ diag(RHT_SIGNS) @ x / 4 (orthonormal); its inverse is diag(RHT_SIGNS) @ H16 @ y / 4.
+RHT_SIGNS = tuple(-1.0 if (0x9A5C >> i) & 1 else 1.0 for i in range(16))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _empty_group_scale_inv(fmt_max: float) -> float:
+    """scale_inv the kernels give an all-zero group (fp32 arithmetic, as on the device)."""
+    mult = torch.tensor(fmt_max, dtype=torch.float32) / torch.tensor(_AMAX_EPS, dtype=torch.float32)
+    return float(mult.reciprocal())
+
+
+# ---- shapes: one place for the kernel wrapper and the fake implementation ------------------------
+
+
+def _scale_shape(g: int, block: int, m: int, k: int, along_k: bool, transposed: bool, two_d: bool):
+    """Shape of the scale tensor of one output (see pt_quantize in quantization.h)."""
+    if g == _TENSORWISE:
+        return ()
+    if g == _ROWWISE:
+        return (m, 1) if along_k else ((k, 1) if transposed else (1, k))
+    if two_d:
+        return (_cdiv(m, block), _cdiv(k, block)) if along_k else (_cdiv(k, block), _cdiv(m, block))
+    if along_k:
+        return (m, _cdiv(k, block))
+    return (k, _cdiv(m, block)) if transposed else (_cdiv(m, block), k)
+
+
+def _outputs(x, out_dtype, g, block, row, col, col_transposed, flags):
+    m, k = x.shape
+    fp4 = out_dtype == _FP4_DTYPE
+    sdt = _E8M0 if g == _MX else torch.float32
+    two_d = bool(flags & _FLAG_2D)
+    # Absent outputs are distinct empty tensors (a custom op's outputs must not alias).
+    q_row, s_row, q_col, s_col = (x.new_empty((0,), dtype=torch.uint8) for _ in range(4))
+    if row:
+        q_row = x.new_empty((m, k // 2) if fp4 else (m, k), dtype=out_dtype)
+        s_row = x.new_empty(_scale_shape(g, block, m, k, True, False, two_d), dtype=sdt)
+    if col:
+        shape = (k, m // 2) if fp4 else ((k, m) if col_transposed else (m, k))
+        q_col = x.new_empty(shape, dtype=out_dtype)
+        s_col = x.new_empty(_scale_shape(g, block, m, k, False, col_transposed, two_d), dtype=sdt)
+    return q_row, s_row, q_col, s_col
+
+
+# ---- registered ops: x is 2-D and contiguous here ------------------------------------------------
+
+
+def _quantize_cuda(x, out_dtype, granularity: int, block_size: int, row: bool, col: bool, col_transposed: bool,
+                   flags: int, seed: int):
+    q_row, s_row, q_col, s_col = _outputs(x, out_dtype, granularity, block_size, row, col, col_transposed, flags)
+    m, k = x.shape
+    if m == 0 or k == 0:
+        # Every scale group is empty: the value of an all-zero group.
+        for s in (s_row, s_col):
+            if s.numel():
+                if s.dtype == torch.float32:
+                    s.fill_(_empty_group_scale_inv(_FMT_MAX[out_dtype]))
+                else:
+                    s.view(torch.uint8).fill_(0)
+        return q_row, s_row, q_col, s_col
+    ws_bytes = lib.pt_quantize_workspace_bytes(m, k, granularity)
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
+    with device_guard(x.device):
+        status = lib.pt_quantize(
+            to_pt(x),
+            to_pt(q_row) if row else None,
+            to_pt(s_row) if row else None,
+            to_pt(q_col) if col else None,
+            to_pt(s_col) if col else None,
+            granularity, block_size, int(col_transposed), flags, seed & (2**64 - 1),
+            ws.data_ptr() if ws is not None else None, ws_bytes,
+            current_stream_handle(x.device),
+        )
+    if status:
+        check(status, context="quantize")
+    return q_row, s_row, q_col, s_col
+
+
+def _quantize_fake(x, out_dtype, granularity, block_size, row, col, col_transposed, flags, seed):
+    return _outputs(x, out_dtype, granularity, block_size, row, col, col_transposed, flags)
+
+
+def _dequantize_cuda(q, scale_inv, out_dtype, granularity: int, block_size: int, axis: int, flags: int):
+    m, k = q.shape
+    if q.dtype == _FP4_DTYPE:
+        k *= 2
+    out = torch.empty((m, k), dtype=out_dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    with device_guard(q.device):
+        status = lib.pt_dequantize(
+            to_pt(q), to_pt(scale_inv), to_pt(out), granularity, block_size, axis, flags,
+            current_stream_handle(q.device),
+        )
+    if status:
+        check(status, context="dequantize")
+    return out
+
+
+def _dequantize_fake(q, scale_inv, out_dtype, granularity, block_size, axis, flags):
+    m, k = q.shape
+    return q.new_empty((m, 2 * k if q.dtype == _FP4_DTYPE else k), dtype=out_dtype)
+
+
+_quantize_op = library.define(
+    "quantize(Tensor x, ScalarType out_dtype, int granularity, int block_size, bool row, bool col, "
+    "bool col_transposed, int flags, int seed) -> (Tensor, Tensor, Tensor, Tensor)",
+    _quantize_cuda,
+    _quantize_fake,
+)
+_dequantize_op = library.define(
+    "dequantize(Tensor q, Tensor scale_inv, ScalarType out_dtype, int granularity, int block_size, int axis, "
+    "int flags) -> Tensor",
+    _dequantize_cuda,
+    _dequantize_fake,
+)
+
+
+# ---- argument checks (host only, before any launch) ----------------------------------------------
+
+
+def _check_tensor(op: str, name: str, t, dtypes, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{op}: argument '{name}' has dtype {t.dtype}; expected {what}")
+    if t.dim() < 1:
+        raise ValueError(f"{op}: argument '{name}' must have at least 1 dimension, got a scalar")
+    check_cuda_tensors(op, **{name: t})
+
+
+def _granularity_code(op: str, granularity) -> int:
+    if not isinstance(granularity, ScalingGranularity):
+        raise TypeError(f"{op}: argument 'granularity' must be a ScalingGranularity, got {granularity!r}")
+    return _GRANULARITY[granularity]
+
+
+def _block_size(op: str, g: int, block_size) -> int:
+    if g in (_TENSORWISE, _ROWWISE):
+        return 0
+    if g == _MX:
+        if block_size not in (None, MX_BLOCK_SIZE):
+            raise ValueError(f"{op}: argument 'block_size' is {block_size}; MX_BLOCKWISE needs {MX_BLOCK_SIZE}")
+        return MX_BLOCK_SIZE
+    if block_size is None:
+        raise ValueError(f"{op}: argument 'block_size' is required for BLOCKWISE (e.g. 128)")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size not in (32, 64, 128):
+        raise ValueError(f"{op}: argument 'block_size' is {block_size!r}; BLOCKWISE supports 32, 64 or 128")
+    return block_size
+
+
+def _along_last(op: str, axis, ndim: int, required: bool = True) -> bool:
+    """True for the last dim (-1 or ndim-1), False for the first of the 2-D view (0 or -2)."""
+    if axis is None:
+        if required:
+            raise ValueError(f"{op}: argument 'axis' is required (-1: along the last dim, 0: along the first)")
+        return True
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"{op}: argument 'axis' must be an int, got {axis!r}")
+    if axis in (-1, max(ndim, 2) - 1):
+        return True
+    if axis in (0, -2):
+        return False
+    raise ValueError(f"{op}: argument 'axis' is {axis}; expected -1 (or {max(ndim, 2) - 1}) or 0 (or -2)")
+
+
+def _use_2d(recipe) -> bool:
+    if recipe is not None and not isinstance(recipe, ScalingRecipe):
+        raise TypeError(f"scaling_recipe must be a ScalingRecipe or None, got {type(recipe).__name__}")
+    return bool(recipe is not None and recipe.use_2d_block)
+
+
+def _as_2d(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().reshape(-1, x.shape[-1]) if x.dim() != 2 else x.contiguous()
+
+
+# ---- FP8 ------------------------------------------------------------------------------------------
+
+
+def quantize_fp8(
+    x: torch.Tensor,
+    out_dtype: torch.dtype,
+    granularity: ScalingGranularity,
+    *,
+    block_size: int | None = None,
+    axis: int | None = None,
+    scaling_recipe: ScalingRecipe | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantizes x (float32/float16/bfloat16, seen as ``[M, K]``) to FP8; returns ``(q, scale_inv)``.
+
+    q has x's shape and ``out_dtype`` (``torch.float8_e4m3fn`` or ``torch.float8_e5m2``), row-major.
+    scale_inv (fp32 unless MX):
+      TENSORWISE: 0-dim. ROWWISE (axis required): ``[M, 1]`` (axis -1) or ``[1, K]`` (axis 0).
+      BLOCKWISE (block_size 32/64/128): ``[M, ceil(K/B)]`` (axis -1), ``[ceil(M/B), K]`` (axis 0),
+      ``[ceil(M/B), ceil(K/B)]`` with ``scaling_recipe.use_2d_block`` (axis ignored).
+      MX_BLOCKWISE (block_size 32): as 1-D BLOCKWISE, ``torch.float8_e8m0fnu`` scales.
+    """
+    op = "quantize_fp8"
+    _check_tensor(op, "x", x, _IN_DTYPES, "float32, float16 or bfloat16")
+    if out_dtype not in _FP8_DTYPES:
+        raise TypeError(f"{op}: argument 'out_dtype' is {out_dtype}; expected torch.float8_e4m3fn or torch.float8_e5m2")
+    g = _granularity_code(op, granularity)
+    block = _block_size(op, g, block_size)
+    two_d = g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe)
+    along_k = True if g == _TENSORWISE or two_d else _along_last(op, axis, x.dim())
+    x2 = _as_2d(x)
+    flags = _FLAG_2D if two_d else 0
+    q_row, s_row, q_col, s_col = _quantize_op(x2, out_dtype, g, block, along_k, not along_k, False, flags, 0)
+    q, s = (q_row, s_row) if along_k else (q_col, s_col)
+    return q.view(x.shape), s
+
+
+def quantize_fp8_with_trans(
+    x: torch.Tensor,
+    out_dtype: torch.dtype,
+    granularity: ScalingGranularity,
+    *,
+    block_size: int | None = None,
+    scaling_recipe: ScalingRecipe | None = None,
+    scaling_recipe_for_trans: ScalingRecipe | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One read of x ``[M, K]`` (leading dims flattened), two FP8 outputs:
+    ``(q_row, scale_inv_row, q_col, scale_inv_col)``.
+
+    q_row ``[M, K]`` is the axis -1 quantization (as :func:`quantize_fp8`). q_col is the column-wise
+    quantization stored transposed: a row-major ``[K, M]`` tensor quantized along its own last dim,
+    with scale_inv_col ``[K, 1]`` (ROWWISE), ``[K, ceil(M/B)]`` (BLOCKWISE, MX). TENSORWISE: both
+    scales are the same 0-dim value and ``q_col == q_row.T``. With ``scaling_recipe.use_2d_block``
+    (BLOCKWISE/MX) both use B x B blocks: scale_inv_row ``[ceil(M/B), ceil(K/B)]`` and
+    scale_inv_col its transpose ``[ceil(K/B), ceil(M/B)]``.
+    """
+    op = "quantize_fp8_with_trans"
+    _check_tensor(op, "x", x, _IN_DTYPES, "float32, float16 or bfloat16")
+    if out_dtype not in _FP8_DTYPES:
+        raise TypeError(f"{op}: argument 'out_dtype' is {out_dtype}; expected torch.float8_e4m3fn or torch.float8_e5m2")
+    g = _granularity_code(op, granularity)
+    block = _block_size(op, g, block_size)
+    two_d = g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe)
+    trans_2d = two_d if scaling_recipe_for_trans is None else (g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe_for_trans))
+    if trans_2d != two_d:
+        raise ValueError(
+            f"{op}: 'scaling_recipe' and 'scaling_recipe_for_trans' must agree on use_2d_block "
+            "(2-D blocks are shared by both outputs)"
+        )
+    x2 = _as_2d(x)
+    return _quantize_op(x2, out_dtype, g, block, True, True, True, _FLAG_2D if two_d else 0, 0)
+
+
+def dequantize_fp8(
+    x: torch.Tensor,
+    out_dtype: torch.dtype,
+    granularity: ScalingGranularity,
+    *,
+    block_size: int | None = None,
+    axis: int | None = None,
+    scale_inv: torch.Tensor,
+    scaling_recipe: ScalingRecipe | None = None,
+) -> torch.Tensor:
+    """``x * scale_inv`` in ``out_dtype`` (float32/float16/bfloat16), x's shape; the scales laid out
+    as :func:`quantize_fp8` returns them for the same granularity, axis and recipe (a transposed
+    output of :func:`quantize_fp8_with_trans` is dequantized with axis -1)."""
+    op = "dequantize_fp8"
+    _check_tensor(op, "x", x, _FP8_DTYPES, "torch.float8_e4m3fn or torch.float8_e5m2")
+    if out_dtype not in _IN_DTYPES:
+        raise TypeError(f"{op}: argument 'out_dtype' is {out_dtype}; expected float32, float16 or bfloat16")
+    g = _granularity_code(op, granularity)
+    block = _block_size(op, g, block_size)
+    if not isinstance(scale_inv, torch.Tensor):
+        raise TypeError(f"{op}: argument 'scale_inv' must be a torch.Tensor, got {type(scale_inv).__name__}")
+    check_cuda_tensors(op, x=x, scale_inv=scale_inv)
+    two_d = g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe)
+    along_k = True if g == _TENSORWISE or two_d else _along_last(op, axis, x.dim())
+    out = _dequantize_op(_as_2d(x), scale_inv.contiguous(), out_dtype, g, block, -1 if along_k else 0,
+                         _FLAG_2D if two_d else 0)
+    return out.view(x.shape)
+
+
+# ---- FP4 (MXFP4) ------------------------------------------------------------------------------------
+
+_seed_counter = itertools.count(1)
+
+
+def quantize_fp4(
+    x: torch.Tensor,
+    out_dtype: torch.dtype = _FP4_DTYPE,
+    granularity: ScalingGranularity = ScalingGranularity.MX_BLOCKWISE,
+    *,
+    block_size: int | None = MX_BLOCK_SIZE,
+    axis: int | None = None,
+    scaling_recipe: ScalingRecipe | None = None,
+    seed: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 (E2M1, two values per byte, low nibble = even element; one E8M0 scale per 32 values).
+
+    x ``[M, K]`` (leading dims flattened). axis -1: q ``[M, K/2]``, scale_inv ``[M, ceil(K/32)]``;
+    axis 0: quantized along M and stored transposed, q ``[K, M/2]``, scale_inv ``[K, ceil(M/32)]``.
+    The quantized dim must be even (packing); a last partial block of 32 is scaled on its own.
+    ``scaling_recipe``: ``use_2d_block`` 32x32 blocks (scale_inv ``[ceil(M/32), ceil(K/32)]`` for
+    axis -1, its transpose for axis 0, so a weight and its transpose share scales); ``use_rht``
+    random Hadamard transform of each 16 values along the quantized dim (q holds the transformed
+    values; see ``RHT_SIGNS``; the dim must be a multiple of 16); ``use_sr`` stochastic rounding,
+    deterministic for a given ``seed`` (None: a new seed per call from a process-wide counter).
+    """
+    op = "quantize_fp4"
+    _check_tensor(op, "x", x, _IN_DTYPES, "float32, float16 or bfloat16")
+    if out_dtype not in (_FP4_DTYPE, torch.uint8):
+        raise TypeError(f"{op}: argument 'out_dtype' is {out_dtype}; expected {_FP4_DTYPE}")
+    g = _granularity_code(op, granularity)
+    if g != _MX:
+        raise ValueError(f"{op}: argument 'granularity' is {granularity}; FP4 supports MX_BLOCKWISE only")
+    block = _block_size(op, g, block_size)
+    if scaling_recipe is not None and not isinstance(scaling_recipe, ScalingRecipe):
+        raise TypeError(f"{op}: scaling_recipe must be a ScalingRecipe or None, got {type(scaling_recipe).__name__}")
+    r = scaling_recipe or ScalingRecipe()
+    along_k = _along_last(op, axis, x.dim())
+    x2 = _as_2d(x)
+    m, k = x2.shape
+    dim = k if along_k else m
+    if dim % 2:
+        raise ValueError(f"{op}: argument 'x' has shape {tuple(x.shape)}; the quantized dim ({dim}) must be even (two FP4 values per byte)")
+    if r.use_rht and dim % 16:
+        raise ValueError(f"{op}: use_rht needs the quantized dim to be a multiple of 16, got {dim}")
+    if r.use_rht and r.use_2d_block:
+        raise ValueError(f"{op}: use_rht and use_2d_block cannot be combined (the transform runs along one dim)")
+    flags = (_FLAG_2D if r.use_2d_block else 0) | (_FLAG_RHT if r.use_rht else 0) | (_FLAG_SR if r.use_sr else 0)
+    if seed is None:
+        seed = next(_seed_counter) if r.use_sr else 0
+    q_row, s_row, q_col, s_col = _quantize_op(x2, _FP4_DTYPE, g, block, along_k, not along_k, True, flags, int(seed))
+    q, s = (q_row, s_row) if along_k else (q_col, s_col)
+    return (q.view(torch.uint8) if out_dtype == torch.uint8 and q.dtype != torch.uint8 else q), s
+
+
+def dequantize_fp4(
+    x: torch.Tensor,
+    out_dtype: torch.dtype,
+    granularity: ScalingGranularity = ScalingGranularity.MX_BLOCKWISE,
+    *,
+    block_size: int | None = MX_BLOCK_SIZE,
+    axis: int | None = None,
+    scale_inv: torch.Tensor,
+    scaling_recipe: ScalingRecipe | None = None,
+) -> torch.Tensor:
+    """Inverse of :func:`quantize_fp4` for the same axis and recipe: returns ``[M, K]``. For axis 0 the
+    stored ``[K, M/2]`` data is dequantized along its rows and returned as a ``[M, K]`` transposed
+    view. With ``use_rht`` the values stay in the transformed domain (the GEMM operands are both
+    transformed, so the transform cancels in the product)."""
+    op = "dequantize_fp4"
+    _check_tensor(op, "x", x, (_FP4_DTYPE, torch.uint8), f"{_FP4_DTYPE} (or uint8)")
+    if x.dim() != 2:
+        raise ValueError(f"{op}: argument 'x' has shape {tuple(x.shape)}; expected 2-D packed data")
+    if out_dtype not in _IN_DTYPES:
+        raise TypeError(f"{op}: argument 'out_dtype' is {out_dtype}; expected float32, float16 or bfloat16")
+    g = _granularity_code(op, granularity)
+    if g != _MX:
+        raise ValueError(f"{op}: argument 'granularity' is {granularity}; FP4 supports MX_BLOCKWISE only")
+    block = _block_size(op, g, block_size)
+    if not isinstance(scale_inv, torch.Tensor):
+        raise TypeError(f"{op}: argument 'scale_inv' must be a torch.Tensor, got {type(scale_inv).__name__}")
+    check_cuda_tensors(op, x=x, scale_inv=scale_inv)
+    along_k = _along_last(op, axis, 2)
+    flags = _FLAG_2D if _use_2d(scaling_recipe) else 0
+    q = x if x.dtype == _FP4_DTYPE else x.view(_FP4_DTYPE)
+    out = _dequantize_op(q.contiguous(), scale_inv.contiguous(), out_dtype, g, block, -1, flags)
+    return out if along_k else out.t()

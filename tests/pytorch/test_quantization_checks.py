@@ -1,0 +1,213 @@
+"""Host-side behaviour of the quantization ops that needs no GPU: argument errors (Python and the
+core), output shapes through meta tensors, and torch.compile traces without graph breaks."""
+
+import pytest
+import torch
+
+import primus_turbo.pytorch as turbo
+from primus_turbo._core import PtTensor, check, lib
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
+from primus_turbo.pytorch.core.low_precision import ScalingRecipe
+
+FAKE_PTR = 1 << 20
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+FP4 = turbo.float4_e2m1fn_x2 or torch.uint8
+E8M0 = torch.float8_e8m0fnu
+
+
+def meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(shape, device="meta", dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "g,block,axis,two_d,scale_shape,scale_dtype",
+    [
+        (G.TENSORWISE, None, None, False, (), torch.float32),
+        (G.ROWWISE, None, -1, False, (300, 1), torch.float32),
+        (G.ROWWISE, None, 1, False, (300, 1), torch.float32),
+        (G.ROWWISE, None, 0, False, (1, 200), torch.float32),
+        (G.ROWWISE, None, -2, False, (1, 200), torch.float32),
+        (G.BLOCKWISE, 128, -1, False, (300, 2), torch.float32),
+        (G.BLOCKWISE, 128, 0, False, (3, 200), torch.float32),
+        (G.BLOCKWISE, 128, None, True, (3, 2), torch.float32),
+        (G.BLOCKWISE, 64, -1, False, (300, 4), torch.float32),
+        (G.MX_BLOCKWISE, 32, -1, False, (300, 7), E8M0),
+        (G.MX_BLOCKWISE, 32, 0, False, (10, 200), E8M0),
+    ],
+)
+def test_quantize_fp8_shapes(g, block, axis, two_d, scale_shape, scale_dtype):
+    x = meta(300, 200)
+    recipe = ScalingRecipe(use_2d_block=True) if two_d else None
+    q, s = turbo.ops.quantize_fp8(x, E4M3, g, block_size=block, axis=axis, scaling_recipe=recipe)
+    assert q.shape == (300, 200) and q.dtype == E4M3
+    assert s.shape == scale_shape and s.dtype == scale_dtype
+    out = turbo.ops.dequantize_fp8(q, torch.float16, g, block_size=block, axis=axis, scale_inv=s, scaling_recipe=recipe)
+    assert out.shape == (300, 200) and out.dtype == torch.float16
+
+
+def test_higher_rank_input_is_flattened():
+    q, s = turbo.ops.quantize_fp8(meta(2, 150, 200), E5M2, G.BLOCKWISE, block_size=128, axis=-1)
+    assert q.shape == (2, 150, 200) and s.shape == (300, 2)
+    q, s = turbo.ops.quantize_fp8(meta(2, 150, 200), E5M2, G.ROWWISE, axis=2)
+    assert s.shape == (300, 1)
+
+
+@pytest.mark.parametrize(
+    "g,block,two_d,shapes",
+    [
+        (G.TENSORWISE, None, False, [(), ()]),
+        (G.ROWWISE, None, False, [(300, 1), (200, 1)]),
+        (G.BLOCKWISE, 128, False, [(300, 2), (200, 3)]),
+        (G.BLOCKWISE, 128, True, [(3, 2), (2, 3)]),
+        (G.MX_BLOCKWISE, 32, False, [(300, 7), (200, 10)]),
+    ],
+)
+def test_quantize_fp8_with_trans_shapes(g, block, two_d, shapes):
+    recipe = ScalingRecipe(use_2d_block=True) if two_d else None
+    q_row, s_row, q_col, s_col = turbo.ops.quantize_fp8_with_trans(meta(300, 200), E4M3, g, block_size=block,
+                                                                   scaling_recipe=recipe)
+    assert q_row.shape == (300, 200) and q_col.shape == (200, 300) and q_col.dtype == E4M3
+    assert s_row.shape == shapes[0] and s_col.shape == shapes[1]
+
+
+@pytest.mark.parametrize(
+    "axis,two_d,q_shape,s_shape",
+    [(-1, False, (300, 100), (300, 7)), (0, False, (200, 150), (200, 10)), (-1, True, (300, 100), (10, 7)),
+     (0, True, (200, 150), (7, 10))],
+)
+def test_quantize_fp4_shapes(axis, two_d, q_shape, s_shape):
+    q, s = turbo.ops.quantize_fp4(meta(300, 200), axis=axis, scaling_recipe=ScalingRecipe(use_2d_block=two_d))
+    assert q.shape == q_shape and q.dtype == FP4 and s.shape == s_shape and s.dtype == E8M0
+    out = turbo.ops.dequantize_fp4(q, torch.bfloat16, axis=axis, scale_inv=s, scaling_recipe=ScalingRecipe(use_2d_block=two_d))
+    assert out.shape == (300, 200)
+
+
+def test_torch_compile_traces_without_graph_break():
+    def fn(x):
+        q, s = turbo.ops.quantize_fp8(x, E4M3, G.MX_BLOCKWISE, block_size=32, axis=-1)
+        a = turbo.ops.dequantize_fp8(q, torch.float32, G.MX_BLOCKWISE, block_size=32, axis=-1, scale_inv=s)
+        _, _, q_col, s_col = turbo.ops.quantize_fp8_with_trans(x, E4M3, G.BLOCKWISE, block_size=128)
+        f, fs = turbo.ops.quantize_fp4(x, axis=-1, scaling_recipe=ScalingRecipe(use_sr=True), seed=7)
+        return a * 2, q_col, s_col, f, fs
+
+    outs = torch.compile(fn, fullgraph=True, backend="aot_eager")(meta(256, 512))
+    assert outs[0].shape == (256, 512) and outs[1].shape == (512, 256) and outs[2].shape == (512, 2)
+    assert outs[3].shape == (256, 256)
+
+
+def test_registered_as_custom_ops():
+    assert "primus_turbo::quantize(Tensor x, ScalarType out_dtype" in str(torch.ops.primus_turbo.quantize.default._schema)
+    assert "primus_turbo::dequantize(Tensor q, Tensor scale_inv" in str(torch.ops.primus_turbo.dequantize.default._schema)
+
+
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (lambda: turbo.ops.quantize_fp8(torch.randn(4, 8), E4M3, G.TENSORWISE), ValueError, "is on cpu"),
+        (lambda: turbo.ops.quantize_fp8([1.0], E4M3, G.TENSORWISE), TypeError, "argument 'x' must be a torch.Tensor"),
+        (lambda: turbo.ops.quantize_fp8(meta(4, 8, dtype=torch.int32), E4M3, G.TENSORWISE), TypeError, "argument 'x' has dtype"),
+        (lambda: turbo.ops.quantize_fp8(meta(4, 8), torch.bfloat16, G.TENSORWISE), TypeError, "argument 'out_dtype'"),
+        (lambda: turbo.ops.quantize_fp8(meta(4, 8), E4M3, "tensorwise"), TypeError, "argument 'granularity'"),
+        (lambda: turbo.ops.quantize_fp8(meta(4, 8), E4M3, G.ROWWISE), ValueError, "argument 'axis' is required"),
+        (lambda: turbo.ops.quantize_fp8(meta(4, 8), E4M3, G.ROWWISE, axis=3), ValueError, "argument 'axis' is 3"),
+        (lambda: turbo.ops.quantize_fp8(meta(4, 8), E4M3, G.BLOCKWISE, axis=-1), ValueError, "'block_size' is required"),
+        (lambda: turbo.ops.quantize_fp8(meta(4, 8), E4M3, G.BLOCKWISE, block_size=100, axis=-1), ValueError, "32, 64 or 128"),
+        (lambda: turbo.ops.quantize_fp8(meta(4, 8), E4M3, G.MX_BLOCKWISE, block_size=16, axis=-1), ValueError, "needs 32"),
+        (lambda: turbo.ops.quantize_fp8(meta(), E4M3, G.TENSORWISE), ValueError, "at least 1 dimension"),
+        (lambda: turbo.ops.quantize_fp8_with_trans(meta(4, 8), E4M3, G.BLOCKWISE, block_size=128,
+                                                   scaling_recipe=ScalingRecipe(use_2d_block=True),
+                                                   scaling_recipe_for_trans=ScalingRecipe()), ValueError, "must agree"),
+        (lambda: turbo.ops.dequantize_fp8(meta(4, 8), torch.float32, G.TENSORWISE, scale_inv=meta(dtype=torch.float32)),
+         TypeError, "argument 'x' has dtype"),
+        (lambda: turbo.ops.dequantize_fp8(meta(4, 8, dtype=E4M3), torch.float32, G.TENSORWISE, scale_inv=None),
+         TypeError, "'scale_inv' must be a torch.Tensor"),
+        (lambda: turbo.ops.quantize_fp4(meta(4, 7), axis=-1), ValueError, "must be even"),
+        (lambda: turbo.ops.quantize_fp4(meta(4, 8), axis=-1, scaling_recipe=ScalingRecipe(use_rht=True)), ValueError,
+         "multiple of 16"),
+        (lambda: turbo.ops.quantize_fp4(meta(4, 32), axis=-1, scaling_recipe=ScalingRecipe(use_rht=True, use_2d_block=True)),
+         ValueError, "cannot be combined"),
+        (lambda: turbo.ops.quantize_fp4(meta(4, 32), granularity=G.BLOCKWISE, axis=-1), ValueError, "MX_BLOCKWISE only"),
+        (lambda: turbo.ops.quantize_fp4(meta(4, 32)), ValueError, "'axis' is required"),
+    ],
+)
+def test_bad_arguments(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+# ---- the core's own checks (a C++ or JAX caller sees these); no device work happens ----------------
+
+
+def desc(shape, dtype=2, strides=None, ptr=FAKE_PTR):
+    t = PtTensor()
+    t.data = ptr
+    t.dtype = dtype
+    t.ndim = len(shape)
+    if strides is None:
+        strides, s = [], 1
+        for d in reversed(shape):
+            strides.insert(0, s)
+            s *= d
+    for i, (d, st) in enumerate(zip(shape, strides)):
+        t.shape[i], t.strides[i] = d, st
+    return t
+
+
+def quantize(x, q_row, s_row, q_col=None, s_col=None, g=2, block=128, trans=1, flags=0, ws=0):
+    return lib.pt_quantize(x, q_row, s_row, q_col, s_col, g, block, trans, flags, 0, FAKE_PTR if ws else None, ws, None)
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,match",
+    [
+        ((desc([4, 8], strides=[16, 1]), desc([4, 8], 3), desc([4, 1], 0)), {}, "argument 'x' .* must be contiguous"),
+        ((desc([4, 8], 7), desc([4, 8], 3), desc([4, 1], 0)), {}, "argument 'x' has dtype int32"),
+        ((desc([2, 4, 8]), desc([4, 8], 3), desc([4, 1], 0)), {}, "expected a 2-D tensor"),
+        ((desc([4, 8]), None, None), {}, "at least one output"),
+        ((desc([4, 8]), desc([4, 8], 2), desc([4, 1], 0)), {}, "argument 'q_row' has dtype bfloat16"),
+        ((desc([4, 8]), desc([8, 4], 3), desc([4, 1], 0)), {}, r"argument 'q_row' has shape \[8, 4\]"),
+        ((desc([4, 8]), desc([4, 8], 3), desc([4, 2], 0)), {}, r"argument 's_row' has shape \[4, 2\]; expected \[4, 1\]"),
+        ((desc([4, 8]), desc([4, 8], 3), desc([4, 1], 5)), {}, "BLOCKWISE scales are float32"),
+        ((desc([4, 8]), desc([4, 8], 3), desc([4, 1], 0)), {"block": 100}, "BLOCKWISE supports 32, 64 or 128"),
+        ((desc([4, 8]), desc([4, 8], 3), desc([4, 1], 0)), {"g": 7}, "argument 'granularity' is 7"),
+        ((desc([4, 8]), desc([4, 8], 3), desc([4], 0)), {"g": 0, "ws": 8}, "argument 's_row' has shape"),
+        ((desc([4, 8]), desc([4, 8], 3), desc([], 0)), {"g": 0, "ws": 8}, "argument 'workspace' has 8 bytes"),
+        ((desc([4, 8]), desc([4, 8], 3), desc([4, 1], 0)), {"flags": 2}, "FP4 options"),
+        ((desc([4, 7]), desc([4, 3], 6), desc([4, 1], 5)), {"g": 3, "block": 32}, "must be even"),
+        ((desc([4, 8]), desc([4, 4], 6), desc([4, 1], 0)), {"g": 3, "block": 32}, "float8_e8m0fnu"),
+    ],
+)
+def test_core_rejects_bad_descriptors(args, kwargs, match):
+    with pytest.raises((ValueError, NotImplementedError), match=match):
+        check(quantize(*args, **kwargs))
+
+
+def test_core_column_and_dequantize_checks():
+    x = desc([4, 8])
+    with pytest.raises(ValueError, match=r"argument 'q_col' has shape \[4, 8\]; expected \[8, 4\]"):
+        check(quantize(x, None, None, desc([4, 8], 3), desc([8, 1], 0)))
+    with pytest.raises(ValueError, match=r"argument 's_col' has shape"):
+        check(quantize(x, None, None, desc([8, 4], 3), desc([1, 1], 0)))
+    with pytest.raises(ValueError, match="'s_row' is null"):
+        check(quantize(x, desc([4, 8], 3), None))
+    with pytest.raises(ValueError, match=r"argument 'out' has shape \[4, 4\]; expected \[4, 8\]"):
+        check(lib.pt_dequantize(desc([4, 8], 3), desc([4, 1], 0), desc([4, 4]), 2, 128, -1, 0, None))
+    with pytest.raises(ValueError, match=r"argument 'scale_inv' has shape \[4, 1\]; expected \[1, 8\]"):
+        check(lib.pt_dequantize(desc([4, 8], 3), desc([4, 1], 0), desc([4, 8]), 2, 128, 0, 0, None))
+    with pytest.raises(ValueError, match="along axis -1"):
+        check(lib.pt_dequantize(desc([4, 4], 6), desc([4, 1], 5), desc([4, 8]), 3, 32, 0, 0, None))
+    # Empty problems are accepted and do nothing.
+    check(quantize(desc([0, 8], ptr=None), desc([0, 8], 3, ptr=None), desc([0, 1], 0, ptr=None)))
+
+
+def test_workspace_sizes():
+    assert lib.pt_quantize_workspace_bytes(100, 200, 0) == 16
+    assert lib.pt_quantize_workspace_bytes(100, 200, 1) == 1200
+    assert lib.pt_quantize_workspace_bytes(100, 200, 2) == 0
+
+
+def test_prepare_rejects_bad_dtypes():
+    with pytest.raises(ValueError, match="argument 'x_dtype'"):
+        check(lib.pt_quantize_prepare(3, 3))
+    with pytest.raises(ValueError, match="argument 'q_dtype'"):
+        check(lib.pt_quantize_prepare(2, 2))
