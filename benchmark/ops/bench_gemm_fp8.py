@@ -53,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--output-dir", default=str(bu.DEFAULT_RESULTS_DIR))
     p.add_argument("--no-summary", action="store_true")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--profile", action="store_true", help="print a kernel-time breakdown of one e2e step per granularity")
+    p.add_argument("--backend", default=None, type=str.upper, help="force the FP8 GEMM backend (CUBLASLT, CUTLASS)")
     args = p.parse_args(argv)
     args.default_set = args.models is None and args.mbs is None and not args.quick
     if args.quick:
@@ -216,7 +218,7 @@ def run_entry(kind, gran, cases, args, gpu_name, out_dir, stem):
         ours=[r.get("Ours TFLOPS", nan) for r in rows],
         baseline_values=[r.get("Baseline TFLOPS", nan) for r in rows],
         passed=passed, metric=metric, baseline=baseline, gpu=gpu_name, granularity=gran, format="E4M3",
-        backend="default (cuBLASLt)", models=cfg.resolve_dense_models(args.models), mbs=list(args.mbs),
+        backend=args.backend or "default", models=cfg.resolve_dense_models(args.models), mbs=list(args.mbs),
         torch=torch.__version__, csv=csv_path.name,
     )
     bu.plot_comparison(out_dir / f"{stem}.png", [f"{r['Case']} x{r['MBS']}" for r in rows],
@@ -230,8 +232,32 @@ def run_entry(kind, gran, cases, args, gpu_name, out_dir, stem):
     return all(passed)
 
 
+def profile_e2e(m, n, k, gran) -> None:
+    """Where one bf16-in/bf16-out training step's GPU time goes (quantization vs GEMMs vs glue)."""
+    import primus_turbo.pytorch as turbo
+
+    config = _config(gran)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    step = lambda: torch.autograd.grad(turbo.ops.gemm_fp8(a, b, trans_b=True, config=config), (a, b), g)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+    print(f"[profile] {gran} e2e step M={m} N={n} K={k} (5 steps)")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=70))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.backend:
+        from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager, PrecisionType
+
+        GlobalBackendManager.set_gemm_backend(BackendType[args.backend], precision=PrecisionType.FP8)
     if not torch.cuda.is_available():
         print("bench_gemm_fp8: no CUDA device", file=sys.stderr)
         return 2
@@ -240,6 +266,12 @@ def main(argv=None) -> int:
     cases = cfg.gen_gemm_test_cases(args.models, args.mbs)
     suffix = "_quick" if args.quick else ("" if args.default_set else "_subset")
     print(f"[bench_gemm_fp8] {gpu_name}; torch {torch.__version__}; {len(cases)} cases; commit {bu.git_commit()}")
+    if args.profile:
+        for gran in args.granularity:
+            profile_e2e(8192, 4096, 4096, gran)
+        return 0
+    if args.backend:
+        suffix += f"_{args.backend.lower()}"
     ok = True
     for gran in args.granularity:
         for kind in args.kind:

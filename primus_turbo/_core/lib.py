@@ -79,6 +79,8 @@ _PROTOTYPES = {
     "pt_gemm_workspace_bytes": (_sz, []),
     "pt_gemm_fp8": (_i32, [_T, _T, _i32, _T, _T, _i32, _T, _f32, _i32, _i32, _vp, _sz, _vp]),
     "pt_gemm_fp8_query": (_i32, [_T, _T, _i32, _T, _T, _i32, _T, _f32, _i32, _P(_i32), _P(_i32), _cp, _sz]),
+    "pt_gemm_fp8_prepare": (_i32, [_i32, _i32, _i32, _i32, _i32, _i32]),
+    "pt_gemm_fp8_num_configs": (_i32, [_i32]),
     "pt_gemm_fp8_problem_key": (_i32, [_T, _T, _i32, _T, _T, _i32, _T, _f32, _cp, _sz]),
     "pt_rmsnorm_fwd": (_i32, [_T, _T, _T, _T, _f32, _i32, _vp]),
     "pt_rmsnorm_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _vp, _sz, _i32, _vp]),

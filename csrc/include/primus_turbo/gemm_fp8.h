@@ -19,7 +19,7 @@ typedef enum pt_fp8_scaling {
 
 // a: [M, K] row-major float8_e4m3/e5m2; b: [N, K] row-major float8; d: [M, N] row-major
 // float32/float16/bfloat16 (beta != 0 accumulates into d). Row strides must be multiples of 16
-// bytes. backend: PT_BACKEND_CUBLASLT (PT_BACKEND_CUTLASS is reserved). config: index into the
+// bytes. backend: PT_BACKEND_CUBLASLT or PT_BACKEND_CUTLASS (block scalings). config: index into the
 // backend's candidates for this problem, or -1 for its default.
 PT_API pt_status pt_gemm_fp8(const pt_tensor* a, const pt_tensor* a_scale, int32_t a_scaling,
                              const pt_tensor* b, const pt_tensor* b_scale, int32_t b_scaling,
@@ -38,6 +38,13 @@ PT_API pt_status pt_gemm_fp8_problem_key(const pt_tensor* a, const pt_tensor* a_
                                          const pt_tensor* b_scale, int32_t b_scaling,
                                          const pt_tensor* d, float beta, char* key,
                                          size_t key_len);
+
+// Compiles (or loads from the cache) the CUTLASS kernel of one point (dtypes, block scalings,
+// config index) for sm_90a without running it; needs no GPU. Thread-safe.
+PT_API pt_status pt_gemm_fp8_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,
+                                     int32_t a_scaling, int32_t b_scaling, int32_t config);
+// Size of a backend's fixed config list (CUTLASS), or -1 when it depends on the problem.
+PT_API int32_t pt_gemm_fp8_num_configs(int32_t backend);
 
 #ifdef __cplusplus
 }

@@ -57,4 +57,13 @@ pt_status pt_gemm_fp8_problem_key(const pt_tensor* a, const pt_tensor* a_scale, 
   });
 }
 
+pt_status pt_gemm_fp8_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype, int32_t a_scaling,
+                              int32_t b_scaling, int32_t config) {
+  return api_guard([&] { prepare_cutlass_fp8(a_dtype, b_dtype, d_dtype, a_scaling, b_scaling, config); });
+}
+
+int32_t pt_gemm_fp8_num_configs(int32_t backend) {
+  return backend == PT_BACKEND_CUTLASS ? cutlass_fp8_num_configs() : -1;
+}
+
 }  // extern "C"

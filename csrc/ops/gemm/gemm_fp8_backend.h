@@ -20,6 +20,11 @@ class Fp8Backend {
 };
 
 const Fp8Backend& cublaslt_fp8_backend();
+const Fp8Backend& cutlass_fp8_backend();
+// Builds (or loads) the CUTLASS module of one kernel point without a GPU (compile checks, warm-up).
+void prepare_cutlass_fp8(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype, int32_t a_scaling,
+                         int32_t b_scaling, int config);
+int cutlass_fp8_num_configs();
 // Throws PT_ERROR_INVALID_ARGUMENT for a backend code that is not a GEMM backend.
 const Fp8Backend& fp8_backend_for(int32_t backend);
 

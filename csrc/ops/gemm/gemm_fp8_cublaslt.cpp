@@ -166,17 +166,6 @@ class CublasLtFp8Backend final : public Fp8Backend {
   }
 };
 
-class MissingFp8Backend final : public Fp8Backend {
- public:
-  std::string rejection(const Fp8Problem&) const override {
-    return "the CUTLASS FP8 GEMM kernel is not available yet";
-  }
-  int num_configs(const Fp8Problem&) const override { return 0; }
-  void run(const Fp8Problem& p, int, void*, size_t, cudaStream_t) const override {
-    PT_THROW(PT_ERROR_NOT_SUPPORTED, rejection(p));
-  }
-};
-
 }  // namespace
 
 const Fp8Backend& cublaslt_fp8_backend() {
@@ -185,10 +174,9 @@ const Fp8Backend& cublaslt_fp8_backend() {
 }
 
 const Fp8Backend& fp8_backend_for(int32_t backend) {
-  static MissingFp8Backend cutlass;
   switch (backend) {
     case PT_BACKEND_CUBLASLT: return cublaslt_fp8_backend();
-    case PT_BACKEND_CUTLASS: return cutlass;
+    case PT_BACKEND_CUTLASS: return cutlass_fp8_backend();
     default:
       PT_THROW(PT_ERROR_INVALID_ARGUMENT, "FP8 GEMM has no backend code ", backend,
                "; expected CUBLASLT or CUTLASS");

@@ -91,18 +91,21 @@ class Fp8GemmProblem(autotune.TunableProblem):
             check(status, context=f"gemm_fp8 on {backend.name}")
 
 
+# Plan key -> (backend, config): after the first call of a problem, a call skips backend
+# resolution and the autotune lookup.
 _plans = {}
 
 
 def _run(a, sa, a_scaling, b, sb, b_scaling, out, beta) -> None:
     if out.numel() == 0:
         return
+    key = (
+        a.shape, a.stride(), b.shape, b.stride(), out.stride(), a.dtype, b.dtype, out.dtype, a_scaling, b_scaling,
+        beta, out.device.index, a.data_ptr() % 16, b.data_ptr() % 16, out.data_ptr() % 16,
+        settings_token(OpFamily.GEMM),
+    )
     with device_guard(out.device):
         problem = Fp8GemmProblem(a, sa, a_scaling, b, sb, b_scaling, out, beta)
-        key = (
-            a.shape, a.stride(), b.shape, b.stride(), out.stride(), a.dtype, b.dtype, out.dtype, a_scaling, b_scaling,
-            beta, out.device.index, a.data_ptr() % 16, b.data_ptr() % 16, settings_token(OpFamily.GEMM),
-        )
         choice = _plans.get(key)
         if choice is None:
             choice = autotune.select(problem, out.device)
@@ -143,10 +146,21 @@ _fp8_mm_accum_op = library.define(
 )
 
 
+def _as_blocks(a, sa, a_scaling, b, sb, b_scaling):
+    """E5M2 x E5M2 has no cuBLASLt kernel: tensorwise / rowwise scales are then restated as 1x128
+    block scales (each value repeated over the K blocks) for the block-scaled CUTLASS kernel."""
+    if not (a.dtype == b.dtype == torch.float8_e5m2 and a_scaling in (TENSOR, ROW)):
+        return sa, a_scaling, sb, b_scaling
+    kb = _cdiv(a.shape[1], 128)
+    expand = lambda s, rows: s.float().reshape(-1, 1).expand(rows, kb)
+    return expand(sa, a.shape[0]), BLOCK_1x128, expand(sb, b.shape[0]), BLOCK_1x128
+
+
 def fp8_mm(a, sa, a_scaling: int, b, sb, b_scaling: int, out_dtype) -> torch.Tensor:
     """out[R, C] = (a * sa) @ (b * sb)^T for K-major FP8 a [R, K], b [C, K], scales as quantized
     along K (quantize_fp8 layouts); the binding of every FP8 GEMM below."""
     k = a.shape[1]
+    sa, a_scaling, sb, b_scaling = _as_blocks(a, sa, a_scaling, b, sb, b_scaling)
     return _fp8_mm_op(
         a, kernel_scale(sa, a_scaling, a.shape[0], k), a_scaling,
         b, kernel_scale(sb, b_scaling, b.shape[0], k), b_scaling, out_dtype,
@@ -155,6 +169,7 @@ def fp8_mm(a, sa, a_scaling: int, b, sb, b_scaling: int, out_dtype) -> torch.Ten
 
 def fp8_mm_accum_(a, sa, a_scaling: int, b, sb, b_scaling: int, out: torch.Tensor) -> None:
     k = a.shape[1]
+    sa, a_scaling, sb, b_scaling = _as_blocks(a, sa, a_scaling, b, sb, b_scaling)
     _fp8_mm_accum_op(
         a, kernel_scale(sa, a_scaling, a.shape[0], k), a_scaling,
         b, kernel_scale(sb, b_scaling, b.shape[0], k), b_scaling, out,
