@@ -107,7 +107,7 @@ def _scaled_mm_variants(qa, sa, qb, sb, gran):
 
 
 def gemm_only_case(row, m, n, k, gran, args):
-    from primus_turbo.pytorch.ops.gemm_fp8 import BLOCK_1x128, BLOCK_128x128, ROW, TENSOR, fp8_mm
+    from primus_turbo.pytorch.ops.gemm_fp8 import ROW, TENSOR, BLOCK_1x128, BLOCK_128x128, fp8_mm
 
     act, wgt = {"tensorwise": (TENSOR, TENSOR), "rowwise": (ROW, ROW), "blockwise": (BLOCK_1x128, BLOCK_128x128)}[gran]
     qa, sa, qb, sb = _quantized(m, n, k, gran)
@@ -132,7 +132,7 @@ def gemm_only_case(row, m, n, k, gran, args):
         except Exception as e:  # noqa: BLE001 -- torch may not support this scaling here
             notes.append(f"_scaled_mm variant {i}: {type(e).__name__}: {str(e)[:120]}")
             continue
-        variants = lambda qa, sa, qb, sb: _scaled_mm_variants(qa, sa, qb, sb, gran)[i]()
+        variants = lambda qa, sa, qb, sb, i=i: _scaled_mm_variants(qa, sa, qb, sb, gran)[i]()
         row["Baseline ms"] = bu.time_cuda(variants, rotate=sets, warmup=args.warmup, iters=args.iters)
         notes = []
         break

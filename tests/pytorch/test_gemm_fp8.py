@@ -9,13 +9,13 @@ import warnings
 
 import pytest
 import torch
+from turbo_test_utils import poison_allocator, snr_db
 
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager, PrecisionType
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 from primus_turbo.pytorch.ops import _fp8_quant
-from primus_turbo.pytorch.ops.gemm_fp8 import BLOCK_1x128, BLOCK_128x128, ROW, TENSOR, fp8_mm
-from turbo_test_utils import poison_allocator, snr_db
+from primus_turbo.pytorch.ops.gemm_fp8 import ROW, TENSOR, BLOCK_1x128, BLOCK_128x128, fp8_mm
 
 pytestmark = pytest.mark.gpu
 

@@ -6,7 +6,7 @@ import torch
 
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
-from primus_turbo.pytorch.ops.gemm_fp8 import BLOCK_1x128, BLOCK_128x128, ROW, TENSOR, kernel_scale
+from primus_turbo.pytorch.ops.gemm_fp8 import ROW, TENSOR, BLOCK_1x128, BLOCK_128x128, kernel_scale
 
 G = ScalingGranularity
 CONFIGS = [

@@ -1,6 +1,5 @@
 """turbo.modules.Float8Linear: torch.nn.Linear with its three matmuls in FP8 (turbo.ops.gemm_fp8)."""
 
-from typing import Optional
 
 import torch
 from torch import nn
@@ -26,7 +25,7 @@ class Float8Linear(Linear):
         in_features: int,
         out_features: int,
         bias: bool = True,
-        config: Optional[Float8QuantConfig] = None,
+        config: Float8QuantConfig | None = None,
         device=None,
         dtype=None,
     ):
@@ -36,7 +35,7 @@ class Float8Linear(Linear):
         self.config = config if config is not None else Float8QuantConfig()
 
     @classmethod
-    def from_float(cls, linear: nn.Linear, config: Optional[Float8QuantConfig] = None) -> "Float8Linear":
+    def from_float(cls, linear: nn.Linear, config: Float8QuantConfig | None = None) -> "Float8Linear":
         """A Float8Linear sharing ``linear``'s parameters (no copy)."""
         if not isinstance(linear, nn.Linear) and not isinstance(linear, Linear):
             raise TypeError(f"Float8Linear.from_float: expected an nn.Linear, got {type(linear).__name__}")

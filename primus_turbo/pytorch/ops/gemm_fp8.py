@@ -12,7 +12,6 @@ twice. Layout bookkeeping, with ``op(a)`` ``[M, K]`` and ``op(b)`` ``[K, N]``::
 """
 
 import ctypes
-from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -195,7 +194,7 @@ def _check_config(config) -> Float8QuantConfig:
     return config
 
 
-def _dtypes(fmt: Format) -> Tuple[torch.dtype, torch.dtype]:
+def _dtypes(fmt: Format) -> tuple[torch.dtype, torch.dtype]:
     """(operand dtype, output-gradient dtype)."""
     if fmt == Format.E4M3:
         return torch.float8_e4m3fn, torch.float8_e4m3fn
@@ -204,7 +203,7 @@ def _dtypes(fmt: Format) -> Tuple[torch.dtype, torch.dtype]:
     return torch.float8_e4m3fn, torch.float8_e5m2  # HYBRID
 
 
-def _scalings(g: ScalingGranularity) -> Tuple[int, int]:
+def _scalings(g: ScalingGranularity) -> tuple[int, int]:
     """(activation / gradient scaling, weight scaling)."""
     if g == ScalingGranularity.TENSORWISE:
         return TENSOR, TENSOR
@@ -223,10 +222,11 @@ def _quantize(x, dtype, g, two_d):
 _dummy_wgrads = {}
 
 
-def _dummy_wgrad(like: torch.Tensor) -> torch.Tensor:
-    key = (tuple(like.shape), like.dtype, like.device)
+def _dummy_wgrad(shape, dtype, device) -> torch.Tensor:
+    """Stand-in weight gradient when wgrad went into main_grad (Megatron never reads it)."""
+    key = (tuple(shape), dtype, device)
     if key not in _dummy_wgrads:
-        _dummy_wgrads[key] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+        _dummy_wgrads[key] = torch.empty(shape, dtype=dtype, device=device)
     return _dummy_wgrads[key]
 
 
@@ -244,7 +244,7 @@ class GemmFp8Function(torch.autograd.Function):
         ctx.save_for_backward(a_bwd, sa_bwd, b_bwd, sb_bwd)
         ctx.trans_a, ctx.trans_b, ctx.g, ctx.grad_dtype = trans_a, trans_b, g, grad_dtype
         ctx.act, ctx.wgt = act, wgt
-        ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
+        ctx.a_dtype, ctx.b_dtype, ctx.b_shape = a.dtype, b.dtype, b.shape
         ctx.main_grad = main_grad
         return out
 
@@ -265,7 +265,7 @@ class GemmFp8Function(torch.autograd.Function):
             args = (g_col, sg_col, act, a_bwd, sa_bwd, act) if ctx.trans_b else (a_bwd, sa_bwd, act, g_col, sg_col, act)
             if ctx.main_grad is not None:
                 fp8_mm_accum_(*args, ctx.main_grad)
-                grad_b = _dummy_wgrad(ctx.main_grad)
+                grad_b = _dummy_wgrad(ctx.b_shape, ctx.b_dtype, ctx.main_grad.device)
             else:
                 grad_b = fp8_mm(*args, ctx.b_dtype)
         return grad_a, grad_b, None, None, None, None, None, None
@@ -315,7 +315,7 @@ def _forward_prequantized(a, b, trans_a, trans_b, out_dtype, g):
 # ---- public op --------------------------------------------------------------------------------
 
 
-Operand = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
+Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 def gemm_fp8(
@@ -323,9 +323,9 @@ def gemm_fp8(
     b: Operand,
     trans_a: bool = False,
     trans_b: bool = False,
-    out_dtype: Optional[torch.dtype] = None,
-    config: Optional[Float8QuantConfig] = None,
-    fuse_bgrad_accum_pattern: Optional[str] = None,
+    out_dtype: torch.dtype | None = None,
+    config: Float8QuantConfig | None = None,
+    fuse_bgrad_accum_pattern: str | None = None,
 ) -> torch.Tensor:
     """``op(a) @ op(b)`` computed in FP8: both inputs are quantized per ``config`` (default E4M3
     tensorwise), multiplied on FP8 tensor cores with FP32 accumulation, and written as
