@@ -43,7 +43,8 @@ PT_API pt_status pt_gemm_fp8_problem_key(const pt_tensor* a, const pt_tensor* a_
 // config index) for sm_90a without running it; needs no GPU. Thread-safe.
 PT_API pt_status pt_gemm_fp8_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,
                                      int32_t a_scaling, int32_t b_scaling, int32_t config);
-// Size of a backend's fixed config list (CUTLASS), or -1 when it depends on the problem.
+// Size of the CUTLASS config list (what a pair of 1x128 scalings offers; a 128x128-scaled
+// operand allows fewer), or -1 for a backend whose list depends on the problem (cuBLASLt).
 PT_API int32_t pt_gemm_fp8_num_configs(int32_t backend);
 
 #ifdef __cplusplus

@@ -24,15 +24,28 @@ struct Fp8Config {
   std::string name() const { return str_cat(tile_m, "x", tile_n, "x128_c", cluster_m, "x", cluster_n, "_coop"); }
 };
 
-// Bounded on purpose (each point is a ~1 minute compile): the 128x128 default, a wide tile for
-// large N and a tall one for large M.
-const std::vector<Fp8Config>& candidates() {
+// Bounded on purpose (each point is a ~1 minute compile): the 128x128 tile with either cluster
+// orientation and a tall tile for large M. The collective needs exactly one 128x128 scale per
+// tile along a 128-row-scaled operand, so that operand's tile side must be 128.
+const std::vector<Fp8Config>& all_candidates() {
   static const std::vector<Fp8Config> configs = {
       {128, 128, 1, 2},
-      {128, 256, 1, 1},
+      {128, 128, 2, 1},
       {256, 128, 2, 1},
   };
   return configs;
+}
+
+int scale_rows(int32_t scaling);
+
+// The candidates valid for one scaling pair; a config index counts within this list.
+std::vector<Fp8Config> candidates(int32_t a_scaling, int32_t b_scaling) {
+  std::vector<Fp8Config> out;
+  for (const auto& c : all_candidates()) {
+    if ((scale_rows(a_scaling) == 1 || c.tile_m == 128) && (scale_rows(b_scaling) == 1 || c.tile_n == 128))
+      out.push_back(c);
+  }
+  return out;
 }
 
 const char* cutlass_type(int32_t dt) {
@@ -59,7 +72,7 @@ struct KernelKey {
 };
 
 jit::ModuleRequest module_request(const KernelKey& k) {
-  const Fp8Config& c = candidates().at(k.config);
+  const Fp8Config c = candidates(k.a_scaling, k.b_scaling).at(k.config);
   jit::ModuleRequest r;
   r.name = str_cat("gemm_fp8_cutlass_", dtype_short_name(k.a_dtype), "x", dtype_short_name(k.b_dtype),
                    "_", dtype_short_name(k.d_dtype), "_sf", scale_rows(k.a_scaling), "x",
@@ -90,8 +103,8 @@ PtGemmFp8RunFn load_kernel(const KernelKey& key) {
   return fn;
 }
 
-void check_config(int config) {
-  const int n = static_cast<int>(candidates().size());
+void check_config(int32_t a_scaling, int32_t b_scaling, int config) {
+  const int n = static_cast<int>(candidates(a_scaling, b_scaling).size());
   PT_CHECK_ARG(config >= 0 && config < n, "CUTLASS FP8 config ", config, " is out of range [0, ", n, ")");
 }
 
@@ -114,14 +127,16 @@ class CutlassFp8Backend final : public Fp8Backend {
     return "";
   }
 
-  int num_configs(const Fp8Problem&) const override { return static_cast<int>(candidates().size()); }
+  int num_configs(const Fp8Problem& p) const override {
+    return static_cast<int>(candidates(p.a.scaling, p.b.scaling).size());
+  }
 
   void run(const Fp8Problem& p, int config, void* workspace, size_t workspace_bytes,
            cudaStream_t stream) const override {
     const std::string why = rejection(p);
     PT_CHECK_SUPPORTED(why.empty(), why);
     if (config < 0) config = 0;
-    check_config(config);
+    check_config(p.a.scaling, p.b.scaling, config);
     PtGemmFp8RunFn fn = load_kernel({p.a.dtype, p.b.dtype, p.d_dtype, p.a.scaling, p.b.scaling, config});
     const int device = current_device();
     bind_device_context(device);
@@ -145,7 +160,7 @@ class CutlassFp8Backend final : public Fp8Backend {
     params.num_sms = device_info(device).sm_count;
     char err[1024] = {0};
     if (fn(&params, err, sizeof(err)) != 0)
-      PT_THROW(PT_ERROR_CUDA, "CUTLASS FP8 GEMM ", candidates()[config].name(), " (", p.key(), ") failed: ", err);
+      PT_THROW(PT_ERROR_CUDA, "CUTLASS FP8 GEMM ", candidates(p.a.scaling, p.b.scaling)[config].name(), " (", p.key(), ") failed: ", err);
   }
 };
 
@@ -160,10 +175,10 @@ void prepare_cutlass_fp8(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype, int3
                          int32_t b_scaling, int config) {
   PT_CHECK_ARG(is_block(a_scaling) && is_block(b_scaling),
                "the CUTLASS FP8 GEMM takes 1x128 / 128x128 block scalings");
-  check_config(config);
+  check_config(a_scaling, b_scaling, config);
   load_kernel({a_dtype, b_dtype, d_dtype, a_scaling, b_scaling, config});
 }
 
-int cutlass_fp8_num_configs() { return static_cast<int>(candidates().size()); }
+int cutlass_fp8_num_configs() { return static_cast<int>(all_candidates().size()); }
 
 }  // namespace primus_turbo::gemm
