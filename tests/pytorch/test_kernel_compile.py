@@ -203,3 +203,46 @@ def test_grouped_gemm_modules_use_hgmma():
     assert modules, "no compiled module found (the compile test runs first)"
     sass = subprocess.run([tool, "--dump-sass", modules[0]], capture_output=True, text=True).stdout
     assert "HGMMA" in sass
+
+
+# FP8 GEMM (CUTLASS, block-scaled): every config on the forward point (1x128 activations x 128x128
+# weights), plus the wgrad point (1x128 x 1x128), E5M2 operands and float32 output. Codes: pt_dtype
+# and pt_fp8_scaling.
+_E4M3, _E5M2, _F32, _BF16 = 3, 4, 0, 2
+_B1, _B128 = 2, 3
+
+
+def _fp8_jobs():
+    from primus_turbo._core.lib import lib
+
+    jobs = [(_E4M3, _E4M3, _BF16, _B1, _B128, c) for c in range(lib.pt_gemm_fp8_num_configs(2))]
+    jobs += [(_E4M3, _E5M2, _BF16, _B1, _B1, 0), (_E5M2, _E5M2, _F32, _B1, _B128, 0)]
+    return jobs
+
+
+def test_cutlass_fp8_gemm_compiles_for_sm90a_with_fp8_wgmma():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from primus_turbo._core.lib import check, lib, string_out
+
+    def build(job):
+        try:
+            check(lib.pt_gemm_fp8_prepare(*job))
+            return None
+        except Exception as e:  # report every failure
+            return f"gemm_fp8 {job}: {e}"
+
+    jobs = _fp8_jobs()
+    assert len(jobs) >= 4
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        errors = [e for e in pool.map(build, jobs) if e]
+    assert not errors, "\n".join(errors)
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not available")
+    cache = string_out(lib.pt_jit_cache_dir)
+    modules = glob.glob(os.path.join(cache, "**", "gemm_fp8_cutlass_*", "module.so"), recursive=True)
+    assert modules, f"no compiled FP8 module in {cache}"
+    sass = subprocess.run([tool, "--dump-sass", modules[0]], capture_output=True, text=True).stdout
+    # FP8 warpgroup MMA disassembles as QGMMA (HGMMA is the 16-bit one).
+    assert "QGMMA" in sass

@@ -16,6 +16,8 @@ EXAMPLES = Path(__file__).parent / "seed_examples"
         ("example_1_1_gemm.py", "torch.Size([128, 256])"),
         ("example_1_3_grouped_gemm.py", "torch.Size([128, 256])"),
         ("example_2_1_linear.py", "torch.Size([128, 256])"),
+        ("example_3_2_gemm_fp8.py", "torch.Size([128, 256])"),
+        ("example_5_1_backend_selection.py", "torch.Size([128, 256])"),
     ],
 )
 def test_seed_example_runs_verbatim(script, expected):

@@ -168,6 +168,7 @@ PT_API pt_status pt_gemm_plan_run(pt_gemm_plan plan, const void* a, const void* 
 // Whether the plan's backend needs a workspace (cuBLASLt) or not.
 PT_API int32_t pt_gemm_plan_needs_workspace(pt_gemm_plan plan);
 PT_API void pt_gemm_plan_destroy(pt_gemm_plan plan);
+#include "primus_turbo/gemm_fp8.h"  // ---- FP8 GEMM
 
 // ---- RMSNorm over the last dimension ------------------------------------------------------
 // y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps) per row (statistics in float32) and

@@ -11,6 +11,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "ops/gemm/cublaslt_handle.h"
 #include "ops/gemm/gemm_backend.h"
 #include "runtime/device.h"
 
@@ -37,17 +38,7 @@ uint32_t ptr_alignment(const void* p) {
   return a;
 }
 
-cublasLtHandle_t handle_for(int device) {
-  static std::mutex mutex;
-  static std::map<int, cublasLtHandle_t> handles;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = handles.find(device);
-  if (it != handles.end()) return it->second;
-  cublasLtHandle_t h;
-  PT_CHECK_CUBLAS(cublasLtCreate(&h));
-  handles.emplace(device, h);
-  return h;
-}
+cublasLtHandle_t handle_for(int device) { return cublaslt_handle(device); }
 
 template <class T, cublasStatus_t (*Destroy)(T)>
 struct Owned {
@@ -195,6 +186,18 @@ class CublasLtBackend final : public Backend {
 };
 
 }  // namespace
+
+cublasLtHandle_t cublaslt_handle(int device) {
+  static std::mutex mutex;
+  static std::map<int, cublasLtHandle_t> handles;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  cublasLtHandle_t h;
+  PT_CHECK_CUBLAS(cublasLtCreate(&h));
+  handles.emplace(device, h);
+  return h;
+}
 
 const Backend& cublaslt_backend() {
   static CublasLtBackend backend;

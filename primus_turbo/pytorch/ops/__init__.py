@@ -6,6 +6,7 @@ from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm  # noqa: F401
 from primus_turbo.pytorch.ops.moe_permute import token_permute, token_unpermute  # noqa: F401
 from primus_turbo.pytorch.ops.normalization import layernorm, rmsnorm, rmsnorm_residual  # noqa: F401
 from primus_turbo.pytorch.ops.rope import rope, rope_cos_sin  # noqa: F401
+from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8  # noqa: F401
 from primus_turbo.pytorch.ops.quantization import (  # noqa: F401
     dequantize_fp4,
     dequantize_fp8,
@@ -17,6 +18,7 @@ from primus_turbo.pytorch.ops.quantization import (  # noqa: F401
 __all__ = [
     "gemm",
     "grouped_gemm",
+    "gemm_fp8",
     "rmsnorm",
     "rmsnorm_residual",
     "layernorm",

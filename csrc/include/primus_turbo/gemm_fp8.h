@@ -1,0 +1,52 @@
+// FP8 GEMM: d = (a * a_scale) @ (b * b_scale)^T + beta * d, both operands K-major.
+// Included from primus_turbo.h; C only.
+#pragma once
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// How an operand's dequantization scales (fp32, "scale_inv": value = q * scale) are laid out.
+// rows is M for a and N for b; kb = ceil(K / 128). These are the layouts the GEMM reads directly
+// (the Python binding converts the quantizer's [rows, kb] scales to them).
+typedef enum pt_fp8_scaling {
+  PT_FP8_SCALING_TENSOR = 0,        // one value: 0-dim or [1]
+  PT_FP8_SCALING_ROW = 1,           // [rows]: one per row (per output row/column)
+  PT_FP8_SCALING_BLOCK_1x128 = 2,   // [kb, round_up(rows, 4)]: 1x128 blocks, rows contiguous
+  PT_FP8_SCALING_BLOCK_128x128 = 3, // [ceil(rows/128), round_up(kb, 4)]: 128x128 blocks
+  PT_NUM_FP8_SCALINGS = 4,
+} pt_fp8_scaling;
+
+// a: [M, K] row-major float8_e4m3/e5m2; b: [N, K] row-major float8; d: [M, N] row-major
+// float32/float16/bfloat16 (beta != 0 accumulates into d). Row strides must be multiples of 16
+// bytes. backend: PT_BACKEND_CUBLASLT or PT_BACKEND_CUTLASS (block scalings). config: index into the
+// backend's candidates for this problem, or -1 for its default.
+PT_API pt_status pt_gemm_fp8(const pt_tensor* a, const pt_tensor* a_scale, int32_t a_scaling,
+                             const pt_tensor* b, const pt_tensor* b_scale, int32_t b_scaling,
+                             pt_tensor* d, float beta, int32_t backend, int32_t config,
+                             void* workspace, size_t workspace_bytes, void* stream);
+// Whether backend accepts the problem (1/0), how many configs it offers, and if not, why.
+// Invalid arguments are an error, not a refusal.
+PT_API pt_status pt_gemm_fp8_query(const pt_tensor* a, const pt_tensor* a_scale, int32_t a_scaling,
+                                   const pt_tensor* b, const pt_tensor* b_scale, int32_t b_scaling,
+                                   const pt_tensor* d, float beta, int32_t backend,
+                                   int32_t* accepted, int32_t* num_configs, char* reason,
+                                   size_t reason_len);
+// Sizes, dtypes, scalings, alignment and accumulation: the problem part of an autotune key.
+PT_API pt_status pt_gemm_fp8_problem_key(const pt_tensor* a, const pt_tensor* a_scale,
+                                         int32_t a_scaling, const pt_tensor* b,
+                                         const pt_tensor* b_scale, int32_t b_scaling,
+                                         const pt_tensor* d, float beta, char* key,
+                                         size_t key_len);
+
+// Compiles (or loads from the cache) the CUTLASS kernel of one point (dtypes, block scalings,
+// config index) for sm_90a without running it; needs no GPU. Thread-safe.
+PT_API pt_status pt_gemm_fp8_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,
+                                     int32_t a_scaling, int32_t b_scaling, int32_t config);
+// Size of the CUTLASS config list (what a pair of 1x128 scalings offers; a 128x128-scaled
+// operand allows fewer), or -1 for a backend whose list depends on the problem (cuBLASLt).
+PT_API int32_t pt_gemm_fp8_num_configs(int32_t backend);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,186 @@
+// cuBLASLt FP8 backend. As in gemm_cublaslt.cpp we compute the row-major d as the column-major
+// d^T = b * a^T: cuBLASLt's "A" is our b ([N, K], read transposed: TN, the only FP8 layout
+// Hopper's tensor cores take) and its "B" is our a. Scales ride along with their operand; the
+// 1x128 / 128x128 / outer-vector modes need cuBLAS >= 12.9.
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "ops/gemm/cublaslt_handle.h"
+#include "ops/gemm/gemm_backend.h"
+#include "ops/gemm/gemm_fp8_backend.h"
+#include "runtime/device.h"
+
+namespace primus_turbo::gemm {
+
+namespace {
+
+constexpr int kMaxAlgos = 8;
+constexpr bool kHasScaleModes = CUBLAS_VERSION >= 120900;
+
+cudaDataType_t cuda_type(int32_t dt) {
+  switch (dt) {
+    case PT_FLOAT8_E4M3: return CUDA_R_8F_E4M3;
+    case PT_FLOAT8_E5M2: return CUDA_R_8F_E5M2;
+    case PT_FLOAT32: return CUDA_R_32F;
+    case PT_FLOAT16: return CUDA_R_16F;
+    default: return CUDA_R_16BF;
+  }
+}
+
+#if CUBLAS_VERSION >= 120900
+int32_t scale_mode(int32_t scaling) {
+  switch (scaling) {
+    case PT_FP8_SCALING_ROW: return CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    case PT_FP8_SCALING_BLOCK_1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case PT_FP8_SCALING_BLOCK_128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    default: return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  }
+}
+#endif
+
+template <class T, cublasStatus_t (*Destroy)(T)>
+struct Owned {
+  T value = nullptr;
+  ~Owned() {
+    if (value) Destroy(value);
+  }
+};
+
+struct Descriptors {
+  Owned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> op;
+  Owned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> a, b, d;
+  Owned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> pref;
+
+  template <class V>
+  void set(cublasLtMatmulDescAttributes_t attr, const V& v) {
+    PT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op.value, attr, &v, sizeof(v)));
+  }
+
+  explicit Descriptors(const Fp8Problem& p) {
+    PT_CHECK_CUBLAS(cublasLtMatmulDescCreate(&op.value, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+    set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(p.b.scale));
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(p.a.scale));
+#if CUBLAS_VERSION >= 120900
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, scale_mode(p.b.scaling));
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, scale_mode(p.a.scaling));
+#endif
+    const int8_t fast_accum = 0;  // full FP32 accumulation (blockwise modes require it anyway)
+    set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum);
+    PT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&a.value, cuda_type(p.b.dtype), p.k, p.n, p.b.ld));
+    PT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&b.value, cuda_type(p.a.dtype), p.k, p.m, p.a.ld));
+    PT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&d.value, cuda_type(p.d_dtype), p.n, p.m, p.ldd));
+    PT_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref.value));
+    const uint64_t ws = kWorkspaceBytes;
+    PT_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref.value, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  }
+};
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Reasons cuBLASLt would refuse, stated before asking its heuristic.
+std::string static_rejection(const Fp8Problem& p) {
+  if (p.a.dtype == PT_FLOAT8_E5M2 && p.b.dtype == PT_FLOAT8_E5M2)
+    return "cuBLASLt has no E5M2 x E5M2 FP8 GEMM (one operand must be E4M3)";
+  if (p.a.scaling != PT_FP8_SCALING_TENSOR && !kHasScaleModes)
+    return str_cat("cuBLASLt ", CUBLAS_VERSION, " has no ", fp8_scaling_name(p.a.scaling),
+                   " scaling (needs cuBLAS >= 12.9)");
+  if (p.k % 16 || p.a.ld % 16 || p.b.ld % 16 || !aligned16(p.a.ptr) || !aligned16(p.b.ptr))
+    return str_cat("cuBLASLt FP8 needs K and the row strides to be multiples of 16 and 16-byte "
+                   "aligned operands (K=", p.k, ")");
+  const bool blockwise = p.a.scaling >= PT_FP8_SCALING_BLOCK_1x128;
+  if (blockwise && p.a.scaling == PT_FP8_SCALING_BLOCK_128x128 &&
+      p.b.scaling == PT_FP8_SCALING_BLOCK_128x128)
+    return "cuBLASLt has no 128x128 x 128x128 block-scaled GEMM (one operand must be 1x128)";
+  if (blockwise && p.accumulate())
+    return "cuBLASLt block-scaled GEMM does not accumulate into the output (beta != 0)";
+  return "";
+}
+
+const std::vector<cublasLtMatmulHeuristicResult_t>& algos_for(const Fp8Problem& p) {
+  static std::mutex mutex;
+  static std::map<std::string, std::vector<cublasLtMatmulHeuristicResult_t>> cache;
+  const int device = current_device();
+  const std::string key = str_cat(device, "|", p.key(), "|", aligned16(p.d));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  Descriptors desc(p);
+  cublasLtMatmulHeuristicResult_t results[kMaxAlgos];
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      cublaslt_handle(device), desc.op.value, desc.a.value, desc.b.value, desc.d.value,
+      desc.d.value, desc.pref.value, kMaxAlgos, results, &found);
+  std::vector<cublasLtMatmulHeuristicResult_t> algos;
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    for (int i = 0; i < found; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) algos.push_back(results[i]);
+    }
+  } else if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE) {
+    PT_CHECK_CUBLAS(st);
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  return cache.emplace(key, std::move(algos)).first->second;
+}
+
+class CublasLtFp8Backend final : public Fp8Backend {
+ public:
+  std::string rejection(const Fp8Problem& p) const override {
+    std::string why = static_rejection(p);
+    if (why.empty() && algos_for(p).empty())
+      why = str_cat("cuBLASLt has no algorithm for this FP8 GEMM (", p.key(), ")");
+    return why;
+  }
+
+  int num_configs(const Fp8Problem& p) const override {
+    return static_cast<int>(algos_for(p).size());
+  }
+
+  void run(const Fp8Problem& p, int config, void* workspace, size_t workspace_bytes,
+           cudaStream_t stream) const override {
+    const std::string why = static_rejection(p);
+    PT_CHECK_SUPPORTED(why.empty(), why);
+    const auto& algos = algos_for(p);
+    PT_CHECK_SUPPORTED(!algos.empty(), "cuBLASLt has no algorithm for this FP8 GEMM (", p.key(), ")");
+    if (config < 0) config = 0;
+    PT_CHECK_ARG(config < static_cast<int>(algos.size()), "cuBLASLt FP8 config ", config,
+                 " is out of range [0, ", algos.size(), ")");
+    const auto& algo = algos[config];
+    PT_CHECK_ARG(algo.workspaceSize <= workspace_bytes, "cuBLASLt algorithm ", config, " needs ",
+                 algo.workspaceSize, " bytes of workspace, got ", workspace_bytes);
+    Descriptors desc(p);
+    const float alpha = 1.0f;
+    PT_CHECK_CUBLAS(cublasLtMatmul(cublaslt_handle(current_device()), desc.op.value, &alpha,
+                                   p.b.ptr, desc.a.value, p.a.ptr, desc.b.value, &p.beta, p.d,
+                                   desc.d.value, p.d, desc.d.value, &algo.algo, workspace,
+                                   workspace_bytes, stream));
+  }
+};
+
+}  // namespace
+
+const Fp8Backend& cublaslt_fp8_backend() {
+  static CublasLtFp8Backend backend;
+  return backend;
+}
+
+const Fp8Backend& fp8_backend_for(int32_t backend) {
+  switch (backend) {
+    case PT_BACKEND_CUBLASLT: return cublaslt_fp8_backend();
+    case PT_BACKEND_CUTLASS: return cutlass_fp8_backend();
+    default:
+      PT_THROW(PT_ERROR_INVALID_ARGUMENT, "FP8 GEMM has no backend code ", backend,
+               "; expected CUBLASLT or CUTLASS");
+  }
+}
+
+}  // namespace primus_turbo::gemm

@@ -1,0 +1,391 @@
+"""turbo.ops.gemm_fp8: bf16/fp16 in -> FP8 quantization -> FP8 GEMM -> out_dtype, forward and backward.
+
+Hopper's FP8 tensor cores read both operands K-major, so every GEMM here is
+``out[R, C] = (A * sA)[R, K] @ (B * sB)[C, K]^T`` over row-major FP8 operands quantized along K.
+One fused quantization of each input yields its row-major copy and its transposed copy (quantized
+along the other dimension); the forward uses one, the backward the other, so nothing is quantized
+twice. Layout bookkeeping, with ``op(a)`` ``[M, K]`` and ``op(b)`` ``[K, N]``::
+
+    forward  out    = op(a)  [M,K]          x op(b)^T [N,K]
+    dgrad    d op(a)= grad   [M,N] along N  x op(b)   [K,N] along N
+    wgrad    d op(b)= op(a)^T[K,M] along M  x grad^T  [N,M] along M
+"""
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+from primus_turbo._core import check, lib
+from primus_turbo._core.lib import string_out
+from primus_turbo.pytorch.core import autotune, library
+from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
+from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt, workspace
+from primus_turbo.pytorch.ops import _fp8_quant
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad
+
+__all__ = ["gemm_fp8"]
+
+_IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+# pt_fp8_scaling codes (csrc/include/primus_turbo/gemm_fp8.h).
+TENSOR, ROW, BLOCK_1x128, BLOCK_128x128 = 0, 1, 2, 3
+
+
+# ---- the FP8 GEMM kernel call: out = (a * sa) @ (b * sb)^T ------------------------------------
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def kernel_scale(scale_inv: torch.Tensor, scaling: int, rows: int, k: int) -> torch.Tensor:
+    """The quantizer's scale_inv (see quantize_fp8) in the layout the GEMM reads (gemm_fp8.h):
+    tensor -> 0-dim, row -> [rows], 1x128 -> [kb, round_up(rows, 4)] rows-contiguous,
+    128x128 -> [ceil(rows/128), round_up(kb, 4)]. A few hundred bytes: one small torch op."""
+    s = scale_inv.float()
+    if scaling == TENSOR:
+        return s.reshape(())
+    if scaling == ROW:
+        return s.reshape(rows)
+    if scaling == BLOCK_1x128:
+        return F.pad(s.reshape(rows, _cdiv(k, 128)).t(), (0, (-rows) % 4)).contiguous()
+    kb = _cdiv(k, 128)
+    return F.pad(s.reshape(_cdiv(rows, 128), kb), (0, (-kb) % 4)).contiguous()
+
+
+class Fp8GemmProblem(autotune.TunableProblem):
+    op = OpFamily.GEMM
+    precision = PrecisionType.FP8
+    default_backend = BackendType.CUBLASLT
+    backends = (BackendType.CUBLASLT, BackendType.CUTLASS)
+
+    def __init__(self, a, sa, a_scaling, b, sb, b_scaling, out, beta):
+        self.out, self.beta = out, float(beta)
+        self._args = (to_pt(a), to_pt(sa), a_scaling, to_pt(b), to_pt(sb), b_scaling, to_pt(out), self.beta)
+        self.stream = current_stream_handle(out.device)
+        self._scratch = None
+
+    def key(self) -> str:
+        return "fp8|" + string_out(lib.pt_gemm_fp8_problem_key, *self._args, size=512)
+
+    def query(self, backend: BackendType):
+        accepted, n = ctypes.c_int32(), ctypes.c_int32()
+        reason = ctypes.create_string_buffer(1024)
+        check(lib.pt_gemm_fp8_query(*self._args, backend.value, ctypes.byref(accepted), ctypes.byref(n), reason, 1024))
+        return bool(accepted.value), n.value, reason.value.decode()
+
+    def run(self, backend: BackendType, config: int, for_tuning: bool = False) -> None:
+        args = self._args
+        if for_tuning and self.beta != 0.0:  # profiling must not accumulate into the caller's tensor
+            if self._scratch is None:
+                self._scratch = self.out.clone()
+            args = args[:6] + (to_pt(self._scratch), self.beta)
+        ws = workspace(self.out.device)
+        status = lib.pt_gemm_fp8(*args, backend.value, config, ws.data_ptr(), ws.numel(), self.stream)
+        if status:
+            check(status, context=f"gemm_fp8 on {backend.name}")
+
+
+# Plan key -> (backend, config): after the first call of a problem, a call skips backend
+# resolution and the autotune lookup.
+_plans = {}
+
+
+def _run(a, sa, a_scaling, b, sb, b_scaling, out, beta) -> None:
+    if out.numel() == 0:
+        return
+    key = (
+        a.shape, a.stride(), b.shape, b.stride(), out.stride(), a.dtype, b.dtype, out.dtype, a_scaling, b_scaling,
+        beta, out.device.index, a.data_ptr() % 16, b.data_ptr() % 16, out.data_ptr() % 16,
+        settings_token(OpFamily.GEMM),
+    )
+    with device_guard(out.device):
+        problem = Fp8GemmProblem(a, sa, a_scaling, b, sb, b_scaling, out, beta)
+        choice = _plans.get(key)
+        if choice is None:
+            choice = autotune.select(problem, out.device)
+            if not torch.cuda.is_current_stream_capturing():
+                _plans[key] = choice
+        problem.run(*choice)
+
+
+def _fp8_mm_cuda(a, sa, a_scaling: int, b, sb, b_scaling: int, out_dtype: torch.dtype) -> torch.Tensor:
+    out = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
+    _run(a, sa, a_scaling, b, sb, b_scaling, out, 0.0)
+    return out
+
+
+def _fp8_mm_fake(a, sa, a_scaling, b, sb, b_scaling, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+def _fp8_mm_accum_cuda(a, sa, a_scaling: int, b, sb, b_scaling: int, out) -> None:
+    _run(a, sa, a_scaling, b, sb, b_scaling, out, 1.0)
+
+
+def _fp8_mm_accum_fake(a, sa, a_scaling, b, sb, b_scaling, out):
+    return None
+
+
+_fp8_mm_op = library.define_op(
+    "gemm_fp8_mm(Tensor a, Tensor a_scale, int a_scaling, Tensor b, Tensor b_scale, int b_scaling, "
+    "ScalarType out_dtype) -> Tensor",
+    _fp8_mm_cuda,
+    _fp8_mm_fake,
+)
+_fp8_mm_accum_op = library.define_op(
+    "gemm_fp8_mm_accum_(Tensor a, Tensor a_scale, int a_scaling, Tensor b, Tensor b_scale, int b_scaling, "
+    "Tensor(a!) out) -> ()",
+    _fp8_mm_accum_cuda,
+    _fp8_mm_accum_fake,
+)
+
+
+def _as_blocks(a, sa, a_scaling, b, sb, b_scaling):
+    """E5M2 x E5M2 has no cuBLASLt kernel: tensorwise / rowwise scales are then restated as 1x128
+    block scales (each value repeated over the K blocks) for the block-scaled CUTLASS kernel."""
+    if not (a.dtype == b.dtype == torch.float8_e5m2 and a_scaling in (TENSOR, ROW)):
+        return sa, a_scaling, sb, b_scaling
+    kb = _cdiv(a.shape[1], 128)
+    expand = lambda s, rows: s.float().reshape(-1, 1).expand(rows, kb)
+    return expand(sa, a.shape[0]), BLOCK_1x128, expand(sb, b.shape[0]), BLOCK_1x128
+
+
+def fp8_mm(a, sa, a_scaling: int, b, sb, b_scaling: int, out_dtype) -> torch.Tensor:
+    """out[R, C] = (a * sa) @ (b * sb)^T for K-major FP8 a [R, K], b [C, K], scales as quantized
+    along K (quantize_fp8 layouts); the binding of every FP8 GEMM below."""
+    k = a.shape[1]
+    sa, a_scaling, sb, b_scaling = _as_blocks(a, sa, a_scaling, b, sb, b_scaling)
+    return _fp8_mm_op(
+        a, kernel_scale(sa, a_scaling, a.shape[0], k), a_scaling,
+        b, kernel_scale(sb, b_scaling, b.shape[0], k), b_scaling, out_dtype,
+    )
+
+
+def fp8_mm_accum_(a, sa, a_scaling: int, b, sb, b_scaling: int, out: torch.Tensor) -> None:
+    k = a.shape[1]
+    sa, a_scaling, sb, b_scaling = _as_blocks(a, sa, a_scaling, b, sb, b_scaling)
+    _fp8_mm_accum_op(
+        a, kernel_scale(sa, a_scaling, a.shape[0], k), a_scaling,
+        b, kernel_scale(sb, b_scaling, b.shape[0], k), b_scaling, out,
+    )
+
+
+# ---- configuration -> quantization plan -------------------------------------------------------
+
+
+def _check_config(config) -> Float8QuantConfig:
+    if config is None:
+        return Float8QuantConfig()
+    if not isinstance(config, Float8QuantConfig):
+        raise TypeError(f"gemm_fp8: config must be a Float8QuantConfig or None, got {type(config).__name__}")
+    g = config.granularity
+    if g == ScalingGranularity.MX_BLOCKWISE:
+        raise NotImplementedError(
+            "gemm_fp8: MX_BLOCKWISE needs the per-32 block-scaled GEMM kernel, which is not available yet "
+            "(Hopper has no MX tensor cores and cuBLASLt offers no MX GEMM on sm_90)"
+        )
+    if g == ScalingGranularity.BLOCKWISE and config.block_size != 128:
+        raise ValueError(f"gemm_fp8: BLOCKWISE supports block_size=128, got {config.block_size}")
+    return config
+
+
+def _dtypes(fmt: Format) -> tuple[torch.dtype, torch.dtype]:
+    """(operand dtype, output-gradient dtype)."""
+    if fmt == Format.E4M3:
+        return torch.float8_e4m3fn, torch.float8_e4m3fn
+    if fmt == Format.E5M2:
+        return torch.float8_e5m2, torch.float8_e5m2
+    return torch.float8_e4m3fn, torch.float8_e5m2  # HYBRID
+
+
+def _scalings(g: ScalingGranularity) -> tuple[int, int]:
+    """(activation / gradient scaling, weight scaling)."""
+    if g == ScalingGranularity.TENSORWISE:
+        return TENSOR, TENSOR
+    if g == ScalingGranularity.ROWWISE:
+        return ROW, ROW
+    return BLOCK_1x128, BLOCK_128x128
+
+
+def _quantize(x, dtype, g, two_d):
+    return _fp8_quant.quantize_with_trans(x.contiguous(), dtype, g, 128 if g == ScalingGranularity.BLOCKWISE else None, two_d)
+
+
+# ---- autograd -----------------------------------------------------------------------------
+
+
+_dummy_wgrads = {}
+
+
+def _dummy_wgrad(shape, dtype, device) -> torch.Tensor:
+    """Stand-in weight gradient when wgrad went into main_grad (Megatron never reads it)."""
+    key = (tuple(shape), dtype, device)
+    if key not in _dummy_wgrads:
+        _dummy_wgrads[key] = torch.empty(shape, dtype=dtype, device=device)
+    return _dummy_wgrads[key]
+
+
+class GemmFp8Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, trans_a: bool, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity, main_grad):
+        fwd_dtype, grad_dtype = _dtypes(fmt)
+        act, wgt = _scalings(g)
+        a_row, sa_row, a_col, sa_col = _quantize(a, fwd_dtype, g, False)
+        b_row, sb_row, b_col, sb_col = _quantize(b, fwd_dtype, g, wgt == BLOCK_128x128)
+        # op(a) along K and op(b)^T along K for the forward; the other copies for the backward.
+        a_fwd, sa_fwd, a_bwd, sa_bwd = (a_col, sa_col, a_row, sa_row) if trans_a else (a_row, sa_row, a_col, sa_col)
+        b_fwd, sb_fwd, b_bwd, sb_bwd = (b_row, sb_row, b_col, sb_col) if trans_b else (b_col, sb_col, b_row, sb_row)
+        out = fp8_mm(a_fwd, sa_fwd, act, b_fwd, sb_fwd, wgt, out_dtype)
+        ctx.save_for_backward(a_bwd, sa_bwd, b_bwd, sb_bwd)
+        ctx.trans_a, ctx.trans_b, ctx.g, ctx.grad_dtype = trans_a, trans_b, g, grad_dtype
+        ctx.act, ctx.wgt = act, wgt
+        ctx.a_dtype, ctx.b_dtype, ctx.b_shape = a.dtype, b.dtype, b.shape
+        ctx.main_grad = main_grad
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a_bwd, sa_bwd, b_bwd, sb_bwd = ctx.saved_tensors
+        act, wgt = ctx.act, ctx.wgt
+        g_row, sg_row, g_col, sg_col = _quantize(grad_out.contiguous(), ctx.grad_dtype, ctx.g, False)
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            # d op(a) [M, K] = grad [M, N] @ op(b) [K, N]^T; transposed operands give d a directly.
+            if ctx.trans_a:
+                grad_a = fp8_mm(b_bwd, sb_bwd, wgt, g_row, sg_row, act, ctx.a_dtype)
+            else:
+                grad_a = fp8_mm(g_row, sg_row, act, b_bwd, sb_bwd, wgt, ctx.a_dtype)
+        if ctx.needs_input_grad[1] or ctx.main_grad is not None:
+            # d op(b) [K, N] = op(a)^T [K, M] @ grad^T [N, M]^T.
+            args = (g_col, sg_col, act, a_bwd, sa_bwd, act) if ctx.trans_b else (a_bwd, sa_bwd, act, g_col, sg_col, act)
+            if ctx.main_grad is not None:
+                fp8_mm_accum_(*args, ctx.main_grad)
+                grad_b = _dummy_wgrad(ctx.b_shape, ctx.b_dtype, ctx.main_grad.device)
+            else:
+                grad_b = fp8_mm(*args, ctx.b_dtype)
+        return grad_a, grad_b, None, None, None, None, None, None
+
+
+# ---- pre-quantized operands -----------------------------------------------------------------
+
+
+def _prequantized(x, name: str, trans: bool, must_trans: bool, scaling: int):
+    q, s = x
+    if not isinstance(q, torch.Tensor) or q.dtype not in _FP8_DTYPES or q.dim() != 2:
+        raise TypeError(f"gemm_fp8: pre-quantized '{name}' must be (q, scale_inv) with q a 2-D float8 tensor")
+    if bool(trans) != must_trans:
+        raise ValueError(
+            f"gemm_fp8: a pre-quantized '{name}' must be stored K-major (trans_{name}={must_trans}): quantize "
+            f"op({name}) along K"
+        )
+    if not isinstance(s, torch.Tensor) or s.dtype != torch.float32:
+        raise TypeError(f"gemm_fp8: pre-quantized '{name}' scale_inv must be a float32 tensor")
+    rows, k = q.shape
+    expected = {
+        TENSOR: (),
+        ROW: (rows, 1),
+        BLOCK_1x128: (rows, _cdiv(k, 128)),
+        BLOCK_128x128: (_cdiv(rows, 128), _cdiv(k, 128)),
+    }[scaling]
+    if tuple(s.shape) != expected and not (scaling == TENSOR and s.numel() == 1):
+        raise ValueError(
+            f"gemm_fp8: pre-quantized '{name}' scale_inv has shape {tuple(s.shape)}; expected {list(expected)} "
+            f"for q of shape {tuple(q.shape)}"
+        )
+    return q.contiguous(), s
+
+
+def _forward_prequantized(a, b, trans_a, trans_b, out_dtype, g):
+    act, wgt = _scalings(g)
+    qa, sa = _prequantized(a, "a", trans_a, False, act)
+    qb, sb = _prequantized(b, "b", trans_b, True, wgt)
+    if qa.shape[1] != qb.shape[1]:
+        raise ValueError(f"gemm_fp8: inner dimensions do not match: a is {tuple(qa.shape)}, b is {tuple(qb.shape)}")
+    if out_dtype is None:
+        raise ValueError("gemm_fp8: out_dtype is required when 'a' is pre-quantized")
+    check_cuda_tensors("gemm_fp8", a=qa, b=qb)
+    return fp8_mm(qa, sa, act, qb, sb, wgt, out_dtype)
+
+
+# ---- public op --------------------------------------------------------------------------------
+
+
+Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+def gemm_fp8(
+    a: Operand,
+    b: Operand,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    out_dtype: torch.dtype | None = None,
+    config: Float8QuantConfig | None = None,
+    fuse_bgrad_accum_pattern: str | None = None,
+) -> torch.Tensor:
+    """``op(a) @ op(b)`` computed in FP8: both inputs are quantized per ``config`` (default E4M3
+    tensorwise), multiplied on FP8 tensor cores with FP32 accumulation, and written as
+    ``out_dtype`` (default ``a.dtype``). Differentiable: dgrad and wgrad run in FP8 at the same
+    granularity (HYBRID: the output gradient in E5M2, the rest E4M3).
+
+    Args:
+        a: ``[M, K]`` (``[K, M]`` with ``trans_a``), float16/bfloat16/float32, CUDA.
+        b: ``[K, N]`` (``[N, K]`` with ``trans_b``), same dtype as ``a``. With BLOCKWISE, ``b`` is
+            the weight: 128x128 blocks; ``a`` and the output gradient use 1x128 blocks along K.
+        config: :class:`Float8QuantConfig`; TENSORWISE, ROWWISE, BLOCKWISE (block_size=128).
+        fuse_bgrad_accum_pattern: ``"megatron"`` (TENSORWISE/ROWWISE) adds b's gradient into
+            ``b.main_grad`` inside the wgrad GEMM, as :func:`gemm`.
+
+    Pre-quantized inputs (forward only, no autograd): pass ``a=(q, scale_inv)`` with ``q [M, K]``
+    and ``trans_a=False``, and ``b=(q, scale_inv)`` with ``q [N, K]`` and ``trans_b=True``, both
+    quantized along K as ``turbo.ops.quantize_fp8(x, dtype, granularity, axis=-1)`` returns them
+    (BLOCKWISE ``b``: ``scaling_recipe.use_2d_block=True``); ``out_dtype`` is then required.
+
+    Shapes: K must be a multiple of 16 (FP8 rows are read 16 bytes at a time); for the backward,
+    M and N as well (the transposed copies are FP8 rows of length M and N). Partial 128-blocks
+    are fine. Violations raise ``ValueError`` before any work.
+    """
+    config = _check_config(config)
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        if not (isinstance(a, tuple) and isinstance(b, tuple)):
+            raise TypeError("gemm_fp8: pass both 'a' and 'b' pre-quantized, or neither")
+        return _forward_prequantized(a, b, trans_a, trans_b, out_dtype, config.granularity)
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"gemm_fp8: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"gemm_fp8: argument '{name}' must be 2-D, got shape {tuple(t.shape)}")
+        if t.dtype not in _IN_DTYPES:
+            raise TypeError(f"gemm_fp8: argument '{name}' has dtype {t.dtype}; expected float16, bfloat16 or float32")
+    if b.dtype != a.dtype:
+        raise TypeError(f"gemm_fp8: argument 'b' has dtype {b.dtype}; expected the dtype of 'a' ({a.dtype})")
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"gemm_fp8: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    if k != kb:
+        raise ValueError(
+            f"gemm_fp8: inner dimensions do not match: op(a) is [{m}, {k}] (a {tuple(a.shape)}, trans_a={trans_a}) "
+            f"but op(b) is [{kb}, {n}] (b {tuple(b.shape)}, trans_b={trans_b})"
+        )
+    if k % 16:
+        raise ValueError(f"gemm_fp8: K={k} must be a multiple of 16 (FP8 GEMM operands are read in 16-byte rows)")
+    if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled() and (m % 16 or n % 16):
+        raise ValueError(
+            f"gemm_fp8: the backward needs M={m} and N={n} to be multiples of 16 (its transposed FP8 "
+            "operands have rows of length M and N)"
+        )
+    check_cuda_tensors("gemm_fp8", a=a, b=b)
+    if m == 0 or n == 0 or k == 0:  # nothing to quantize; the (empty or zero) product in torch
+        return ((a.t() if trans_a else a) @ (b.t() if trans_b else b)).to(out_dtype)
+    main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)
+    if main_grad is not None and config.granularity == ScalingGranularity.BLOCKWISE:
+        raise ValueError("gemm_fp8: fuse_bgrad_accum_pattern='megatron' supports TENSORWISE and ROWWISE, not BLOCKWISE")
+    return GemmFp8Function.apply(
+        a, b, bool(trans_a), bool(trans_b), out_dtype, config.format, config.granularity, main_grad
+    )

@@ -1,0 +1,169 @@
+"""Host-side behaviour of turbo.ops.gemm_fp8 and Float8Linear that needs no GPU: configuration and
+argument errors raised before any launch, shapes through meta/fake tensors, and a fullgraph trace."""
+
+import pytest
+import torch
+
+import primus_turbo.pytorch as turbo
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
+from primus_turbo.pytorch.ops.gemm_fp8 import ROW, TENSOR, BLOCK_1x128, BLOCK_128x128, kernel_scale
+
+G = ScalingGranularity
+CONFIGS = [
+    Float8QuantConfig(format=f, granularity=g, block_size=128 if g == G.BLOCKWISE else None)
+    for f in (Format.E4M3, Format.E5M2, Format.HYBRID)
+    for g in (G.TENSORWISE, G.ROWWISE, G.BLOCKWISE)
+]
+
+
+def meta(*shape, dtype=torch.bfloat16, grad=False):
+    return torch.empty(shape, device="meta", dtype=dtype, requires_grad=grad)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.format.name}-{c.granularity.name}")
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_shapes_forward_and_backward_on_meta(config, trans_a, trans_b):
+    m, n, k = 48, 32, 272
+    a = meta(*((k, m) if trans_a else (m, k)), grad=True)
+    b = meta(*((n, k) if trans_b else (k, n)), grad=True)
+    out = turbo.ops.gemm_fp8(a, b, trans_a, trans_b, config=config)
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16
+    out.sum().backward()
+    assert a.grad.shape == a.shape and b.grad.shape == b.shape
+    assert a.grad.dtype == a.dtype and b.grad.dtype == b.dtype
+
+
+def test_out_dtype_and_default_config():
+    out = turbo.ops.gemm_fp8(meta(16, 32), meta(32, 16), out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    assert turbo.ops.gemm_fp8(meta(16, 32, dtype=torch.float16), meta(32, 16, dtype=torch.float16)).dtype == torch.float16
+
+
+def test_fake_tensor_mode_on_cuda_device():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cfg = Float8QuantConfig(granularity=G.BLOCKWISE, block_size=128)
+    with FakeTensorMode():
+        a = torch.empty(64, 256, device="cuda", dtype=torch.bfloat16)
+        b = torch.empty(32, 256, device="cuda", dtype=torch.bfloat16)
+        out = turbo.ops.gemm_fp8(a, b, trans_b=True, config=cfg)
+    assert out.shape == (64, 32) and out.device.type == "cuda"
+
+
+@pytest.mark.parametrize("config", CONFIGS[:3] + CONFIGS[-1:], ids=lambda c: f"{c.format.name}-{c.granularity.name}")
+def test_float8_linear_compiles_fullgraph_forward_and_backward(config):
+    layer = turbo.modules.Float8Linear(64, 32, config=config, device="meta", dtype=torch.bfloat16)
+
+    def step(x):
+        y = layer(x)
+        y.sum().backward()
+        return y
+
+    x = meta(2, 8, 64, grad=True)
+    out = torch.compile(layer, fullgraph=True, backend="aot_eager")(x)
+    assert out.shape == (2, 8, 32)
+    out.sum().backward()
+    assert x.grad.shape == x.shape and layer.weight.grad.shape == layer.weight.shape
+
+
+def test_gemm_fp8_traces_without_graph_break():
+    def fn(x, w):
+        return torch.relu(turbo.ops.gemm_fp8(x, w, trans_b=True)) + 1
+
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(meta(16, 32), meta(48, 32))
+    assert out.shape == (16, 48)
+
+
+def test_registered_as_custom_ops():
+    assert "primus_turbo::gemm_fp8_mm(" in str(torch.ops.primus_turbo.gemm_fp8_mm.default._schema)
+    assert "Tensor(a!) out" in str(torch.ops.primus_turbo.gemm_fp8_mm_accum_.default._schema)
+
+
+@pytest.mark.parametrize(
+    "a,b,kwargs,exc,match",
+    [
+        (torch.randn(16, 32), torch.randn(32, 16), {}, ValueError, "argument 'a' is on cpu; expected a CUDA device"),
+        (meta(16, 32), meta(48, 16), {}, ValueError, r"inner dimensions do not match: op\(a\) is \[16, 32\]"),
+        (meta(16, 32), meta(32, 16, dtype=torch.float16), {}, TypeError, "argument 'b' has dtype torch.float16"),
+        (meta(16, 32, dtype=torch.int32), meta(32, 16, dtype=torch.int32), {}, TypeError, "argument 'a' has dtype"),
+        (meta(16, 32, 2), meta(32, 16), {}, ValueError, "argument 'a' must be 2-D"),
+        (meta(16, 32), meta(32, 16), {"out_dtype": torch.int8}, TypeError, "out_dtype"),
+        (meta(16, 40), meta(40, 16), {}, ValueError, "K=40 must be a multiple of 16"),
+        (meta(16, 32, grad=True), meta(32, 24), {}, ValueError, r"N=24 to be multiples of 16"),
+        ("not a tensor", meta(32, 16), {}, TypeError, "must be a torch.Tensor"),
+        (meta(16, 32), meta(32, 16), {"config": "e4m3"}, TypeError, "Float8QuantConfig"),
+        (meta(16, 32), meta(32, 16), {"config": Float8QuantConfig(granularity=G.BLOCKWISE, block_size=64)},
+         ValueError, "block_size=128"),
+        (meta(16, 32), meta(32, 16),
+         {"config": Float8QuantConfig(granularity=G.MX_BLOCKWISE, block_size=32, scale_dtype=turbo.core.low_precision.ScaleDtype.E8M0)},
+         NotImplementedError, "MX_BLOCKWISE"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(a, b, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        turbo.ops.gemm_fp8(a, b, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"granularity": G.BLOCKWISE}, "needs block_size"),
+        ({"granularity": G.TENSORWISE, "block_size": 128}, "block_size is only meaningful"),
+        ({"format": Format.E2M1_X2}, "format must be"),
+        ({"granularity": G.MX_BLOCKWISE, "block_size": 16}, "block_size=32"),
+    ],
+)
+def test_bad_configs_raise_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Float8QuantConfig(**kwargs)
+
+
+def test_prequantized_operands_are_checked():
+    qa = torch.empty(16, 256, device="meta", dtype=torch.float8_e4m3fn)
+    qb = torch.empty(32, 256, device="meta", dtype=torch.float8_e4m3fn)
+    s = torch.empty((), device="meta", dtype=torch.float32)
+    out = turbo.ops.gemm_fp8((qa, s), (qb, s), trans_b=True, out_dtype=torch.bfloat16)
+    assert out.shape == (16, 32)
+    with pytest.raises(ValueError, match="K-major"):
+        turbo.ops.gemm_fp8((qa, s), (qb, s), trans_b=False, out_dtype=torch.bfloat16)
+    cfg = Float8QuantConfig(granularity=G.BLOCKWISE, block_size=128)
+    bad = torch.empty(16, 3, device="meta", dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"scale_inv has shape \(16, 3\); expected \[16, 2\]"):
+        turbo.ops.gemm_fp8((qa, bad), (qb, s), trans_b=True, out_dtype=torch.bfloat16, config=cfg)
+    with pytest.raises(TypeError, match="both"):
+        turbo.ops.gemm_fp8((qa, s), meta(32, 256), trans_b=True)
+
+
+def test_kernel_scale_layouts():
+    s = torch.arange(6 * 3, dtype=torch.float32).reshape(6, 3)
+    t = kernel_scale(s, BLOCK_1x128, 6, 300)
+    assert t.shape == (3, 8) and t.is_contiguous() and torch.equal(t[:, :6], s.t())
+    w = torch.arange(2 * 3, dtype=torch.float32).reshape(2, 3)
+    t = kernel_scale(w, BLOCK_128x128, 200, 300)
+    assert t.shape == (2, 4) and torch.equal(t[:, :3], w)
+    assert kernel_scale(torch.ones(5, 1), ROW, 5, 16).shape == (5,)
+    assert kernel_scale(torch.tensor(2.0), TENSOR, 5, 16).dim() == 0
+
+
+def test_megatron_pattern_validates_main_grad():
+    w = meta(16, 32, grad=True)
+    with pytest.raises(ValueError, match="main_grad"):
+        turbo.ops.gemm_fp8(meta(16, 32), w, trans_b=True, fuse_bgrad_accum_pattern="megatron")
+    w.main_grad = meta(16, 32, dtype=torch.float32)
+    turbo.ops.gemm_fp8(meta(16, 32), w, trans_b=True, fuse_bgrad_accum_pattern="megatron")
+    assert w.grad_added_to_main_grad is True
+
+
+def test_float8_linear_from_float_shares_parameters():
+    lin = torch.nn.Linear(32, 16, device="meta", dtype=torch.bfloat16)
+    cfg = Float8QuantConfig(format=Format.HYBRID, granularity=G.ROWWISE)
+    f8 = turbo.modules.Float8Linear.from_float(lin, cfg)
+    assert f8.weight is lin.weight and f8.bias is lin.bias and f8.config is cfg
+    assert f8(meta(16, 32)).shape == (16, 16)
+    with pytest.raises(ValueError, match="in_features=32"):
+        f8(meta(16, 16))
+    with pytest.raises(TypeError, match="nn.Linear"):
+        turbo.modules.Float8Linear.from_float(torch.nn.ReLU(), cfg)
+    with pytest.raises(TypeError, match="Float8QuantConfig"):
+        turbo.modules.Float8Linear(32, 16, config="blockwise", device="meta")
