@@ -9,7 +9,9 @@
 //   (the warp's copy of s sits in shared memory, one lane scores one group);
 //   top-k: topk rounds of a warp argmax over the eligible experts.
 // Order and ties: larger s first; equal s -> the lower expert index (the lower group index for
-// group scores), so the choice is deterministic. NaN scores are never chosen.
+// group scores), so the choice is deterministic. Scores are >= 0, so (value, index) packs into one
+// 64-bit key (float bits above the inverted index) whose integer order is the ranking order: a
+// scan or a warp reduction is one max. NaN logits give an unspecified choice.
 // Outputs: sigmoid: probs = s_i / (sum of the chosen s + 1e-20) * scaling when topk > 1 (s_i *
 // scaling for topk == 1); scores = s / (sum of all s + 1e-20) when topk > 1 (s for topk == 1).
 // softmax: probs = s_i * scaling, scores = s.
@@ -57,21 +59,22 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// (v, i) ranks before (w, j): larger value first, then the lower index; idx INT_MAX means empty.
-__device__ __forceinline__ bool before(float v, int i, float w, int j) {
-  if (j == INT_MAX) return i != INT_MAX;
-  if (i == INT_MAX) return false;
-  return v > w || (v == w && i < j);
+// Ranking key of a non-negative score v (every score and group score is >= 0) at index i: the
+// float's bits above ~i, so that a larger key means a larger value, then a lower index. 0 is below
+// every valid key (~i != 0), so it stands for "none".
+__device__ __forceinline__ uint64_t rank_key(float v, int i) {
+  return (static_cast<uint64_t>(__float_as_uint(v)) << 32) | static_cast<uint32_t>(~i);
 }
+__device__ __forceinline__ float key_value(uint64_t k) { return __uint_as_float(static_cast<uint32_t>(k >> 32)); }
+__device__ __forceinline__ int key_index(uint64_t k) { return static_cast<int>(~static_cast<uint32_t>(k)); }
 
-// Warp argmax of (v, i) under `before`; every lane gets the winner.
-__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+__device__ __forceinline__ uint64_t warp_max_key(uint64_t k) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
-    const float w = __shfl_xor_sync(0xffffffffu, v, o);
-    const int j = __shfl_xor_sync(0xffffffffu, i, o);
-    if (before(w, j, v, i)) v = w, i = j;
+    const uint64_t other = __shfl_xor_sync(0xffffffffu, static_cast<unsigned long long>(k), o);
+    k = other > k ? other : k;
   }
+  return k;
 }
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -132,35 +135,31 @@ __global__ void __launch_bounds__(kThreads) routing_fwd_kernel(PtRoutingFwdParam
     __syncwarp();
     for (int g = lane; g < G; g += 32) {
       const float* v = buf + g * stride;
-      float prev = 0.f, total = 0.f;
-      int prev_j = -1;  // none yet
+      uint64_t prev = ~0ull;  // the previous pick; the next one ranks right below it
+      float total = 0.f;
       for (int r = 0; r < per_group; ++r) {
-        float best = 0.f;
-        int best_j = INT_MAX;
+        uint64_t best = 0;
         for (int j = 0; j < epg; ++j) {
-          const float w = v[j];
-          // Only values after the previous pick in (value desc, index asc) order.
-          const bool after = prev_j < 0 || w < prev || (w == prev && j > prev_j);
-          if (after && before(w, j, best, best_j)) best = w, best_j = j;
+          const uint64_t k = rank_key(v[j], j);
+          if (k < prev && k > best) best = k;
         }
-        if (best_j == INT_MAX) break;
-        total += best;
-        prev = best, prev_j = best_j;
+        if (best == 0) break;
+        total += key_value(best);
+        prev = best;
       }
       gscore[g] = total;
     }
     __syncwarp();
     uint64_t chosen = 0;
     for (int r = 0; r < p.selected_groups; ++r) {
-      float best = 0.f;
-      int best_g = INT_MAX;
+      uint64_t best = 0;
       for (int g = lane; g < G; g += 32) {
-        if ((chosen >> g) & 1ull) continue;
-        if (before(gscore[g], g, best, best_g)) best = gscore[g], best_g = g;
+        const uint64_t k = ((chosen >> g) & 1ull) ? 0 : rank_key(gscore[g], g);
+        best = k > best ? k : best;
       }
-      warp_argmax(best, best_g);
-      if (best_g == INT_MAX) break;
-      chosen |= 1ull << best_g;
+      best = warp_max_key(best);
+      if (best == 0) break;
+      chosen |= 1ull << key_index(best);
     }
 #pragma unroll
     for (int i = 0; i < kVpt; ++i) {
@@ -172,19 +171,18 @@ __global__ void __launch_bounds__(kThreads) routing_fwd_kernel(PtRoutingFwdParam
   uint32_t taken = 0;
   float chosen_sum = 0.f;
   for (int r = 0; r < p.topk; ++r) {
-    float best = 0.f;
-    int best_e = INT_MAX;
+    const uint32_t avail = elig & ~taken;
+    uint64_t best = 0;
 #pragma unroll
     for (int i = 0; i < kVpt; ++i) {
-      const int e = lane + 32 * i;
-      if (((elig & ~taken) >> i) & 1u) {
-        if (before(s[i], e, best, best_e)) best = s[i], best_e = e;
-      }
+      const uint64_t k = ((avail >> i) & 1u) ? rank_key(s[i], lane + 32 * i) : 0;
+      best = k > best ? k : best;
     }
-    warp_argmax(best, best_e);
-    if (best_e == INT_MAX) break;
-    if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
-    chosen_sum += best;
+    best = warp_max_key(best);
+    if (best == 0) break;
+    const int e = key_index(best);
+    if ((e & 31) == lane) taken |= 1u << (e >> 5);
+    chosen_sum += key_value(best);
   }
 
   const bool sigmoid = !p.softmax;
