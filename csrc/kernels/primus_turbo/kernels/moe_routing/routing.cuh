@@ -133,21 +133,33 @@ __global__ void __launch_bounds__(kThreads) routing_fwd_kernel(PtRoutingFwdParam
       if (e < E) buf[(e / epg) * stride + e % epg] = s[i];
     }
     __syncwarp();
-    for (int g = lane; g < G; g += 32) {
-      const float* v = buf + g * stride;
+    // A group's score: L lanes per group (L a power of two, G * L <= 32; more groups than
+    // lanes take several passes with L = 1) each scan a strided share of the group for the
+    // best key below the previous pick, then max over the group's L lanes (aligned xor segments).
+    // Every lane runs the same loops, so the shuffles are warp-uniform.
+    int L = 1;
+    while (L * 2 * G <= 32) L *= 2;
+    for (int first = 0; first < G * L; first += 32) {
+      const int slot = first + lane, g = slot / L, sub = slot % L;
+      const bool active = g < G;
+      const float* v = buf + (active ? g : 0) * stride;
       uint64_t prev = ~0ull;  // the previous pick; the next one ranks right below it
       float total = 0.f;
       for (int r = 0; r < per_group; ++r) {
         uint64_t best = 0;
-        for (int j = 0; j < epg; ++j) {
-          const uint64_t k = rank_key(v[j], j);
-          if (k < prev && k > best) best = k;
+        if (active) {
+          for (int j = sub; j < epg; j += L) {
+            const uint64_t k = rank_key(v[j], j);
+            if (k < prev && k > best) best = k;
+          }
         }
-        if (best == 0) break;
-        total += key_value(best);
-        prev = best;
+        for (int o = 1; o < L; o <<= 1) {
+          const uint64_t other = __shfl_xor_sync(0xffffffffu, static_cast<unsigned long long>(best), o);
+          best = other > best ? other : best;
+        }
+        if (best != 0) total += key_value(best), prev = best;
       }
-      gscore[g] = total;
+      if (active && sub == 0) gscore[g] = total;
     }
     __syncwarp();
     uint64_t chosen = 0;
