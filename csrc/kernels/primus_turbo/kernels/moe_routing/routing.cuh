@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) routing_fwd_kernel(PtRoutingFwdParam
 
   if (p.groups > 1) {
     const int G = p.groups, epg = E / G, per_group = p.topk / p.selected_groups;
-    const int stride = epg + 1;  // one float of padding per group: lanes of a group scan hit other banks
+    const int stride = epg + 1;  // one float of padding per group spreads the groups' lanes over the banks
     float* buf = smem + warp * (G * stride + kMaxGroups);
     float* gscore = buf + G * stride;
 #pragma unroll
