@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) routing_fwd_kernel(PtRoutingFwdParam
   for (int i = 0; i < kVpt; ++i)
     if (lane + 32 * i < E) elig |= 1u << i;
 
-  if (p.groups > 1) {
+  if (p.groups > 1 && p.selected_groups < p.groups) {  // all groups selected: no limit
     const int G = p.groups, epg = E / G, per_group = p.topk / p.selected_groups;
     const int stride = epg + 1;  // one float of padding per group spreads the groups' lanes over the banks
     float* buf = smem + warp * (G * stride + kMaxGroups);
@@ -321,7 +321,7 @@ struct Routing {
   template <int kVpt>
   static int forward_vpt(const PtRoutingFwdParams* p, char* err, size_t err_len) {
     size_t smem = 0;
-    if (p->groups > 1) {
+    if (p->groups > 1 && p->selected_groups < p->groups) {
       smem = sizeof(float) * kWarps * (p->groups * (p->experts / p->groups + 1) + kMaxGroups);
       if (smem > 48 * 1024) {
         cudaFuncSetAttribute(routing_fwd_kernel<T, kVpt>, cudaFuncAttributeMaxDynamicSharedMemorySize,
