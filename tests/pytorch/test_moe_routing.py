@@ -292,7 +292,9 @@ def test_indices_to_multihot(tokens, experts, topk, fused, dtype, idx_dtype):
     for j in range(topk):
         later_dup[:, j] = (idx[:, j + 1 :] == idx[:, j : j + 1]).any(-1)
     live = (idx >= 0) & (idx < experts) & ~later_dup
-    want = torch.where(live, grad.gather(1, idx.clamp(0, experts - 1)), torch.zeros((), dtype=grad.dtype, device="cuda"))
+    want = torch.where(
+        live, grad.gather(1, idx.clamp(0, experts - 1)), torch.zeros((), dtype=grad.dtype, device="cuda")
+    )
     assert probs.grad.dtype == dtype
     assert torch.equal(probs.grad, want.to(dtype))
 

@@ -43,7 +43,7 @@ def test_routing_shapes_on_meta(dtype, tokens, experts, topk, groups, sel, fn):
 
 def test_routing_none_groups_and_scaling_mean_defaults():
     x = meta(4, 64)
-    scores, probs, rmap = route(x, 4, None, None, "softmax", None)
+    _, probs, _ = route(x, 4, None, None, "softmax", None)
     assert probs.shape == (4, 64)
 
 
@@ -202,9 +202,13 @@ def test_core_rejects_bad_routing_descriptors(call, match):
 def test_core_rejects_bad_helper_descriptors():
     r = ctypes.byref
     with pytest.raises(ValueError, match="argument 'indices' has dtype"):
-        check(lib.pt_indices_to_multihot_fwd(r(pt([4, 2], 0)), r(pt([4, 2], 0)), r(pt([4, 8], 9)), r(pt([4, 8], 0)), None))
+        check(
+            lib.pt_indices_to_multihot_fwd(r(pt([4, 2], 0)), r(pt([4, 2], 0)), r(pt([4, 8], 9)), r(pt([4, 8], 0)), None)
+        )
     with pytest.raises(ValueError, match="argument 'multihot' has shape"):
-        check(lib.pt_indices_to_multihot_fwd(r(pt([4, 2], 8)), r(pt([4, 2], 0)), r(pt([5, 8], 9)), r(pt([5, 8], 0)), None))
+        check(
+            lib.pt_indices_to_multihot_fwd(r(pt([4, 2], 8)), r(pt([4, 2], 0)), r(pt([5, 8], 9)), r(pt([5, 8], 0)), None)
+        )
     with pytest.raises(ValueError, match="argument 'grad_probs'"):
         check(lib.pt_indices_to_multihot_bwd(r(pt([4, 2], 8)), r(pt([4, 8], 0)), r(pt([4, 3], 0)), None))
     with pytest.raises(ValueError, match="argument 'tokens_per_expert' has dtype"):
@@ -218,4 +222,8 @@ def test_core_rejects_bad_helper_descriptors():
 def test_core_empty_tokens_is_a_no_op():
     r = ctypes.byref
     x = pt([0, 16], ptr=None)
-    check(lib.pt_moe_routing_fwd(r(x), r(pt([0, 16], ptr=None)), r(pt([0, 16], ptr=None)), r(pt([0, 16], 9, ptr=None)), 2, 1, 1, 0, 1.0, None))
+    check(
+        lib.pt_moe_routing_fwd(
+            r(x), r(pt([0, 16], ptr=None)), r(pt([0, 16], ptr=None)), r(pt([0, 16], 9, ptr=None)), 2, 1, 1, 0, 1.0, None
+        )
+    )

@@ -319,10 +319,16 @@ def fused_group_topk_routing_with_aux_score(
     _check_routing_args(logits, topk, groups, selected_groups, score_function)
     if isinstance(scaling_factor, bool) or not isinstance(scaling_factor, (int, float)):
         raise TypeError(
-            f"fused_group_topk_routing_with_aux_score: argument 'scaling_factor' must be a number, got {scaling_factor!r}"
+            "fused_group_topk_routing_with_aux_score: argument 'scaling_factor' must be a number, "
+            f"got {scaling_factor!r}"
         )
     return GroupTopkRoutingFunction.apply(
-        logits.contiguous(), int(topk), int(groups), int(selected_groups), score_function == "softmax", float(scaling_factor)
+        logits.contiguous(),
+        int(topk),
+        int(groups),
+        int(selected_groups),
+        score_function == "softmax",
+        float(scaling_factor),
     )
 
 
@@ -361,7 +367,9 @@ def indices_to_multihot(
             f"{tuple(indices.shape)}"
         )
     if not _is_int(num_of_local_experts) or num_of_local_experts < 0:
-        raise ValueError(f"{op}: argument 'num_of_local_experts' must be a non-negative int, got {num_of_local_experts!r}")
+        raise ValueError(
+            f"{op}: argument 'num_of_local_experts' must be a non-negative int, got {num_of_local_experts!r}"
+        )
     check_cuda_tensors(op, indices=indices, probs_indices=probs_indices)
     return IndicesToMultihotFunction.apply(
         indices.contiguous(), probs_indices.contiguous(), int(num_of_local_experts), not fused
@@ -376,7 +384,9 @@ def tokens_per_expert_to_mask(tokens_per_expert: torch.Tensor, num_tokens: int) 
     if not isinstance(tokens_per_expert, torch.Tensor):
         raise TypeError(f"{op}: argument 'tokens_per_expert' must be a torch.Tensor")
     if tokens_per_expert.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"{op}: argument 'tokens_per_expert' has dtype {tokens_per_expert.dtype}; expected int32 or int64")
+        raise TypeError(
+            f"{op}: argument 'tokens_per_expert' has dtype {tokens_per_expert.dtype}; expected int32 or int64"
+        )
     if tokens_per_expert.dim() != 1:
         raise ValueError(
             f"{op}: argument 'tokens_per_expert' has shape {tuple(tokens_per_expert.shape)}; expected a 1-D [experts]"
