@@ -1,4 +1,4 @@
-"""Warms the JIT cache with the normalization and gated-activation modules that the GPU tests and
+"""Warms the JIT cache with the normalization, gated-activation and MoE routing modules that the GPU tests and
 the quick benchmarks use, compiling in parallel (one nvcc per worker). Needs no GPU.
 
     python3 -P tools/precompile_elementwise.py [-j JOBS]
@@ -35,6 +35,8 @@ for kind in (RMS, RES, LN):
     for h in MODEL_HIDDEN:
         JOBS.add((kind, BF16, BF16, h))
 GATED = [(act, dt, cols) for act in (0, 1) for dt in DTYPES for cols in (128, 127)]
+# MoE routing: one module per logits dtype, and (-1) the helpers' module.
+ROUTING = [("moe_routing", dt) for dt in (-1,) + DTYPES]
 
 
 def main() -> int:
@@ -44,7 +46,9 @@ def main() -> int:
 
     def build(job):
         try:
-            if len(job) == 4:
+            if job[0] == "moe_routing":
+                check(lib.pt_moe_routing_prepare(job[1]))
+            elif len(job) == 4:
                 check(lib.pt_norm_prepare(*job))
             else:
                 check(lib.pt_gated_act_prepare(*job))
@@ -53,7 +57,7 @@ def main() -> int:
             return f"{job}: {e}"
 
     t0 = time.time()
-    jobs = sorted(JOBS) + GATED
+    jobs = sorted(JOBS) + GATED + ROUTING
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         errors = [e for e in pool.map(build, jobs) if e]
     print(f"precompile_elementwise: {len(jobs)} requests in {time.time() - t0:.0f}s, {len(errors)} errors")

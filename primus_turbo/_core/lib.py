@@ -129,6 +129,13 @@ _PROTOTYPES = {
     "pt_moe_unpermute": (_i32, [_T, _T, _T, _T, _T, _T, _vp]),
     "pt_moe_unpermute_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _vp]),
     "pt_moe_permute_prepare": (_i32, [_i32, _i32]),
+    # moe_routing.h
+    "pt_moe_routing_fwd": (_i32, [_T, _T, _T, _T, _i32, _i32, _i32, _i32, _f32, _vp]),
+    "pt_moe_routing_bwd": (_i32, [_T, _T, _T, _T, _T, _i32, _i32, _f32, _vp]),
+    "pt_indices_to_multihot_fwd": (_i32, [_T, _T, _T, _T, _vp]),
+    "pt_indices_to_multihot_bwd": (_i32, [_T, _T, _T, _vp]),
+    "pt_tokens_per_expert_to_mask": (_i32, [_T, _T, _vp]),
+    "pt_moe_routing_prepare": (_i32, [_i32]),
     # quantization (csrc/include/primus_turbo/quantization.h)
     "pt_quantize": (_i32, [_T, _T, _T, _T, _T, _i32, _i32, _i32, _i32, ctypes.c_uint64, _vp, _sz, _vp]),
     "pt_quantize_workspace_bytes": (_sz, [_i64, _i64, _i32]),

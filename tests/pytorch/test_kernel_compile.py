@@ -246,3 +246,22 @@ def test_cutlass_fp8_gemm_compiles_for_sm90a_with_fp8_wgmma():
     sass = subprocess.run([tool, "--dump-sass", modules[0]], capture_output=True, text=True).stdout
     # FP8 warpgroup MMA disassembles as QGMMA (HGMMA is the 16-bit one).
     assert "QGMMA" in sass
+
+
+def test_moe_routing_modules_compile_for_sm90a():
+    """The routing module of every logits dtype (forward + backward, all expert widths) and the
+    dtype-generic helpers' module (indices <-> multihot, tokens mask)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from primus_turbo._core.lib import check, lib
+
+    def build(dtype):
+        try:
+            check(lib.pt_moe_routing_prepare(dtype))
+            return None
+        except Exception as e:  # report every failure
+            return f"moe routing (dtype {dtype}): {e}"
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        errors = [e for e in pool.map(build, (-1, 0, 1, 2)) if e]
+    assert not errors, "\n".join(errors)
