@@ -1,5 +1,5 @@
-"""Warms the JIT cache with the normalization and gated-activation modules that the GPU tests and
-the quick benchmarks use, compiling in parallel (one nvcc per worker). Needs no GPU.
+"""Warms the JIT cache with the normalization, gated-activation and MoE permutation modules that
+the GPU tests and the quick benchmarks use, compiling in parallel (one nvcc per worker). Needs no GPU.
 
     python3 -P tools/precompile_elementwise.py [-j JOBS]
 """
@@ -35,6 +35,8 @@ for kind in (RMS, RES, LN):
     for h in MODEL_HIDDEN:
         JOBS.add((kind, BF16, BF16, h))
 GATED = [(act, dt, cols) for act in (0, 1) for dt in DTYPES for cols in (128, 127)]
+# MoE permutation (token_permute and moe_permute share them): (dtype, vectorized).
+MOE_PERMUTE = [("moe_permute", dt, vec) for dt in DTYPES for vec in (1, 0)]
 
 
 def main() -> int:
@@ -46,6 +48,8 @@ def main() -> int:
         try:
             if len(job) == 4:
                 check(lib.pt_norm_prepare(*job))
+            elif job[0] == "moe_permute":
+                check(lib.pt_moe_permute_prepare(*job[1:]))
             else:
                 check(lib.pt_gated_act_prepare(*job))
             return None
@@ -53,7 +57,7 @@ def main() -> int:
             return f"{job}: {e}"
 
     t0 = time.time()
-    jobs = sorted(JOBS) + GATED
+    jobs = sorted(JOBS) + GATED + MOE_PERMUTE
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         errors = [e for e in pool.map(build, jobs) if e]
     print(f"precompile_elementwise: {len(jobs)} requests in {time.time() - t0:.0f}s, {len(errors)} errors")

@@ -224,7 +224,8 @@ def test_moe_permute_unpermute_exact(t, e, topk, h, align, kind, extra, dtype):
     torch.manual_seed(t)
     x = torch.randn(t, h, device="cuda", dtype=dtype)
     counts = mask.sum(0)
-    padded_total = int(((counts + max(align, 1) - 1) // max(align, 1) * max(align, 1)).sum()) if align else int(counts.sum())
+    a = max(align, 1)
+    padded_total = int(((counts + a - 1) // a * a).sum())
     cap = -1 if extra is None else t * topk + extra
     if kind == "bool":
         emap, probs, layout, width = mask, pmap, "routing_map", e

@@ -275,7 +275,8 @@ def test_core_rejects_bad_route_descriptors():
     with pytest.raises(ValueError, match="argument 'workspace' has shape"):
         check(lib.pt_moe_route_build(to_pt(idx), 8, 1, -1, 0, to_pt(rmap), to_pt(ws[:5]), None, None, None, None))
     with pytest.raises(ValueError, match="argument 'row_id_map' has shape"):
-        check(lib.pt_moe_route_build(to_pt(idx), 8, 1, -1, 0, to_pt(torch.empty(4, 9, dtype=torch.int32)), to_pt(ws), None, None, None, None))
+        bad = torch.empty(4, 9, dtype=torch.int32)
+        check(lib.pt_moe_route_build(to_pt(idx), 8, 1, -1, 0, to_pt(bad), to_pt(ws), None, None, None, None))
     with pytest.raises(ValueError, match="argument 'expert_map' has dtype"):
         check(
             lib.pt_moe_route_build(
