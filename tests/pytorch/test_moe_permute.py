@@ -415,3 +415,21 @@ def test_moe_torch_compile_fullgraph():
         (back.sum() + up.sum()).backward()
         assert torch.equal(x.grad, torch.full_like(x, 4.0)) and torch.equal(p.grad, torch.full_like(p, 3.0))
         x.grad = p.grad = None
+
+
+def test_moe_noncontiguous_inputs():
+    t, e, topk, h = 100, 16, 4, 256
+    idx, _, ptopk, _ = make_topk(t, e, topk, seed=8)
+    x = torch.randn(t, 2 * h, device="cuda", dtype=torch.bfloat16)[:, ::2]
+    idx_nc = torch.stack([idx, idx], dim=2)[:, :, 0]
+    p_nc = torch.stack([ptopk, ptopk], dim=2)[:, :, 1]
+    assert not (x.is_contiguous() or idx_nc.is_contiguous() or p_nc.is_contiguous())
+    kw = dict(num_local_experts=e, num_topk=topk, pad_multiple=8, num_permuted_tokens=t * topk + e * 7)
+    got = turbo.ops.moe_permute(x, idx_nc, probs=p_nc, **kw)
+    want = turbo.ops.moe_permute(x.contiguous(), idx, probs=ptopk, **kw)
+    for a, b in zip(got, want):
+        assert (a is None and b is None) or torch.equal(a, b)
+    y = torch.randn(got[0].shape[0], 2 * h, device="cuda", dtype=torch.bfloat16)[:, :h]
+    back, _ = turbo.ops.moe_unpermute(y, got[1], got[4], restore_shape=(t, h), num_local_experts=e)
+    assert torch.equal(back, turbo.ops.moe_unpermute(y.contiguous(), got[1], got[4], restore_shape=(t, h),
+                                                     num_local_experts=e)[0])
