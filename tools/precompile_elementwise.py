@@ -1,5 +1,5 @@
-"""Warms the JIT cache with the normalization, gated-activation and MoE routing modules that the GPU tests and
-the quick benchmarks use, compiling in parallel (one nvcc per worker). Needs no GPU.
+"""Warms the JIT cache with the normalization, gated-activation MoE routing and MoE permutation modules that the GPU
+tests and the quick benchmarks use, compiling in parallel (one nvcc per worker). Needs no GPU.
 
     python3 -P tools/precompile_elementwise.py [-j JOBS]
 """
@@ -37,6 +37,8 @@ for kind in (RMS, RES, LN):
 GATED = [(act, dt, cols) for act in (0, 1) for dt in DTYPES for cols in (128, 127)]
 # MoE routing: one module per logits dtype, and (-1) the helpers' module.
 ROUTING = [("moe_routing", dt) for dt in (-1,) + DTYPES]
+# MoE permutation (token_permute and moe_permute share them): (dtype, vectorized).
+MOE_PERMUTE = [("moe_permute", dt, vec) for dt in DTYPES for vec in (1, 0)]
 
 
 def main() -> int:
@@ -50,6 +52,8 @@ def main() -> int:
                 check(lib.pt_moe_routing_prepare(job[1]))
             elif len(job) == 4:
                 check(lib.pt_norm_prepare(*job))
+            elif job[0] == "moe_permute":
+                check(lib.pt_moe_permute_prepare(*job[1:]))
             else:
                 check(lib.pt_gated_act_prepare(*job))
             return None
@@ -57,7 +61,7 @@ def main() -> int:
             return f"{job}: {e}"
 
     t0 = time.time()
-    jobs = sorted(JOBS) + GATED + ROUTING
+    jobs = sorted(JOBS) + GATED + ROUTING + MOE_PERMUTE
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         errors = [e for e in pool.map(build, jobs) if e]
     print(f"precompile_elementwise: {len(jobs)} requests in {time.time() - t0:.0f}s, {len(errors)} errors")

@@ -1,20 +1,27 @@
-"""MoE token permutation benchmark: turbo.ops.token_permute / token_unpermute (with merging probs)
-against torch eager and torch.compile of the same indexing math, forward and backward, on the MoE
-table (hidden, experts, topk; config.MOE_MODELS) and 4096-32768 tokens.
+"""MoE token permutation benchmark, forward and backward, against torch eager and torch.compile of
+the same indexing math, on DeepSeek-V3 (256 experts, top-8, hidden 7168), Qwen3-30B-A3B (128,
+top-8, 2048) and Mixtral-8x7B (8, top-2, 4096) at 4096-16384 tokens:
 
-    python benchmark/ops/bench_moe_permute.py
-    python benchmark/ops/bench_moe_permute.py --quick
+- turbo.ops.moe_permute / moe_unpermute (top-k expert indices, top-k probabilities carried):
+  summary entries moe_permute_fwd/_bwd and moe_unpermute_fwd/_bwd;
+- turbo.ops.token_permute / token_unpermute (routing mask, merging probabilities): entries
+  token_permute_fwd/_bwd and token_unpermute_fwd/_bwd.
 
-Per case (random top-k routing, num_out_tokens = tokens * topk, so no host synchronization):
+    python benchmark/ops/bench_moe_permute.py                  # both families, torch.compile baseline
+    python benchmark/ops/bench_moe_permute.py --quick          # moe_* only, 4096 tokens, eager baseline (< 60 s)
+    python benchmark/ops/bench_moe_permute.py --ops moe --pad-multiple 128
+
+Per case (random top-k routing, num_out_tokens = tokens * topk (+ experts * (pad - 1)), so no
+host synchronization):
   1. correctness first: permuted rows and probabilities bitwise equal to the indexing reference,
      the merge against float64 under the gates; a FAIL voids our timings;
   2. timing (CUDA events, median of >= 50 calls, inputs rotated past L2).
 
 Effective bandwidth counts the token rows each op must move once (permute: T*H read, T*k*H
 written; unpermute: T*k*H read, T*H written; backward likewise, the merge's backward also reading
-the forward input), as GB/s and as a fraction of the measured device copy bandwidth. The torch
-baselines get the permutation indices for the unpermute precomputed (a stable argsort for the
-permute). Summary entries moe_permute_fwd/_bwd and moe_unpermute_fwd/_bwd.
+the forward input), as GB/s and as a fraction of the device copy bandwidth measured in the same
+run. The torch baselines get the permutation indices for the unpermute precomputed (an argsort
+for the permute).
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ else:
     import config as cfg  # type: ignore[no-redef]
 
 METRIC = "effective GB/s"
-TOKENS = (4096, 8192, 16384, 32768)
+TOKENS = (4096, 8192, 16384)
+MODELS = ("DeepSeek-V3", "Qwen3-30B-A3B", "Mixtral-8x7B")
 OPS = ("permute", "unpermute")
 
 
@@ -45,7 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--models", nargs="+", default=None)
     p.add_argument("--tokens", nargs="+", type=int, default=None)
-    p.add_argument("--quick", action="store_true", help="DeepSeek-V3 and Mixtral-8x7B at 8192 tokens")
+    p.add_argument("--quick", action="store_true", help="moe_* ops, the three models at 4096 tokens, eager baseline")
+    p.add_argument("--ops", choices=("all", "moe", "token"), default=None, help="op family (default: all; quick: moe)")
+    p.add_argument("--pad-multiple", type=int, default=0, help="moe_permute's pad_multiple")
     p.add_argument("--output-dir", default=str(bu.DEFAULT_RESULTS_DIR))
     p.add_argument("--tag", default=None)
     p.add_argument("--iters", type=int, default=bu.MIN_TIMED_ITERS)
@@ -54,9 +64,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.default_set = args.models is None and args.tokens is None and not args.quick
     if args.quick:
-        args.models = args.models or ["DeepSeek-V3", "Mixtral-8x7B"]
-        args.tokens = args.tokens or [8192]
-    args.models = args.models or list(cfg.MOE_MODELS)
+        args.tokens = args.tokens or [4096]
+        args.ops = args.ops or "moe"
+        args.no_compile_baseline = True
+    args.ops = args.ops or "all"
+    args.models = args.models or list(MODELS)
     args.tokens = args.tokens or list(TOKENS)
     return args
 
@@ -193,7 +205,7 @@ def main(argv=None) -> int:
         return row
 
     rows = []
-    for (h, e, k), names in shapes.items():
+    for (h, e, k), names in shapes.items() if args.ops in ("all", "token") else ():
         for t in args.tokens:
             row = run_case(h, e, k, names, t)
             rows.append(row)
@@ -210,6 +222,11 @@ def main(argv=None) -> int:
             bu.write_csv(csv_path, rows, columns)
             torch.cuda.empty_cache()
 
+    status = 0
+    if args.ops in ("all", "moe"):
+        status |= run_moe(args, shapes, dtype, es, gpu, gpu_name, out_dir, tag, suffix, copy_gbps)
+    if not rows:
+        return status
     passed = [r["Check"] == "PASS" for r in rows]
     base = "compiled" if compiled_p is not None else "eager"
     for op in OPS:
@@ -229,7 +246,181 @@ def main(argv=None) -> int:
                 torch=torch.__version__,
                 csv=csv_path.name,
             )
-            name = f"moe_{op}_{d}{suffix}"
+            name = f"token_{op}_{d}{suffix}"
+            if not args.no_summary:
+                bu.update_summary(args.output_dir, gpu, name, entry)
+            print(
+                f"[bench_moe_permute] {name}: {entry['passed']}/{entry['cases']} passed; {entry['ours_geomean']:.0f} GB/s "
+                f"({entry['bandwidth_fraction']:.2f} of copy); vs {entry['baseline']} ratio {entry['ratio_geomean']:.3f}"
+            )
+    return status | (0 if all(passed) else 1)
+
+
+# ---- moe_permute / moe_unpermute ----------------------------------------------------------------
+
+
+def topk_routing(t, e, k, device="cuda"):
+    idx = torch.rand(t, e, device=device).argsort(dim=1)[:, :k].contiguous()
+    return idx, torch.rand(t, k, device=device)
+
+
+def torch_moe_permute(x, idx, probs):
+    """Expert-major, token-ordered rows of the (token, k) pairs by one argsort, then a gather."""
+    t, k = idx.shape
+    key = idx.reshape(-1) * t + torch.arange(t, device=idx.device).repeat_interleave(k)
+    order = torch.argsort(key)
+    return x[order // k], probs.reshape(-1)[order]
+
+
+def torch_moe_unpermute(y, pprobs, order, t: int, k: int):
+    out = torch.zeros(t, y.shape[1], dtype=torch.float32, device=y.device).index_add_(0, order // k, y.float())
+    up = torch.zeros(t * k, dtype=pprobs.dtype, device=y.device).index_copy(0, order, pprobs)
+    return out.to(y.dtype), up.view(t, k)
+
+
+def run_moe(args, shapes, dtype, es, gpu, gpu_name, out_dir, tag, suffix, copy_gbps) -> int:
+    import primus_turbo.pytorch as turbo
+
+    nan = float("nan")
+    pad = args.pad_multiple
+    csv_path = out_dir / f"moe_index_permute_{args.dtype}{'_' + tag if tag else ''}.csv"
+    compiled_p = torch.compile(torch_moe_permute, dynamic=False) if not args.no_compile_baseline else None
+    compiled_u = torch.compile(torch_moe_unpermute, dynamic=False) if not args.no_compile_baseline else None
+    rows = []
+
+    def run_case(h, e, k, names, t):
+        row = {"GPU": gpu, "Case": "/".join(names[:2]), "Tokens": t, "Hidden": h, "Experts": e, "TopK": k, "Pad": pad}
+        cap = t * k + e * max(pad - 1, 0)
+        x = torch.randn(t, h, device="cuda", dtype=dtype, requires_grad=True)
+        idx, probs = topk_routing(t, e, k)
+        probs.requires_grad_()
+        kw = dict(num_local_experts=e, num_topk=k, pad_multiple=pad, num_permuted_tokens=cap)
+        notes = []
+        key = idx.reshape(-1) * t + torch.arange(t, device="cuda").repeat_interleave(k)
+        order = torch.argsort(key)
+        y = torch.randn(cap, h, device="cuda", dtype=dtype, requires_grad=True)
+        pp_in = torch.rand(cap, device="cuda", requires_grad=True)
+        y_ref = torch.randn(t * k, h, device="cuda", dtype=dtype, requires_grad=True)
+        pp_ref = torch.rand(t * k, device="cuda", requires_grad=True)
+        try:
+            out, rmap, _, _, nd, _, pprobs = turbo.ops.moe_permute(x, idx, probs=probs, **kw)
+            ro, rp = torch_moe_permute(x.detach(), idx, probs.detach())
+            routes = rmap[:t, :k].long() - 1  # every token has k distinct experts: k rows each
+            cols = rmap[:t, e : e + k].long()
+            ok_p = torch.equal(out[routes], x.detach()[:, None, :].expand(t, k, h)) and torch.equal(
+                pprobs[routes], probs.detach().gather(1, cols)
+            )
+            if pad == 0:
+                ok_p = ok_p and torch.equal(out, ro) and torch.equal(pprobs, rp)
+            back, _ = turbo.ops.moe_unpermute(y, rmap, nd, restore_shape=x.shape, num_local_experts=e, pad_multiple=pad)
+            ref = y.detach().double()[routes].sum(1)
+            res = bu.check_close(back.detach(), ref, dtype, what="unpermuted")
+            row["Check"] = "PASS" if ok_p and res else "FAIL"
+            if not ok_p:
+                notes.append("permuted rows differ from the indexing reference")
+            if not res:
+                notes.append(res.message)
+            del ref
+        except Exception as ex:  # noqa: BLE001
+            traceback.print_exc()
+            row["Check"] = "ERROR"
+            notes.append(f"{type(ex).__name__}: {ex}"[:300])
+            rmap = nd = None
+        impls = {
+            "ours": (
+                lambda: turbo.ops.moe_permute(x, idx, probs=probs, **kw),
+                lambda: turbo.ops.moe_unpermute(
+                    y, rmap, nd, restore_shape=x.shape, num_local_experts=e, permuted_probs=pp_in,
+                    probs_topk_stride=k, pad_multiple=pad,
+                ),
+            ),
+            "eager": (
+                lambda: torch_moe_permute(x, idx, probs),
+                lambda: torch_moe_unpermute(y_ref, pp_ref, order, t, k),
+            ),
+        }
+        if compiled_p is not None:
+            impls["compiled"] = (
+                lambda: compiled_p(x, idx, probs),
+                lambda: compiled_u(y_ref, pp_ref, order, t, k),
+            )
+        moved = (t + t * k) * h * es
+        for name, (pf, uf) in impls.items():
+            for op, fn, inputs in (
+                ("permute", pf, (x, probs)),
+                ("unpermute", uf, (y, pp_in) if name == "ours" else (y_ref, pp_ref)),
+            ):
+                if name == "ours" and row["Check"] != "PASS":
+                    row[f"{name} {op} fwd GB/s"] = row[f"{name} {op} bwd GB/s"] = nan
+                    continue
+                try:
+                    fwd = bu.time_cuda(fn, iters=args.iters)
+                    res = fn()
+                    outs = tuple(
+                        o for o in (res if isinstance(res, tuple) else (res,))
+                        if isinstance(o, torch.Tensor) and o.requires_grad
+                    )
+                    grads = tuple(torch.randn_like(o) for o in outs)
+                    bwd = bu.time_cuda(
+                        lambda outs=outs, grads=grads, inputs=inputs: torch.autograd.grad(
+                            outs, inputs, grads, retain_graph=True, allow_unused=True
+                        ),
+                        iters=args.iters,
+                    )
+                except Exception as ex:  # noqa: BLE001
+                    traceback.print_exc()
+                    fwd = bwd = nan
+                    notes.append(f"{name} {op}: {type(ex).__name__}: {ex}"[:200])
+                row[f"{name} {op} fwd GB/s"] = gbps(moved, fwd)
+                row[f"{name} {op} bwd GB/s"] = gbps(moved, bwd)
+        base = "compiled" if compiled_p is not None else "eager"
+        for op in OPS:
+            for d in ("fwd", "bwd"):
+                o = row[f"ours {op} {d} GB/s"]
+                row[f"{op} {d} BW Fraction"] = o / copy_gbps
+                b = row.get(f"{base} {op} {d} GB/s", nan)
+                row[f"{op} {d} Ratio"] = o / b if math.isfinite(o) and math.isfinite(b) and b > 0 else nan
+        row["Note"] = " | ".join(notes)
+        return row
+
+    for (h, e, k), names in shapes.items():
+        for t in args.tokens:
+            row = run_case(h, e, k, names, t)
+            rows.append(row)
+            print(
+                f"moe {row['Case']:<24} T={t:<6} {row['Check']:<5} "
+                + " ".join(
+                    f"{op}-{d} {row[f'ours {op} {d} GB/s']:.0f} ({row[f'{op} {d} BW Fraction']:.2f}, x{row[f'{op} {d} Ratio']:.2f})"
+                    for op in OPS
+                    for d in ("fwd", "bwd")
+                ),
+                flush=True,
+            )
+            bu.write_csv(csv_path, rows, list(rows[0].keys()))
+            torch.cuda.empty_cache()
+    if not rows:
+        return 0
+    passed = [r["Check"] == "PASS" for r in rows]
+    base = "compiled" if compiled_p is not None else "eager"
+    for op in OPS:
+        for d in ("fwd", "bwd"):
+            entry = bu.summary_entry(
+                ours=[r[f"ours {op} {d} GB/s"] for r in rows],
+                baseline_values=[r.get(f"{base} {op} {d} GB/s", nan) for r in rows],
+                passed=passed,
+                metric=METRIC,
+                baseline="torch.compile" if base == "compiled" else "torch eager",
+                gpu=gpu_name,
+                dtype=args.dtype,
+                bandwidth_fraction=bu.geomean(r[f"{op} {d} BW Fraction"] for r, p in zip(rows, passed) if p),
+                eager_geomean=bu.geomean(r[f"eager {op} {d} GB/s"] for r, p in zip(rows, passed) if p),
+                copy_gbps=copy_gbps,
+                tokens=list(args.tokens),
+                pad_multiple=pad,
+                torch=torch.__version__,
+                csv=csv_path.name,
+            )
+            name = f"moe_{op}_{d}{suffix}" + (f"_pad{pad}" if pad else "")
             if not args.no_summary:
                 bu.update_summary(args.output_dir, gpu, name, entry)
             print(

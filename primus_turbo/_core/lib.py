@@ -136,6 +136,10 @@ _PROTOTYPES = {
     "pt_indices_to_multihot_bwd": (_i32, [_T, _T, _T, _vp]),
     "pt_tokens_per_expert_to_mask": (_i32, [_T, _T, _vp]),
     "pt_moe_routing_prepare": (_i32, [_i32]),
+    "pt_moe_route_workspace_ints": (_i64, [_i64, _i32]),
+    "pt_moe_route_build": (_i32, [_T, _i32, _i32, _i64, _i32, _T, _T, _T, _T, _T, _vp]),
+    "pt_moe_rows_scatter": (_i32, [_T, _T, _i32, _T, _T, _T, _i32, _T, _T, _T, _vp]),
+    "pt_moe_rows_gather": (_i32, [_T, _T, _i32, _T, _T, _T, _vp]),
     # quantization (csrc/include/primus_turbo/quantization.h)
     "pt_quantize": (_i32, [_T, _T, _T, _T, _T, _i32, _i32, _i32, _i32, ctypes.c_uint64, _vp, _sz, _vp]),
     "pt_quantize_workspace_bytes": (_sz, [_i64, _i64, _i32]),

@@ -139,6 +139,8 @@ def test_rope_modules_compile_for_sm90a():
 
 
 def test_moe_permute_modules_compile_for_sm90a():
+    """token_permute's and moe_permute's kernels (one module per dtype and access width; loading a
+    module resolves every entry point, the routing-map builder and the index row movers included)."""
     from primus_turbo._core.lib import check, lib
 
     for dtype in (0, 1, 2):

@@ -89,3 +89,204 @@ def test_core_rejects_bad_descriptors():
                 to_pt(x), to_pt(mask), None, to_pt(out.bfloat16()), None, to_pt(rmap), to_pt(ws[:3]), None
             )
         )
+
+
+# ---- moe_permute / moe_unpermute ----------------------------------------------------------------
+
+
+def test_moe_shapes_on_meta_and_backward():
+    x, p = meta(6, 32, grad=True), meta(6, 2, dtype=torch.float32, grad=True)
+    idx = meta(6, 2, dtype=torch.int64)
+    out, rmap, tpe, ovf, nd, ps, pp = turbo.ops.moe_permute(
+        x, idx, num_local_experts=8, num_topk=2, pad_multiple=4, num_permuted_tokens=40, probs=p
+    )
+    assert out.shape == (40, 32) and rmap.shape == (10, 17) and rmap.dtype == torch.int32
+    assert tpe.shape == (8,) and tpe.dtype == torch.int64 and ovf.shape == nd.shape == (1,)
+    assert ps is None and pp.shape == (40,) and pp.dtype == torch.float32
+    back, up = turbo.ops.moe_unpermute(
+        out, rmap, nd, restore_shape=x.shape, num_local_experts=8, permuted_probs=pp, probs_topk_stride=2
+    )
+    assert back.shape == (6, 32) and up.shape == (6, 2)
+    (back.float().sum() + up.sum()).backward()
+    assert x.grad.shape == x.shape and p.grad.shape == p.shape
+    # Routing map and per-expert probabilities; FP8 tokens with scales.
+    out, rmap, *_, pp = turbo.ops.moe_permute(
+        meta(6, 32), meta(6, 8, dtype=torch.bool), num_local_experts=8, num_permuted_tokens=12,
+        probs=meta(6, 8, dtype=torch.float32), probs_layout="routing_map",
+    )
+    assert out.shape == (12, 32) and rmap.shape == (6, 17) and pp.shape == (12,)
+    back, up = turbo.ops.moe_unpermute(out, rmap, nd, restore_shape=(6, 32), num_local_experts=8, permuted_probs=pp)
+    assert up.shape == (6, 8)
+    q = meta(6, 32, dtype=torch.float8_e4m3fn)
+    out, *_, ps, pp = turbo.ops.moe_permute(
+        q, idx, num_local_experts=8, num_topk=2, num_permuted_tokens=12, scaling_factor=meta(6, 2, dtype=torch.float32),
+        scales_per_token=2, use_fp8=True,
+    )
+    assert out.dtype == torch.float8_e4m3fn and ps.shape == (12, 2) and pp is None
+    # Zero tokens: no rows, the padding rows of the map remain.
+    out, rmap, *_ = turbo.ops.moe_permute(
+        meta(0, 32), meta(0, 2, dtype=torch.int32), num_local_experts=8, num_topk=2, pad_multiple=8,
+        num_permuted_tokens=16,
+    )
+    assert out.shape == (0, 32) and rmap.shape == (8, 17)
+
+
+def test_moe_compile_traces_without_graph_break():
+    def fn(x, idx, p):
+        out, rmap, _, _, nd, _, pp = turbo.ops.moe_permute(
+            x, idx, num_local_experts=4, num_topk=2, pad_multiple=2, num_permuted_tokens=24, probs=p
+        )
+        return turbo.ops.moe_unpermute(
+            out, rmap, nd, restore_shape=x.shape, num_local_experts=4, permuted_probs=pp, probs_topk_stride=2
+        )
+
+    back, up = torch.compile(fn, fullgraph=True, backend="aot_eager")(
+        meta(8, 32, grad=True), meta(8, 2, dtype=torch.int64), meta(8, 2, dtype=torch.float32, grad=True)
+    )
+    assert back.shape == (8, 32) and up.shape == (8, 2)
+
+
+def _permute_args(**kw):
+    args = {
+        "tokens": meta(6, 32),
+        "expert_map": meta(6, 2, dtype=torch.int32),
+        "num_local_experts": 8,
+        "num_topk": 2,
+        "num_permuted_tokens": 12,
+    }
+    args.update(kw)
+    return args
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        ({"probs_layout": "dense"}, ValueError, "probs_layout must be"),
+        ({"num_topk": 0}, ValueError, "requires num_topk > 0"),
+        ({"num_local_experts": 0}, ValueError, "argument 'num_local_experts'"),
+        ({"num_local_experts": 2000}, ValueError, "argument 'num_local_experts'"),
+        ({"pad_multiple": -1}, ValueError, "argument 'pad_multiple'"),
+        ({"num_permuted_tokens": 1.5}, ValueError, "argument 'num_permuted_tokens'"),
+        ({"tokens": meta(6, 32, dtype=torch.int32)}, TypeError, "argument 'tokens' has dtype"),
+        ({"tokens": meta(6, 32, dtype=torch.float8_e4m3fn)}, TypeError, "use_fp8=True"),
+        ({"tokens": meta(6, 32), "use_fp8": True}, TypeError, "use_fp8 expects"),
+        ({"tokens": meta(6, 20, dtype=torch.float8_e4m3fn), "use_fp8": True}, ValueError, "multiple of 16"),
+        ({"tokens": meta(6, 4, 8)}, ValueError, "argument 'tokens' has shape"),
+        ({"expert_map": meta(6, 2, dtype=torch.float32)}, TypeError, "argument 'expert_map'"),
+        ({"expert_map": meta(5, 2, dtype=torch.int32)}, ValueError, "argument 'expert_map' has shape"),
+        ({"expert_map": meta(6, 3, dtype=torch.int64)}, ValueError, "argument 'expert_map' has shape"),
+        ({"expert_map": meta(6, 7, dtype=torch.bool)}, ValueError, "argument 'expert_map' has shape"),
+        (
+            {"expert_map": meta(6, 8, dtype=torch.bool), "probs": meta(6, 2, dtype=torch.float32)},
+            ValueError,
+            "probs_layout='routing_map'",
+        ),
+        ({"probs": meta(6, 8, dtype=torch.float32)}, ValueError, "argument 'probs' has shape"),
+        ({"probs": meta(6, 2, dtype=torch.int32)}, TypeError, "argument 'probs'"),
+        (
+            {"probs": meta(6, 2, dtype=torch.float32), "probs_layout": "routing_map"},
+            ValueError,
+            "argument 'probs' has shape",
+        ),
+        (
+            {
+                "tokens": meta(6, 32, dtype=torch.float8_e4m3fn),
+                "use_fp8": True,
+                "scaling_factor": meta(6, 2, dtype=torch.float32),
+            },
+            ValueError,
+            "scales_per_token must be > 0",
+        ),
+        (
+            {
+                "tokens": meta(6, 32, dtype=torch.float8_e4m3fn),
+                "use_fp8": True,
+                "scaling_factor": meta(6, 3, dtype=torch.float32),
+                "scales_per_token": 2,
+            },
+            ValueError,
+            "argument 'scaling_factor' has shape",
+        ),
+        (
+            {
+                "tokens": meta(6, 32, dtype=torch.float8_e4m3fn),
+                "use_fp8": True,
+                "scaling_factor": meta(6, 2, dtype=torch.bfloat16),
+                "scales_per_token": 2,
+            },
+            TypeError,
+            "argument 'scaling_factor' must be a float32",
+        ),
+        ({"tokens": torch.empty(6, 32)}, ValueError, "argument 'tokens' is on cpu"),
+    ],
+)
+def test_moe_permute_argument_errors(kwargs, exc, match):
+    args = _permute_args(**kwargs)
+    tokens, emap = args.pop("tokens"), args.pop("expert_map")
+    with pytest.raises(exc, match=match):
+        turbo.ops.moe_permute(tokens, emap, **args)
+
+
+def test_moe_permute_scales_ignored_without_fp8():
+    out = turbo.ops.moe_permute(**_permute_args(scaling_factor=meta(6, 2, dtype=torch.float32), scales_per_token=2))
+    assert out[5] is None
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        ({"permuted_tokens": meta(12, 32, dtype=torch.float8_e4m3fn)}, TypeError, "argument 'permuted_tokens'"),
+        ({"row_id_map": meta(6, 17, dtype=torch.int64)}, TypeError, "argument 'row_id_map'"),
+        ({"row_id_map": meta(6, 16, dtype=torch.int32)}, ValueError, "argument 'row_id_map' has shape"),
+        ({"restore_shape": (6, 31)}, ValueError, "argument 'restore_shape'"),
+        ({"restore_shape": (7, 32)}, ValueError, "argument 'restore_shape'"),
+        ({"restore_shape": 6}, ValueError, "argument 'restore_shape'"),
+        ({"pad_multiple": 4}, ValueError, "argument 'pad_multiple'"),
+        ({"num_dispatched_tokens_tensor": meta(2, dtype=torch.int32)}, TypeError, "num_dispatched_tokens_tensor"),
+        ({"permuted_probs": meta(11, dtype=torch.float32)}, ValueError, "argument 'permuted_probs' has shape"),
+        ({"num_local_experts": 9}, ValueError, "argument 'row_id_map' has shape"),
+        ({"probs_topk_stride": -1}, ValueError, "argument 'probs_topk_stride'"),
+    ],
+)
+def test_moe_unpermute_argument_errors(kwargs, exc, match):
+    args = {
+        "permuted_tokens": meta(12, 32),
+        "row_id_map": meta(6, 17, dtype=torch.int32),
+        "num_dispatched_tokens_tensor": meta(1, dtype=torch.int32),
+        "restore_shape": (6, 32),
+        "num_local_experts": 8,
+    }
+    args.update(kwargs)
+    pt, rmap, nd = args.pop("permuted_tokens"), args.pop("row_id_map"), args.pop("num_dispatched_tokens_tensor")
+    with pytest.raises(exc, match=match):
+        turbo.ops.moe_unpermute(pt, rmap, nd, **args)
+
+
+def test_core_rejects_bad_route_descriptors():
+    from primus_turbo._core import check, lib
+    from primus_turbo.pytorch.core.tensor_bridge import to_pt
+
+    idx = torch.zeros(4, 2, dtype=torch.int32)
+    rmap = torch.empty(4, 17, dtype=torch.int32)
+    ws = torch.empty(lib.pt_moe_route_workspace_ints(4, 8), dtype=torch.int32)
+    assert ws.numel() == 1 * 9 + 3 * 8 + 3
+    with pytest.raises(ValueError, match="argument 'num_experts'"):
+        check(lib.pt_moe_route_build(to_pt(idx), 0, 1, -1, 0, to_pt(rmap), to_pt(ws), None, None, None, None))
+    with pytest.raises(ValueError, match="argument 'workspace' has shape"):
+        check(lib.pt_moe_route_build(to_pt(idx), 8, 1, -1, 0, to_pt(rmap), to_pt(ws[:5]), None, None, None, None))
+    with pytest.raises(ValueError, match="argument 'row_id_map' has shape"):
+        bad = torch.empty(4, 9, dtype=torch.int32)
+        check(lib.pt_moe_route_build(to_pt(idx), 8, 1, -1, 0, to_pt(bad), to_pt(ws), None, None, None, None))
+    with pytest.raises(ValueError, match="argument 'expert_map' has dtype"):
+        check(
+            lib.pt_moe_route_build(
+                to_pt(idx.float()), 8, 1, -1, 0, to_pt(rmap), to_pt(ws), None, None, None, None
+            )
+        )
+    x = torch.empty(4, 8, dtype=torch.bfloat16)
+    out = torch.empty(8, 8, dtype=torch.float16)
+    n = torch.empty(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="argument 'dst' has dtype"):
+        check(lib.pt_moe_rows_scatter(to_pt(x), to_pt(rmap), 8, None, None, to_pt(n), 1, to_pt(out), None, None, None))
+    with pytest.raises(ValueError, match="argument 'src' has dtype"):
+        check(lib.pt_moe_rows_gather(to_pt(x.to(torch.float8_e4m3fn)), to_pt(rmap), 8, None, to_pt(x), None, None))

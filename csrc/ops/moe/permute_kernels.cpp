@@ -44,7 +44,10 @@ Kernels load_kernels(int32_t dtype, bool vectorized, const std::string& arch) {
   Kernels k{module->function<PtMoePermuteFn>("pt_moe_build_map_run"),
             module->function<PtMoePermuteFn>("pt_moe_permute_run"),
             module->function<PtMoePermuteFn>("pt_moe_unpermute_run"),
-            module->function<PtMoePermuteFn>("pt_moe_unpermute_bwd_run")};
+            module->function<PtMoePermuteFn>("pt_moe_unpermute_bwd_run"),
+            module->function<PtMoeRouteFn>("pt_moe_route_build_run"),
+            module->function<PtMoeRouteFn>("pt_moe_rows_scatter_run"),
+            module->function<PtMoeRouteFn>("pt_moe_rows_gather_run")};
   std::lock_guard<std::mutex> lock(mutex);
   loaded.emplace(key, k);
   return k;

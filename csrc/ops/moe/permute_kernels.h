@@ -12,6 +12,9 @@ struct Kernels {
   PtMoePermuteFn permute = nullptr;
   PtMoePermuteFn unpermute = nullptr;
   PtMoePermuteFn unpermute_bwd = nullptr;
+  PtMoeRouteFn route_build = nullptr;
+  PtMoeRouteFn rows_scatter = nullptr;
+  PtMoeRouteFn rows_gather = nullptr;
 };
 
 // Builds or loads the module (memoized). arch is an nvcc arch such as "90a".

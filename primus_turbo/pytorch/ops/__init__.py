@@ -3,7 +3,12 @@
 from primus_turbo.pytorch.ops.activation import geglu, geglu_with_probs, swiglu, swiglu_with_probs  # noqa: F401
 from primus_turbo.pytorch.ops.gemm import gemm  # noqa: F401
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm  # noqa: F401
-from primus_turbo.pytorch.ops.moe_permute import token_permute, token_unpermute  # noqa: F401
+from primus_turbo.pytorch.ops.moe_permute import (  # noqa: F401
+    moe_permute,
+    moe_unpermute,
+    token_permute,
+    token_unpermute,
+)
 from primus_turbo.pytorch.ops.normalization import layernorm, rmsnorm, rmsnorm_residual  # noqa: F401
 from primus_turbo.pytorch.ops.rope import rope, rope_cos_sin  # noqa: F401
 from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8  # noqa: F401
@@ -35,6 +40,8 @@ __all__ = [
     "rope_cos_sin",
     "token_permute",
     "token_unpermute",
+    "moe_permute",
+    "moe_unpermute",
     "quantize_fp8",
     "quantize_fp8_with_trans",
     "dequantize_fp8",

@@ -1,6 +1,12 @@
-"""turbo.ops.token_permute / token_unpermute: MoE token permutation by a routing mask, forward
-and backward, on the library's CUDA kernels (kernels/moe/permute.cuh). They move data and never
-round it: a permuted row is a bit copy of its token, and a merge without probabilities is a sum."""
+"""MoE token permutation, forward and backward, on the library's CUDA kernels
+(kernels/moe/permute.cuh, kernels/moe/route_map.cuh):
+
+- turbo.ops.token_permute / token_unpermute: by a routing mask, with merging probabilities;
+- turbo.ops.moe_permute / moe_unpermute: by a routing map or top-k expert indices, each expert's
+  rows padded to a multiple, probabilities and FP8 scales carried along.
+
+They move data and never round it: a permuted row is a bit copy of its token, and a merge
+without probabilities is a sum in a fixed order (fp32)."""
 
 
 import torch
@@ -10,10 +16,20 @@ from primus_turbo.pytorch.core import library
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
-__all__ = ["token_permute", "token_unpermute"]
+__all__ = ["token_permute", "token_unpermute", "moe_permute", "moe_unpermute"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_EXPERTS = 1024
+
+
+def _workspace_ints(tokens: int, experts: int) -> int:
+    """int32 elements of the routing-map builder's workspace (pt_moe_route_workspace_ints)."""
+    tiles = (tokens + 255) // 256
+    return tiles * (experts + 1) + 3 * experts + 3
+
+
+def _rows_in_use_index(tokens: int, experts: int) -> int:
+    return _workspace_ints(tokens, experts) - 3
 
 
 def _opt(t):
@@ -39,7 +55,7 @@ def _permute_cuda(tokens, routing_map, probs, num_out: int):
         dtype=probs.dtype if probs is not None else torch.float32,
         device=tokens.device,
     )
-    workspace = torch.empty((2 * e + 1,), dtype=torch.int32, device=tokens.device)
+    workspace = torch.empty((_workspace_ints(t, e),), dtype=torch.int32, device=tokens.device)
     rmap = routing_map.view(torch.uint8) if routing_map.dtype == torch.bool else routing_map
     with device_guard(tokens.device):
         _call(
@@ -318,3 +334,429 @@ def token_unpermute(
     check_cuda_tensors(op, inp=inp, row_id_map=row_id_map, **extra)
     mp = merging_probs.contiguous() if merging_probs is not None else None
     return _Unpermute.apply(inp.contiguous(), row_id_map.contiguous(), mp)
+
+
+# ---- moe_permute / moe_unpermute ----------------------------------------------------------------
+
+_FP8_TOKENS = tuple(
+    d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None), torch.uint8) if d is not None
+)
+
+
+def _moe_permute_cuda(tokens, expert_map, probs, scaling_factor, num_experts: int, pad_multiple: int, num_out: int,
+                      probs_topk: bool):
+    t, h = tokens.shape
+    dev = tokens.device
+    e, p = num_experts, max(pad_multiple, 0)
+    row_id_map = (torch.zeros if t == 0 else torch.empty)((t + p, 2 * e + 1), dtype=torch.int32, device=dev)
+    tokens_per_expert = torch.empty((e,), dtype=torch.int64, device=dev)
+    overflow = torch.empty((1,), dtype=torch.int32, device=dev)
+    dispatched = torch.empty((1,), dtype=torch.int32, device=dev)
+    ws = torch.empty((_workspace_ints(t, e),), dtype=torch.int32, device=dev)
+    emap = expert_map.view(torch.uint8) if expert_map.dtype == torch.bool else expert_map
+    stream = current_stream_handle(dev)
+    with device_guard(dev):
+        _call(
+            lib.pt_moe_route_build,
+            to_pt(emap),
+            e,
+            max(pad_multiple, 1),
+            num_out if num_out > 0 else -1,
+            int(probs_topk),
+            to_pt(row_id_map),
+            to_pt(ws),
+            to_pt(tokens_per_expert),
+            to_pt(overflow),
+            to_pt(dispatched),
+            stream,
+            context="moe_permute",
+        )
+        in_use = ws[_rows_in_use_index(t, e) :][:1]
+        if t == 0:
+            m = 0
+        elif num_out > 0:
+            m = num_out
+        else:  # the exact size: one device synchronization
+            m = int(in_use.item())
+        out = torch.empty((m, h), dtype=tokens.dtype, device=dev)
+        pprobs = torch.empty((m if probs is not None else 0,), dtype=probs.dtype if probs is not None else torch.float32,
+                             device=dev)
+        s = scaling_factor.shape[1] if scaling_factor is not None else 0
+        pscales = torch.empty((m if scaling_factor is not None else 0, s), dtype=torch.float32, device=dev)
+        _call(
+            lib.pt_moe_rows_scatter,
+            to_pt(tokens),
+            to_pt(row_id_map),
+            e,
+            _opt(probs),
+            _opt(scaling_factor),
+            to_pt(in_use),
+            0,
+            to_pt(out),
+            to_pt(pprobs) if probs is not None else None,
+            to_pt(pscales) if scaling_factor is not None else None,
+            stream,
+            context="moe_permute",
+        )
+    return out, row_id_map, tokens_per_expert, overflow, dispatched, pscales, pprobs
+
+
+def _moe_permute_fake(tokens, expert_map, probs, scaling_factor, num_experts, pad_multiple, num_out, probs_topk):
+    t, h = tokens.shape
+    e, p = num_experts, max(pad_multiple, 0)
+    if t == 0:
+        m = 0
+    elif num_out > 0:
+        m = num_out
+    else:
+        m = torch.library.get_ctx().new_dynamic_size()
+    s = scaling_factor.shape[1] if scaling_factor is not None else 0
+    return (
+        tokens.new_empty((m, h)),
+        tokens.new_empty((t + p, 2 * e + 1), dtype=torch.int32),
+        tokens.new_empty((e,), dtype=torch.int64),
+        tokens.new_empty((1,), dtype=torch.int32),
+        tokens.new_empty((1,), dtype=torch.int32),
+        tokens.new_empty((m if scaling_factor is not None else 0, s), dtype=torch.float32),
+        tokens.new_empty((m if probs is not None else 0,), dtype=probs.dtype if probs is not None else torch.float32),
+    )
+
+
+def _moe_gather_cuda(src, row_id_map, src_probs, num_tokens: int, num_experts: int, probs_width: int):
+    dev = src.device
+    out = torch.empty((num_tokens, src.shape[1]), dtype=src.dtype, device=dev)
+    probs = (
+        torch.empty((num_tokens, probs_width), dtype=src_probs.dtype, device=dev)
+        if src_probs is not None
+        else torch.empty((0,), dtype=torch.float32, device=dev)
+    )
+    with device_guard(dev):
+        _call(
+            lib.pt_moe_rows_gather,
+            to_pt(src),
+            to_pt(row_id_map),
+            num_experts,
+            _opt(src_probs),
+            to_pt(out),
+            to_pt(probs) if src_probs is not None else None,
+            current_stream_handle(dev),
+            context="moe_unpermute",
+        )
+    return out, probs
+
+
+def _moe_gather_fake(src, row_id_map, src_probs, num_tokens, num_experts, probs_width):
+    probs = (
+        src.new_empty((num_tokens, probs_width), dtype=src_probs.dtype)
+        if src_probs is not None
+        else src.new_empty((0,), dtype=torch.float32)
+    )
+    return src.new_empty((num_tokens, src.shape[1])), probs
+
+
+def _moe_scatter_cuda(src, row_id_map, src_probs, num_rows: int, num_experts: int):
+    dev = src.device
+    out = torch.empty((num_rows, src.shape[1]), dtype=src.dtype, device=dev)
+    probs = torch.empty(
+        (num_rows if src_probs is not None else 0,),
+        dtype=src_probs.dtype if src_probs is not None else torch.float32,
+        device=dev,
+    )
+    in_use = torch.empty((1,), dtype=torch.int32, device=dev)
+    with device_guard(dev):
+        _call(
+            lib.pt_moe_rows_scatter,
+            to_pt(src),
+            to_pt(row_id_map),
+            num_experts,
+            _opt(src_probs),
+            None,
+            to_pt(in_use),
+            1,
+            to_pt(out),
+            to_pt(probs) if src_probs is not None else None,
+            None,
+            current_stream_handle(dev),
+            context="moe_unpermute backward",
+        )
+    return out, probs
+
+
+def _moe_scatter_fake(src, row_id_map, src_probs, num_rows, num_experts):
+    probs = src.new_empty(
+        (num_rows if src_probs is not None else 0,), dtype=src_probs.dtype if src_probs is not None else torch.float32
+    )
+    return src.new_empty((num_rows, src.shape[1])), probs
+
+
+_moe_permute_op = library.define_op(
+    "moe_index_permute(Tensor tokens, Tensor expert_map, Tensor? probs, Tensor? scaling_factor, int num_experts, "
+    "int pad_multiple, int num_out, bool probs_topk) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+    _moe_permute_cuda,
+    _moe_permute_fake,
+)
+_moe_gather_op = library.define_op(
+    "moe_index_gather(Tensor src, Tensor row_id_map, Tensor? src_probs, SymInt num_tokens, int num_experts, "
+    "int probs_width) -> (Tensor, Tensor)",
+    _moe_gather_cuda,
+    _moe_gather_fake,
+)
+_moe_scatter_op = library.define_op(
+    "moe_index_scatter(Tensor src, Tensor row_id_map, Tensor? src_probs, SymInt num_rows, int num_experts) "
+    "-> (Tensor, Tensor)",
+    _moe_scatter_cuda,
+    _moe_scatter_fake,
+)
+
+
+class _MoePermute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tokens, expert_map, probs, scaling_factor, num_experts, pad_multiple, num_out, probs_topk, width):
+        outs = _moe_permute_op(tokens, expert_map, probs, scaling_factor, num_experts, pad_multiple, num_out, probs_topk)
+        ctx.save_for_backward(outs[1])
+        ctx.num_tokens, ctx.num_experts, ctx.width = tokens.shape[0], num_experts, width
+        ctx.with_probs = probs is not None
+        ctx.byte_tokens = tokens.dtype in _FP8_TOKENS
+        ctx.mark_non_differentiable(*outs[1:6])
+        return outs
+
+    @staticmethod
+    def backward(ctx, g_out, _map, _tpe, _ovf, _nd, _scales, g_probs):
+        if ctx.byte_tokens:
+            raise NotImplementedError("moe_permute: the backward of FP8 (1-byte) tokens is not supported")
+        (row_id_map,) = ctx.saved_tensors
+        gp = g_probs.contiguous() if ctx.with_probs and g_probs is not None else None
+        grad_tokens, grad_probs = _moe_gather_op(
+            g_out.contiguous(), row_id_map, gp, ctx.num_tokens, ctx.num_experts, ctx.width
+        )
+        return grad_tokens, None, grad_probs if gp is not None else None, None, None, None, None, None, None
+
+
+class _MoeUnpermute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp, row_id_map, permuted_probs, num_tokens, num_experts, width):
+        out, probs = _moe_gather_op(inp, row_id_map, permuted_probs, num_tokens, num_experts, width)
+        ctx.save_for_backward(row_id_map)
+        ctx.num_rows, ctx.num_experts = inp.shape[0], num_experts
+        ctx.with_probs = permuted_probs is not None
+        return out, probs
+
+    @staticmethod
+    def backward(ctx, g_out, g_probs):
+        (row_id_map,) = ctx.saved_tensors
+        gp = g_probs.contiguous() if ctx.with_probs and g_probs is not None else None
+        grad_in, grad_pp = _moe_scatter_op(g_out.contiguous(), row_id_map, gp, ctx.num_rows, ctx.num_experts)
+        return grad_in, None, grad_pp if gp is not None else None, None, None, None
+
+
+def _int_arg(op: str, name: str, v, lo: int, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        rng = f"{lo} to {hi}" if hi is not None else f">= {lo}"
+        raise ValueError(f"{op}: argument '{name}' must be an int {rng}; got {v!r}")
+    return v
+
+
+def _float_probs(op: str, name: str, p, shape) -> None:
+    if not isinstance(p, torch.Tensor) or p.dtype not in _DTYPES:
+        raise TypeError(f"{op}: argument '{name}' must be a float32, float16 or bfloat16 torch.Tensor")
+    if tuple(p.shape) != tuple(shape):
+        raise ValueError(f"{op}: argument '{name}' has shape {tuple(p.shape)}; expected {list(shape)}")
+
+
+def moe_permute(
+    tokens: torch.Tensor,
+    expert_map: torch.Tensor,
+    *,
+    num_local_experts: int,
+    num_topk: int = 0,
+    pad_multiple: int = 0,
+    num_permuted_tokens: int = -1,
+    scaling_factor: torch.Tensor | None = None,
+    probs: torch.Tensor | None = None,
+    probs_layout: str = "topk",
+    scales_per_token: int = 0,
+    use_fp8: bool = False,
+):
+    """Groups the routed copies of ``tokens`` by expert, each expert's rows padded to a multiple.
+
+    Returns ``(permuted_tokens, row_id_map, tokens_per_expert, overflow_flag, num_dispatched_tokens,
+    permuted_scaling_factor, permuted_probs)``.
+
+    Args:
+        tokens: ``[num_tokens, hidden]`` float32 / float16 / bfloat16, or with ``use_fp8`` 1-byte
+            float8_e4m3fn / float8_e5m2 / uint8 (hidden a multiple of 16).
+        expert_map: a ``[num_tokens, num_local_experts]`` bool routing map, or ``[num_tokens, num_topk]``
+            int32/int64 expert indices (values outside ``[0, num_local_experts)`` are no route, e.g. -1
+            for a dropped one; a repeated expert counts once).
+        num_local_experts: experts (1 to 1024).
+        num_topk: columns of an index ``expert_map``; the width of ``probs`` for ``probs_layout="topk"``.
+        pad_multiple: each expert's block of rows is padded with zero rows to a multiple of it (0: none).
+        num_permuted_tokens: rows of ``permuted_tokens``. Slots past it are dropped (``overflow_flag``
+            = 1), rows past the used ones are zero. ``<= 0``: the exact count, read on the host (one
+            device synchronization; not under CUDA graph capture). No synchronization when given:
+            ``num_tokens * topk`` (``+ num_local_experts * (pad_multiple - 1)`` with padding) always fits.
+        scaling_factor: ``[num_tokens, scales_per_token]`` float32 scales of FP8 tokens, carried to
+            ``permuted_scaling_factor`` (used only with ``use_fp8``).
+        probs: ``[num_tokens, num_topk]`` (``probs_layout="topk"``, index map) or ``[num_tokens,
+            num_local_experts]`` (``"routing_map"``); ``permuted_probs[row]`` is the probability of the
+            row (0 for padding rows).
+        probs_layout: ``"topk"`` (requires ``num_topk > 0``) or ``"routing_map"``.
+
+    Rows hold expert 0's tokens in token order, its padding rows, then expert 1, ...;
+    ``tokens_per_expert`` (int64) counts each block's rows with padding. ``num_dispatched_tokens``
+    (int32 [1]) counts tokens with at least one route. Differentiable in ``tokens`` and ``probs``:
+    the backward sums a token's row gradients in a fixed order (fp32) and gathers the probability
+    gradients (FP8 tokens have no backward).
+    """
+    op = "moe_permute"
+    if probs_layout not in ("routing_map", "topk"):
+        raise ValueError(f"{op}: probs_layout must be 'routing_map' or 'topk', got {probs_layout!r}")
+    if probs_layout == "topk" and (isinstance(num_topk, bool) or not isinstance(num_topk, int) or num_topk <= 0):
+        raise ValueError(f"{op}: probs_layout='topk' requires num_topk > 0")
+    e = _int_arg(op, "num_local_experts", num_local_experts, 1, MAX_EXPERTS)
+    _int_arg(op, "num_topk", num_topk, 0, MAX_EXPERTS)
+    _int_arg(op, "pad_multiple", pad_multiple, 0)
+    if isinstance(num_permuted_tokens, bool) or not isinstance(num_permuted_tokens, int):
+        raise ValueError(f"{op}: argument 'num_permuted_tokens' must be an int; got {num_permuted_tokens!r}")
+    _int_arg(op, "scales_per_token", scales_per_token, 0)
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"{op}: argument 'tokens' must be a torch.Tensor, got {type(tokens).__name__}")
+    if use_fp8:
+        if tokens.dtype not in _FP8_TOKENS:
+            raise TypeError(f"{op}: argument 'tokens' has dtype {tokens.dtype}; use_fp8 expects float8_e4m3fn, "
+                            "float8_e5m2 or uint8")
+    elif tokens.dtype not in _DTYPES:
+        hint = " (pass use_fp8=True for quantized tokens)" if tokens.dtype in _FP8_TOKENS else ""
+        raise TypeError(f"{op}: argument 'tokens' has dtype {tokens.dtype}; expected float32, float16 or bfloat16{hint}")
+    if tokens.dim() != 2:
+        raise ValueError(f"{op}: argument 'tokens' has shape {tuple(tokens.shape)}; expected [num_tokens, hidden]")
+    t, h = tokens.shape
+    if use_fp8 and h % 16:
+        raise ValueError(f"{op}: FP8 tokens need a hidden size that is a multiple of 16; got {h}")
+    if not isinstance(expert_map, torch.Tensor) or expert_map.dtype not in (torch.bool, torch.int32, torch.int64):
+        raise TypeError(f"{op}: argument 'expert_map' must be a bool routing map or int32/int64 expert indices")
+    is_mask = expert_map.dtype == torch.bool
+    want = [t, e] if is_mask else [t, num_topk]
+    if expert_map.dim() != 2 or list(expert_map.shape) != want or (not is_mask and num_topk < 1):
+        what = "[num_tokens, num_local_experts]" if is_mask else "[num_tokens, num_topk] with num_topk >= 1"
+        raise ValueError(f"{op}: argument 'expert_map' has shape {tuple(expert_map.shape)}; expected {what} = {want}")
+    probs_topk = probs is not None and probs_layout == "topk"
+    if probs is not None:
+        if probs_topk and is_mask:
+            raise ValueError(f"{op}: probs_layout='topk' needs expert indices in expert_map; a bool routing map takes "
+                             "probs_layout='routing_map' ([num_tokens, num_local_experts] probs)")
+        _float_probs(op, "probs", probs, (t, num_topk if probs_topk else e))
+    scales = None
+    if use_fp8 and scaling_factor is not None:
+        if scales_per_token <= 0:
+            raise ValueError(f"{op}: scales_per_token must be > 0 when use_fp8=True and scaling_factor is given")
+        if not isinstance(scaling_factor, torch.Tensor) or scaling_factor.dtype != torch.float32:
+            raise TypeError(f"{op}: argument 'scaling_factor' must be a float32 torch.Tensor")
+        if tuple(scaling_factor.shape) != (t, scales_per_token):
+            raise ValueError(f"{op}: argument 'scaling_factor' has shape {tuple(scaling_factor.shape)}; expected "
+                             f"[{t}, {scales_per_token}] (num_tokens x scales_per_token)")
+        scales = scaling_factor.contiguous()
+    bound = t * (e if is_mask else num_topk) + e * max(pad_multiple - 1, 0)
+    if max(bound, num_permuted_tokens) >= 2**31 - 1:
+        raise ValueError(f"{op}: up to {max(bound, num_permuted_tokens)} permuted rows; at most 2**31 - 2 are supported")
+    extra = {"probs": probs} if probs is not None else {}
+    if scales is not None:
+        extra["scaling_factor"] = scales
+    check_cuda_tensors(op, tokens=tokens, expert_map=expert_map, **extra)
+    tokens = tokens.contiguous()
+    if use_fp8 and tokens.storage_offset() % 16:
+        tokens = tokens.clone()  # 16-byte aligned rows
+    width = num_topk if probs_topk else e
+    out, row_id_map, tpe, overflow, nd, pscales, pprobs = _MoePermute.apply(
+        tokens,
+        expert_map.contiguous(),
+        probs.contiguous() if probs is not None else None,
+        scales,
+        e,
+        pad_multiple,
+        num_permuted_tokens,
+        probs_topk,
+        width,
+    )
+    return (
+        out,
+        row_id_map,
+        tpe,
+        overflow,
+        nd,
+        pscales if scales is not None else None,
+        pprobs if probs is not None else None,
+    )
+
+
+def moe_unpermute(
+    permuted_tokens: torch.Tensor,
+    row_id_map: torch.Tensor,
+    num_dispatched_tokens_tensor: torch.Tensor,
+    *,
+    restore_shape,
+    num_local_experts: int,
+    permuted_probs: torch.Tensor | None = None,
+    probs_topk_stride: int = 0,
+    pad_multiple: int = 0,
+):
+    """Sums each token's permuted rows back: returns ``(unpermuted_tokens, unpermuted_probs)``.
+
+    ``unpermuted_tokens[t] = sum of permuted_tokens[row]`` over token ``t``'s rows in ``row_id_map``
+    (from :func:`moe_permute`), in fp32 and expert order (bitwise reproducible); padding rows are
+    skipped, tokens without a route get zeros. With ``permuted_probs`` (``[rows]``),
+    ``unpermuted_probs`` (``[num_tokens, probs_topk_stride or num_local_experts]``) carries each
+    row's probability back to its column, zero elsewhere; else it is None.
+
+    Args:
+        restore_shape: ``(num_tokens, hidden)``, the shape of the tokens ``moe_permute`` took.
+        num_dispatched_tokens_tensor: the int32 ``[1]`` count from ``moe_permute`` (checked; the map
+            alone decides which rows are read).
+        probs_topk_stride: 0 (probabilities per expert) or the ``num_topk`` of a ``probs_layout="topk"``
+            permute; must match the permute.
+        pad_multiple: 0, or the permute's value (its padding rows are found from ``row_id_map``).
+
+    Differentiable in ``permuted_tokens`` and ``permuted_probs``: the backward copies each token's
+    gradient to its rows (padding and unused rows get zero).
+    """
+    op = "moe_unpermute"
+    e = _int_arg(op, "num_local_experts", num_local_experts, 1, MAX_EXPERTS)
+    _int_arg(op, "probs_topk_stride", probs_topk_stride, 0, MAX_EXPERTS)
+    _int_arg(op, "pad_multiple", pad_multiple, 0)
+    _check_tokens(op, "permuted_tokens", permuted_tokens)
+    if not isinstance(row_id_map, torch.Tensor) or row_id_map.dtype != torch.int32 or row_id_map.dim() != 2:
+        raise TypeError(f"{op}: argument 'row_id_map' must be the int32 2-D map of moe_permute")
+    if row_id_map.shape[1] != 2 * e + 1:
+        raise ValueError(f"{op}: argument 'row_id_map' has shape {tuple(row_id_map.shape)}; expected "
+                         f"[num_tokens + pad_multiple, {2 * e + 1}] for {e} experts")
+    try:
+        t, h = (int(v) for v in restore_shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"{op}: argument 'restore_shape' must be (num_tokens, hidden); got {restore_shape!r}") from None
+    if h != permuted_tokens.shape[1] or t < 0 or t > row_id_map.shape[0]:
+        raise ValueError(f"{op}: argument 'restore_shape' is {tuple(restore_shape)}; expected (num_tokens, "
+                         f"{permuted_tokens.shape[1]}) with num_tokens <= {row_id_map.shape[0]} (rows of row_id_map)")
+    pad_rows = row_id_map.shape[0] - t
+    if pad_multiple not in (0, pad_rows):
+        raise ValueError(f"{op}: argument 'pad_multiple' is {pad_multiple}, but row_id_map has {pad_rows} padding rows "
+                         f"for {t} tokens; pass the permute's pad_multiple (or 0)")
+    if (
+        not isinstance(num_dispatched_tokens_tensor, torch.Tensor)
+        or num_dispatched_tokens_tensor.dtype != torch.int32
+        or num_dispatched_tokens_tensor.numel() != 1
+    ):
+        raise TypeError(f"{op}: argument 'num_dispatched_tokens_tensor' must be the int32 [1] tensor of moe_permute")
+    if permuted_probs is not None:
+        _float_probs(op, "permuted_probs", permuted_probs, (permuted_tokens.shape[0],))
+    extra = {"permuted_probs": permuted_probs} if permuted_probs is not None else {}
+    check_cuda_tensors(op, permuted_tokens=permuted_tokens, row_id_map=row_id_map, **extra)
+    width = probs_topk_stride if probs_topk_stride > 0 else e
+    out, probs = _MoeUnpermute.apply(
+        permuted_tokens.contiguous(),
+        row_id_map.contiguous(),
+        permuted_probs.contiguous() if permuted_probs is not None else None,
+        t,
+        e,
+        width,
+    )
+    return out, (probs if permuted_probs is not None else None)

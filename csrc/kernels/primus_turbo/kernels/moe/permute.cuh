@@ -1,8 +1,10 @@
-// MoE token permutation by a routing mask, forward and backward (see permute_abi.h for the math).
+// MoE token permutation modules: token_permute's kernels (by a routing mask, forward and
+// backward; see permute_abi.h for the math) and the entry points of moe_permute's (route_map.cuh,
+// rows.cuh), one module per token dtype and access width.
 //
-// The map is built without host synchronization: per-expert counts (a block per expert), an
-// exclusive scan of the counts (one block), then per-expert ranks by a block-wide ballot scan in
-// token order, written token-major so that the data kernels read a token's E entries coalesced.
+// The map is built without host synchronization by the routing-map builder that moe_permute
+// shares (route_map.cuh: tile counts, a scan, ranks in token order), written token-major so that
+// the data kernels read a token's E entries coalesced.
 // The data kernels take one token per block: the token's routes are compacted in expert order
 // into shared memory (a ballot scan again, so sums run in a fixed order), then every thread moves
 // 16-byte vectors of the row (scalar elements when the host found the rows unaligned).
@@ -14,50 +16,15 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <type_traits>
 
 #include "primus_turbo/kernels/jit_export.cuh"
 #include "primus_turbo/kernels/moe/permute_abi.h"
+#include "primus_turbo/kernels/moe/common.cuh"
+#include "primus_turbo/kernels/moe/route_map.cuh"
+#include "primus_turbo/kernels/moe/rows.cuh"
 
 namespace primus_turbo::kernels::moe {
-
-constexpr int kMaxExperts = 1024;
-constexpr int kThreads = 256;
-constexpr int kMapThreads = 1024;
-
-template <class E, int N>
-struct alignas(sizeof(E) * N >= 16 ? 16 : sizeof(E) * N) Pack {
-  E v[N];
-};
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class E>
-__device__ __forceinline__ E from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-// pt_dtype codes of the probabilities: 0 float32, 1 float16, 2 bfloat16.
-__device__ __forceinline__ float load_prob(const void* p, int dtype, int64_t i) {
-  if (dtype == 1) return __half2float(static_cast<const __half*>(p)[i]);
-  if (dtype == 2) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  return static_cast<const float*>(p)[i];
-}
-__device__ __forceinline__ void store_prob(void* p, int dtype, int64_t i, float v) {
-  if (dtype == 1) static_cast<__half*>(p)[i] = __float2half_rn(v);
-  else if (dtype == 2) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-  else static_cast<float*>(p)[i] = v;
-}
-
-__device__ __forceinline__ bool routed(const PtMoePermuteParams& p, int64_t t, int e) {
-  const int64_t i = t * p.num_experts + e;
-  return p.routing_map_bytes == 4 ? static_cast<const int32_t*>(p.routing_map)[i] != 0
-                                  : static_cast<const uint8_t*>(p.routing_map)[i] != 0;
-}
 
 // Exclusive count of `flag` over the block in thread order; *total gets the block's count.
 // scratch: 33 ints. Safe to call back to back (the trailing barrier protects scratch).
@@ -83,77 +50,6 @@ __device__ __forceinline__ int block_exclusive_count(bool flag, int* scratch, in
   *total = scratch[32];
   __syncthreads();
   return r;
-}
-
-// ---- map -----------------------------------------------------------------------------------
-
-__global__ void __launch_bounds__(kMapThreads) count_kernel(PtMoePermuteParams p) {
-  __shared__ int scratch[33];
-  const int e = blockIdx.x;
-  int count = 0;
-  for (int64_t base = 0; base < p.num_tokens; base += blockDim.x) {
-    const int64_t t = base + threadIdx.x;
-    int n;
-    block_exclusive_count(t < p.num_tokens && routed(p, t, e), scratch, &n);
-    count += n;
-  }
-  if (threadIdx.x == 0) p.workspace[e] = count;
-}
-
-// offsets[e] = sum of counts before e; total = min(sum of counts, num_out).
-__global__ void __launch_bounds__(kMapThreads) offsets_kernel(PtMoePermuteParams p) {
-  __shared__ int scratch[33];
-  int running = 0;
-  for (int base = 0; base < p.num_experts; base += blockDim.x) {
-    const int e = base + threadIdx.x;
-    const int c = e < p.num_experts ? p.workspace[e] : 0;
-    // Inclusive scan of counts (not flags): warp shuffles, then warp totals.
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int inc = c;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int n = __shfl_up_sync(0xffffffffu, inc, o);
-      if (lane >= o) inc += n;
-    }
-    if (lane == 31) scratch[warp] = inc;
-    __syncthreads();
-    if (warp == 0) {
-      const int v = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0;
-      int w = v;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(0xffffffffu, w, o);
-        if (lane >= o) w += n;
-      }
-      scratch[lane] = w - v;
-      if (lane == 31) scratch[32] = w;
-    }
-    __syncthreads();
-    if (e < p.num_experts) p.workspace[p.num_experts + e] = running + scratch[warp] + inc - c;
-    running += scratch[32];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    p.workspace[2 * p.num_experts] = static_cast<int>(running < p.num_out ? running : p.num_out);
-  }
-}
-
-__global__ void __launch_bounds__(kMapThreads) rank_kernel(PtMoePermuteParams p) {
-  __shared__ int scratch[33];
-  const int e = blockIdx.x;
-  const int offset = p.workspace[p.num_experts + e];
-  int running = 0;
-  for (int64_t base = 0; base < p.num_tokens; base += blockDim.x) {
-    const int64_t t = base + threadIdx.x;
-    const bool r = t < p.num_tokens && routed(p, t, e);
-    int n;
-    const int rank = block_exclusive_count(r, scratch, &n);
-    if (t < p.num_tokens) {
-      const int64_t row = static_cast<int64_t>(offset) + running + rank;
-      p.row_id_map[t * p.num_experts + e] = r && row < p.num_out ? static_cast<int32_t>(row) : -1;
-    }
-    running += n;
-  }
 }
 
 // ---- data ----------------------------------------------------------------------------------
@@ -202,7 +98,7 @@ template <class T, int V>
 __global__ void __launch_bounds__(kThreads) zero_tail_kernel(PtMoePermuteParams p) {
   using P = Pack<T, V>;
   const int64_t nvec = p.hidden / V;
-  const int64_t total = p.workspace[2 * p.num_experts];
+  const int64_t total = p.workspace[route::layout(p.num_tokens, p.num_experts).scalars];
   P zero;
 #pragma unroll
   for (int j = 0; j < V; ++j) zero.v[j] = from_float<T>(0.f);
@@ -326,10 +222,14 @@ struct MoePermute {
 
   static int build_map(const PtMoePermuteParams* p, char* err, size_t err_len) {
     if (!check(p, err, err_len)) return 1;
-    auto s = static_cast<cudaStream_t>(p->stream);
-    count_kernel<<<p->num_experts, kMapThreads, 0, s>>>(*p);
-    offsets_kernel<<<1, kMapThreads, 0, s>>>(*p);
-    rank_kernel<<<p->num_experts, kMapThreads, 0, s>>>(*p);
+    PtMoeRouteParams r{};
+    r.num_tokens = p->num_tokens, r.num_experts = p->num_experts;
+    r.routing_kind = p->routing_map_bytes == 4 ? 1 : 0;
+    r.routing = p->routing_map;
+    r.align = 1, r.capacity = p->num_out, r.compact = 0;
+    r.row_id_map = p->row_id_map, r.workspace = p->workspace;
+    r.stream = p->stream;
+    route::build(r);
     return report_launch("MoE permute map", err, err_len);
   }
 
@@ -347,6 +247,45 @@ struct MoePermute {
       gather_kernel<T, V><<<grid(p, p->num_tokens), kThreads, 0, static_cast<cudaStream_t>(p->stream)>>>(*p);
     }
     return report_launch("MoE unpermute", err, err_len);
+  }
+
+  // ---- index-based (compact map) ----
+  using Unit = std::conditional_t<kVectorized, uint4, std::conditional_t<sizeof(T) == 4, uint32_t, uint16_t>>;
+
+  static bool check_route(const PtMoeRouteParams* p, char* err, size_t err_len) {
+    if (p->num_experts < 1 || p->num_experts > kMaxExperts || p->num_tokens > INT32_MAX || p->num_rows > INT32_MAX) {
+      snprintf(err, err_len, "MoE route module cannot take %d experts, %lld tokens", p->num_experts,
+               static_cast<long long>(p->num_tokens));
+      return false;
+    }
+    return true;
+  }
+
+  static int route_build(const PtMoeRouteParams* p, char* err, size_t err_len) {
+    if (!check_route(p, err, err_len)) return 1;
+    route::build(*p);
+    return report_launch("MoE route map", err, err_len);
+  }
+
+  // Moves whole rows as Unit (16 bytes, or the element): any token dtype of the unit's size.
+  static int rows_scatter(const PtMoeRouteParams* p, char* err, size_t err_len) {
+    if (!check_route(p, err, err_len)) return 1;
+    auto s = static_cast<cudaStream_t>(p->stream);
+    if (p->count_rows) count_rows_kernel<<<1, 1024, 0, s>>>(*p);
+    const int G = group_threads(p->row_units, kScatterUnits);
+    const int64_t items = p->num_tokens + p->pad_rows + p->num_rows;
+    if (items > 0) rows_scatter_kernel<Unit><<<rows_grid(p->num_sms, items, kThreads / G), kThreads, 0, s>>>(*p, G);
+    return report_launch("MoE rows scatter", err, err_len);
+  }
+
+  static int rows_gather(const PtMoeRouteParams* p, char* err, size_t err_len) {
+    if (!check_route(p, err, err_len)) return 1;
+    const int G = group_threads(p->row_units, kGatherUnits);
+    if (p->num_out_tokens > 0) {
+      rows_gather_kernel<T, V><<<rows_grid(p->num_sms, p->num_out_tokens, kThreads / G), kThreads, 0,
+                                 static_cast<cudaStream_t>(p->stream)>>>(*p, G);
+    }
+    return report_launch("MoE rows gather", err, err_len);
   }
 
   static int unpermute_bwd(const PtMoePermuteParams* p, char* err, size_t err_len) {
@@ -377,4 +316,16 @@ struct MoePermute {
   extern "C" __attribute__((visibility("default"))) int pt_moe_unpermute_bwd_run(                           \
       const PtMoePermuteParams* p, char* err, size_t n) {                                                   \
     return Kernel::unpermute_bwd(p, err, n);                                                                \
+  }                                                                                                         \
+  extern "C" __attribute__((visibility("default"))) int pt_moe_route_build_run(const PtMoeRouteParams* p,   \
+                                                                               char* err, size_t n) {       \
+    return Kernel::route_build(p, err, n);                                                                  \
+  }                                                                                                         \
+  extern "C" __attribute__((visibility("default"))) int pt_moe_rows_scatter_run(const PtMoeRouteParams* p,  \
+                                                                                char* err, size_t n) {      \
+    return Kernel::rows_scatter(p, err, n);                                                                 \
+  }                                                                                                         \
+  extern "C" __attribute__((visibility("default"))) int pt_moe_rows_gather_run(const PtMoeRouteParams* p,   \
+                                                                               char* err, size_t n) {       \
+    return Kernel::rows_gather(p, err, n);                                                                  \
   }
