@@ -14,6 +14,7 @@ from primus_turbo.pytorch.ops.quantization import (  # noqa: F401
     quantize_fp8,
     quantize_fp8_with_trans,
 )
+from primus_turbo.pytorch.ops.fused_fp8 import geglu_fp8, rmsnorm_fp8, rmsnorm_residual_fp8, swiglu_fp8  # noqa: F401
 
 __all__ = [
     "gemm",
@@ -35,4 +36,8 @@ __all__ = [
     "dequantize_fp8",
     "quantize_fp4",
     "dequantize_fp4",
+    "rmsnorm_fp8",
+    "rmsnorm_residual_fp8",
+    "swiglu_fp8",
+    "geglu_fp8",
 ]
