@@ -291,7 +291,8 @@ def _check_fp8(op: Fp8FwdBench, args_: tuple) -> tuple[str, str]:
     q_ref, s_ref = op.unfused(*args_)
     notes = []
     if not torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)):
-        notes.append(f"q differs from the unfused chain in {(q.view(torch.uint8) != q_ref.view(torch.uint8)).sum().item()} elements")
+        diff = (q.view(torch.uint8) != q_ref.view(torch.uint8)).sum().item()
+        notes.append(f"q differs from the unfused chain in {diff} elements")
     if not torch.equal(s, s_ref):
         notes.append("scale_inv differs from the unfused chain")
     snr = bu.snr_db(op.dequantize(q, s), op.reference(*args_))
@@ -317,7 +318,8 @@ def run_fp8_fwd(op: Fp8FwdBench, cases: Sequence[Any], args, describe: Callable[
         impls["compiled"] = torch.compile(op.torch_math, dynamic=False)
     rows = []
     for i, case in enumerate(cases, 1):
-        row = {"TestID": i, "GPU": gpu, **describe(case), "dtype": args.dtype, "Timing": "eager" if args.no_graph else "graph"}
+        timing = "eager" if args.no_graph else "graph"
+        row = {"TestID": i, "GPU": gpu, **describe(case), "dtype": args.dtype, "Timing": timing}
         notes = []
         args_ = op.make(case, dtype)
         try:
@@ -358,7 +360,8 @@ def run_fp8_fwd(op: Fp8FwdBench, cases: Sequence[Any], args, describe: Callable[
         print(
             f"[{op.name}] [{i:>3}/{len(cases)}] {label.format(**row):<44} {row['Check']:<5} "
             f"fwd {ours:.0f} GB/s ({row['Forward BW Fraction']:.2f}) | unfused {row['Unfused Forward GB/s']:.0f} "
-            f"(x{row['Ratio vs Unfused']:.2f}) compiled {row['Compiled Forward GB/s']:.0f} (x{row['Ratio vs Compiled']:.2f})",
+            f"(x{row['Ratio vs Unfused']:.2f}) compiled {row['Compiled Forward GB/s']:.0f} "
+            f"(x{row['Ratio vs Compiled']:.2f})",
             flush=True,
         )
         columns = list(rows[0].keys())

@@ -21,7 +21,10 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 # wider ones (40960) take the two-pass path; 8, 120, 1000, 1416, 2880: partial 1x128 blocks.
 COLS = [8, 120, 128, 1000, 1408, 1416, 2880, 4096, 14336, 16392, 40960]
 ROWS = [0, 1, 3, 700]
-OPS = {"swiglu_fp8": (turbo.ops.swiglu, F.silu), "geglu_fp8": (turbo.ops.geglu, lambda g: F.gelu(g, approximate="none"))}
+OPS = {
+    "swiglu_fp8": (turbo.ops.swiglu, F.silu),
+    "geglu_fp8": (turbo.ops.geglu, lambda g: F.gelu(g, approximate="none")),
+}
 
 
 def make_x(rows, cols, dtype, seed):
@@ -160,7 +163,8 @@ def test_gemm_fp8_consumes_the_fused_output(granularity):
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     cfg = config(granularity)
     q, s = turbo.ops.swiglu_fp8(x, config=cfg)
-    wq, ws = _fp8_quant.quantize_with_trans(w, torch.float8_e4m3fn, cfg.granularity, 128, granularity == "blockwise")[:2]
+    two_d = granularity == "blockwise"
+    wq, ws = _fp8_quant.quantize_with_trans(w, torch.float8_e4m3fn, cfg.granularity, 128, two_d)[:2]
     fused = turbo.ops.gemm_fp8((q, s), (wq, ws), trans_b=True, out_dtype=torch.bfloat16, config=cfg)
     h = turbo.ops.swiglu(x)
     unfused = turbo.ops.gemm_fp8(h, w, trans_b=True, config=cfg)

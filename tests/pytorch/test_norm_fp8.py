@@ -111,7 +111,8 @@ def test_e5m2_zero_centered_and_float32_gamma(hidden, granularity):
 
 def test_hybrid_format_is_e4m3_and_default_is_rowwise():
     x, gamma, _ = make_inputs(64, 4096, torch.bfloat16, seed=4)
-    q, s = turbo.ops.rmsnorm_fp8(x, gamma, config=Float8QuantConfig(format=Format.HYBRID, granularity=ScalingGranularity.ROWWISE))
+    hybrid = Float8QuantConfig(format=Format.HYBRID, granularity=ScalingGranularity.ROWWISE)
+    q, s = turbo.ops.rmsnorm_fp8(x, gamma, config=hybrid)
     q0, s0 = turbo.ops.rmsnorm_fp8(x, gamma)
     assert q.dtype == torch.float8_e4m3fn and s.shape == (64, 1)
     assert_bits_equal(q, q0, "q")
@@ -173,7 +174,10 @@ def test_backward_matches_unfused_rmsnorm_bitwise():
     grads = []
     for fused in (True, False):
         xr, gr = x.clone().requires_grad_(), gamma.clone().requires_grad_()
-        y = turbo.ops.rmsnorm_fp8(xr, gr, config=config("blockwise"), return_hp=True)[2] if fused else turbo.ops.rmsnorm(xr, gr)
+        if fused:
+            y = turbo.ops.rmsnorm_fp8(xr, gr, config=config("blockwise"), return_hp=True)[2]
+        else:
+            y = turbo.ops.rmsnorm(xr, gr)
         y.backward(dy)
         grads.append((xr.grad, gr.grad))
     assert_bits_equal(grads[0][0], grads[1][0], "dx")
@@ -258,7 +262,8 @@ def test_gemm_fp8_consumes_the_fused_output(m, k, n, granularity):
     cfg = config(granularity)
     q, s = turbo.ops.rmsnorm_fp8(x, gamma, config=cfg)
     # The weight quantized exactly as gemm_fp8 quantizes it (128x128 blocks for BLOCKWISE).
-    wq, ws = _fp8_quant.quantize_with_trans(w, torch.float8_e4m3fn, cfg.granularity, 128, granularity == "blockwise")[:2]
+    two_d = granularity == "blockwise"
+    wq, ws = _fp8_quant.quantize_with_trans(w, torch.float8_e4m3fn, cfg.granularity, 128, two_d)[:2]
     fused = turbo.ops.gemm_fp8((q, s), (wq, ws), trans_b=True, out_dtype=torch.bfloat16, config=cfg)
     y = turbo.ops.rmsnorm(x, gamma)
     unfused = turbo.ops.gemm_fp8(y, w, trans_b=True, config=cfg)

@@ -194,7 +194,8 @@ __global__ void __launch_bounds__(kFp8MaxThreads) gated_fwd_fp8(PtGatedActParams
         if (hp != nullptr) store_stream(hp + c, z);
         quant::store_fp8<F, T, kVec>(out.q + static_cast<int64_t>(c) * kVec, z, 1.f);
       }
-      const int scales = kFp8 == quant::kFp8Rowwise ? 1 : static_cast<int>((p.cols + quant::kFusedBlock - 1) / quant::kFusedBlock);
+      const int scales =
+          kFp8 == quant::kFp8Rowwise ? 1 : static_cast<int>((p.cols + quant::kFusedBlock - 1) / quant::kFusedBlock);
       for (int b = rank; b < scales; b += size) out.scale[b] = quant::zero_scale_inv<F>();
       continue;
     }
