@@ -33,6 +33,7 @@ constexpr int kBwdUnroll = 2;  // backward: three inputs, so fewer per lane and 
 constexpr int kMinBlocks = 2;  // at most 128 registers: >= 16 resident warps per SM
 
 constexpr int kFp8CacheIters = 8;      // FP8 forward: output vectors per thread held in registers
+constexpr int kFp8LoadBatch = 4;       // FP8 forward: (gate, up) vector pairs per thread loaded before use
 constexpr int kFp8VecsPerThread = 4;   // target vectors per thread when choosing the block size
 constexpr int kFp8MaxThreads = 512;
 
@@ -203,23 +204,29 @@ __global__ void __launch_bounds__(kFp8MaxThreads) gated_fwd_fp8(PtGatedActParams
     const TP* gate = reinterpret_cast<const TP*>(static_cast<const T*>(p.x) + row * 2 * p.cols);
     const TP* up = gate + nvec;
     if (cached) {
-      TP o[kFp8CacheIters], u[kFp8CacheIters];
-#pragma unroll
-      for (int i = 0; i < kFp8CacheIters; ++i) {
-        const int c = rank + i * size;
-        if (c < nvec) {
-          o[i] = load_stream(gate + c);
-          u[i] = load_stream(up + c);
-        }
-      }
+      // Loads in batches of kFp8LoadBatch pairs: enough in flight, and the registers of a batch's
+      // "up" vectors are free again before the next batch (no spills at 128 registers).
+      TP o[kFp8CacheIters];
       float amax = 0.f;
 #pragma unroll
-      for (int i = 0; i < kFp8CacheIters; ++i) {
-        const int c = rank + i * size;
-        if (c < nvec) {
-          o[i] = gated_value<T, kAct, kVec>(o[i], u[i], prob);
-          if (hp != nullptr) store_stream(hp + c, o[i]);
-          if constexpr (kFp8 == quant::kFp8Rowwise) amax = fmaxf(amax, quant::pack_amax<T, kVec>(o[i]));
+      for (int i0 = 0; i0 < kFp8CacheIters; i0 += kFp8LoadBatch) {
+        TP u[kFp8LoadBatch];
+#pragma unroll
+        for (int k = 0; k < kFp8LoadBatch; ++k) {
+          const int c = rank + (i0 + k) * size;
+          if (c < nvec) {
+            o[i0 + k] = load_stream(gate + c);
+            u[k] = load_stream(up + c);
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < kFp8LoadBatch; ++k) {
+          const int c = rank + (i0 + k) * size;
+          if (c < nvec) {
+            o[i0 + k] = gated_value<T, kAct, kVec>(o[i0 + k], u[k], prob);
+            if (hp != nullptr) store_stream(hp + c, o[i0 + k]);
+            if constexpr (kFp8 == quant::kFp8Rowwise) amax = fmaxf(amax, quant::pack_amax<T, kVec>(o[i0 + k]));
+          }
         }
       }
       if constexpr (kFp8 == quant::kFp8Rowwise) {
