@@ -170,3 +170,29 @@ def test_gemm_fp8_consumes_the_fused_output(granularity):
     unfused = turbo.ops.gemm_fp8(h, w, trans_b=True, config=cfg)
     assert_bits_equal(fused, unfused, "gemm_fp8 output")
     assert snr_db(fused, h.double() @ w.double().t()) >= 25.0
+
+
+@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+@pytest.mark.parametrize("granularity", ["rowwise", "blockwise"])
+@pytest.mark.parametrize("cols", [128, 1416, 40960])
+def test_moe_probs_and_row_mask(cols, granularity, name):
+    rows = 300
+    x = make_x(rows, cols, torch.bfloat16, seed=cols + 21)
+    torch.manual_seed(22)
+    probs = torch.rand(rows, device="cuda")
+    mask = (torch.rand(rows, device="cuda") > 0.2).to(torch.int64)
+    dy = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    xr, pr = x.clone().requires_grad_(), probs.clone().requires_grad_()
+    fused = getattr(turbo.ops, name + "_fp8")
+    q, s, out = fused(xr, config=config(granularity), return_hp=True, probs=pr, row_mask=mask)
+    xu, pu = x.clone().requires_grad_(), probs.clone().requires_grad_()
+    out_ref = getattr(turbo.ops, name + "_with_probs")(xu, pu, mask)
+    q_ref, s_ref = unfused_quant(out_ref.detach(), granularity)
+    assert_bits_equal(out, out_ref, "out")
+    assert_bits_equal(q, q_ref, "q")
+    assert_bits_equal(s, s_ref, "scale_inv")
+    assert (q[mask == 0].float() == 0).all()
+    out.backward(dy)
+    out_ref.backward(dy)
+    assert_bits_equal(xr.grad, xu.grad, "dx")
+    assert_bits_equal(pr.grad, pu.grad, "dprobs")

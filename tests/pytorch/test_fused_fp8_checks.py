@@ -72,13 +72,38 @@ def test_gated_fp8_shapes(name, shape, config, scales):
     assert x.grad.shape == x.shape
 
 
+def test_gated_fp8_with_probs_shapes_and_backward():
+    x = meta(2, 5, 512, grad=True)
+    probs = meta(2, 5, dtype=torch.float32, grad=True)
+    mask = meta(10, dtype=torch.int64)
+    q, s, out = turbo.ops.swiglu_fp8(x, config=BLOCK, return_hp=True, probs=probs, row_mask=mask)
+    assert q.shape == (2, 5, 256) and s.shape == (10, 2)
+    out.sum().backward()
+    assert x.grad.shape == x.shape and probs.grad.shape == probs.shape
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        ({"probs": meta(4, dtype=torch.bfloat16)}, TypeError, "argument 'probs' has dtype"),
+        ({"probs": meta(5, dtype=torch.float32)}, ValueError, "argument 'probs' has shape"),
+        ({"row_mask": meta(4, dtype=torch.int64)}, ValueError, "'row_mask' needs 'probs'"),
+        ({"probs": meta(4, dtype=torch.float32), "row_mask": meta(4, dtype=torch.float32)}, TypeError, "row_mask"),
+        ({"probs": meta(4, dtype=torch.float32), "row_mask": meta(3, dtype=torch.int64)}, ValueError, "row_mask"),
+    ],
+)
+def test_gated_fp8_bad_probs(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        turbo.ops.swiglu_fp8(meta(4, 512), **kwargs)
+
+
 def test_fake_ops_shapes():
     q, s, y, s_out, rstd = torch.ops.primus_turbo.rmsnorm_fp8_fwd(
         meta(6, 640), None, meta(640), 1e-6, False, 2, torch.float8_e5m2, False
     )
     assert q.shape == (6, 640) and q.dtype == torch.float8_e5m2 and s.shape == (6, 5)
     assert y.numel() == 0 and s_out.numel() == 0 and rstd.shape == (6,)
-    q, s, out = torch.ops.primus_turbo.gated_act_fp8_fwd(meta(6, 512), 0, 1, torch.float8_e4m3fn, True)
+    q, s, out = torch.ops.primus_turbo.gated_act_fp8_fwd(meta(6, 512), None, None, 0, 1, torch.float8_e4m3fn, True)
     assert q.shape == (6, 256) and s.shape == (6, 1) and out.shape == (6, 256)
 
 
@@ -112,7 +137,7 @@ def test_registered_as_custom_ops():
         torch.ops.primus_turbo.rmsnorm_fp8_fwd.default._schema
     )
     schema = str(torch.ops.primus_turbo.gated_act_fp8_fwd.default._schema)
-    assert "primus_turbo::gated_act_fp8_fwd(Tensor x, int act" in schema
+    assert "primus_turbo::gated_act_fp8_fwd(Tensor x, Tensor? probs, Tensor? row_mask, int act" in schema
 
 
 # ---- argument errors ------------------------------------------------------------------------------

@@ -125,21 +125,21 @@ def _gated_outputs(x, g: int, fp8_dtype, return_hp: bool):
     return q, s, _hp_or_empty(x, (rows, cols), return_hp)
 
 
-def _gated_fwd_cuda(x, act: int, granularity: int, fp8_dtype, return_hp: bool):
+def _gated_fwd_cuda(x, probs, row_mask, act: int, granularity: int, fp8_dtype, return_hp: bool):
     q, s, out = _gated_outputs(x, granularity, fp8_dtype, return_hp)
     if q.numel():
         x = _aligned(x)
         with device_guard(x.device):
             status = lib.pt_gated_act_fp8_fwd(
-                int(act), to_pt(x), None, None, to_pt(out) if return_hp else None, to_pt(q), to_pt(s),
-                int(granularity), current_stream_handle(x.device),
+                int(act), to_pt(x), _act._opt(probs), _act._opt(row_mask), to_pt(out) if return_hp else None,
+                to_pt(q), to_pt(s), int(granularity), current_stream_handle(x.device),
             )
         if status:
             check(status, context="gated activation FP8 forward")
     return q, s, out
 
 
-def _gated_fwd_fake(x, act, granularity, fp8_dtype, return_hp):
+def _gated_fwd_fake(x, probs, row_mask, act, granularity, fp8_dtype, return_hp):
     return _gated_outputs(x, granularity, fp8_dtype, return_hp)
 
 
@@ -150,7 +150,8 @@ _norm_fwd_op = library.define_op(
     _norm_fwd_fake,
 )
 _gated_fwd_op = library.define_op(
-    "gated_act_fp8_fwd(Tensor x, int act, int granularity, ScalarType fp8_dtype, bool return_hp) "
+    "gated_act_fp8_fwd(Tensor x, Tensor? probs, Tensor? row_mask, int act, int granularity, ScalarType fp8_dtype, "
+    "bool return_hp) "
     "-> (Tensor, Tensor, Tensor)",
     _gated_fwd_cuda,
     _gated_fwd_fake,
@@ -204,21 +205,22 @@ class RmsNormResidualFp8Function(torch.autograd.Function):
 
 class GatedFp8Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, act: int, g: int, fp8_dtype, return_hp: bool):
-        q, s, out = _gated_fwd_op(x, act, g, fp8_dtype, return_hp)
+    def forward(ctx, x, probs, row_mask, act: int, g: int, fp8_dtype, return_hp: bool):
+        q, s, out = _gated_fwd_op(x, probs, row_mask, act, g, fp8_dtype, return_hp)
         ctx.mark_non_differentiable(q, s)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x)
+        ctx.save_for_backward(x, probs, row_mask)
         ctx.act = act
         return q, s, out
 
     @staticmethod
     def backward(ctx, dq, ds, dout):
         if dout is None:
-            return None, None, None, None, None
-        (x,) = ctx.saved_tensors
-        dx, _ = _act._bwd_op(dout.contiguous(), x, None, None, ctx.act, False)
-        return dx, None, None, None, None
+            return (None,) * 7
+        x, probs, row_mask = ctx.saved_tensors
+        need_dprobs = probs is not None and ctx.needs_input_grad[1]
+        dx, dprobs = _act._bwd_op(dout.contiguous(), x, probs, row_mask, ctx.act, need_dprobs)
+        return dx, (dprobs if need_dprobs else None), None, None, None, None, None
 
 
 # ---- public ops -----------------------------------------------------------------------------------
@@ -287,28 +289,67 @@ def rmsnorm_residual_fp8(
     return (q, sc, y.view(x.shape), s) if return_hp else (q, sc, s)
 
 
-def _gated_fp8(op: str, x, config, return_hp: bool):
+def _gated_fp8(op: str, x, config, return_hp: bool, probs, row_mask):
     _act._check_x(op, x)
     g, fp8_dtype = _config(op, config)
     cols = x.shape[-1] // 2
     _vector_check(op, "H (half the last dimension of 'x')", cols, x.dtype)
-    check_cuda_tensors(op, x=x)
+    rows = x.numel() // x.shape[-1]
+    tensors = {"x": x}
+    if probs is not None:
+        if not isinstance(probs, torch.Tensor):
+            raise TypeError(f"{op}: argument 'probs' must be a torch.Tensor or None, got {type(probs).__name__}")
+        if probs.dtype != torch.float32:
+            raise TypeError(f"{op}: argument 'probs' has dtype {probs.dtype}; expected torch.float32")
+        if probs.numel() != rows:
+            raise ValueError(
+                f"{op}: argument 'probs' has shape {tuple(probs.shape)}; expected {rows} elements, one per row of 'x'"
+            )
+        tensors["probs"] = probs
+        probs = probs.contiguous().view(-1)  # dprobs flows back to probs's shape through the view
+    if row_mask is not None:
+        if probs is None:
+            raise ValueError(f"{op}: argument 'row_mask' needs 'probs' (the MoE expert variant)")
+        if not isinstance(row_mask, torch.Tensor) or row_mask.dtype not in (torch.int64, torch.int32, torch.bool):
+            raise TypeError(f"{op}: argument 'row_mask' must be an int64 (or int32/bool) tensor or None")
+        if row_mask.numel() != rows:
+            raise ValueError(
+                f"{op}: argument 'row_mask' has shape {tuple(row_mask.shape)}; expected {rows} elements, one per row"
+            )
+        tensors["row_mask"] = row_mask
+        row_mask = row_mask.to(torch.int64).contiguous().view(-1)
+    check_cuda_tensors(op, **tensors)
     out_shape = x.shape[:-1] + (cols,)
     q, s, out = GatedFp8Function.apply(
-        x.contiguous().reshape(-1, x.shape[-1]), _act._ACTS[op.split("_")[0]], g, fp8_dtype, bool(return_hp),
+        x.contiguous().reshape(-1, x.shape[-1]), probs, row_mask, _act._ACTS[op.split("_")[0]], g, fp8_dtype,
+        bool(return_hp),
     )
     return _result(q, s, out, out_shape, out_shape, return_hp)
 
 
-def swiglu_fp8(x: torch.Tensor, config: Float8QuantConfig | None = None, return_hp: bool = False):
+def swiglu_fp8(
+    x: torch.Tensor,
+    config: Float8QuantConfig | None = None,
+    return_hp: bool = False,
+    probs: torch.Tensor | None = None,
+    row_mask: torch.Tensor | None = None,
+):
     """``turbo.ops.swiglu(x)`` quantized to FP8 in the same pass: ``(q, scale_inv)`` or, with
     ``return_hp``, ``(q, scale_inv, out)``. x ``[..., 2H]`` = ``[gate | up]``; q ``[..., H]``;
     scale_inv ``[M, 1]`` (ROWWISE) or ``[M, ceil(H/128)]`` (BLOCKWISE, block_size=128). H must be a
     multiple of 8 (float16/bfloat16) or 4 (float32). Config, contract and autograd as
-    :func:`rmsnorm_fp8`."""
-    return _gated_fp8("swiglu_fp8", x, config, return_hp)
+    :func:`rmsnorm_fp8`. With ``probs`` (float32, one per row) and optionally ``row_mask``: the MoE
+    variant, ``turbo.ops.swiglu_with_probs(x, probs, row_mask)`` quantized (masked rows: q = 0
+    and the scale of an all-zero row); differentiable in ``probs`` too (through ``out``)."""
+    return _gated_fp8("swiglu_fp8", x, config, return_hp, probs, row_mask)
 
 
-def geglu_fp8(x: torch.Tensor, config: Float8QuantConfig | None = None, return_hp: bool = False):
+def geglu_fp8(
+    x: torch.Tensor,
+    config: Float8QuantConfig | None = None,
+    return_hp: bool = False,
+    probs: torch.Tensor | None = None,
+    row_mask: torch.Tensor | None = None,
+):
     """As :func:`swiglu_fp8` with the exact (erf) GELU: ``turbo.ops.geglu(x)`` quantized to FP8."""
-    return _gated_fp8("geglu_fp8", x, config, return_hp)
+    return _gated_fp8("geglu_fp8", x, config, return_hp, probs, row_mask)
