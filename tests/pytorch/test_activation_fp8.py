@@ -196,3 +196,22 @@ def test_moe_probs_and_row_mask(cols, granularity, name):
     out_ref.backward(dy)
     assert_bits_equal(xr.grad, xu.grad, "dx")
     assert_bits_equal(pr.grad, pu.grad, "dprobs")
+
+
+@pytest.mark.parametrize("granularity", ["rowwise", "blockwise"])
+def test_gemm_fp8_training_step_on_the_fused_output_matches_unfused(granularity):
+    m, k, n = 256, 1408, 512
+    x = make_x(m, k, torch.bfloat16, seed=16)
+    torch.manual_seed(17)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    dout = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    cfg = config(granularity)
+    results = []
+    for fused in (True, False):
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        a = turbo.ops.swiglu_fp8(xr, config=cfg, return_hp=True) if fused else turbo.ops.swiglu(xr)
+        out = turbo.ops.gemm_fp8(a, wr, trans_b=True, config=cfg)
+        out.backward(dout)
+        results.append((out.detach(), xr.grad, wr.grad))
+    for got, want, what in zip(results[0], results[1], ("out", "dx", "dw")):
+        assert_bits_equal(got, want, what)

@@ -277,3 +277,49 @@ def test_prepare_rejects_bad_arguments():
         check(lib.pt_rmsnorm_fp8_prepare(0, BF16, BF16, 4097, 1, E4M3))
     with pytest.raises(TurboNotSupportedError, match="multiple of 4"):
         check(lib.pt_gated_act_fp8_prepare(0, F32, 6, 2, E4M3))
+
+
+# ---- gemm_fp8 with a pre-quantized activation and its high-precision tensor -----------------------
+
+
+@pytest.mark.parametrize("config", [ROW, BLOCK], ids=["rowwise", "blockwise"])
+def test_gemm_fp8_takes_the_fused_output_with_autograd_on_meta(config):
+    x, gamma = meta(64, 256, grad=True), meta(256, grad=True)
+    w = meta(32, 256, grad=True)
+    out = turbo.ops.gemm_fp8(turbo.ops.rmsnorm_fp8(x, gamma, config=config, return_hp=True), w, trans_b=True,
+                             config=config)
+    assert out.shape == (64, 32) and out.dtype == torch.bfloat16
+    out.sum().backward()
+    assert x.grad.shape == x.shape and gamma.grad.shape == gamma.shape and w.grad.shape == w.shape
+
+
+def test_gemm_fp8_fused_output_compiles_fullgraph():
+    def fn(x, w):
+        return turbo.ops.gemm_fp8(turbo.ops.swiglu_fp8(x, config=BLOCK, return_hp=True), w, trans_b=True, config=BLOCK)
+
+    x, w = meta(64, 512, grad=True), meta(32, 256, grad=True)
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(x, w)
+    assert out.shape == (64, 32)
+    out.sum().backward()
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
+@pytest.mark.parametrize(
+    "a,b,kwargs,exc,match",
+    [
+        ((meta(64, 256, dtype=torch.float8_e4m3fn), meta(64, 1, dtype=torch.float32), meta(64, 128)), meta(32, 256),
+         {"config": ROW}, TypeError, "a_hp a float16/bfloat16/float32 tensor of q's shape"),
+        ((meta(64, 256, dtype=torch.float8_e4m3fn), meta(64, 1, dtype=torch.float32), meta(64, 256)), meta(32, 256),
+         {"config": Float8QuantConfig(format=Format.E5M2, granularity=ScalingGranularity.ROWWISE)}, TypeError,
+         "config.format E5M2 needs"),
+        ((meta(64, 256, dtype=torch.float8_e4m3fn), meta(64, 2, dtype=torch.float32), meta(64, 256)), meta(32, 256),
+         {"config": ROW}, ValueError, "scale_inv has shape"),
+        ((meta(64, 256, dtype=torch.float8_e4m3fn), meta(64, 1, dtype=torch.float32), meta(64, 256)), meta(32, 128),
+         {"config": ROW}, ValueError, "inner dimensions do not match"),
+        ((meta(64, 256, dtype=torch.float8_e4m3fn), meta(64, 1, dtype=torch.float32), meta(64, 256)),
+         meta(32, 256, dtype=torch.float16), {"config": ROW}, TypeError, "'b' must be a 2-D tensor of a_hp's dtype"),
+    ],
+)
+def test_gemm_fp8_prequantized_a_hp_errors(a, b, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        turbo.ops.gemm_fp8(a, b, trans_b=True, **kwargs)
