@@ -40,6 +40,27 @@ ROUTING = [("moe_routing", dt) for dt in (-1,) + DTYPES]
 # MoE permutation (token_permute and moe_permute share them): (dtype, vectorized).
 MOE_PERMUTE = [("moe_permute", dt, vec) for dt in DTYPES for vec in (1, 0)]
 
+# FP8-output fusions: ("fp8norm", residual, dtype, param dtype, hidden, granularity, fp8 dtype) and
+# ("fp8gated", act, dtype, cols, granularity, fp8 dtype); granularity 1 rowwise, 2 1x128 blocks.
+E4M3, E5M2 = 3, 4
+FP8 = set()
+for dt in DTYPES:
+    for g in (1, 2):
+        for h in (128, 1000, 1024, 4096, 5120, 7168, 8192, 16384):
+            FP8.add(("fp8norm", 0, dt, dt, h, g, E4M3))
+        for act in (0, 1):
+            FP8.add(("fp8gated", act, dt, 128, g, E4M3))
+        for h in MODEL_HIDDEN:
+            FP8.add(("fp8norm", 0, BF16, BF16, h, g, E4M3))
+for g in (1, 2):
+    for h in (128, 1000, 4096):
+        FP8.add(("fp8norm", 1, BF16, BF16, h, g, E4M3))
+    for h in (1000, 4096, 16384):
+        FP8.add(("fp8norm", 0, BF16, F32, h, g, E5M2))
+    for dt in DTYPES:
+        for act in (0, 1):
+            FP8.add(("fp8gated", act, dt, 128, g, E5M2))
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
@@ -50,6 +71,10 @@ def main() -> int:
         try:
             if job[0] == "moe_routing":
                 check(lib.pt_moe_routing_prepare(job[1]))
+            elif job[0] == "fp8norm":
+                check(lib.pt_rmsnorm_fp8_prepare(*job[1:]))
+            elif job[0] == "fp8gated":
+                check(lib.pt_gated_act_fp8_prepare(*job[1:]))
             elif len(job) == 4:
                 check(lib.pt_norm_prepare(*job))
             elif job[0] == "moe_permute":
@@ -61,7 +86,7 @@ def main() -> int:
             return f"{job}: {e}"
 
     t0 = time.time()
-    jobs = sorted(JOBS) + GATED + ROUTING + MOE_PERMUTE
+    jobs = sorted(JOBS) + GATED + ROUTING + MOE_PERMUTE + sorted(FP8)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         errors = [e for e in pool.map(build, jobs) if e]
     print(f"precompile_elementwise: {len(jobs)} requests in {time.time() - t0:.0f}s, {len(errors)} errors")

@@ -10,7 +10,13 @@ bandwidth against the copy bandwidth, CSV and summary entries) is membound.py.
 Bytes counted once: rmsnorm forward x, gamma, y, rstd; backward x, dy, gamma, rstd, dx, dgamma.
 rmsnorm_residual forward x, residual, gamma, y, x + residual, rstd; backward dy, d(x + residual),
 x + residual, gamma, rstd, dx (= dresidual, one tensor), dgamma. Summary entries rmsnorm_fwd,
-rmsnorm_bwd, rmsnorm_residual_fwd, rmsnorm_residual_bwd. Exits 1 if a case failed.
+rmsnorm_bwd, rmsnorm_residual_fwd, rmsnorm_residual_bwd.
+
+rmsnorm_fp8 / rmsnorm_fp8_1x128: rmsnorm with the output quantized to FP8 E4M3 in the same pass
+(rowwise / 1x128 scales, no bf16 output), forward only: bytes x, gamma, q, scales, rstd; checked
+bit-exact against rmsnorm + quantize_fp8; summary entries rmsnorm_fp8_fwd, rmsnorm_fp8_1x128_fwd
+with ratio_geomean against that unfused chain and ratio_vs_compiled_geomean against torch.compile.
+Exits 1 if a case failed.
 """
 
 from __future__ import annotations
@@ -98,6 +104,32 @@ OPS = {
         names=("y", "x+residual", "dx", "dresidual", "dgamma"),
     ),
 }
+
+
+def _fp8_op(block: int):
+    """rmsnorm with its output quantized to FP8 E4M3 (rowwise, or 1x128 blocks) in the same pass;
+    forward only, against rmsnorm + quantize_fp8 and torch.compile of the same math."""
+    config = mb.fp8_config(block)
+
+    def make(case, dtype):
+        x = torch.randn(case.tokens, case.hidden, device="cuda", dtype=dtype)
+        return x, (1.0 + 0.1 * torch.randn(case.hidden, device="cuda")).to(dtype)
+
+    return mb.Fp8FwdBench(
+        "rmsnorm_fp8" + ("" if block == 0 else f"_1x{block}"),
+        make,
+        lambda x, g: mb.turbo().ops.rmsnorm_fp8(x, g, EPS, config=config),
+        lambda x, g: mb.quantize_fp8_unfused(mb.turbo().ops.rmsnorm(x, g, EPS), block),
+        lambda x, g: mb.torch_quantize_fp8(torch_rmsnorm(x, g), block),
+        lambda x, g: ref_rmsnorm(x.double(), g.double()),
+        lambda q, s: mb.fp8_dequantize(q, s, block),
+        # x, gamma, q and its scales, rstd
+        fwd_bytes=lambda c, es: c.tokens * c.hidden * es + c.hidden * es + mb.fp8_bytes(c.tokens, c.hidden, block)
+        + 4 * c.tokens,
+    )
+
+
+OPS.update({op.name: op for op in (_fp8_op(0), _fp8_op(128))})
 
 
 def norm_cases(args):

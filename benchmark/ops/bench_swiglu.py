@@ -8,7 +8,13 @@ backward, on the MLP intermediate sizes of the dense and MoE model tables
 
 Bytes counted once ([T, 2I] input, [T, I] output): forward x, out (+ probs); backward x, dy, dx
 (+ probs, dprobs). Summary entries swiglu_fwd, swiglu_bwd, geglu_*, swiglu_probs_*,
-geglu_probs_*. Exits 1 if a case failed.
+geglu_probs_*.
+
+swiglu_fp8 / swiglu_fp8_1x128: swiglu with the output quantized to FP8 E4M3 in the same pass
+(rowwise / 1x128 scales, no bf16 output), forward only: bytes x, q, scales; checked bit-exact
+against swiglu + quantize_fp8; summary entries swiglu_fp8_fwd, swiglu_fp8_1x128_fwd with
+ratio_geomean against that unfused chain and ratio_vs_compiled_geomean against torch.compile.
+Exits 1 if a case failed.
 """
 
 from __future__ import annotations
@@ -88,6 +94,34 @@ def _op(act, with_probs):
 
 
 OPS = {op.name: op for op in (_op(a, p) for p in (False, True) for a in ACTS)}
+
+
+def _fp8_op(block: int):
+    """swiglu with its output quantized to FP8 E4M3 (rowwise, or 1x128 blocks) in the same pass;
+    forward only, against swiglu + quantize_fp8 and torch.compile of the same math."""
+    config = mb.fp8_config(block)
+    plain = torch_math("swiglu", False)
+
+    def make(case, dtype):
+        return (torch.randn(case.tokens, 2 * case.cols, device="cuda", dtype=dtype),)
+
+    def reference64(x):
+        gate, up = x.double().chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    return mb.Fp8FwdBench(
+        "swiglu_fp8" + ("" if block == 0 else f"_1x{block}"),
+        make,
+        lambda x: mb.turbo().ops.swiglu_fp8(x, config=config),
+        lambda x: mb.quantize_fp8_unfused(mb.turbo().ops.swiglu(x), block),
+        lambda x: mb.torch_quantize_fp8(plain(x), block),
+        reference64,
+        lambda q, s: mb.fp8_dequantize(q, s, block),
+        fwd_bytes=lambda c, es: 2 * c.tokens * c.cols * es + mb.fp8_bytes(c.tokens, c.cols, block),  # x, q, scales
+    )
+
+
+OPS.update({op.name: op for op in (_fp8_op(0), _fp8_op(128))})
 
 
 def activation_cases(args):

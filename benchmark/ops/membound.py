@@ -9,6 +9,10 @@ Per case:
      device time; without it a ~40 us op measures the host's Python overhead), inputs rotated so
      that L2 cannot serve repeats. ``--no-graph`` times plain calls with CUDA events.
 
+Ops with an FP8 output (Fp8FwdBench: rmsnorm_fp8, swiglu_fp8, ...) are timed forward only, against
+our unfused chain (the op, then turbo.ops.quantize_fp8) and torch.compile of the same math; their
+summary entry is <op>_fwd with ratio_geomean against the unfused chain and ratio_vs_compiled_*.
+
 Memory bound, so the metric is effective bandwidth: the bytes the op must move, each counted
 once, over the median time; and that as a fraction of the device-to-device copy bandwidth
 measured in the same run. Writes <output-dir>/<gpu>/<op>_<dtype>[_<tag>].csv and the summary.json
@@ -215,6 +219,190 @@ def run(op: OpBench, cases: Sequence[Any], args, describe: Callable[[Any], dict]
     return all(passed)
 
 
+# ---- forward-only ops with an FP8 output (rmsnorm_fp8, swiglu_fp8, ...) --------------------------
+
+
+@dataclass
+class Fp8FwdBench:
+    """An op that writes its output quantized to FP8 (q, scale_inv) in the same pass, timed
+    forward only against (a) our unfused chain (the op, then turbo.ops.quantize_fp8) and (b)
+    torch.compile of the same math. Correctness: q and scale_inv bit-identical to the unfused
+    chain, and the dequantized output within the FP8 gate (SNR >= 25 dB E4M3) of float64."""
+
+    name: str  # summary name: rmsnorm_fp8, swiglu_fp8_1x128, ...
+    make: Callable[[Any, torch.dtype], tuple]  # (case, dtype) -> args (no grad)
+    ours: Callable[..., Any]  # -> (q, scale_inv)
+    unfused: Callable[..., Any]  # our op, then quantize_fp8 -> (q, scale_inv)
+    torch_math: Callable[..., Any]  # plain torch, compiled for the baseline -> (q, scale_inv)
+    reference: Callable[..., torch.Tensor]  # float64 output of the op (before quantization)
+    dequantize: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (q, scale_inv) -> float64
+    fwd_bytes: Callable[[Any, int], int]  # (case, element size) -> bytes the fused forward moves
+    min_snr: float = 25.0
+
+
+E4M3_MAX = 448.0
+
+
+def fp8_config(block: int):
+    """Float8QuantConfig E4M3: rowwise (block 0) or 1x128 blocks."""
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
+
+    if block == 0:
+        return Float8QuantConfig(granularity=ScalingGranularity.ROWWISE)
+    return Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE, block_size=block)
+
+
+def quantize_fp8_unfused(y: torch.Tensor, block: int):
+    """Our quantizer on a finished output: the second half of the unfused chain."""
+    from primus_turbo.pytorch.core.low_precision import ScalingGranularity
+
+    g = ScalingGranularity.ROWWISE if block == 0 else ScalingGranularity.BLOCKWISE
+    return turbo().ops.quantize_fp8(y, torch.float8_e4m3fn, g, block_size=block or None, axis=-1)
+
+
+def torch_quantize_fp8(y: torch.Tensor, block: int):
+    """The quantization in plain torch (the torch.compile baseline): E4M3, scale = 448 / amax of
+    the row (block 0) or of each 128 elements, applied to the output rounded to its dtype."""
+    yf = y.float()
+    rows, cols = yf.shape
+    if block == 0:
+        scale = E4M3_MAX / yf.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+        return (yf * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale.reciprocal()
+    nb = -(-cols // block)
+    yp = torch.nn.functional.pad(yf, (0, nb * block - cols)).view(rows, nb, block)
+    scale = E4M3_MAX / yp.abs().amax(-1).clamp_min(1e-30)
+    q = (yp * scale.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q.view(rows, nb * block)[:, :cols], scale.reciprocal()
+
+
+def fp8_dequantize(q: torch.Tensor, s: torch.Tensor, block: int) -> torch.Tensor:
+    if block == 0:
+        return q.double() * s.double().reshape(-1, 1)
+    return q.double() * s.double().repeat_interleave(block, dim=1)[:, : q.shape[1]]
+
+
+def fp8_bytes(rows: int, cols: int, block: int) -> int:
+    """Bytes of the FP8 output: q and its float32 scales."""
+    return rows * cols + 4 * rows * (1 if block == 0 else -(-cols // block))
+
+
+def _check_fp8(op: Fp8FwdBench, args_: tuple) -> tuple[str, str]:
+    q, s = op.ours(*args_)
+    q_ref, s_ref = op.unfused(*args_)
+    notes = []
+    if not torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)):
+        diff = (q.view(torch.uint8) != q_ref.view(torch.uint8)).sum().item()
+        notes.append(f"q differs from the unfused chain in {diff} elements")
+    if not torch.equal(s, s_ref):
+        notes.append("scale_inv differs from the unfused chain")
+    snr = bu.snr_db(op.dequantize(q, s), op.reference(*args_))
+    if not snr >= op.min_snr:
+        notes.append(f"dequantized SNR {snr:.1f} dB < {op.min_snr} dB")
+    return ("PASS" if not notes else "FAIL"), "; ".join(notes)
+
+
+def run_fp8_fwd(op: Fp8FwdBench, cases: Sequence[Any], args, describe: Callable[[Any], dict], label: str) -> bool:
+    """Benchmarks one FP8-output op (forward); writes its CSV and the summary entry <name>_fwd,
+    whose ratio is against our unfused chain and which also records torch.compile's numbers."""
+    nan = float("nan")
+    dtype = bu.DTYPES[args.dtype]
+    es = torch.empty((), dtype=dtype).element_size()
+    gpu_name = torch.cuda.get_device_name()
+    gpu = bu.gpu_short_name(gpu_name)
+    out_dir = bu.results_dir_for(args.output_dir, gpu)
+    tag = args.tag if args.tag is not None else ("" if args.default_set else ("quick" if args.quick else "subset"))
+    suffix = ("" if args.dtype == "bf16" else f"_{args.dtype}") + (f"_{tag}" if tag else "")
+    csv_path = out_dir / f"{op.name}_{args.dtype}{'_' + tag if tag else ''}.csv"
+    impls = {"ours": op.ours, "unfused": op.unfused}
+    if not args.no_compile_baseline:
+        impls["compiled"] = torch.compile(op.torch_math, dynamic=False)
+    rows = []
+    for i, case in enumerate(cases, 1):
+        timing = "eager" if args.no_graph else "graph"
+        row = {"TestID": i, "GPU": gpu, **describe(case), "dtype": args.dtype, "Timing": timing}
+        notes = []
+        args_ = op.make(case, dtype)
+        try:
+            row["Check"], note = _check_fp8(op, args_)
+            if note:
+                notes.append(note)
+        except Exception as e:  # noqa: BLE001 -- one bad case must not end the run
+            traceback.print_exc()
+            row["Check"] = "ERROR"
+            notes.append(f"check: {type(e).__name__}: {e}"[:400])
+        nbytes = op.fwd_bytes(case, es)
+        n_sets = bu.num_rotating_sets(nbytes, memory_budget_bytes=int(args.mem_budget_gb * 2**30))
+        sets = [args_] + [op.make(case, dtype) for _ in range(n_sets - 1)]
+        times = {}
+        for name, fn in impls.items():
+            if name == "ours" and row["Check"] != "PASS":
+                times[name] = nan
+                continue
+            try:
+                times[name] = _time(fn, sets, args)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                times[name] = nan
+                notes.append(f"{name}: {type(e).__name__}: {e}"[:300])
+        del sets, args_
+        ours = gbps(nbytes, times["ours"])
+        row["Forward Time (ms)"] = times["ours"]
+        row["Forward GB/s"] = ours
+        row["Forward BW Fraction"] = ours / args.copy_gbps
+        # The same byte count for every implementation: the time ratio is the speedup.
+        row["Unfused Forward GB/s"] = gbps(nbytes, times["unfused"])
+        row["Compiled Forward GB/s"] = gbps(nbytes, times.get("compiled", nan))
+        for b in ("Unfused", "Compiled"):
+            base = row[f"{b} Forward GB/s"]
+            row[f"Ratio vs {b}"] = ours / base if math.isfinite(ours) and math.isfinite(base) and base > 0 else nan
+        row["Note"] = " | ".join(notes)
+        rows.append(row)
+        print(
+            f"[{op.name}] [{i:>3}/{len(cases)}] {label.format(**row):<44} {row['Check']:<5} "
+            f"fwd {ours:.0f} GB/s ({row['Forward BW Fraction']:.2f}) | unfused {row['Unfused Forward GB/s']:.0f} "
+            f"(x{row['Ratio vs Unfused']:.2f}) compiled {row['Compiled Forward GB/s']:.0f} "
+            f"(x{row['Ratio vs Compiled']:.2f})",
+            flush=True,
+        )
+        columns = list(rows[0].keys())
+        bu.write_csv(csv_path, rows, columns[: columns.index("Note")] + columns[columns.index("Note") + 1 :] + ["Note"])
+        torch.cuda.empty_cache()
+
+    passed = [r.get("Check") == "PASS" for r in rows]
+    compiled = [r["Compiled Forward GB/s"] for r in rows]
+    vs_compiled = bu.summary_entry(ours=[r["Forward GB/s"] for r in rows], baseline_values=compiled, passed=passed,
+                                   metric=METRIC, baseline="torch.compile", gpu=gpu_name)
+    entry = bu.summary_entry(
+        ours=[r["Forward GB/s"] for r in rows],
+        baseline_values=[r["Unfused Forward GB/s"] for r in rows],
+        passed=passed,
+        metric=METRIC,
+        baseline="ours unfused (op, then quantize_fp8)",
+        gpu=gpu_name,
+        dtype=args.dtype,
+        bandwidth_fraction=bu.geomean(r["Forward BW Fraction"] for r, p in zip(rows, passed) if p),
+        copy_gbps=args.copy_gbps,
+        compiled_geomean=vs_compiled["baseline_geomean"],
+        ratio_vs_compiled_geomean=vs_compiled["ratio_geomean"],
+        ratio_vs_compiled_min=vs_compiled["ratio_min"],
+        timing="eager calls" if args.no_graph else "CUDA graph replay (device time)",
+        tokens=list(args.tokens),
+        torch=torch.__version__,
+        csv=csv_path.name,
+    )
+    name = f"{op.name}_fwd{suffix}"
+    if not args.no_summary:
+        bu.update_summary(args.output_dir, gpu, name, entry)
+    print(
+        f"[{op.name}] {name}: {entry['passed']}/{entry['cases']} passed; geomean {entry['ours_geomean']:.0f} GB/s "
+        f"({entry['bandwidth_fraction']:.2f} of copy {args.copy_gbps:.0f}); vs unfused x{entry['ratio_geomean']:.3f} "
+        f"(min {entry['ratio_min']:.3f}); vs torch.compile x{entry['ratio_vs_compiled_geomean']:.3f}",
+        flush=True,
+    )
+    print(f"[{op.name}] results: {csv_path}")
+    return all(passed)
+
+
 def main(ops: dict[str, OpBench], parser: argparse.ArgumentParser, cases_fn, describe, label, argv=None) -> int:
     """Parses the common arguments (plus ``--ops``), measures copy bandwidth once, runs each op."""
     parser.add_argument("--ops", nargs="+", choices=list(ops), default=list(ops))
@@ -233,5 +421,6 @@ def main(ops: dict[str, OpBench], parser: argparse.ArgumentParser, cases_fn, des
           f"copy bandwidth {args.copy_gbps:.0f} GB/s")
     ok = True
     for name in args.ops:
-        ok = run(ops[name], cases, args, describe, label) and ok
+        runner = run_fp8_fwd if isinstance(ops[name], Fp8FwdBench) else run
+        ok = runner(ops[name], cases, args, describe, label) and ok
     return 0 if ok else 1

@@ -145,6 +145,11 @@ _PROTOTYPES = {
     "pt_quantize_workspace_bytes": (_sz, [_i64, _i64, _i32]),
     "pt_dequantize": (_i32, [_T, _T, _T, _i32, _i32, _i32, _i32, _vp]),
     "pt_quantize_prepare": (_i32, [_i32, _i32]),
+    # fp8_fusion.h
+    "pt_rmsnorm_fp8_fwd": (_i32, [_T, _T, _T, _T, _T, _T, _T, _T, _i32, _f32, _i32, _vp]),
+    "pt_gated_act_fp8_fwd": (_i32, [_i32, _T, _T, _T, _T, _T, _T, _i32, _vp]),
+    "pt_rmsnorm_fp8_prepare": (_i32, [_i32, _i32, _i32, _i64, _i32, _i32]),
+    "pt_gated_act_fp8_prepare": (_i32, [_i32, _i32, _i64, _i32, _i32]),
 }
 
 

@@ -267,3 +267,41 @@ def test_moe_routing_modules_compile_for_sm90a():
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         errors = [e for e in pool.map(build, (-1, 0, 1, 2)) if e]
     assert not errors, "\n".join(errors)
+# FP8-output fusions (kernels/quantization/fused_fp8.cuh in the norm and gated modules): both
+# granularities and formats, each input dtype, a specialized and an any-hidden RMSNorm module, the
+# residual variant; (kind, dtype, gamma dtype, hidden, granularity, fp8 dtype), kind 0/1 = plain/residual.
+_E4M3, _E5M2 = 3, 4
+_NORM_FP8_JOBS = [(0, "bf16", "bf16", 4096, g, _E4M3) for g in (1, 2)]
+_NORM_FP8_JOBS += [(0, "bf16", "fp32", 4104, 2, _E5M2), (0, "fp16", "fp16", 7168, 1, _E5M2),
+                   (0, "fp32", "fp32", 4096, 2, _E4M3), (1, "bf16", "bf16", 4096, 2, _E4M3)]
+_GATED_FP8_JOBS = [(0, "bf16", 1408, g, _E4M3) for g in (1, 2)]
+_GATED_FP8_JOBS += [(1, "fp16", 4096, 2, _E5M2), (0, "fp32", 4096, 1, _E4M3)]
+
+
+def test_fp8_fusion_modules_compile_for_sm90a():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from primus_turbo._core.lib import check, lib, string_out
+
+    def build(job):
+        try:
+            if len(job) == 6:
+                res, dt, gdt, hidden, g, f8 = job
+                check(lib.pt_rmsnorm_fp8_prepare(res, _RMSNORM_DTYPES[dt], _RMSNORM_DTYPES[gdt], hidden, g, f8))
+            else:
+                act, dt, cols, g, f8 = job
+                check(lib.pt_gated_act_fp8_prepare(act, _RMSNORM_DTYPES[dt], cols, g, f8))
+            return None
+        except Exception as e:  # report every failure
+            return f"{job}: {e}"
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        errors = [e for e in pool.map(build, _NORM_FP8_JOBS + _GATED_FP8_JOBS) if e]
+    assert not errors, "\n".join(errors)
+    cache = string_out(lib.pt_jit_cache_dir)
+    for name in ("rmsnorm_bf16_bf16_vec_h4096_fp8row_e4m3", "rmsnorm_bf16_f32_vec_hany_fp8blk128_e5m2",
+                 "rmsnorm_residual_bf16_bf16_vec_h4096_fp8blk128_e4m3", "gated_silu_bf16_vec_fp8row_e4m3",
+                 "gated_gelu_f16_vec_fp8blk128_e5m2"):
+        assert glob.glob(os.path.join(cache, "jit", f"{name}-*", "module.so")) or glob.glob(
+            os.path.join(cache, f"{name}-*", "module.so")
+        ), f"no compiled module {name} in {cache}"

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "ops/fp8_fusion/fp8_output.h"
 
 namespace primus_turbo::gated {
 
@@ -63,6 +64,22 @@ Problem make_fwd_problem(Act act, const pt_tensor* x, const pt_tensor* probs, co
   check_contiguous(out, "out");
   check_half_shape(out, "out", *x, p.cols);
   p.vectorized = p.vectorized && aligned16(out->data);
+  return p;
+}
+
+Problem make_fp8_fwd_problem(Act act, const pt_tensor* x, const pt_tensor* probs, const pt_tensor* row_mask,
+                             const pt_tensor* out, const pt_tensor* q, const pt_tensor* scale_inv, int32_t granularity) {
+  constexpr const char* op = "gated activation FP8 forward";
+  Problem p = make_problem(act, x, probs, row_mask);
+  if (out != nullptr) {
+    check_contiguous(out, "out");
+    check_half_shape(out, "out", *x, p.cols);
+    p.vectorized = p.vectorized && aligned16(out->data);
+  }
+  p.fp8 = fp8_fusion::checked_granularity(op, granularity);
+  p.fp8_dtype = fp8_fusion::check_fp8_output(op, q, scale_inv, p.rows, p.cols, p.fp8);
+  PT_CHECK_SUPPORTED(p.vectorized, op, " needs 16-byte accesses: the last dimension of 'x' halved (", p.cols,
+                     ") must be a multiple of ", 16 / (dtype_bits(p.dtype) / 8), " and 'x' and 'out' 16-byte aligned");
   return p;
 }
 

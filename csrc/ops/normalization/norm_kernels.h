@@ -1,6 +1,6 @@
 // The JIT modules of the normalizations: one per (kind, x dtype, gamma dtype, vectorization, hidden
 // specialization, arch), each exporting the forward and the backward
-// (kernels/normalization/norm.cuh).
+// (kernels/normalization/norm.cuh); FP8-output variants (Problem::fp8) export only the forward.
 #pragma once
 
 #include <string>

@@ -23,6 +23,9 @@ struct Problem {
   int32_t x_dtype = PT_BFLOAT16;
   int32_t gamma_dtype = PT_BFLOAT16;
   bool vectorized = false;  // hidden and every row pointer allow 16-byte accesses
+  // FP8 forward modules: 0 none, PT_QUANT_ROWWISE or PT_QUANT_BLOCKWISE (1x128); the FP8 dtype.
+  int fp8 = 0;
+  int32_t fp8_dtype = PT_FLOAT8_E4M3;
 
   bool layernorm() const { return kind == Kind::kLayerNorm; }
   bool residual() const { return kind == Kind::kRmsNormResidual; }

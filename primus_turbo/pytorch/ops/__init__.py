@@ -24,6 +24,7 @@ from primus_turbo.pytorch.ops.quantization import (  # noqa: F401
     quantize_fp8,
     quantize_fp8_with_trans,
 )
+from primus_turbo.pytorch.ops.fused_fp8 import geglu_fp8, rmsnorm_fp8, rmsnorm_residual_fp8, swiglu_fp8  # noqa: F401
 
 __all__ = [
     "gemm",
@@ -50,4 +51,8 @@ __all__ = [
     "fused_group_topk_routing_with_aux_score",
     "indices_to_multihot",
     "tokens_per_expert_to_mask",
+    "rmsnorm_fp8",
+    "rmsnorm_residual_fp8",
+    "swiglu_fp8",
+    "geglu_fp8",
 ]

@@ -312,10 +312,83 @@ def _forward_prequantized(a, b, trans_a, trans_b, out_dtype, g):
     return fp8_mm(qa, sa, act, qb, sb, wgt, out_dtype)
 
 
+# ---- pre-quantized activation with its high-precision tensor (training) ---------------------
+
+
+def _quantize_col(x, dtype, g):
+    """Only the transposed copy of x [M, K] (quantized along M, stored [K, M]): what the wgrad needs
+    when the copy along K came pre-quantized (turbo.ops.rmsnorm_fp8 / swiglu_fp8)."""
+    from primus_turbo.pytorch.ops import quantization as qz
+
+    block = 128 if g == ScalingGranularity.BLOCKWISE else 0
+    _, _, q_col, s_col = qz._quantize_op(x.contiguous(), dtype, qz._GRANULARITY[g], block, False, True, True, 0, 0)
+    return q_col, s_col
+
+
+class GemmFp8PrequantAFunction(GemmFp8Function):
+    """GemmFp8Function with op(a) given as (q, scale_inv) quantized along K plus its high-precision
+    tensor: the forward GEMM reads q as is; the backward is GemmFp8Function's (inherited: the same
+    eight inputs, a_hp and b first), with the gradient of the dequantized a going to a_hp
+    (straight-through) and the wgrad operand quantized from a_hp."""
+
+    @staticmethod
+    def forward(ctx, a_hp, b, qa, sa, trans_b: bool, out_dtype, fmt_g: tuple, main_grad):
+        fmt, g = fmt_g
+        fwd_dtype, grad_dtype = _dtypes(fmt)
+        act, wgt = _scalings(g)
+        b_row, sb_row, b_col, sb_col = _quantize(b, fwd_dtype, g, wgt == BLOCK_128x128)
+        b_fwd, sb_fwd = (b_row, sb_row) if trans_b else (b_col, sb_col)
+        b_bwd, sb_bwd = (b_col, sb_col) if trans_b else (b_row, sb_row)
+        out = fp8_mm(qa, sa, act, b_fwd, sb_fwd, wgt, out_dtype)
+        a_bwd = sa_bwd = None
+        if ctx.needs_input_grad[1] or main_grad is not None:
+            a_bwd, sa_bwd = _quantize_col(a_hp, fwd_dtype, g)
+        ctx.save_for_backward(a_bwd, sa_bwd, b_bwd, sb_bwd)
+        ctx.trans_a, ctx.trans_b, ctx.g, ctx.grad_dtype = False, trans_b, g, grad_dtype
+        ctx.act, ctx.wgt = act, wgt
+        ctx.a_dtype, ctx.b_dtype, ctx.b_shape = a_hp.dtype, b.dtype, b.shape
+        ctx.main_grad = main_grad
+        return out
+
+
+def _forward_prequantized_a_hp(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern):
+    q, s, a_hp = a
+    act, _ = _scalings(config.granularity)
+    qa, sa = _prequantized((q, s), "a", trans_a, False, act)
+    if not isinstance(a_hp, torch.Tensor) or a_hp.shape != qa.shape or a_hp.dtype not in _IN_DTYPES:
+        raise TypeError(
+            "gemm_fp8: a pre-quantized 'a' with its high-precision tensor is (q, scale_inv, a_hp) with a_hp a "
+            f"float16/bfloat16/float32 tensor of q's shape {tuple(qa.shape)}"
+        )
+    if qa.dtype != _dtypes(config.format)[0]:
+        raise TypeError(f"gemm_fp8: pre-quantized 'a' has dtype {qa.dtype}; config.format {config.format.name} "
+                        f"needs {_dtypes(config.format)[0]}")
+    if not isinstance(b, torch.Tensor) or b.dim() != 2 or b.dtype != a_hp.dtype:
+        raise TypeError(f"gemm_fp8: with a pre-quantized 'a', 'b' must be a 2-D tensor of a_hp's dtype ({a_hp.dtype})")
+    m, k = qa.shape
+    kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    if k != kb:
+        raise ValueError(f"gemm_fp8: inner dimensions do not match: a is {tuple(qa.shape)}, op(b) is [{kb}, {n}]")
+    if k % 16:
+        raise ValueError(f"gemm_fp8: K={k} must be a multiple of 16 (FP8 GEMM operands are read in 16-byte rows)")
+    if (a_hp.requires_grad or b.requires_grad) and torch.is_grad_enabled() and (m % 16 or n % 16):
+        raise ValueError(f"gemm_fp8: the backward needs M={m} and N={n} to be multiples of 16")
+    out_dtype = a_hp.dtype if out_dtype is None else out_dtype
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"gemm_fp8: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
+    check_cuda_tensors("gemm_fp8", a=qa, b=b)
+    main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)
+    if main_grad is not None and config.granularity == ScalingGranularity.BLOCKWISE:
+        raise ValueError("gemm_fp8: fuse_bgrad_accum_pattern='megatron' supports TENSORWISE and ROWWISE, not BLOCKWISE")
+    return GemmFp8PrequantAFunction.apply(
+        a_hp, b, qa, sa, bool(trans_b), out_dtype, (config.format, config.granularity), main_grad
+    )
+
+
 # ---- public op --------------------------------------------------------------------------------
 
 
-Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def gemm_fp8(
@@ -345,11 +418,19 @@ def gemm_fp8(
     quantized along K as ``turbo.ops.quantize_fp8(x, dtype, granularity, axis=-1)`` returns them
     (BLOCKWISE ``b``: ``scaling_recipe.use_2d_block=True``); ``out_dtype`` is then required.
 
+    Pre-quantized activation for training: ``a=(q, scale_inv, a_hp)`` (``trans_a=False``; e.g.
+    ``turbo.ops.rmsnorm_fp8(..., return_hp=True)`` / ``swiglu_fp8``, ROWWISE or BLOCKWISE, the
+    config's forward format) with a high-precision ``b``: the forward GEMM reads q without
+    quantizing a again; differentiable, with a's gradient going to ``a_hp`` (straight-through) and
+    the wgrad operand (a quantized along M) quantized from ``a_hp``.
+
     Shapes: K must be a multiple of 16 (FP8 rows are read 16 bytes at a time); for the backward,
     M and N as well (the transposed copies are FP8 rows of length M and N). Partial 128-blocks
     are fine. Violations raise ``ValueError`` before any work.
     """
     config = _check_config(config)
+    if isinstance(a, tuple) and len(a) == 3 and not isinstance(b, tuple):
+        return _forward_prequantized_a_hp(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern)
     if isinstance(a, tuple) or isinstance(b, tuple):
         if not (isinstance(a, tuple) and isinstance(b, tuple)):
             raise TypeError("gemm_fp8: pass both 'a' and 'b' pre-quantized, or neither")

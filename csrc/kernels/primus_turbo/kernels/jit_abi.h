@@ -54,6 +54,10 @@ typedef struct PtNormFwdParams {
   int zero_centered;    // the weight is 1 + gamma
   void* stream;         // cudaStream_t
   int num_sms;
+  // FP8 modules (quantization/fused_fp8.cuh): y quantized, [rows, hidden] FP8, and its float32
+  // scale_inv ([rows] rowwise, [rows, ceil(hidden / 128)] 1x128); y may then be null.
+  void* q;
+  float* q_scale_inv;
 } PtNormFwdParams;
 
 typedef struct PtNormBwdParams {
@@ -86,6 +90,10 @@ typedef struct PtGatedActParams {
   float* dprobs;         // backward: [rows] or null
   void* stream;
   int num_sms;
+  // FP8 forward modules: out quantized, [rows, cols] FP8, and its float32 scale_inv ([rows]
+  // rowwise, [rows, ceil(cols / 128)] 1x128); out may then be null.
+  void* q;
+  float* q_scale_inv;
 } PtGatedActParams;
 
 // Every module exports these. Return 0 on success; otherwise write a message into err.

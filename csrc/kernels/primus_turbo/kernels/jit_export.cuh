@@ -43,3 +43,18 @@
       const PtGatedActParams* params, char* err, size_t err_len) {                          \
     return Kernel::backward(params, err, err_len);                                          \
   }
+
+// Forward-only modules (the FP8-output variants, whose backward is the plain module's).
+#define PT_JIT_EXPORT_NORM_FWD(Kernel)                                                      \
+  PT_JIT_EXPORT_ABI_VERSION                                                                 \
+  extern "C" __attribute__((visibility("default"))) int pt_norm_fwd_run(                    \
+      const PtNormFwdParams* params, char* err, size_t err_len) {                           \
+    return Kernel::forward(params, err, err_len);                                           \
+  }
+
+#define PT_JIT_EXPORT_GATED_FWD(Kernel)                                                     \
+  PT_JIT_EXPORT_ABI_VERSION                                                                 \
+  extern "C" __attribute__((visibility("default"))) int pt_gated_fwd_run(                   \
+      const PtGatedActParams* params, char* err, size_t err_len) {                          \
+    return Kernel::forward(params, err, err_len);                                           \
+  }

@@ -10,6 +10,12 @@
 // found the pointers and cols allow them, kUnroll vectors of each input per lane loaded before
 // any is used (outputs may alias nothing the compiler can prove, so the batching is explicit).
 // dp is a warp sum: deterministic, no atomics. Arithmetic in fp32.
+//
+// FP8 forward modules (kFp8, quantization/fused_fp8.cuh) also write out quantized to the format F,
+// from the rounded out values in registers. A rowwise scale needs the row's amax before any byte
+// is written, so these modules give each row a block: every thread keeps up to kFp8CacheIters
+// output vectors in registers (rows up to 32768 2-byte elements), wider rows are computed twice
+// (amax pass, then quantize pass). 1x128 scales are a shuffle max over the lanes of a block.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +23,7 @@
 #include "primus_turbo/kernels/common/vec.cuh"
 #include "primus_turbo/kernels/jit_abi.h"
 #include "primus_turbo/kernels/jit_export.cuh"
+#include "primus_turbo/kernels/quantization/fused_fp8.cuh"
 
 namespace primus_turbo::kernels::gated {
 
@@ -24,6 +31,11 @@ constexpr int kWarpsPerBlock = 8;
 constexpr int kUnroll = 4;     // forward: vectors of gate and up per lane in flight
 constexpr int kBwdUnroll = 2;  // backward: three inputs, so fewer per lane and more warps per SM
 constexpr int kMinBlocks = 2;  // at most 128 registers: >= 16 resident warps per SM
+
+constexpr int kFp8CacheIters = 8;      // FP8 forward: output vectors per thread held in registers
+constexpr int kFp8LoadBatch = 4;       // FP8 forward: (gate, up) vector pairs per thread loaded before use
+constexpr int kFp8VecsPerThread = 4;   // target vectors per thread when choosing the block size
+constexpr int kFp8MaxThreads = 512;
 
 enum Act { kSilu = 0, kGelu = 1 };
 
@@ -157,11 +169,121 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks) gated_bwd(PtG
   }
 }
 
+// out of vector c of a row: act(gate) * up * prob, rounded to T.
+template <class T, int kAct, int kVec>
+__device__ __forceinline__ Pack<T, kVec> gated_value(const Pack<T, kVec>& g, const Pack<T, kVec>& u, float prob) {
+  Pack<T, kVec> o;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) o.v[j] = from_float<T>(Activation<kAct>::f(to_float(g.v[j])) * to_float(u.v[j]) * prob);
+  return o;
+}
+
+// FP8 forward: one block per row (grid-stride), blockDim.x a multiple of 32.
+template <class T, int kAct, int kVec, int kFp8, class F>
+__global__ void __launch_bounds__(kFp8MaxThreads) gated_fwd_fp8(PtGatedActParams p) {
+  using TP = Pack<T, kVec>;
+  __shared__ float scratch[33];
+  const int rank = static_cast<int>(threadIdx.x), size = static_cast<int>(blockDim.x);
+  const int nvec = static_cast<int>(p.cols / kVec);
+  const bool cached = nvec <= size * kFp8CacheIters;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const quant::Fp8Row out = quant::fp8_row(p.q, p.q_scale_inv, row, p.cols, kFp8);
+    TP* hp = p.out != nullptr ? reinterpret_cast<TP*>(static_cast<T*>(p.out) + row * p.cols) : nullptr;
+    if (p.row_mask != nullptr && p.row_mask[row] == 0) {  // zeros, quantized as quantize_fp8 does
+      const TP z = zeros<T, kVec>();
+      for (int c = rank; c < nvec; c += size) {
+        if (hp != nullptr) store_stream(hp + c, z);
+        quant::store_fp8<F, T, kVec>(out.q + static_cast<int64_t>(c) * kVec, z, 1.f);
+      }
+      const int scales =
+          kFp8 == quant::kFp8Rowwise ? 1 : static_cast<int>((p.cols + quant::kFusedBlock - 1) / quant::kFusedBlock);
+      for (int b = rank; b < scales; b += size) out.scale[b] = quant::zero_scale_inv<F>();
+      continue;
+    }
+    const float prob = p.probs != nullptr ? p.probs[row] : 1.f;
+    const TP* gate = reinterpret_cast<const TP*>(static_cast<const T*>(p.x) + row * 2 * p.cols);
+    const TP* up = gate + nvec;
+    if (cached) {
+      // Loads in batches of kFp8LoadBatch pairs: enough in flight, and the registers of a batch's
+      // "up" vectors are free again before the next batch (no spills at 128 registers).
+      TP o[kFp8CacheIters];
+      float amax = 0.f;
+#pragma unroll
+      for (int i0 = 0; i0 < kFp8CacheIters; i0 += kFp8LoadBatch) {
+        TP u[kFp8LoadBatch];
+#pragma unroll
+        for (int k = 0; k < kFp8LoadBatch; ++k) {
+          const int c = rank + (i0 + k) * size;
+          if (c < nvec) {
+            o[i0 + k] = load_stream(gate + c);
+            u[k] = load_stream(up + c);
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < kFp8LoadBatch; ++k) {
+          const int c = rank + (i0 + k) * size;
+          if (c < nvec) {
+            o[i0 + k] = gated_value<T, kAct, kVec>(o[i0 + k], u[k], prob);
+            if (hp != nullptr) store_stream(hp + c, o[i0 + k]);
+            if constexpr (kFp8 == quant::kFp8Rowwise) amax = fmaxf(amax, quant::pack_amax<T, kVec>(o[i0 + k]));
+          }
+        }
+      }
+      if constexpr (kFp8 == quant::kFp8Rowwise) {
+        const quant::Scale sc = quant::make_scale<F>(quant::block_max(amax, scratch), false);
+        if (rank == 0) out.scale[0] = sc.inv;
+#pragma unroll
+        for (int i = 0; i < kFp8CacheIters; ++i) {
+          const int c = rank + i * size;
+          if (c < nvec) quant::store_fp8<F, T, kVec>(out.q + static_cast<int64_t>(c) * kVec, o[i], sc.mult);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kFp8CacheIters; ++i) {
+          if (i * size >= nvec) break;  // uniform over the block
+          const int c = rank + i * size;
+          quant::quantize_block128<F, T, kVec>(out, o[i], c, c < nvec);
+        }
+      }
+    } else if constexpr (kFp8 == quant::kFp8Rowwise) {
+      float amax = 0.f;
+#pragma unroll 2
+      for (int c = rank; c < nvec; c += size) {
+        const TP o = gated_value<T, kAct, kVec>(load_stream(gate + c), load_stream(up + c), prob);
+        if (hp != nullptr) store_stream(hp + c, o);
+        amax = fmaxf(amax, quant::pack_amax<T, kVec>(o));
+      }
+      const quant::Scale sc = quant::make_scale<F>(quant::block_max(amax, scratch), false);
+      if (rank == 0) out.scale[0] = sc.inv;
+#pragma unroll 2
+      for (int c = rank; c < nvec; c += size) {
+        quant::store_fp8<F, T, kVec>(out.q + static_cast<int64_t>(c) * kVec,
+                                     gated_value<T, kAct, kVec>(load_stream(gate + c), load_stream(up + c), prob),
+                                     sc.mult);
+      }
+    } else {
+      for (int base = 0; base < nvec; base += size) {  // uniform trip count: every lane joins the shuffles
+        const int c = base + rank;
+        TP o{};
+        if (c < nvec) {
+          o = gated_value<T, kAct, kVec>(load_stream(gate + c), load_stream(up + c), prob);
+          if (hp != nullptr) store_stream(hp + c, o);
+        }
+        quant::quantize_block128<F, T, kVec>(out, o, c, c < nvec);
+      }
+    }
+  }
+}
+
 // T: x / out / dy / dx element type. kAct: kSilu or kGelu. kVectorized: 16-byte accesses (the host
-// checked that cols and every row pointer allow them).
-template <class T, int kAct, bool kVectorized>
+// checked that cols and every row pointer allow them). kFp8: quant::kFp8None, or an FP8 forward
+// module (out quantized to F with a rowwise or 1x128 scale; needs 16-byte accesses; its backward
+// is the plain module's).
+template <class T, int kAct, bool kVectorized, int kFp8 = quant::kFp8None, class F = quant::E4M3>
 struct GatedAct {
   static constexpr int kVec = kVectorized ? static_cast<int>(16 / sizeof(T)) : 1;
+  static_assert(kFp8 == quant::kFp8None || (kVectorized && quant::kBlockLanes<kVec> <= 32),
+                "FP8 gated modules need 16-byte accesses");
 
   static bool check(const PtGatedActParams* p, char* err, size_t err_len) {
     if (p->cols < 1 || p->cols > INT32_MAX || p->cols % kVec != 0) {
@@ -181,6 +303,19 @@ struct GatedAct {
   static int forward(const PtGatedActParams* p, char* err, size_t err_len) {
     if (!check(p, err, err_len)) return 1;
     if (p->rows <= 0) return 0;
+    if constexpr (kFp8 != quant::kFp8None) {
+      if (p->q == nullptr || p->q_scale_inv == nullptr) {
+        snprintf(err, err_len, "FP8 gated activation module: q and q_scale_inv are required");
+        return 1;
+      }
+      const int nvec = static_cast<int>(p->cols / kVec);
+      const int threads = std::clamp(ceil_div(ceil_div(nvec, kFp8VecsPerThread), 32) * 32, 32, kFp8MaxThreads);
+      const int64_t sms = p->num_sms > 0 ? p->num_sms : 132;
+      const int64_t grid = std::min<int64_t>(p->rows, sms * std::min(32, 2048 / threads));
+      gated_fwd_fp8<T, kAct, kVec, kFp8, F>
+          <<<static_cast<unsigned>(grid), threads, 0, static_cast<cudaStream_t>(p->stream)>>>(*p);
+      return report_launch("gated activation FP8 forward", err, err_len);
+    }
     gated_fwd<T, kAct, kVec><<<grid(p), kWarpsPerBlock * 32, 0, static_cast<cudaStream_t>(p->stream)>>>(*p);
     return report_launch("gated activation forward", err, err_len);
   }

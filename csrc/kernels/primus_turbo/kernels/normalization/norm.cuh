@@ -20,6 +20,12 @@
 // dgamma/dbeta are deterministic: each backward block sums its rows into its own fp32 row of the
 // workspace (no float atomics), then a second kernel adds those partial rows in a fixed order.
 // The grid size (= number of partials) is chosen by the core and depends only on the problem.
+//
+// FP8 forward modules (kFp8, quantization/fused_fp8.cuh) also write y quantized to the format F:
+// the rounded y of each vector is encoded from registers, one scale per row (the row's amax is a
+// team max once the row is normalized) or per 128 elements (a shuffle max over the lanes holding
+// the block). y itself is written only when p.y is set. Rows wider than the register cache
+// normalize twice with a rowwise scale (the second pass re-reads s, mostly from L2).
 #pragma once
 
 #include <algorithm>
@@ -27,6 +33,7 @@
 #include "primus_turbo/kernels/common/vec.cuh"
 #include "primus_turbo/kernels/jit_abi.h"
 #include "primus_turbo/kernels/jit_export.cuh"
+#include "primus_turbo/kernels/quantization/fused_fp8.cuh"
 
 namespace primus_turbo::kernels::norm {
 
@@ -46,15 +53,18 @@ struct WarpTeam {
   int rank;
   static constexpr int size = 32;
   __device__ __forceinline__ float2 sum2(float a, float b) const { return make_float2(warp_sum(a), warp_sum(b)); }
+  __device__ __forceinline__ float max(float a) const { return quant::warp_max(a); }
 };
 
 struct BlockTeam {
   int rank, size;
   float* scratch;  // 66 floats of shared memory
   __device__ __forceinline__ float2 sum2(float a, float b) const { return block_sum2(a, b, scratch); }
+  __device__ __forceinline__ float max(float a) const { return quant::block_max(a, scratch); }
 };
 
-template <class T, class W, int kVec, bool kLayerNorm, bool kResidual>
+template <class T, class W, int kVec, bool kLayerNorm, bool kResidual, int kFp8 = quant::kFp8None,
+          class F = quant::E4M3>
 struct Row {
   using TP = Pack<T, kVec>;
   using WP = Pack<W, kVec>;
@@ -143,11 +153,41 @@ struct Row {
     }
     float rstd;
     finish_stats(p, team, row, hidden, mu, ss, rstd);
-    TP* yr = reinterpret_cast<TP*>(static_cast<T*>(p.y) + offset);
+    if constexpr (kFp8 == quant::kFp8None) {
+      TP* yr = reinterpret_cast<TP*>(static_cast<T*>(p.y) + offset);
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int c = team.rank + i * team.size;
-      if (c < nvec) store_stream(yr + c, normalize(p, v[i], c, mu, rstd, shift));
+      for (int i = 0; i < kIters; ++i) {
+        const int c = team.rank + i * team.size;
+        if (c < nvec) store_stream(yr + c, normalize(p, v[i], c, mu, rstd, shift));
+      }
+    } else {
+      TP* yr = p.y != nullptr ? reinterpret_cast<TP*>(static_cast<T*>(p.y) + offset) : nullptr;
+      float amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int c = team.rank + i * team.size;
+        if (c < nvec) {
+          v[i] = normalize(p, v[i], c, mu, rstd, shift);
+          if (yr != nullptr) store_stream(yr + c, v[i]);
+          if constexpr (kFp8 == quant::kFp8Rowwise) amax = fmaxf(amax, quant::pack_amax<T, kVec>(v[i]));
+        }
+      }
+      const quant::Fp8Row out = quant::fp8_row(p.q, p.q_scale_inv, row, hidden, kFp8);
+      if constexpr (kFp8 == quant::kFp8Rowwise) {
+        const quant::Scale sc = quant::make_scale<F>(team.max(amax), false);
+        if (team.rank == 0) out.scale[0] = sc.inv;
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+          const int c = team.rank + i * team.size;
+          if (c < nvec) quant::store_fp8<F, T, kVec>(out.q + static_cast<int64_t>(c) * kVec, v[i], sc.mult);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+          const int c = team.rank + i * team.size;
+          quant::quantize_block128<F, T, kVec>(out, v[i], c, c < nvec);
+        }
+      }
     }
   }
 
@@ -174,9 +214,41 @@ struct Row {
     }
     float rstd;
     finish_stats(p, team, row, hidden, mu, ss, rstd);
-    TP* yr = reinterpret_cast<TP*>(static_cast<T*>(p.y) + offset);
+    if constexpr (kFp8 == quant::kFp8None) {
+      TP* yr = reinterpret_cast<TP*>(static_cast<T*>(p.y) + offset);
 #pragma unroll 4
-    for (int c = team.rank; c < nvec; c += team.size) yr[c] = normalize(p, s_row[c], c, mu, rstd, shift);
+      for (int c = team.rank; c < nvec; c += team.size) yr[c] = normalize(p, s_row[c], c, mu, rstd, shift);
+    } else {
+      TP* yr = p.y != nullptr ? reinterpret_cast<TP*>(static_cast<T*>(p.y) + offset) : nullptr;
+      const quant::Fp8Row out = quant::fp8_row(p.q, p.q_scale_inv, row, hidden, kFp8);
+      if constexpr (kFp8 == quant::kFp8Rowwise) {
+        float amax = 0.f;
+#pragma unroll 4
+        for (int c = team.rank; c < nvec; c += team.size) {
+          const TP y = normalize(p, s_row[c], c, mu, rstd, shift);
+          if (yr != nullptr) yr[c] = y;
+          amax = fmaxf(amax, quant::pack_amax<T, kVec>(y));
+        }
+        const quant::Scale sc = quant::make_scale<F>(team.max(amax), false);
+        if (team.rank == 0) out.scale[0] = sc.inv;
+#pragma unroll 4
+        for (int c = team.rank; c < nvec; c += team.size) {
+          quant::store_fp8<F, T, kVec>(out.q + static_cast<int64_t>(c) * kVec, normalize(p, s_row[c], c, mu, rstd, shift),
+                                       sc.mult);
+        }
+      } else {
+        // Uniform trip count: every lane joins each block's shuffle.
+        for (int base = 0; base < nvec; base += team.size) {
+          const int c = base + team.rank;
+          TP y{};
+          if (c < nvec) {
+            y = normalize(p, s_row[c], c, mu, rstd, shift);
+            if (yr != nullptr) yr[c] = y;
+          }
+          quant::quantize_block128<F, T, kVec>(out, y, c, c < nvec);
+        }
+      }
+    }
   }
 
   // ---- backward ----
@@ -290,24 +362,24 @@ struct Row {
 
 // ---- forward kernels --------------------------------------------------------------------------
 
-template <class T, class W, int kVec, int kHidden, int kIters, bool kLN, bool kRes>
+template <class T, class W, int kVec, int kHidden, int kIters, bool kLN, bool kRes, int kFp8, class F>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) fwd_warp_per_row(PtNormFwdParams p) {
   const int hidden = kHidden > 0 ? kHidden : static_cast<int>(p.hidden);
   const WarpTeam team{static_cast<int>(threadIdx.x & 31)};
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); row < p.rows;
        row += step) {
-    Row<T, W, kVec, kLN, kRes>::template forward_cached<kIters>(p, team, row, hidden, hidden / kVec);
+    Row<T, W, kVec, kLN, kRes, kFp8, F>::template forward_cached<kIters>(p, team, row, hidden, hidden / kVec);
   }
 }
 
-template <class T, class W, int kVec, int kHidden, bool kLN, bool kRes>
+template <class T, class W, int kVec, int kHidden, bool kLN, bool kRes, int kFp8, class F>
 __global__ void __launch_bounds__(kMaxBlockThreads) fwd_block_per_row(PtNormFwdParams p) {
   __shared__ float scratch[66];
   const int hidden = kHidden > 0 ? kHidden : static_cast<int>(p.hidden);
   const int nvec = hidden / kVec;
   const BlockTeam team{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), scratch};
-  using R = Row<T, W, kVec, kLN, kRes>;
+  using R = Row<T, W, kVec, kLN, kRes, kFp8, F>;
   const bool cached = nvec <= team.size * kBlockCacheIters;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     if (cached) {
@@ -443,10 +515,16 @@ __global__ void __launch_bounds__(kFinalizeWarps * 32)
 // T: x / residual / y / dy / dx element type; W: gamma / beta / their gradients' element type.
 // kVectorized: 16-byte accesses (the host checked pointers and hidden allow them). kHidden: the
 // row length, or 0 for any. kLayerNorm: LayerNorm (else RMSNorm). kResidual: fused residual add.
-template <class T, class W, bool kVectorized, int kHidden, bool kLayerNorm, bool kResidual>
+// kFp8: quant::kFp8None, or an FP8 forward module writing y quantized to F (quant::E4M3 / E5M2)
+// with a rowwise (kFp8Rowwise) or 1x128 (kFp8Block128) scale; those need 16-byte accesses and
+// export only the forward (the backward is the plain module's).
+template <class T, class W, bool kVectorized, int kHidden, bool kLayerNorm, bool kResidual,
+          int kFp8 = quant::kFp8None, class F = quant::E4M3>
 struct Norm {
   static constexpr int kVec = kVectorized ? static_cast<int>(16 / sizeof(T)) : 1;
   static_assert(kHidden >= 0 && kHidden % kVec == 0, "kHidden must be a multiple of the vector width");
+  static_assert(kFp8 == quant::kFp8None || (kVectorized && quant::kBlockLanes<kVec> <= 32),
+                "FP8 norm modules need 16-byte accesses");
   static constexpr bool kHasWarpPath = kHidden == 0 || kHidden <= kWarpMaxHidden;
   static constexpr bool kHasBlockPath = kHidden == 0 || kHidden > kWarpMaxHidden;
   // Vectors per lane that cover the widest row of the warp path.
@@ -471,6 +549,10 @@ struct Norm {
 
   static int forward(const PtNormFwdParams* p, char* err, size_t err_len) {
     if (!check_hidden(p->hidden, err, err_len)) return 1;
+    if (kFp8 != quant::kFp8None && (p->q == nullptr || p->q_scale_inv == nullptr)) {
+      snprintf(err, err_len, "FP8 norm module: q and q_scale_inv are required");
+      return 1;
+    }
     if (p->rows <= 0) return 0;
     auto stream = static_cast<cudaStream_t>(p->stream);
     const int64_t sms = p->num_sms > 0 ? p->num_sms : 132;
@@ -478,14 +560,14 @@ struct Norm {
     if (p->hidden <= kWarpMaxHidden) {
       if constexpr (kHasWarpPath) {
         const int64_t grid = std::min<int64_t>(ceil_div(p->rows, kWarpsPerBlock), sms * 16);
-        fwd_warp_per_row<T, W, kVec, kHidden, kWarpIters, kLayerNorm, kResidual>
+        fwd_warp_per_row<T, W, kVec, kHidden, kWarpIters, kLayerNorm, kResidual, kFp8, F>
             <<<static_cast<unsigned>(grid), kWarpsPerBlock * 32, 0, stream>>>(*p);
       }
     } else {
       if constexpr (kHasBlockPath) {
         const int threads = block_threads(nvec);
         const int64_t grid = std::min<int64_t>(p->rows, sms * std::max(1, 2048 / threads));
-        fwd_block_per_row<T, W, kVec, kHidden, kLayerNorm, kResidual>
+        fwd_block_per_row<T, W, kVec, kHidden, kLayerNorm, kResidual, kFp8, F>
             <<<static_cast<unsigned>(grid), threads, 0, stream>>>(*p);
       }
     }
