@@ -65,6 +65,7 @@ class PtGroupedGemmFp8Args(ctypes.Structure):
         ("group_offs", ctypes.POINTER(PtTensor)),
         ("d", ctypes.POINTER(PtTensor)),
         ("b_scale_rows", ctypes.c_int32),
+        ("num_sms", ctypes.c_int32),
     ]
 
 

@@ -92,7 +92,7 @@ def test_torch_compile_traces_without_graph_break(g):
 
 def test_registered_as_custom_op():
     schema = str(torch.ops.primus_turbo.grouped_gemm_fp8_mm.default._schema)
-    assert "Tensor group_lens, Tensor? group_offs, int b_scale_rows, ScalarType out_dtype" in schema
+    assert "Tensor group_lens, Tensor? group_offs, int b_scale_rows, ScalarType out_dtype, int num_sms" in schema
 
 
 @pytest.mark.parametrize(
@@ -113,6 +113,7 @@ def test_registered_as_custom_op():
         ((meta(4, 32), meta(2, 16, 32), lens(2), lens(2)), {}, ValueError, r"'group_offs' has shape \(2,\); expected \[3\]"),
         ((meta(4, 32), meta(2, 16, 32), lens(2)), {"out_dtype": torch.int8}, TypeError, "out_dtype"),
         ((meta(4, 32), meta(2, 16, 32), lens(2)), {"config": "fp8"}, TypeError, "Float8QuantConfig"),
+        ((meta(4, 32), meta(2, 16, 32), lens(2)), {"num_cu": 0}, ValueError, "num_cu must be a positive int"),
         ((meta(4, 32), meta(2, 16, 32), lens(2)),
          {"config": Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE, block_size=64)}, ValueError, "block_size=128"),
         (("x", meta(2, 16, 32), lens(2)), {}, TypeError, "argument 'a' must be a torch.Tensor"),
@@ -142,7 +143,7 @@ def test_mx_blockwise_is_not_implemented():
 _F32, _BF16, _E4M3, _E5M2, _I64, _I32 = 0, 2, 3, 4, 8, 7
 
 
-def _core_args(m=64, n=48, k=256, g=2, a_dtype=_E4M3, d_dtype=_BF16, rows=1, sa=None, sb=None, lens_dtype=_I64, b=None, d=None):
+def _core_args(m=64, n=48, k=256, g=2, a_dtype=_E4M3, d_dtype=_BF16, rows=1, sa=None, sb=None, lens_dtype=_I64, b=None, d=None, sms=0):
     kb = -(-k // 128)
     parts = [
         precompile._tensor((m, k), a_dtype),
@@ -153,7 +154,7 @@ def _core_args(m=64, n=48, k=256, g=2, a_dtype=_E4M3, d_dtype=_BF16, rows=1, sa=
         None,
         precompile._tensor(d or (m, n), d_dtype),
     ]
-    args = PtGroupedGemmFp8Args(*[ctypes.pointer(t) if t is not None else None for t in parts], rows)
+    args = PtGroupedGemmFp8Args(*[ctypes.pointer(t) if t is not None else None for t in parts], rows, sms)
     args._keep = parts
     return args
 
@@ -174,6 +175,7 @@ def _key(args):
         ({"b": (3, 48, 256)}, "'b' has 3 groups"),
         ({"b": (2, 48, 128)}, "inner dimensions do not match"),
         ({"d": (64, 40)}, r"argument 'out' has shape \[64, 40\]; expected \[64, 48\]"),
+        ({"sms": -1}, "num_sms must be >= 0"),
     ],
 )
 def test_core_rejects_bad_descriptors(kwargs, match):
@@ -194,6 +196,7 @@ def test_core_rejects_non_contiguous_and_unknown_backend():
 def test_problem_key_and_configs():
     assert _key(_core_args()) == "fp8|M64xN48xK256xG2|float8_e4m3fnxfloat8_e4m3fn->bfloat16|sfb1|align16"
     assert _key(_core_args(rows=128)).endswith("|sfb128|align16")
+    assert _key(_core_args(sms=66)).endswith("|align16|sms66")
     n = lib.pt_grouped_gemm_fp8_num_configs(precompile.BACKEND_CUTLASS)
     assert 1 <= n <= 3  # each config is a multi-minute compile per dtype pair
     assert lib.pt_grouped_gemm_fp8_num_configs(1) == -1

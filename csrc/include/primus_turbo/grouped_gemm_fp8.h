@@ -31,6 +31,7 @@ typedef struct pt_grouped_gemm_fp8_args {
   const pt_tensor* group_offs;  // may be NULL
   const pt_tensor* d;
   int32_t b_scale_rows;  // 1 or 128
+  int32_t num_sms;       // SMs the persistent kernel may use; 0: all
 } pt_grouped_gemm_fp8_args;
 
 // backend: PT_BACKEND_CUTLASS. config: index into its candidates, or -1 for its default.

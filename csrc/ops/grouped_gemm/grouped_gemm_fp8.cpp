@@ -42,6 +42,7 @@ struct Problem {
   int64_t groups = 0, rows = 0, n = 0, k = 0;
   int32_t a_dtype = 0, b_dtype = 0, d_dtype = 0;
   int32_t b_scale_rows = 1;
+  int32_t num_sms = 0;  // 0: all
   const int64_t* group_lens = nullptr;
   const int64_t* group_offs = nullptr;
   const void* a = nullptr;
@@ -127,6 +128,8 @@ Problem make_problem(const pt_grouped_gemm_fp8_args* args) {
                p.rows, ", ", p.k, "] but 'b' ", shape_string(*args->b), " has K = ", args->b->shape[2]);
   check_shape(args->d, "out", {p.rows, p.n});
   p.b_scale_rows = args->b_scale_rows;
+  p.num_sms = args->num_sms;
+  PT_CHECK_ARG(p.num_sms >= 0, "grouped_gemm_fp8: num_sms must be >= 0 (0: all SMs), got ", p.num_sms);
   PT_CHECK_ARG(p.b_scale_rows == 1 || p.b_scale_rows == 128,
                "grouped_gemm_fp8: b_scale_rows must be 1 or 128, got ", p.b_scale_rows);
   const int64_t kb = ceil_div(p.k, 128);
@@ -245,7 +248,8 @@ int default_config(const Problem& p, int sm_count) {
 }
 
 int resolve_config(const Problem& p, int32_t config) {
-  return config < 0 ? default_config(p, device_info(current_device()).sm_count) : config;
+  const int all = device_info(current_device()).sm_count;
+  return config < 0 ? default_config(p, p.num_sms > 0 && p.num_sms < all ? p.num_sms : all) : config;
 }
 
 PtGroupedGemmFp8Params make_params(const Problem& p, int device) {
@@ -262,7 +266,8 @@ PtGroupedGemmFp8Params make_params(const Problem& p, int device) {
   params.sfb = p.sfb;
   params.d = p.d;
   params.device = device;
-  params.num_sms = device_info(device).sm_count;
+  const int all = device_info(device).sm_count;
+  params.num_sms = p.num_sms > 0 && p.num_sms < all ? p.num_sms : all;
   return params;
 }
 
@@ -357,7 +362,7 @@ pt_status pt_grouped_gemm_fp8_problem_key(const pt_grouped_gemm_fp8_args* args, 
     copy_out(str_cat("fp8|M", p.rows, "xN", p.n, "xK", p.k, "xG", p.groups, "|",
                      dtype_name(p.a_dtype), "x", dtype_name(p.b_dtype), "->", dtype_name(p.d_dtype),
                      "|sfb", p.b_scale_rows, "|align", p.aligned16 ? 16 : 0,
-                     p.group_offs ? "|offs" : ""),
+                     p.group_offs ? "|offs" : "", p.num_sms > 0 ? str_cat("|sms", p.num_sms) : ""),
              key, key_len, "key");
   });
 }

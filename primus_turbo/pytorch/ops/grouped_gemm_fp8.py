@@ -60,14 +60,14 @@ class GroupedGemmFp8Problem(autotune.TunableProblem):
     default_backend = BackendType.CUTLASS
     backends = (BackendType.CUTLASS,)
 
-    def __init__(self, a, sa, b, sb, group_lens, group_offs, out, b_scale_rows: int):
+    def __init__(self, a, sa, b, sb, group_lens, group_offs, out, b_scale_rows: int, num_sms: int = 0):
         self.out = out
         self._pts = [to_pt(t) for t in (a, sa, b, sb, group_lens)]
         self._offs = to_pt(group_offs) if group_offs is not None else None
         self._out = to_pt(out)
         pa, psa, pb, psb, pl = (ctypes.pointer(t) for t in self._pts)
         po = ctypes.pointer(self._offs) if self._offs is not None else None
-        self.args = PtGroupedGemmFp8Args(pa, psa, pb, psb, pl, po, ctypes.pointer(self._out), int(b_scale_rows))
+        self.args = PtGroupedGemmFp8Args(pa, psa, pb, psb, pl, po, ctypes.pointer(self._out), int(b_scale_rows), int(num_sms))
         self.ref = ctypes.byref(self.args)
         self.stream = current_stream_handle(out.device)
 
@@ -100,7 +100,7 @@ class GroupedGemmFp8Problem(autotune.TunableProblem):
 _plans = {}
 
 
-def _mm_cuda(a, a_scale, b, b_scale, group_lens, group_offs, b_scale_rows: int, out_dtype: torch.dtype):
+def _mm_cuda(a, a_scale, b, b_scale, group_lens, group_offs, b_scale_rows: int, out_dtype: torch.dtype, num_sms: int):
     out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
     if out.numel() == 0:
         return out
@@ -108,9 +108,9 @@ def _mm_cuda(a, a_scale, b, b_scale, group_lens, group_offs, b_scale_rows: int, 
     group_lens = group_lens.contiguous()
     group_offs = group_offs.contiguous() if group_offs is not None else None
     with device_guard(out.device):
-        problem = GroupedGemmFp8Problem(a, a_scale, b, b_scale, group_lens, group_offs, out, b_scale_rows)
+        problem = GroupedGemmFp8Problem(a, a_scale, b, b_scale, group_lens, group_offs, out, b_scale_rows, num_sms)
         key = (
-            a.shape, b.shape, a.dtype, b.dtype, out_dtype, b_scale_rows, group_offs is None, out.device.index,
+            a.shape, b.shape, a.dtype, b.dtype, out_dtype, b_scale_rows, num_sms, group_offs is None, out.device.index,
             a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
             settings_token(OpFamily.GROUPED_GEMM),
         )
@@ -124,23 +124,23 @@ def _mm_cuda(a, a_scale, b, b_scale, group_lens, group_offs, b_scale_rows: int, 
     return out
 
 
-def _mm_fake(a, a_scale, b, b_scale, group_lens, group_offs, b_scale_rows, out_dtype):
+def _mm_fake(a, a_scale, b, b_scale, group_lens, group_offs, b_scale_rows, out_dtype, num_sms):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
 _mm_op = library.define_op(
     "grouped_gemm_fp8_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens, "
-    "Tensor? group_offs, int b_scale_rows, ScalarType out_dtype) -> Tensor",
+    "Tensor? group_offs, int b_scale_rows, ScalarType out_dtype, int num_sms) -> Tensor",
     _mm_cuda,
     _mm_fake,
 )
 
 
-def grouped_fp8_mm(qa, sa, qb, sb, group_lens, group_offs, b_scale_rows: int, out_dtype) -> torch.Tensor:
+def grouped_fp8_mm(qa, sa, qb, sb, group_lens, group_offs, b_scale_rows: int, out_dtype, num_sms: int = 0) -> torch.Tensor:
     """``out[rows of g] = (qa * sa)[rows of g] @ (qb[g] * sb[g])^T`` with the kernel's scale layouts:
     sa ``[M, ceil(K/128)]``, sb ``[G, N, ceil(K/128)]`` (b_scale_rows=1) or
-    ``[G, ceil(N/128), ceil(K/128)]`` (128)."""
-    return _mm_op(qa, sa, qb, sb, group_lens, group_offs, b_scale_rows, out_dtype)
+    ``[G, ceil(N/128), ceil(K/128)]`` (128). num_sms: SMs the persistent kernel may use (0: all)."""
+    return _mm_op(qa, sa, qb, sb, group_lens, group_offs, b_scale_rows, out_dtype, num_sms)
 
 
 # ---- quantization into the kernel's layouts -----------------------------------------------------
@@ -214,13 +214,14 @@ def _dtypes(fmt: Format):
 
 class GroupedGemmFp8Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity):
+    def forward(ctx, a, b, group_lens, group_offs, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity, num_sms: int):
         fwd_dtype, grad_dtype = _dtypes(fmt)
         qa, sa = quantize_rows(a, fwd_dtype, g)
         # The forward's B is op(b)^T [G, N, K]: b itself with trans_b, else its transpose.
         qb, sb, rows = quantize_weight(b, fwd_dtype, g, transpose=not trans_b)
-        out = grouped_fp8_mm(qa, sa, qb, sb, group_lens, group_offs, rows, out_dtype)
+        out = grouped_fp8_mm(qa, sa, qb, sb, group_lens, group_offs, rows, out_dtype, num_sms)
         ctx.save_for_backward(a, b, group_lens, group_offs)
+        ctx.num_sms = num_sms
         ctx.trans_b, ctx.g, ctx.fwd_dtype, ctx.grad_dtype = trans_b, g, fwd_dtype, grad_dtype
         return out
 
@@ -232,12 +233,12 @@ class GroupedGemmFp8Function(torch.autograd.Function):
             qg, sg = quantize_rows(grad_out.contiguous(), ctx.grad_dtype, ctx.g)
             # dgrad's B is op(b) [G, K, N]: b's transpose with trans_b, else b itself.
             qb, sb, rows = quantize_weight(b, ctx.fwd_dtype, ctx.g, transpose=ctx.trans_b)
-            grad_a = grouped_fp8_mm(qg, sg, qb, sb, group_lens, group_offs, rows, a.dtype)
+            grad_a = grouped_fp8_mm(qg, sg, qb, sb, group_lens, group_offs, rows, a.dtype, ctx.num_sms)
         if ctx.needs_input_grad[1]:
             # Variable-K wgrad on the bf16/fp16 grouped GEMM (module docstring says why).
             grad_b = _grouped_gemm_wgrad_op(a, grad_out.to(a.dtype).contiguous(), group_lens, group_offs, ctx.trans_b)
             grad_b = grad_b.to(b.dtype)
-        return grad_a, grad_b, None, None, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None, None
 
 
 # ---- public op ----------------------------------------------------------------------------------
@@ -259,7 +260,7 @@ def _check_config(config) -> Float8QuantConfig:
     return config
 
 
-def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g):
+def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, num_sms):
     qa, sa = a
     qb, sb = b
     if not isinstance(qa, torch.Tensor) or qa.dtype not in _FP8_DTYPES or qa.dim() != 2:
@@ -293,7 +294,7 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g):
     if g != ScalingGranularity.BLOCKWISE:
         sa = sa.float().reshape(-1, 1).expand(m, kb)
         sb = sb.float().reshape(-1, 1).expand(n_groups * n, kb).reshape(n_groups, n, kb)
-    return grouped_fp8_mm(qa, sa.contiguous(), qb, sb.contiguous(), group_lens, group_offs, rows, out_dtype)
+    return grouped_fp8_mm(qa, sa.contiguous(), qb, sb.contiguous(), group_lens, group_offs, rows, out_dtype, num_sms)
 
 
 Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
@@ -307,6 +308,7 @@ def grouped_gemm_fp8(
     trans_b: bool = True,
     out_dtype: Optional[torch.dtype] = None,
     config: Optional[Float8QuantConfig] = None,
+    num_cu: Optional[int] = None,
 ) -> torch.Tensor:
     """Per-group ``a[rows of g] @ op(b[g])`` in FP8: the expert layers of a mixture of experts.
 
@@ -321,6 +323,8 @@ def grouped_gemm_fp8(
         config: :class:`Float8QuantConfig` (default E4M3 TENSORWISE): TENSORWISE, ROWWISE or
             BLOCKWISE (block_size=128: 1x128 per token for ``a`` and the output gradient, 128x128
             per expert for ``b``); E4M3, E5M2 or HYBRID (E5M2 output gradient).
+        num_cu: SMs the persistent FP8 kernels may use (default: all), e.g. to leave room for
+            overlapped communication.
 
     Differentiable in ``a`` (FP8 dgrad at the same granularity) and ``b`` (bf16/fp16 grouped
     wgrad; an expert with no tokens gets a zero gradient). Pre-quantized operands (forward only):
@@ -331,10 +335,13 @@ def grouped_gemm_fp8(
     """
     config = _check_config(config)
     g = config.granularity
+    if num_cu is not None and (isinstance(num_cu, bool) or not isinstance(num_cu, int) or num_cu < 1):
+        raise ValueError(f"grouped_gemm_fp8: num_cu must be a positive int or None, got {num_cu!r}")
+    num_sms = int(num_cu or 0)
     if isinstance(a, tuple) or isinstance(b, tuple):
         if not (isinstance(a, tuple) and isinstance(b, tuple)):
             raise TypeError("grouped_gemm_fp8: pass both 'a' and 'b' pre-quantized, or neither")
-        return _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g)
+        return _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, num_sms)
     for name, t, nd in (("a", a, 2), ("b", b, 3)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"grouped_gemm_fp8: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
@@ -363,4 +370,4 @@ def grouped_gemm_fp8(
     check_cuda_tensors("grouped_gemm_fp8", a=a, b=b, group_lens=group_lens, **({} if group_offs is None else {"group_offs": group_offs}))
     if a.shape[0] == 0 or n == 0 or k == 0:  # nothing to quantize: the bf16 op's exact empty / zero result
         return grouped_gemm(a, b, group_lens, group_offs, trans_b=trans_b).to(out_dtype)
-    return GroupedGemmFp8Function.apply(a, b, group_lens, group_offs, bool(trans_b), out_dtype, config.format, g)
+    return GroupedGemmFp8Function.apply(a, b, group_lens, group_offs, bool(trans_b), out_dtype, config.format, g, num_sms)
