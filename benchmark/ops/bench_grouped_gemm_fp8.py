@@ -46,16 +46,47 @@ QUICK_TOKENS = (2048,)
 GRANULARITIES = ("tensorwise", "rowwise", "blockwise")
 
 COLUMNS = [
-    "TestID", "GPU", "Granularity", "Format", "Case", "EP", "G", "Tokens/Expert", "Balanced", "M", "N", "K", "Check",
-    "Forward Time (ms)", "Forward TFLOPS", "Step Time (ms)", "Step TFLOPS",
-    "Baseline Forward TFLOPS", "Baseline Step TFLOPS", "Forward Ratio", "Step Ratio",
-    "GEMM-only TFLOPS", "Scaled Baseline TFLOPS", "Scaled Ratio",
-    "Out SNR (dB)", "DGrad SNR (dB)", "WGrad SNR (dB)", "Note",
+    "TestID",
+    "GPU",
+    "Granularity",
+    "Format",
+    "Case",
+    "EP",
+    "G",
+    "Tokens/Expert",
+    "Balanced",
+    "M",
+    "N",
+    "K",
+    "Check",
+    "Forward Time (ms)",
+    "Forward TFLOPS",
+    "Step Time (ms)",
+    "Step TFLOPS",
+    "Baseline Forward TFLOPS",
+    "Baseline Step TFLOPS",
+    "Forward Ratio",
+    "Step Ratio",
+    "GEMM-only TFLOPS",
+    "Scaled Baseline TFLOPS",
+    "Scaled Ratio",
+    "Out SNR (dB)",
+    "DGrad SNR (dB)",
+    "WGrad SNR (dB)",
+    "Note",
 ]
 TABLE_COLUMNS = [
-    ("Granularity", "Gran"), ("Case", "Case"), ("EP", "EP"), ("Tokens/Expert", "Tok/E"), ("Balanced", "Bal"),
-    ("Check", "Check"), ("Forward TFLOPS", "Fwd"), ("Step TFLOPS", "Step"), ("Baseline Step TFLOPS", "bf16 step"),
-    ("Step Ratio", "Ratio"), ("Scaled Ratio", "vs scaled_mm"),
+    ("Granularity", "Gran"),
+    ("Case", "Case"),
+    ("EP", "EP"),
+    ("Tokens/Expert", "Tok/E"),
+    ("Balanced", "Bal"),
+    ("Check", "Check"),
+    ("Forward TFLOPS", "Fwd"),
+    ("Step TFLOPS", "Step"),
+    ("Baseline Step TFLOPS", "bf16 step"),
+    ("Step Ratio", "Ratio"),
+    ("Scaled Ratio", "vs scaled_mm"),
 ]
 
 
@@ -66,7 +97,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=None)
     p.add_argument("--ep", nargs="+", type=int, default=None)
     p.add_argument("--tokens", nargs="+", type=int, default=None, help="average tokens per expert")
-    p.add_argument("--quick", action="store_true", help=f"{', '.join(QUICK_MODELS)} at their largest EP, {list(QUICK_TOKENS)}")
+    p.add_argument(
+        "--quick", action="store_true", help=f"{', '.join(QUICK_MODELS)} at their largest EP, {list(QUICK_TOKENS)}"
+    )
     p.add_argument("--output-dir", default=str(bu.DEFAULT_RESULTS_DIR))
     p.add_argument("--tag", default=None)
     p.add_argument("--iters", type=int, default=bu.MIN_TIMED_ITERS)
@@ -95,8 +128,9 @@ def quant_config(granularity: str, fmt: str):
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 
     g = ScalingGranularity[granularity.upper()]
-    return Float8QuantConfig(format=Format[fmt.upper()], granularity=g,
-                             block_size=128 if g == ScalingGranularity.BLOCKWISE else None)
+    return Float8QuantConfig(
+        format=Format[fmt.upper()], granularity=g, block_size=128 if g == ScalingGranularity.BLOCKWISE else None
+    )
 
 
 def gate_for(fmt: str):
@@ -162,7 +196,11 @@ def run_case(row: dict, case, granularity: str, args) -> None:
         return torch.autograd.grad(out, (xr, wr), grad)
 
     base_fwd = lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs32)
-    base_step = lambda: (base_fwd(), torch._grouped_mm(grad, w, offs=offs32), torch._grouped_mm(grad.t(), x, offs=offs32))
+    base_step = lambda: (
+        base_fwd(),
+        torch._grouped_mm(grad, w, offs=offs32),
+        torch._grouped_mm(grad.t(), x, offs=offs32),
+    )
 
     flops = case.fwd_flops
     notes = []
@@ -171,12 +209,15 @@ def run_case(row: dict, case, granularity: str, args) -> None:
         dx, dw = torch.autograd.grad(out, (xr, wr), grad)
         refs = references(lens_cpu, x, w, grad)
         gate = gate_for(args.format)
-        checks = [bu.check_close(r, ref, gate=gate, what=wh) for r, ref, wh in zip((out, dx, dw), refs, ("out", "dgrad", "wgrad"))]
+        checks = [
+            bu.check_close(r, ref, gate=gate, what=wh)
+            for r, ref, wh in zip((out, dx, dw), refs, ("out", "dgrad", "wgrad"))
+        ]
         ok = all(c.passed for c in checks)
         snrs = [c.snr_db for c in checks]
         notes += [c.message for c in checks if not c.passed]
         del refs, out, dx, dw
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  (an error is a failed case, not a crashed benchmark)
         traceback.print_exc()
         ok, snrs = False, [nan] * 3
         notes.append(f"ERROR {type(e).__name__}: {e}")
@@ -206,14 +247,16 @@ def run_case(row: dict, case, granularity: str, args) -> None:
         row["GEMM-only TFLOPS"] = bu.tflops(flops, t_q)
         try:
             sa1, sb1 = sa.reshape(-1).contiguous(), sb.reshape(g, n).contiguous()
-            scaled = lambda: torch._scaled_grouped_mm(qa, qb.transpose(-2, -1), sa1, sb1, offs=offs32, out_dtype=torch.bfloat16)
+            scaled = lambda: torch._scaled_grouped_mm(
+                qa, qb.transpose(-2, -1), sa1, sb1, offs=offs32, out_dtype=torch.bfloat16
+            )
             res = bu.check_close(scaled(), ours_q().float(), gate=bu.FP8_E4M3_GATE, what="scaled_grouped_mm")
             if not res.passed:
                 notes.append("torch._scaled_grouped_mm disagrees: " + res.message)
             t_sc = bu.time_cuda(scaled, iters=args.iters)
             row["Scaled Baseline TFLOPS"] = bu.tflops(flops, t_sc)
             row["Scaled Ratio"] = row["GEMM-only TFLOPS"] / row["Scaled Baseline TFLOPS"]
-        except Exception as e:  # not every torch build has it for sm_90
+        except Exception as e:  # noqa: BLE001  (not every torch build has it for sm_90)
             notes.append(f"torch._scaled_grouped_mm unavailable: {type(e).__name__}: {e}"[:300])
     row["Note"] = " | ".join(notes)
 
@@ -245,9 +288,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"[bench_grouped_gemm_fp8] time budget reached ({granularity}: {i - 1} cases)", flush=True)
                 break
             row = {
-                "TestID": i, "GPU": gpu, "Granularity": granularity, "Format": args.format, "Case": case.name,
-                "EP": case.EP, "G": case.G, "Tokens/Expert": case.tokens_per_expert, "Balanced": case.balanced,
-                "M": case.total_tokens, "N": case.N, "K": case.K,
+                "TestID": i,
+                "GPU": gpu,
+                "Granularity": granularity,
+                "Format": args.format,
+                "Case": case.name,
+                "EP": case.EP,
+                "G": case.G,
+                "Tokens/Expert": case.tokens_per_expert,
+                "Balanced": case.balanced,
+                "M": case.total_tokens,
+                "N": case.N,
+                "K": case.K,
             }
             run_case(row, case, granularity, args)
             rows.append(row)

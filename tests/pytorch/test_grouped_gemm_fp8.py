@@ -236,7 +236,9 @@ def test_prequantized_forward_matches(gran):
     else:
         qa, sa = q(a, e4, gran)
         qb, sb = q(b.reshape(g * n, k), e4, gran)
-    out = turbo.ops.grouped_gemm_fp8((qa, sa), (qb.reshape(g, n, k), sb), lens, out_dtype=torch.bfloat16, config=cfg(gran))
+    out = turbo.ops.grouped_gemm_fp8(
+        (qa, sa), (qb.reshape(g, n, k), sb), lens, out_dtype=torch.bfloat16, config=cfg(gran)
+    )
     ref = turbo.ops.grouped_gemm_fp8(a, b, lens, config=cfg(gran))
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
 

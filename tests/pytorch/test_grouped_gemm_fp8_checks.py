@@ -60,8 +60,11 @@ def test_prequantized_forward_shapes(g):
     else:
         sa, sb = meta(dtype=torch.float32), meta(dtype=torch.float32)
     out = turbo.ops.grouped_gemm_fp8(
-        (meta(m, k, dtype=E4M3), sa), (meta(groups, n, k, dtype=E4M3), sb), lens(groups),
-        out_dtype=torch.bfloat16, config=cfg(g),
+        (meta(m, k, dtype=E4M3), sa),
+        (meta(groups, n, k, dtype=E4M3), sb),
+        lens(groups),
+        out_dtype=torch.bfloat16,
+        config=cfg(g),
     )
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
 
@@ -98,32 +101,83 @@ def test_registered_as_custom_op():
 @pytest.mark.parametrize(
     "args,kwargs,exc,match",
     [
-        ((torch.randn(4, 16).bfloat16(), torch.randn(2, 16, 16).bfloat16(), torch.tensor([2, 2])), {}, ValueError,
-         "argument 'a' is on cpu; expected a CUDA device"),
+        (
+            (torch.randn(4, 16).bfloat16(), torch.randn(2, 16, 16).bfloat16(), torch.tensor([2, 2])),
+            {},
+            ValueError,
+            "argument 'a' is on cpu; expected a CUDA device",
+        ),
         ((meta(4, 32), meta(2, 16, 48), lens(2)), {}, ValueError, "inner dimensions do not match"),
         ((meta(4, 32), meta(2, 16, 32), lens(2)), {"trans_b": False, "config": None}, ValueError, "inner dimensions"),
         ((meta(4, 24), meta(2, 16, 24), lens(2)), {}, ValueError, "K=24 and N=16 must be multiples of 16"),
         ((meta(4, 32), meta(2, 24, 32), lens(2)), {}, ValueError, "N=24"),
-        ((meta(4, 32), meta(2, 16, 32, dtype=torch.float16), lens(2)), {}, TypeError, "argument 'b' has dtype torch.float16"),
-        ((meta(4, 32, dtype=torch.float32), meta(2, 16, 32, dtype=torch.float32), lens(2)), {}, TypeError,
-         "argument 'a' has dtype torch.float32; expected bfloat16 or float16"),
+        (
+            (meta(4, 32), meta(2, 16, 32, dtype=torch.float16), lens(2)),
+            {},
+            TypeError,
+            "argument 'b' has dtype torch.float16",
+        ),
+        (
+            (meta(4, 32, dtype=torch.float32), meta(2, 16, 32, dtype=torch.float32), lens(2)),
+            {},
+            TypeError,
+            "argument 'a' has dtype torch.float32; expected bfloat16 or float16",
+        ),
         ((meta(4, 32), meta(16, 32), lens(2)), {}, ValueError, "argument 'b' must be 3-D"),
         ((meta(4, 32), meta(2, 16, 32), lens(3)), {}, ValueError, "'group_lens' has 3 groups but 'b' has 2"),
         ((meta(4, 32), meta(2, 16, 32), lens(2, torch.int32)), {}, TypeError, "'group_lens' has dtype torch.int32"),
-        ((meta(4, 32), meta(2, 16, 32), lens(2), lens(2)), {}, ValueError, r"'group_offs' has shape \(2,\); expected \[3\]"),
+        (
+            (meta(4, 32), meta(2, 16, 32), lens(2), lens(2)),
+            {},
+            ValueError,
+            r"'group_offs' has shape \(2,\); expected \[3\]",
+        ),
         ((meta(4, 32), meta(2, 16, 32), lens(2)), {"out_dtype": torch.int8}, TypeError, "out_dtype"),
         ((meta(4, 32), meta(2, 16, 32), lens(2)), {"config": "fp8"}, TypeError, "Float8QuantConfig"),
         ((meta(4, 32), meta(2, 16, 32), lens(2)), {"num_cu": 0}, ValueError, "num_cu must be a positive int"),
-        ((meta(4, 32), meta(2, 16, 32), lens(2)),
-         {"config": Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE, block_size=64)}, ValueError, "block_size=128"),
+        (
+            (meta(4, 32), meta(2, 16, 32), lens(2)),
+            {"config": Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE, block_size=64)},
+            ValueError,
+            "block_size=128",
+        ),
         (("x", meta(2, 16, 32), lens(2)), {}, TypeError, "argument 'a' must be a torch.Tensor"),
-        (((meta(4, 32, dtype=E4M3), meta(dtype=torch.float32)), meta(2, 16, 32), lens(2)), {}, TypeError, "both 'a' and 'b'"),
-        (((meta(4, 32, dtype=E4M3), meta(dtype=torch.float32)), (meta(2, 16, 32, dtype=E4M3), meta(dtype=torch.float32)), lens(2)),
-         {}, ValueError, "out_dtype is required"),
-        (((meta(4, 32, dtype=E4M3), meta(dtype=torch.float32)), (meta(2, 16, 32, dtype=E4M3), meta(dtype=torch.float32)), lens(2)),
-         {"trans_b": False, "out_dtype": torch.bfloat16}, ValueError, "trans_b=True"),
-        (((meta(4, 32, dtype=E4M3), meta(4, 3, dtype=torch.float32)), (meta(2, 16, 32, dtype=E4M3), meta(2, 1, 1, dtype=torch.float32)), lens(2)),
-         {"out_dtype": torch.bfloat16, "config": cfg(ScalingGranularity.BLOCKWISE)}, ValueError, "'a' scale_inv has shape"),
+        (
+            ((meta(4, 32, dtype=E4M3), meta(dtype=torch.float32)), meta(2, 16, 32), lens(2)),
+            {},
+            TypeError,
+            "both 'a' and 'b'",
+        ),
+        (
+            (
+                (meta(4, 32, dtype=E4M3), meta(dtype=torch.float32)),
+                (meta(2, 16, 32, dtype=E4M3), meta(dtype=torch.float32)),
+                lens(2),
+            ),
+            {},
+            ValueError,
+            "out_dtype is required",
+        ),
+        (
+            (
+                (meta(4, 32, dtype=E4M3), meta(dtype=torch.float32)),
+                (meta(2, 16, 32, dtype=E4M3), meta(dtype=torch.float32)),
+                lens(2),
+            ),
+            {"trans_b": False, "out_dtype": torch.bfloat16},
+            ValueError,
+            "trans_b=True",
+        ),
+        (
+            (
+                (meta(4, 32, dtype=E4M3), meta(4, 3, dtype=torch.float32)),
+                (meta(2, 16, 32, dtype=E4M3), meta(2, 1, 1, dtype=torch.float32)),
+                lens(2),
+            ),
+            {"out_dtype": torch.bfloat16, "config": cfg(ScalingGranularity.BLOCKWISE)},
+            ValueError,
+            "'a' scale_inv has shape",
+        ),
     ],
 )
 def test_bad_arguments_raise_clear_errors(args, kwargs, exc, match):
@@ -132,8 +186,11 @@ def test_bad_arguments_raise_clear_errors(args, kwargs, exc, match):
 
 
 def test_mx_blockwise_is_not_implemented():
-    c = Float8QuantConfig(granularity=ScalingGranularity.MX_BLOCKWISE, block_size=32,
-                          scale_dtype=__import__("primus_turbo.pytorch.core.low_precision", fromlist=["ScaleDtype"]).ScaleDtype.E8M0)
+    c = Float8QuantConfig(
+        granularity=ScalingGranularity.MX_BLOCKWISE,
+        block_size=32,
+        scale_dtype=__import__("primus_turbo.pytorch.core.low_precision", fromlist=["ScaleDtype"]).ScaleDtype.E8M0,
+    )
     with pytest.raises(NotImplementedError, match="MX_BLOCKWISE"):
         turbo.ops.grouped_gemm_fp8(meta(4, 32), meta(2, 16, 32), lens(2), config=c)
 
@@ -143,7 +200,21 @@ def test_mx_blockwise_is_not_implemented():
 _F32, _BF16, _E4M3, _E5M2, _I64, _I32 = 0, 2, 3, 4, 8, 7
 
 
-def _core_args(m=64, n=48, k=256, g=2, a_dtype=_E4M3, d_dtype=_BF16, rows=1, sa=None, sb=None, lens_dtype=_I64, b=None, d=None, sms=0):
+def _core_args(
+    m=64,
+    n=48,
+    k=256,
+    g=2,
+    a_dtype=_E4M3,
+    d_dtype=_BF16,
+    rows=1,
+    sa=None,
+    sb=None,
+    lens_dtype=_I64,
+    b=None,
+    d=None,
+    sms=0,
+):
     kb = -(-k // 128)
     parts = [
         precompile._tensor((m, k), a_dtype),

@@ -25,7 +25,6 @@ offsets — not 16-byte aligned for TMA, and 1x128 blocks that must not cross ex
 """
 
 import ctypes
-from typing import Optional
 
 import torch
 
@@ -67,7 +66,9 @@ class GroupedGemmFp8Problem(autotune.TunableProblem):
         self._out = to_pt(out)
         pa, psa, pb, psb, pl = (ctypes.pointer(t) for t in self._pts)
         po = ctypes.pointer(self._offs) if self._offs is not None else None
-        self.args = PtGroupedGemmFp8Args(pa, psa, pb, psb, pl, po, ctypes.pointer(self._out), int(b_scale_rows), int(num_sms))
+        self.args = PtGroupedGemmFp8Args(
+            pa, psa, pb, psb, pl, po, ctypes.pointer(self._out), int(b_scale_rows), int(num_sms)
+        )
         self.ref = ctypes.byref(self.args)
         self.stream = current_stream_handle(out.device)
 
@@ -77,7 +78,11 @@ class GroupedGemmFp8Problem(autotune.TunableProblem):
     def query(self, backend: BackendType):
         accepted, n = ctypes.c_int32(), ctypes.c_int32()
         reason = ctypes.create_string_buffer(1024)
-        check(lib.pt_grouped_gemm_fp8_query(self.ref, backend.value, ctypes.byref(accepted), ctypes.byref(n), reason, 1024))
+        check(
+            lib.pt_grouped_gemm_fp8_query(
+                self.ref, backend.value, ctypes.byref(accepted), ctypes.byref(n), reason, 1024
+            )
+        )
         return bool(accepted.value), n.value, reason.value.decode()
 
     def prepare(self, backend: BackendType, config: int) -> None:
@@ -88,7 +93,7 @@ class GroupedGemmFp8Problem(autotune.TunableProblem):
         check(lib.pt_grouped_gemm_fp8_workspace_size(self.ref, backend.value, config, ctypes.byref(size)))
         return size.value
 
-    def run(self, backend: BackendType, config: int, for_tuning: bool = False, ws_bytes: Optional[int] = None) -> None:
+    def run(self, backend: BackendType, config: int, for_tuning: bool = False, ws_bytes: int | None = None) -> None:
         if ws_bytes is None:
             ws_bytes = self.workspace_bytes(backend, config)
         ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=self.out.device)
@@ -110,8 +115,18 @@ def _mm_cuda(a, a_scale, b, b_scale, group_lens, group_offs, b_scale_rows: int, 
     with device_guard(out.device):
         problem = GroupedGemmFp8Problem(a, a_scale, b, b_scale, group_lens, group_offs, out, b_scale_rows, num_sms)
         key = (
-            a.shape, b.shape, a.dtype, b.dtype, out_dtype, b_scale_rows, num_sms, group_offs is None, out.device.index,
-            a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
+            a.shape,
+            b.shape,
+            a.dtype,
+            b.dtype,
+            out_dtype,
+            b_scale_rows,
+            num_sms,
+            group_offs is None,
+            out.device.index,
+            a.data_ptr() % 16 == 0,
+            b.data_ptr() % 16 == 0,
+            out.data_ptr() % 16 == 0,
             settings_token(OpFamily.GROUPED_GEMM),
         )
         plan = _plans.get(key)
@@ -136,7 +151,9 @@ _mm_op = library.define_op(
 )
 
 
-def grouped_fp8_mm(qa, sa, qb, sb, group_lens, group_offs, b_scale_rows: int, out_dtype, num_sms: int = 0) -> torch.Tensor:
+def grouped_fp8_mm(
+    qa, sa, qb, sb, group_lens, group_offs, b_scale_rows: int, out_dtype, num_sms: int = 0
+) -> torch.Tensor:
     """``out[rows of g] = (qa * sa)[rows of g] @ (qb[g] * sb[g])^T`` with the kernel's scale layouts:
     sa ``[M, ceil(K/128)]``, sb ``[G, N, ceil(K/128)]`` (b_scale_rows=1) or
     ``[G, ceil(N/128), ceil(K/128)]`` (128). num_sms: SMs the persistent kernel may use (0: all)."""
@@ -178,8 +195,9 @@ def quantize_weight(w: torch.Tensor, dtype: torch.dtype, g: ScalingGranularity, 
     n_groups, x, y = w.shape
     if g == ScalingGranularity.BLOCKWISE:
         if x % _BLOCK == 0:  # 128x128 blocks of [G*X, Y] never cross experts
-            q, s = quantize_fp8(w.reshape(n_groups * x, y), dtype, g, block_size=_BLOCK,
-                                scaling_recipe=ScalingRecipe(use_2d_block=True))
+            q, s = quantize_fp8(
+                w.reshape(n_groups * x, y), dtype, g, block_size=_BLOCK, scaling_recipe=ScalingRecipe(use_2d_block=True)
+            )
             q, s = q.view(n_groups, x, y), s.view(n_groups, x // _BLOCK, _cdiv(y, _BLOCK))
         else:
             q, s = _quantize_2d_batched(w, dtype)
@@ -214,7 +232,9 @@ def _dtypes(fmt: Format):
 
 class GroupedGemmFp8Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity, num_sms: int):
+    def forward(
+        ctx, a, b, group_lens, group_offs, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity, num_sms: int
+    ):
         fwd_dtype, grad_dtype = _dtypes(fmt)
         qa, sa = quantize_rows(a, fwd_dtype, g)
         # The forward's B is op(b)^T [G, N, K]: b itself with trans_b, else its transpose.
@@ -266,15 +286,21 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, n
     if not isinstance(qa, torch.Tensor) or qa.dtype not in _FP8_DTYPES or qa.dim() != 2:
         raise TypeError("grouped_gemm_fp8: pre-quantized 'a' must be (q, scale_inv) with q a 2-D float8 tensor [M, K]")
     if not isinstance(qb, torch.Tensor) or qb.dtype not in _FP8_DTYPES or qb.dim() != 3:
-        raise TypeError("grouped_gemm_fp8: pre-quantized 'b' must be (q, scale_inv) with q a 3-D float8 tensor [G, N, K]")
+        raise TypeError(
+            "grouped_gemm_fp8: pre-quantized 'b' must be (q, scale_inv) with q a 3-D float8 tensor [G, N, K]"
+        )
     if not trans_b:
-        raise ValueError("grouped_gemm_fp8: a pre-quantized 'b' must be stored [G, N, K] (trans_b=True), quantized along K")
+        raise ValueError(
+            "grouped_gemm_fp8: a pre-quantized 'b' must be stored [G, N, K] (trans_b=True), quantized along K"
+        )
     if out_dtype is None:
         raise ValueError("grouped_gemm_fp8: out_dtype is required when the operands are pre-quantized")
     m, k = qa.shape
     n_groups, n, kb_ = qb.shape
     if kb_ != k:
-        raise ValueError(f"grouped_gemm_fp8: inner dimensions do not match: a is {tuple(qa.shape)}, b is {tuple(qb.shape)}")
+        raise ValueError(
+            f"grouped_gemm_fp8: inner dimensions do not match: a is {tuple(qa.shape)}, b is {tuple(qb.shape)}"
+        )
     _check_groups(group_lens, group_offs, n_groups)
     kb = _cdiv(k, _BLOCK)
     for name, s in (("a", sa), ("b", sb)):
@@ -287,9 +313,13 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, n
     else:
         want_a, want_b, rows = (), (), 1
     if sa.numel() != (1 if not want_a else int(torch.Size(want_a).numel())) or (want_a and tuple(sa.shape) != want_a):
-        raise ValueError(f"grouped_gemm_fp8: pre-quantized 'a' scale_inv has shape {tuple(sa.shape)}; expected {list(want_a)}")
+        raise ValueError(
+            f"grouped_gemm_fp8: pre-quantized 'a' scale_inv has shape {tuple(sa.shape)}; expected {list(want_a)}"
+        )
     if sb.numel() != (1 if not want_b else int(torch.Size(want_b).numel())) or (want_b and tuple(sb.shape) != want_b):
-        raise ValueError(f"grouped_gemm_fp8: pre-quantized 'b' scale_inv has shape {tuple(sb.shape)}; expected {list(want_b)}")
+        raise ValueError(
+            f"grouped_gemm_fp8: pre-quantized 'b' scale_inv has shape {tuple(sb.shape)}; expected {list(want_b)}"
+        )
     check_cuda_tensors("grouped_gemm_fp8", a=qa, b=qb, group_lens=group_lens)
     if g != ScalingGranularity.BLOCKWISE:
         sa = sa.float().reshape(-1, 1).expand(m, kb)
@@ -304,11 +334,11 @@ def grouped_gemm_fp8(
     a: Operand,
     b: Operand,
     group_lens: torch.Tensor,
-    group_offs: Optional[torch.Tensor] = None,
+    group_offs: torch.Tensor | None = None,
     trans_b: bool = True,
-    out_dtype: Optional[torch.dtype] = None,
-    config: Optional[Float8QuantConfig] = None,
-    num_cu: Optional[int] = None,
+    out_dtype: torch.dtype | None = None,
+    config: Float8QuantConfig | None = None,
+    num_cu: int | None = None,
 ) -> torch.Tensor:
     """Per-group ``a[rows of g] @ op(b[g])`` in FP8: the expert layers of a mixture of experts.
 
@@ -353,7 +383,9 @@ def grouped_gemm_fp8(
         raise TypeError(f"grouped_gemm_fp8: argument 'b' has dtype {b.dtype}; expected the dtype of 'a' ({a.dtype})")
     out_dtype = a.dtype if out_dtype is None else out_dtype
     if out_dtype not in _OUT_DTYPES:
-        raise TypeError(f"grouped_gemm_fp8: out_dtype {out_dtype} is not supported; expected bfloat16, float16 or float32")
+        raise TypeError(
+            f"grouped_gemm_fp8: out_dtype {out_dtype} is not supported; expected bfloat16, float16 or float32"
+        )
     _check_groups(group_lens, group_offs, b.shape[0])
     k = a.shape[1]
     kb, n = (b.shape[2], b.shape[1]) if trans_b else (b.shape[1], b.shape[2])
@@ -367,7 +399,15 @@ def grouped_gemm_fp8(
             f"grouped_gemm_fp8: K={k} and N={n} must be multiples of 16 (FP8 operands are read in 16-byte rows, "
             "and the dgrad reads rows of length N)"
         )
-    check_cuda_tensors("grouped_gemm_fp8", a=a, b=b, group_lens=group_lens, **({} if group_offs is None else {"group_offs": group_offs}))
+    check_cuda_tensors(
+        "grouped_gemm_fp8",
+        a=a,
+        b=b,
+        group_lens=group_lens,
+        **({} if group_offs is None else {"group_offs": group_offs}),
+    )
     if a.shape[0] == 0 or n == 0 or k == 0:  # nothing to quantize: the bf16 op's exact empty / zero result
         return grouped_gemm(a, b, group_lens, group_offs, trans_b=trans_b).to(out_dtype)
-    return GroupedGemmFp8Function.apply(a, b, group_lens, group_offs, bool(trans_b), out_dtype, config.format, g, num_sms)
+    return GroupedGemmFp8Function.apply(
+        a, b, group_lens, group_offs, bool(trans_b), out_dtype, config.format, g, num_sms
+    )
