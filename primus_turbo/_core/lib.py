@@ -66,6 +66,8 @@ class PtGroupedGemmFp8Args(ctypes.Structure):
         ("d", ctypes.POINTER(PtTensor)),
         ("b_scale_rows", ctypes.c_int32),
         ("num_sms", ctypes.c_int32),
+        ("wgrad", ctypes.c_int32),
+        ("tokens", ctypes.c_int64),
     ]
 
 
@@ -126,6 +128,7 @@ _PROTOTYPES = {
     "pt_grouped_gemm_fp8_problem_key": (_i32, [_P(PtGroupedGemmFp8Args), _cp, _sz]),
     "pt_grouped_gemm_fp8_prepare": (_i32, [_i32, _i32, _i32, _i32, _i32]),
     "pt_grouped_gemm_fp8_num_configs": (_i32, [_i32]),
+    "pt_grouped_gemm_fp8_wgrad_prepare": (_i32, [_i32, _i32, _i32, _i32]),
     "pt_gemm_fp8": (_i32, [_T, _T, _i32, _T, _T, _i32, _T, _f32, _i32, _i32, _vp, _sz, _vp]),
     "pt_gemm_fp8_query": (_i32, [_T, _T, _i32, _T, _T, _i32, _T, _f32, _i32, _P(_i32), _P(_i32), _cp, _sz]),
     "pt_gemm_fp8_prepare": (_i32, [_i32, _i32, _i32, _i32, _i32, _i32]),

@@ -3,6 +3,7 @@ before any launch (in the binding and in the core), fake/meta shapes for every g
 format, and an aot_eager fullgraph trace."""
 
 import ctypes
+import sys
 
 import pytest
 import torch
@@ -277,3 +278,68 @@ def test_problem_key_and_configs():
         check(lib.pt_grouped_gemm_fp8_prepare(_E4M3, _E4M3, _BF16, 2, 0))
     with pytest.raises(ValueError, match="dtypes"):
         check(lib.pt_grouped_gemm_fp8_prepare(_BF16, _E4M3, _BF16, 1, 0))
+
+
+@pytest.mark.parametrize("g", GRANS)
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_fp8_wgrad_shapes_on_meta(monkeypatch, g, trans_b):
+    mod = sys.modules["primus_turbo.pytorch.ops.grouped_gemm_fp8"]  # the package attribute is the function
+
+    monkeypatch.setattr(mod, "FP8_WGRAD", True)
+    groups, m, k, n = 3, 40, 272, 144
+    a = meta(m, k, grad=True)
+    b = meta(*((groups, n, k) if trans_b else (groups, k, n)), grad=True)
+    out = turbo.ops.grouped_gemm_fp8(a, b, lens(groups), trans_b=trans_b, config=cfg(g, Format.HYBRID))
+    out.sum().backward()
+    assert b.grad.shape == b.shape and b.grad.dtype == b.dtype
+
+
+def test_pad_tokens_packs_groups_at_multiples_of_128():
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import pad_tokens, padded_width
+
+    group_lens = torch.tensor([3, 0, 130, 1, 0])
+    x = torch.arange(1, 135, dtype=torch.float32).reshape(134, 1)
+    width = padded_width(134, 5)
+    assert width % 128 == 0 and width >= 128 + 256 + 128
+    xp = pad_tokens(x, group_lens, None, width)
+    assert xp.shape == (width, 1)
+    expected = torch.zeros(width)
+    expected[0:3] = x[0:3, 0]  # group 0 at column 0
+    expected[128:258] = x[3:133, 0]  # group 2 at 128 (group 1 empty takes no room)
+    expected[384] = x[133, 0]  # group 3 at 128 + 256
+    assert torch.equal(xp[:, 0], expected)
+    # Explicit offsets with a gap: rows no group covers are dropped.
+    offs = torch.tensor([0, 4, 4, 134, 134, 134])
+    xp = pad_tokens(x, group_lens, offs, width)
+    assert torch.equal(xp[0:3, 0], x[0:3, 0]) and xp[3].item() == 0
+    assert torch.equal(xp[128:258, 0], x[4:134, 0])
+    # Lengths overrunning the tokens are clamped like the kernels clamp them.
+    xp = pad_tokens(x, torch.tensor([100, 100]), None, padded_width(134, 2))
+    assert torch.equal(xp[0:100, 0], x[0:100, 0]) and torch.equal(xp[128:162, 0], x[100:134, 0])
+    assert torch.count_nonzero(xp[162:]) == 0
+
+
+def test_core_wgrad_descriptors():
+    def args(ld=512, sa=(4, 64), b=(48, 512), d=(2, 64, 48), rows=1, tokens=300):
+        parts = [
+            precompile._tensor((64, ld), _E4M3),
+            precompile._tensor(sa, _F32),
+            precompile._tensor(b, _E5M2),
+            precompile._tensor((ld // 128, 48), _F32),
+            precompile._tensor((2,), _I64),
+            None,
+            precompile._tensor(d, _BF16),
+        ]
+        a = PtGroupedGemmFp8Args(*[ctypes.pointer(t) if t is not None else None for t in parts], rows, 0, 1, tokens)
+        a._keep = parts
+        return a
+
+    assert _key(args()) == "fp8-wgrad|M64xN48xT300xLD512xG2|float8_e4m3fnxfloat8_e5m2->bfloat16|sfb1|align16"
+    with pytest.raises(ValueError, match="multiple of 128"):
+        _key(args(ld=500, sa=(3, 64), b=(48, 500)))
+    with pytest.raises(ValueError, match=r"argument 'out' has shape \[2, 48, 64\]; expected \[2, 64, 48\]"):
+        _key(args(d=(2, 48, 64)))
+    with pytest.raises(ValueError, match="b_scale_rows must be 1"):
+        _key(args(rows=128))
+    with pytest.raises(ValueError, match=r"argument 'a_scale' has shape"):
+        _key(args(sa=(64, 4)))

@@ -32,6 +32,15 @@ typedef struct pt_grouped_gemm_fp8_args {
   const pt_tensor* d;
   int32_t b_scale_rows;  // 1 or 128
   int32_t num_sms;       // SMs the persistent kernel may use; 0: all
+  // wgrad = 1: the groups split the reduction (the variable-K weight gradient). Group g's
+  // clamped token count len_g is padded to plen_g = round_up(len_g, 128), the padded groups packed
+  // from column 0 in group order (pstart_g = sum of earlier plen), and
+  //   d[g] [m, n] = (a[:, pstart_g : +plen_g] * a_scale) @ (b[:, pstart_g : +plen_g] * b_scale)^T
+  // with a [m, ld], b [n, ld] FP8 (ld a multiple of 128, padding columns zero), a_scale
+  // [ld/128, m], b_scale [ld/128, n] (1x128 blocks along the tokens), d [G, m, n]; tokens is the
+  // token count the lengths are clamped to. b_scale_rows must be 1. An empty group gets zeros.
+  int32_t wgrad;
+  int64_t tokens;
 } pt_grouped_gemm_fp8_args;
 
 // backend: PT_BACKEND_CUTLASS. config: index into its candidates, or -1 for its default.
@@ -58,6 +67,9 @@ PT_API pt_status pt_grouped_gemm_fp8_problem_key(const pt_grouped_gemm_fp8_args*
 // GPU. Thread-safe.
 PT_API pt_status pt_grouped_gemm_fp8_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,
                                              int32_t b_scale_rows, int32_t config);
+// The same for the wgrad (reduction split) kernel of one dtype point.
+PT_API pt_status pt_grouped_gemm_fp8_wgrad_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,
+                                                   int32_t config);
 // Size of the CUTLASS config list, or -1 for a backend without an FP8 grouped GEMM.
 PT_API int32_t pt_grouped_gemm_fp8_num_configs(int32_t backend);
 

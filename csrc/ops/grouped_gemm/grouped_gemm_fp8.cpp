@@ -39,7 +39,9 @@ const std::vector<Config>& candidates() {
 }
 
 struct Problem {
+  bool wgrad = false;
   int64_t groups = 0, rows = 0, n = 0, k = 0;
+  int64_t m = 0, ld = 0;  // wgrad: d [G, m, n], operands [m | n, ld]
   int32_t a_dtype = 0, b_dtype = 0, d_dtype = 0;
   int32_t b_scale_rows = 1;
   int32_t num_sms = 0;  // 0: all
@@ -107,9 +109,10 @@ Problem make_problem(const pt_grouped_gemm_fp8_args* args) {
                  dtype_name(args->group_offs->dtype), "; expected int64");
     check_shape(args->group_offs, "group_offs", {p.groups + 1});
   }
+  p.wgrad = args->wgrad != 0;
   check_tensor(args->a, "a", 2);
-  check_tensor(args->b, "b", 3);
-  check_tensor(args->d, "out", 2);
+  check_tensor(args->b, "b", p.wgrad ? 2 : 3);
+  check_tensor(args->d, "out", p.wgrad ? 3 : 2);
   p.a_dtype = args->a->dtype;
   p.b_dtype = args->b->dtype;
   p.d_dtype = args->d->dtype;
@@ -119,6 +122,37 @@ Problem make_problem(const pt_grouped_gemm_fp8_args* args) {
                "; expected float8_e4m3 or float8_e5m2");
   PT_CHECK_ARG(is_out(p.d_dtype), "grouped_gemm_fp8: argument 'out' has dtype ", dtype_name(p.d_dtype),
                "; expected bfloat16, float16 or float32");
+  if (p.wgrad) {
+    p.m = args->a->shape[0];
+    p.ld = args->a->shape[1];
+    p.n = args->b->shape[0];
+    p.rows = args->tokens;
+    PT_CHECK_ARG(p.rows >= 0, "grouped_gemm_fp8: tokens must be >= 0, got ", p.rows);
+    PT_CHECK_ARG(p.ld % 128 == 0, "grouped_gemm_fp8 wgrad: the padded token dimension of 'a' (", p.ld,
+                 ") must be a multiple of 128");
+    check_shape(args->b, "b", {p.n, p.ld});
+    check_shape(args->d, "out", {p.groups, p.m, p.n});
+    PT_CHECK_ARG(args->b_scale_rows == 1, "grouped_gemm_fp8 wgrad: b_scale_rows must be 1, got ",
+                 args->b_scale_rows);
+    p.b_scale_rows = 1;
+    p.num_sms = args->num_sms;
+    PT_CHECK_ARG(p.num_sms >= 0, "grouped_gemm_fp8: num_sms must be >= 0 (0: all SMs), got ", p.num_sms);
+    check_tensor(args->a_scale, "a_scale", 2);
+    check_tensor(args->b_scale, "b_scale", 2);
+    PT_CHECK_ARG(args->a_scale->dtype == PT_FLOAT32 && args->b_scale->dtype == PT_FLOAT32,
+                 "grouped_gemm_fp8: scales must be float32");
+    check_shape(args->a_scale, "a_scale", {p.ld / 128, p.m});
+    check_shape(args->b_scale, "b_scale", {p.ld / 128, p.n});
+    p.group_lens = static_cast<const int64_t*>(args->group_lens->data);
+    p.group_offs = args->group_offs ? static_cast<const int64_t*>(args->group_offs->data) : nullptr;
+    p.a = args->a->data;
+    p.sfa = static_cast<const float*>(args->a_scale->data);
+    p.b = args->b->data;
+    p.sfb = static_cast<const float*>(args->b_scale->data);
+    p.d = args->d->data;
+    p.aligned16 = aligned16(p.a) && aligned16(p.b) && aligned16(p.d);
+    return p;
+  }
   p.rows = args->a->shape[0];
   p.k = args->a->shape[1];
   PT_CHECK_ARG(args->b->shape[0] == p.groups, "grouped_gemm_fp8: argument 'b' has ", args->b->shape[0],
@@ -150,7 +184,9 @@ Problem make_problem(const pt_grouped_gemm_fp8_args* args) {
   return p;
 }
 
-bool is_trivial(const Problem& p) { return p.rows == 0 || p.n == 0 || p.k == 0; }
+bool is_trivial(const Problem& p) {
+  return p.wgrad ? (p.rows == 0 || p.m == 0 || p.n == 0) : (p.rows == 0 || p.n == 0 || p.k == 0);
+}
 
 std::string rejection(const Problem& p) {
   const DeviceInfo& dev = device_info(current_device());
@@ -160,6 +196,15 @@ std::string rejection(const Problem& p) {
   }
   if (!p.aligned16) return "the CUTLASS FP8 grouped GEMM needs 16-byte aligned data pointers (TMA)";
   const int64_t d_vec = 16 / (dtype_bits(p.d_dtype) / 8);
+  if (p.wgrad) {
+    if (p.n % d_vec) {
+      return str_cat("the CUTLASS FP8 grouped wgrad needs N a multiple of ", d_vec, ", got N=", p.n);
+    }
+    if (p.m > INT32_MAX || p.n > INT32_MAX || p.ld > INT32_MAX) {
+      return "the CUTLASS FP8 grouped GEMM takes sizes below 2^31";
+    }
+    return "";
+  }
   // Every group's operands start a whole row into their tensors: rows must be 16-byte multiples.
   if (p.k % 16 || p.n % d_vec) {
     return str_cat("the CUTLASS FP8 grouped GEMM needs K a multiple of 16 and N a multiple of ",
@@ -185,7 +230,8 @@ const char* cutlass_type(int32_t dt) {
 struct KernelKey {
   int32_t a_dtype, b_dtype, d_dtype, b_scale_rows;
   int config;
-  auto tie() const { return std::tie(a_dtype, b_dtype, d_dtype, b_scale_rows, config); }
+  bool wgrad = false;
+  auto tie() const { return std::tie(a_dtype, b_dtype, d_dtype, b_scale_rows, config, wgrad); }
   bool operator<(const KernelKey& o) const { return tie() < o.tie(); }
 };
 
@@ -200,14 +246,14 @@ jit::ModuleRequest module_request(const KernelKey& k) {
   jit::ModuleRequest r;
   r.name = str_cat("grouped_gemm_fp8_cutlass_", dtype_short_name(k.a_dtype), "x",
                    dtype_short_name(k.b_dtype), "_", dtype_short_name(k.d_dtype), "_sfb",
-                   k.b_scale_rows, "_", c.name());
+                   k.b_scale_rows, k.wgrad ? "_wgrad_" : "_", c.name());
   r.needs_cutlass = true;
   r.source = str_cat(
       "#include \"primus_turbo/kernels/grouped_gemm/cutlass_grouped_gemm_fp8_sm90.cuh\"\n"
       "using Kernel = primus_turbo::kernels::grouped_fp8::CutlassGroupedGemmFp8Sm90<\n    ",
       cutlass_type(k.a_dtype), ", ", cutlass_type(k.b_dtype), ", ", cutlass_type(k.d_dtype),
       ",\n    ", k.b_scale_rows, ", ", c.tile_m, ", ", c.tile_n, ", ", c.cluster_m, ", ",
-      c.cluster_n, ">;\nPT_JIT_EXPORT_GROUPED_GEMM_FP8(Kernel)\n");
+      c.cluster_n, k.wgrad ? ", true" : "", ">;\nPT_JIT_EXPORT_GROUPED_GEMM_FP8(Kernel)\n");
   return r;
 }
 
@@ -222,6 +268,7 @@ Loaded load(const KernelKey& key) {
                "grouped_gemm_fp8: dtypes must be FP8 x FP8 -> bfloat16/float16/float32");
   PT_CHECK_ARG(key.b_scale_rows == 1 || key.b_scale_rows == 128,
                "grouped_gemm_fp8: b_scale_rows must be 1 or 128, got ", key.b_scale_rows);
+  PT_CHECK_ARG(!key.wgrad || key.b_scale_rows == 1, "grouped_gemm_fp8 wgrad: b_scale_rows must be 1");
   static std::mutex mutex;
   static std::map<KernelKey, Loaded> loaded;
   {
@@ -238,12 +285,13 @@ Loaded load(const KernelKey& key) {
 }
 
 KernelKey kernel_key(const Problem& p, int config) {
-  return {p.a_dtype, p.b_dtype, p.d_dtype, p.b_scale_rows, config};
+  return {p.a_dtype, p.b_dtype, p.d_dtype, p.b_scale_rows, config, p.wgrad};
 }
 
 int default_config(const Problem& p, int sm_count) {
   // Group sizes are unknown on the host: estimate the 256x128 tiles from the packed extent.
-  const int64_t big_tiles = (ceil_div(p.rows, 256) + p.groups / 2) * ceil_div(p.n, 128);
+  const int64_t big_tiles = p.wgrad ? p.groups * ceil_div(p.m, 256) * ceil_div(p.n, 128)
+                                    : (ceil_div(p.rows, 256) + p.groups / 2) * ceil_div(p.n, 128);
   return big_tiles >= 2 * sm_count ? 1 : 0;
 }
 
@@ -254,6 +302,9 @@ int resolve_config(const Problem& p, int32_t config) {
 
 PtGroupedGemmFp8Params make_params(const Problem& p, int device) {
   PtGroupedGemmFp8Params params{};
+  params.wgrad = p.wgrad ? 1 : 0;
+  params.m = p.m;
+  params.ld = p.ld;
   params.num_groups = p.groups;
   params.rows = p.rows;
   params.n = p.n;
@@ -288,8 +339,9 @@ pt_status pt_grouped_gemm_fp8(const pt_grouped_gemm_fp8_args* args, int32_t back
     check_backend(backend);
     auto s = static_cast<cudaStream_t>(stream);
     if (is_trivial(p)) {
-      // K == 0: the product is zero; no rows or columns: nothing to write.
-      const int64_t bytes = p.rows * p.n * (dtype_bits(p.d_dtype) / 8);
+      // K == 0 (forward) or no tokens (wgrad): the product is zero; no rows or columns: nothing.
+      const int64_t elems = p.wgrad ? p.groups * p.m * p.n : p.rows * p.n;
+      const int64_t bytes = elems * (dtype_bits(p.d_dtype) / 8);
       if (bytes > 0) PT_CHECK_CUDA(cudaMemsetAsync(p.d, 0, bytes, s));
       return;
     }
@@ -305,8 +357,9 @@ pt_status pt_grouped_gemm_fp8(const pt_grouped_gemm_fp8_args* args, int32_t back
     params.stream = stream;
     char err[1024] = {0};
     if (k.run(&params, err, sizeof(err)) != 0) {
-      PT_THROW(PT_ERROR_CUDA, "CUTLASS FP8 grouped GEMM ", candidates()[c].name(), " (G=", p.groups,
-               ", M=", p.rows, ", N=", p.n, ", K=", p.k, ") failed: ", err);
+      PT_THROW(PT_ERROR_CUDA, "CUTLASS FP8 grouped GEMM ", candidates()[c].name(), p.wgrad ? " wgrad" : "",
+               " (G=", p.groups, ", M=", p.wgrad ? p.m : p.rows, ", N=", p.n, ", K=", p.wgrad ? p.ld : p.k,
+               ") failed: ", err);
     }
   });
 }
@@ -359,7 +412,9 @@ pt_status pt_grouped_gemm_fp8_problem_key(const pt_grouped_gemm_fp8_args* args, 
                                           size_t key_len) {
   return api_guard([&] {
     const Problem p = make_problem(args);
-    copy_out(str_cat("fp8|M", p.rows, "xN", p.n, "xK", p.k, "xG", p.groups, "|",
+    copy_out(str_cat(p.wgrad ? str_cat("fp8-wgrad|M", p.m, "xN", p.n, "xT", p.rows, "xLD", p.ld)
+                             : str_cat("fp8|M", p.rows, "xN", p.n, "xK", p.k),
+                     "xG", p.groups, "|",
                      dtype_name(p.a_dtype), "x", dtype_name(p.b_dtype), "->", dtype_name(p.d_dtype),
                      "|sfb", p.b_scale_rows, "|align", p.aligned16 ? 16 : 0,
                      p.group_offs ? "|offs" : "", p.num_sms > 0 ? str_cat("|sms", p.num_sms) : ""),
@@ -370,6 +425,11 @@ pt_status pt_grouped_gemm_fp8_problem_key(const pt_grouped_gemm_fp8_args* args, 
 pt_status pt_grouped_gemm_fp8_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,
                                       int32_t b_scale_rows, int32_t config) {
   return api_guard([&] { load({a_dtype, b_dtype, d_dtype, b_scale_rows, config < 0 ? 0 : config}); });
+}
+
+pt_status pt_grouped_gemm_fp8_wgrad_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,
+                                            int32_t config) {
+  return api_guard([&] { load({a_dtype, b_dtype, d_dtype, 1, config < 0 ? 0 : config, true}); });
 }
 
 int32_t pt_grouped_gemm_fp8_num_configs(int32_t backend) {

@@ -18,13 +18,19 @@ the groups. ``b``: TENSORWISE one scale for the whole ``[G, ...]`` tensor; ROWWI
 each expert's K-major operand; BLOCKWISE 128x128 blocks per expert, which the transposed copy used
 by dgrad reuses (transposed). HYBRID quantizes the output gradient to E5M2.
 
-wgrad runs on the bf16 grouped GEMM (turbo.ops.grouped_gemm's variable-K kernel) from the saved
-bf16/fp16 input and the output gradient: an FP8 wgrad needs both operands quantized along the token
-dimension and K-major, i.e. transposed copies whose per-expert slices start at arbitrary token
-offsets — not 16-byte aligned for TMA, and 1x128 blocks that must not cross expert boundaries.
+wgrad, by default, runs on the bf16 grouped GEMM (turbo.ops.grouped_gemm's variable-K kernel) from
+the saved bf16/fp16 input and the output gradient: an FP8 wgrad needs both operands quantized along
+the token dimension and K-major, i.e. transposed copies whose per-expert slices start at arbitrary
+token offsets — not 16-byte aligned for TMA, and 1x128 blocks that must not cross expert
+boundaries. With ``PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD=1`` (or ``FP8_WGRAD = True`` here) an FP8
+wgrad is used instead (experimental, not yet validated on a GPU): each expert's tokens are copied
+into a zero-padded packing where every expert starts at a multiple of 128 columns (offsets computed
+on the device), quantized transposed along the tokens, and the grouped FP8 kernel runs with the
+groups splitting its reduction.
 """
 
 import ctypes
+import os
 
 import torch
 
@@ -36,7 +42,7 @@ from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, S
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 from primus_turbo.pytorch.ops.grouped_gemm import _check_groups, _grouped_gemm_wgrad_op, grouped_gemm
-from primus_turbo.pytorch.ops.quantization import quantize_fp8
+from primus_turbo.pytorch.ops.quantization import quantize_fp8, quantize_fp8_with_trans
 
 __all__ = ["grouped_gemm_fp8"]
 
@@ -44,6 +50,9 @@ _IN_DTYPES = (torch.bfloat16, torch.float16)
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _BLOCK = 128
+
+# The weight gradient in FP8 (experimental, see the module docstring) instead of bf16.
+FP8_WGRAD = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD", "0") == "1"
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -59,7 +68,9 @@ class GroupedGemmFp8Problem(autotune.TunableProblem):
     default_backend = BackendType.CUTLASS
     backends = (BackendType.CUTLASS,)
 
-    def __init__(self, a, sa, b, sb, group_lens, group_offs, out, b_scale_rows: int, num_sms: int = 0):
+    def __init__(
+        self, a, sa, b, sb, group_lens, group_offs, out, b_scale_rows: int, num_sms: int = 0, tokens: int = -1
+    ):
         self.out = out
         self._pts = [to_pt(t) for t in (a, sa, b, sb, group_lens)]
         self._offs = to_pt(group_offs) if group_offs is not None else None
@@ -67,7 +78,17 @@ class GroupedGemmFp8Problem(autotune.TunableProblem):
         pa, psa, pb, psb, pl = (ctypes.pointer(t) for t in self._pts)
         po = ctypes.pointer(self._offs) if self._offs is not None else None
         self.args = PtGroupedGemmFp8Args(
-            pa, psa, pb, psb, pl, po, ctypes.pointer(self._out), int(b_scale_rows), int(num_sms)
+            pa,
+            psa,
+            pb,
+            psb,
+            pl,
+            po,
+            ctypes.pointer(self._out),
+            int(b_scale_rows),
+            int(num_sms),
+            int(tokens >= 0),
+            max(int(tokens), 0),
         )
         self.ref = ctypes.byref(self.args)
         self.stream = current_stream_handle(out.device)
@@ -149,6 +170,100 @@ _mm_op = library.define_op(
     _mm_cuda,
     _mm_fake,
 )
+
+
+def _wgrad_mm_cuda(a, a_scale, b, b_scale, group_lens, group_offs, tokens: int, out_dtype: torch.dtype, num_sms: int):
+    out = torch.empty((group_lens.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
+    if out.numel() == 0:
+        return out
+    a, a_scale, b, b_scale = a.contiguous(), a_scale.contiguous(), b.contiguous(), b_scale.contiguous()
+    group_lens = group_lens.contiguous()
+    group_offs = group_offs.contiguous() if group_offs is not None else None
+    with device_guard(out.device):
+        problem = GroupedGemmFp8Problem(a, a_scale, b, b_scale, group_lens, group_offs, out, 1, num_sms, tokens)
+        key = (
+            "wgrad",
+            a.shape,
+            b.shape,
+            a.dtype,
+            b.dtype,
+            out_dtype,
+            tokens,
+            num_sms,
+            group_lens.shape[0],
+            group_offs is None,
+            out.device.index,
+            settings_token(OpFamily.GROUPED_GEMM),
+        )
+        plan = _plans.get(key)
+        if plan is None:
+            backend, config = autotune.select(problem, out.device)
+            plan = (backend, config, problem.workspace_bytes(backend, config))
+            if not torch.cuda.is_current_stream_capturing():
+                _plans[key] = plan
+        problem.run(plan[0], plan[1], ws_bytes=plan[2])
+    return out
+
+
+def _wgrad_mm_fake(a, a_scale, b, b_scale, group_lens, group_offs, tokens, out_dtype, num_sms):
+    return a.new_empty((group_lens.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+_wgrad_mm_op = library.define_op(
+    "grouped_gemm_fp8_wgrad_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens, "
+    "Tensor? group_offs, int tokens, ScalarType out_dtype, int num_sms) -> Tensor",
+    _wgrad_mm_cuda,
+    _wgrad_mm_fake,
+)
+
+
+def padded_width(tokens: int, groups: int) -> int:
+    """Columns of the per-expert 128-padded token packing: enough for any group sizes."""
+    return _cdiv(tokens + groups * (_BLOCK - 1), _BLOCK) * _BLOCK
+
+
+def pad_tokens(x: torch.Tensor, group_lens, group_offs, width: int) -> torch.Tensor:
+    """x [T, C] -> [width, C]: every group's (clamped) rows moved to start at a multiple of 128, in
+    group order, zeros elsewhere; the same packing the wgrad kernel's setup computes on the device.
+    No host sync. With group_offs, starts must be non-decreasing."""
+    t = x.shape[0]
+    lens_in = group_lens.clamp_min(0)
+    starts = group_offs[:-1] if group_offs is not None else torch.cumsum(lens_in, 0) - lens_in
+    starts = starts.clamp(0, t)
+    lens = torch.minimum(lens_in, t - starts)
+    plen = (lens + _BLOCK - 1) // _BLOCK * _BLOCK
+    pstart = torch.cumsum(plen, 0) - plen
+    rows = torch.arange(t, device=x.device)
+    gid = (torch.searchsorted(starts, rows, right=True) - 1).clamp_min(0)
+    inside = (rows >= starts[gid]) & (rows < starts[gid] + lens[gid])
+    dest = torch.where(inside, pstart[gid] + rows - starts[gid], width)  # row `width`: discarded
+    out = x.new_zeros((width + 1, x.shape[1]))
+    out.index_copy_(0, dest, x)
+    return out[:width]
+
+
+def quantize_tokens_transposed(x, group_lens, group_offs, width: int, dtype, g: ScalingGranularity):
+    """x [T, C] -> (q [C, width] quantized along the padded tokens, scale [width/128, C]): the wgrad
+    kernel's K-major operand and its MN-major 1x128 scales."""
+    xp = pad_tokens(x, group_lens, group_offs, width)
+    block = _BLOCK if g == ScalingGranularity.BLOCKWISE else None
+    _, _, q_col, s_col = quantize_fp8_with_trans(xp, dtype, g, block_size=block)
+    c, kb = x.shape[1], width // _BLOCK
+    if g == ScalingGranularity.BLOCKWISE:
+        return q_col, s_col.reshape(c, kb).t().contiguous()
+    return q_col, s_col.float().reshape(1, -1).expand(kb, c).contiguous()
+
+
+def grouped_fp8_wgrad(a, grad_out, group_lens, group_offs, trans_b: bool, a_dtype, grad_dtype, g, out_dtype, num_sms=0):
+    """FP8 variable-K weight gradient: ``[G, N, K]`` (trans_b) or ``[G, K, N]`` per group
+    ``grad_g^T a_g`` / ``a_g^T grad_g``."""
+    tokens, groups = a.shape[0], group_lens.shape[0]
+    width = padded_width(tokens, groups)
+    qa, sa = quantize_tokens_transposed(a, group_lens, group_offs, width, a_dtype, g)  # [K, width]
+    qg, sg = quantize_tokens_transposed(grad_out, group_lens, group_offs, width, grad_dtype, g)  # [N, width]
+    if trans_b:
+        return _wgrad_mm_op(qg, sg, qa, sa, group_lens, group_offs, tokens, out_dtype, num_sms)
+    return _wgrad_mm_op(qa, sa, qg, sg, group_lens, group_offs, tokens, out_dtype, num_sms)
 
 
 def grouped_fp8_mm(
@@ -242,6 +357,7 @@ class GroupedGemmFp8Function(torch.autograd.Function):
         out = grouped_fp8_mm(qa, sa, qb, sb, group_lens, group_offs, rows, out_dtype, num_sms)
         ctx.save_for_backward(a, b, group_lens, group_offs)
         ctx.num_sms = num_sms
+        ctx.fp8_wgrad = FP8_WGRAD
         ctx.trans_b, ctx.g, ctx.fwd_dtype, ctx.grad_dtype = trans_b, g, fwd_dtype, grad_dtype
         return out
 
@@ -254,7 +370,20 @@ class GroupedGemmFp8Function(torch.autograd.Function):
             # dgrad's B is op(b) [G, K, N]: b's transpose with trans_b, else b itself.
             qb, sb, rows = quantize_weight(b, ctx.fwd_dtype, ctx.g, transpose=ctx.trans_b)
             grad_a = grouped_fp8_mm(qg, sg, qb, sb, group_lens, group_offs, rows, a.dtype, ctx.num_sms)
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and ctx.fp8_wgrad:
+            grad_b = grouped_fp8_wgrad(
+                a,
+                grad_out.contiguous(),
+                group_lens,
+                group_offs,
+                ctx.trans_b,
+                ctx.fwd_dtype,
+                ctx.grad_dtype,
+                ctx.g,
+                b.dtype,
+                ctx.num_sms,
+            )
+        elif ctx.needs_input_grad[1]:
             # Variable-K wgrad on the bf16/fp16 grouped GEMM (module docstring says why).
             grad_b = _grouped_gemm_wgrad_op(a, grad_out.to(a.dtype).contiguous(), group_lens, group_offs, ctx.trans_b)
             grad_b = grad_b.to(b.dtype)

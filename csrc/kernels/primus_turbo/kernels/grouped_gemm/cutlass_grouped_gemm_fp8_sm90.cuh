@@ -124,9 +124,72 @@ __global__ void __launch_bounds__(kSetupThreads)
   }
 }
 
+// Wgrad: the groups split the reduction over padded token columns (see grouped_gemm_fp8_abi.h).
+// Clamping is the forward's; then a second scan packs the 128-padded lengths.
+template <class Arrays, class ElementA, class ElementB, class ElementD>
+__global__ void __launch_bounds__(kSetupThreads)
+    setup_fp8_wgrad_groups(Arrays out, const int64_t* __restrict__ group_lens,
+                           const int64_t* __restrict__ group_offs, int64_t num_groups,
+                           int64_t rows, int m, int n, int64_t ld, const ElementA* a,
+                           const float* sfa, const ElementB* b, const float* sfb, ElementD* d) {
+  using Scan = cub::BlockScan<int64_t, kSetupThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  int64_t carry = 0, padded_carry = 0;
+  for (int64_t base = 0; base < num_groups; base += kSetupThreads) {
+    const int64_t g = base + threadIdx.x;
+    const int64_t raw = g < num_groups ? group_lens[g] : 0;
+    const int64_t len_in = raw > 0 ? raw : 0;
+    int64_t prefix, total;
+    Scan(scan_storage).ExclusiveSum(len_in, prefix, total);
+    __syncthreads();
+    int64_t len = 0;
+    if (g < num_groups) {
+      int64_t start = group_offs ? group_offs[g] : carry + prefix;
+      start = start < 0 ? 0 : (start > rows ? rows : start);
+      len = len_in < rows - start ? len_in : rows - start;
+    }
+    const int64_t plen = (len + kBlockK - 1) / kBlockK * kBlockK;
+    int64_t pprefix, ptotal;
+    Scan(scan_storage).ExclusiveSum(plen, pprefix, ptotal);
+    __syncthreads();
+    if (g < num_groups) {
+      int64_t pstart = padded_carry + pprefix;
+      // Never past the packed width the host allocated (only if sizes overran it).
+      const int64_t fit = pstart + plen <= ld ? plen : (ld - pstart > 0 ? (ld - pstart) / kBlockK * kBlockK : 0);
+      pstart = pstart < ld ? pstart : ld;
+      out.shapes[g] = {fit > 0 ? m : 0, n, static_cast<int>(fit)};
+      out.ptr_a[g] = a + pstart;
+      out.ptr_b[g] = b + pstart;
+      out.ptr_d[g] = d + g * int64_t(m) * n;
+      out.ptr_sfa[g] = sfa + pstart / kBlockK * m;
+      out.ptr_sfb[g] = sfb + pstart / kBlockK * n;
+      out.stride_a[g] = row_stride<cute::remove_cvref_t<decltype(out.stride_a[g])>>(ld);
+      out.stride_b[g] = row_stride<cute::remove_cvref_t<decltype(out.stride_b[g])>>(ld);
+      out.stride_d[g] = row_stride<cute::remove_cvref_t<decltype(out.stride_d[g])>>(n);
+    }
+    carry += total;
+    padded_carry += ptotal;
+  }
+}
+
+// d[g] = 0 for every group whose reduction is empty, in 16-byte stores. Grid (chunks, groups).
+template <class Shape>
+__global__ void zero_empty_fp8_groups(const Shape* __restrict__ shapes, uint4* d, int64_t group_vecs) {
+  const int64_t g = blockIdx.y;
+  if (cute::get<2>(shapes[g]) != 0) return;
+  uint4* dst = d + g * group_vecs;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < group_vecs;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    dst[i] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// kWgrad: the reduction split above, both operands' scales 1x128 along the tokens (MN-major, so a
+// group's slice of them is a valid layout whatever its length); kScaleRowsB must be 1.
 template <class ElementA_, class ElementB_, class ElementD_, int kScaleRowsB, int kTileM,
-          int kTileN, int kClusterM, int kClusterN>
+          int kTileN, int kClusterM, int kClusterN, bool kWgrad = false>
 struct CutlassGroupedGemmFp8Sm90 {
+  static_assert(!kWgrad || kScaleRowsB == 1, "wgrad takes 1x128 scales on both operands");
   using ElementA = ElementA_;
   using ElementB = ElementB_;
   using ElementD = ElementD_;
@@ -143,10 +206,12 @@ struct CutlassGroupedGemmFp8Sm90 {
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
   using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::Int<kClusterN>, cute::_1>;
 
-  // K-major scales on both sides (see the file comment for why A's must be).
+  // Forward/dgrad: K-major scales on both sides (see the file comment for why A's must be).
+  // Wgrad: MN-major, [ld/128, rows]: the per-group stride along K blocks is then the fixed row
+  // count, and a group's scales start at (pstart / 128) * rows.
+  static constexpr auto kScaleMajor = kWgrad ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
   using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleRowsB, kBlockK,
-                                                                 cute::GMMA::Major::K,
-                                                                 cute::GMMA::Major::K>;
+                                                                 kScaleMajor, kScaleMajor>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
@@ -214,11 +279,30 @@ struct CutlassGroupedGemmFp8Sm90 {
     }
     auto stream = static_cast<cudaStream_t>(p->stream);
     Arrays arr = Arrays::carve(p->workspace, p->num_groups);
-    const int64_t b_scale_rows = (p->n + kScaleRowsB - 1) / kScaleRowsB;
-    setup_fp8_groups<<<1, kSetupThreads, 0, stream>>>(
-        arr, p->group_lens, p->group_offs, p->num_groups, p->rows, int(p->n), int(p->k),
-        b_scale_rows, static_cast<const ElementA*>(p->a), p->sfa,
-        static_cast<const ElementB*>(p->b), p->sfb, static_cast<ElementD*>(p->d));
+    if constexpr (kWgrad) {
+      if (!p->wgrad) {
+        std::snprintf(err, err_len, "this module is the wgrad (reduction split) kernel");
+        return 1;
+      }
+      setup_fp8_wgrad_groups<<<1, kSetupThreads, 0, stream>>>(
+          arr, p->group_lens, p->group_offs, p->num_groups, p->rows, int(p->m), int(p->n), p->ld,
+          static_cast<const ElementA*>(p->a), p->sfa, static_cast<const ElementB*>(p->b), p->sfb,
+          static_cast<ElementD*>(p->d));
+      const int64_t vecs = p->m * p->n * int64_t(sizeof(ElementD)) / 16;
+      const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(128, (vecs + 255) / 256));
+      zero_empty_fp8_groups<<<dim3(unsigned(chunks), unsigned(p->num_groups)), 256, 0, stream>>>(
+          arr.shapes, static_cast<uint4*>(p->d), vecs);
+    } else {
+      if (p->wgrad) {
+        std::snprintf(err, err_len, "this module is the forward (row split) kernel");
+        return 1;
+      }
+      const int64_t b_scale_rows = (p->n + kScaleRowsB - 1) / kScaleRowsB;
+      setup_fp8_groups<<<1, kSetupThreads, 0, stream>>>(
+          arr, p->group_lens, p->group_offs, p->num_groups, p->rows, int(p->n), int(p->k),
+          b_scale_rows, static_cast<const ElementA*>(p->a), p->sfa,
+          static_cast<const ElementB*>(p->b), p->sfb, static_cast<ElementD*>(p->d));
+    }
     cudaError_t setup = cudaGetLastError();
     if (setup != cudaSuccess) {
       std::snprintf(err, err_len, "group setup launch failed: %s", cudaGetErrorString(setup));

@@ -17,10 +17,21 @@ extern "C" {
 //   d    [rows, n] bf16/fp16/fp32 row-major.
 // Group starts and lengths are read from group_lens / group_offs and clamped into [0, rows) on
 // the device, as for the bf16 grouped GEMM.
+//
+// wgrad (variable K): the groups split the reduction. Group g's clamped length len_g is padded to
+// plen_g = round_up(len_g, 128) and the padded groups are packed from column 0 in group order
+// (pstart_g = sum of the earlier plen). Then
+//   d[g] [m, n] = (a[:, pstart_g : +plen_g] * sfa) @ (b[:, pstart_g : +plen_g] * sfb)^T
+//   a    [m, ld] FP8 row-major (the tokens are its K), sfa [ld/128, m] fp32 (1x128 blocks along
+//        the tokens, MN-major); b [n, ld], sfb [ld/128, n]; d [G, m, n]. The padding columns must
+//        hold zeros. A group with no tokens gets an exact zero d[g].
 typedef struct PtGroupedGemmFp8Params {
+  int32_t wgrad;
   int64_t num_groups;
-  int64_t rows;
-  int64_t n, k;
+  int64_t rows;               // the packed token count the host knows
+  int64_t m;                  // wgrad only
+  int64_t ld;                 // wgrad only: row length of a and b (a multiple of 128)
+  int64_t n, k;               // k: forward only
   const int64_t* group_lens;  // [num_groups], device
   const int64_t* group_offs;  // [num_groups + 1] or NULL (exclusive prefix sum of group_lens)
   const void* a;
