@@ -127,12 +127,17 @@ def num_grouped_fp8_configs() -> int:
 
 
 def grouped_fp8_name(a: str, b: str, out_dtype: str, b_scale_rows: int, config: int) -> str:
-    return f"grouped_gemm_fp8 {a}x{b}->{out_dtype} b-scales {b_scale_rows}-row config {config}"
+    what = "wgrad" if b_scale_rows == 0 else f"b-scales {b_scale_rows}-row"
+    return f"grouped_gemm_fp8 {a}x{b}->{out_dtype} {what} config {config}"
 
 
 def compile_grouped_fp8_one(a: str, b: str, out_dtype: str, b_scale_rows: int, config: int) -> float:
+    """b_scale_rows 0: the wgrad (reduction split) kernel of the experimental FP8 wgrad."""
     start = time.time()
-    check(lib.pt_grouped_gemm_fp8_prepare(_FP8_CODES[a], _FP8_CODES[b], _DTYPES[out_dtype], b_scale_rows, config))
+    if b_scale_rows == 0:
+        check(lib.pt_grouped_gemm_fp8_wgrad_prepare(_FP8_CODES[a], _FP8_CODES[b], _DTYPES[out_dtype], config))
+    else:
+        check(lib.pt_grouped_gemm_fp8_prepare(_FP8_CODES[a], _FP8_CODES[b], _DTYPES[out_dtype], b_scale_rows, config))
     return time.time() - start
 
 
@@ -175,6 +180,8 @@ def main(argv=None) -> int:
     p.add_argument("--op", nargs="+", default=["gemm"], choices=["gemm", "grouped_gemm", "grouped_gemm_fp8"])
     p.add_argument("--fp8-format", nargs="+", default=["hybrid"], choices=sorted(FP8_GROUPED_PAIRS),
                    help="grouped_gemm_fp8: the formats to build the forward and dgrad kernels of")
+    p.add_argument("--fp8-wgrad", action="store_true",
+                   help="grouped_gemm_fp8: also the experimental FP8 wgrad kernels")
     p.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
     p.add_argument("--out-dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp32"],
                    help="output dtypes (default: same as the input; add fp32 for main_grad accumulation)")
@@ -203,6 +210,9 @@ def main(argv=None) -> int:
         for out in args.out_dtype or args.dtype:
             for a, b in pairs:
                 jobs.extend(("grouped_gemm_fp8", a, b, out, rows, c) for rows in (1, 128) for c in configs)
+            if args.fp8_wgrad:  # (grad, input) for trans_b=True and (input, grad) otherwise
+                wpairs = sorted({p for (a, b) in pairs for p in ((a, b), (b, a))})
+                jobs.extend(("grouped_gemm_fp8", a, b, out, 0, c) for (a, b) in wpairs for c in configs)
     print(f"compiling {len(jobs)} kernel modules with {args.jobs} workers", flush=True)
     errors = compile_all(jobs, args.jobs)
     for e in errors:

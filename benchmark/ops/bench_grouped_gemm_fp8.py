@@ -94,6 +94,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--granularity", nargs="+", choices=GRANULARITIES, default=list(GRANULARITIES))
     p.add_argument("--format", choices=("e4m3", "e5m2", "hybrid"), default="hybrid")
+    p.add_argument("--fp8-wgrad", action="store_true", help="the experimental FP8 wgrad (default: bf16 wgrad)")
     p.add_argument("--models", nargs="+", default=None)
     p.add_argument("--ep", nargs="+", type=int, default=None)
     p.add_argument("--tokens", nargs="+", type=int, default=None, help="average tokens per expert")
@@ -137,7 +138,7 @@ def gate_for(fmt: str):
     return bu.FP8_E4M3_GATE if fmt == "e4m3" else bu.FP8_E5M2_OR_HYBRID_GATE
 
 
-def warm_modules(granularities, fmt: str) -> None:
+def warm_modules(granularities, fmt: str, fp8_wgrad: bool) -> None:
     """Builds every kernel point the runs can pick (both configs), in parallel."""
     from primus_turbo._core.lib import check, lib
 
@@ -148,10 +149,14 @@ def warm_modules(granularities, fmt: str) -> None:
     jobs = {(a, fwd, bf16, rows[g], c) for g in granularities for a in (fwd, grad) for c in (0, 1)}
     if "rowwise" in granularities:
         jobs |= {(e4, e4, bf16, 1, c) for c in (0, 1)}
+    wjobs = {(grad, fwd, bf16, c) for c in (0, 1)} if fp8_wgrad else set()
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=8) as pool:
-        for status in pool.map(lambda j: lib.pt_grouped_gemm_fp8_prepare(*j), sorted(jobs)):
-            check(status)
+        futures = [pool.submit(lib.pt_grouped_gemm_fp8_prepare, *j) for j in sorted(jobs)]
+        futures += [pool.submit(lib.pt_grouped_gemm_fp8_wgrad_prepare, *j) for j in sorted(wjobs)]
+        for f in futures:
+            check(f.result())
+    jobs |= wjobs
     print(f"[bench_grouped_gemm_fp8] {len(jobs)} kernel modules ready in {time.monotonic() - t0:.0f} s", flush=True)
 
 
@@ -275,12 +280,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir = bu.results_dir_for(args.output_dir, gpu)
     tag = args.tag if args.tag is not None else ("" if args.default_set else ("quick" if args.quick else "subset"))
     print(f"[bench_grouped_gemm_fp8] {len(cases)} cases x {args.granularity} ({args.format}) on {gpu_name}", flush=True)
-    warm_modules(args.granularity, args.format)
+    warm_modules(args.granularity, args.format, args.fp8_wgrad)
+    if args.fp8_wgrad:
+        sys.modules["primus_turbo.pytorch.ops.grouped_gemm_fp8"].FP8_WGRAD = True
 
     all_ok = True
     start = time.monotonic()
     for granularity in args.granularity:
-        stem = f"grouped_gemm_fp8_{granularity}{'_' + tag if tag else ''}"
+        stem = f"grouped_gemm_fp8_{granularity}{'_fp8wgrad' if args.fp8_wgrad else ''}{'_' + tag if tag else ''}"
         csv_path = out_dir / f"{stem}.csv"
         rows = []
         for i, case in enumerate(cases, 1):
@@ -330,6 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             gpu=gpu_name,
             dtype=f"fp8-{args.format}",
             granularity=granularity,
+            wgrad="fp8" if args.fp8_wgrad else "bf16",
             case_set="quick" if args.quick else ("default" if args.default_set else "subset"),
             cases_planned=len(cases),
             forward_ratio_geomean=bu.geomean(r["Forward Ratio"] for r, p in zip(rows, passed) if p),

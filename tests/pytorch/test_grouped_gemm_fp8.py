@@ -8,6 +8,7 @@ empty experts, G = 1 .. 256), both weight layouts, partial 128-blocks, CUDA grap
 group sizes changed in place, torch.compile(fullgraph=True), pre-quantized operands.
 """
 
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -36,9 +37,12 @@ def warm_modules():
     e4, e5, bf16, f16, f32 = 3, 4, 2, 1, 0
     jobs = [(x, y, d, rows, 0) for (x, y) in ((e4, e4), (e5, e5), (e5, e4)) for rows in (1, 128) for d in (bf16,)]
     jobs += [(e4, e4, f16, 1, 0), (e4, e4, f32, 128, 0)]
+    wjobs = [(e5, e4, bf16, 0), (e4, e5, bf16, 0), (e4, e4, bf16, 0), (e5, e5, bf16, 0)]
     with ThreadPoolExecutor(max_workers=8) as pool:
-        for status in pool.map(lambda j: lib.pt_grouped_gemm_fp8_prepare(*j), jobs):
-            check(status)
+        futures = [pool.submit(lib.pt_grouped_gemm_fp8_prepare, *j) for j in jobs]
+        futures += [pool.submit(lib.pt_grouped_gemm_fp8_wgrad_prepare, *j) for j in wjobs]
+        for f in futures:
+            check(f.result())
 
 
 def _lens(dist: str, g: int, m_per: int, seed: int = 0) -> torch.Tensor:
@@ -307,3 +311,67 @@ def test_num_cu_limits_the_grid_not_the_result():
     ref = turbo.ops.grouped_gemm_fp8(a, b, lens, config=c)
     # Every tile is computed the same way whichever SM runs it.
     torch.testing.assert_close(turbo.ops.grouped_gemm_fp8(a, b, lens, config=c, num_cu=8), ref, rtol=0, atol=0)
+
+
+# ---- the experimental FP8 wgrad (PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD=1) -------------------------
+
+
+@pytest.fixture
+def fp8_wgrad(monkeypatch):
+    monkeypatch.setattr(sys.modules["primus_turbo.pytorch.ops.grouped_gemm_fp8"], "FP8_WGRAD", True)
+
+
+@pytest.mark.parametrize("gran", [TW, RW, BW])
+@pytest.mark.parametrize("fmt", [Format.E4M3, Format.E5M2, Format.HYBRID])
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_fp8_wgrad(fp8_wgrad, gran, fmt, trans_b):
+    _run_and_check(_lens("random", 5, 90, seed=17), 384, 256, 5, gran, fmt, trans_b)
+
+
+@pytest.mark.parametrize(
+    "dist,g,m_per,k,n",
+    [
+        ("balanced", 1, 300, 256, 128),
+        ("skewed", 16, 64, 256, 384),
+        ("zeros", 6, 50, 272, 144),
+        ("random", 64, 9, 128, 128),
+    ],
+)
+@pytest.mark.parametrize("gran", [TW, BW])
+def test_fp8_wgrad_group_distributions(fp8_wgrad, dist, g, m_per, k, n, gran):
+    _run_and_check(_lens(dist, g, m_per, seed=g + 1), k, n, g, gran, Format.HYBRID, trans_b=True)
+
+
+def test_fp8_wgrad_with_group_offs_and_cuda_graph(fp8_wgrad):
+    g, k, n = 4, 256, 256
+    lens = torch.tensor([64, 32, 96, 64], device="cuda")
+    a, b = _inputs(lens, k, n, g, torch.bfloat16, True)
+    offs = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"), torch.cumsum(lens, 0)])
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    c = cfg(BW, Format.HYBRID)
+    grad_out = torch.randn(a.shape[0], n, device="cuda", dtype=torch.bfloat16)
+    turbo.ops.grouped_gemm_fp8(a, b, lens, offs, config=c).backward(grad_out)
+    with_offs = b.grad.clone()
+    a.grad = b.grad = None
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            a.grad = b.grad = None
+            turbo.ops.grouped_gemm_fp8(a, b, lens, config=c).backward(grad_out)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.testing.assert_close(b.grad, with_offs, rtol=0, atol=0)
+    graph = torch.cuda.CUDAGraph()
+    a.grad = b.grad = None
+    with torch.cuda.graph(graph):
+        turbo.ops.grouped_gemm_fp8(a, b, lens, config=c).backward(grad_out)
+    for new in ([64, 32, 96, 64], [0, 128, 0, 128], [256, 0, 0, 0], [1, 2, 3, 250]):
+        lens.copy_(torch.tensor(new, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _, _, ref_db = _e2e_references(a.detach(), b.detach(), lens, grad_out, True)
+        assert snr_db(b.grad, ref_db) >= 20.0, f"FP8 wgrad after replay with {new}"
+        for e, length in enumerate(new):
+            if length == 0:
+                assert torch.count_nonzero(b.grad[e]) == 0

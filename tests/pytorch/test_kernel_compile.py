@@ -274,3 +274,18 @@ def test_cutlass_grouped_gemm_fp8_compiles_for_sm90a_with_fp8_wgmma():
     for module in modules:
         sass = subprocess.run([tool, "--dump-sass", module], capture_output=True, text=True).stdout
         assert "QGMMA" in sass, module
+
+
+def test_cutlass_grouped_gemm_fp8_wgrad_compiles_for_sm90a_with_fp8_wgmma():
+    """The reduction-split (variable-K) FP8 grouped kernel: HYBRID wgrad point, E5M2 x E4M3."""
+    from primus_turbo._core.lib import check, lib, string_out
+
+    check(lib.pt_grouped_gemm_fp8_wgrad_prepare(_E5M2, _E4M3, _BF16, 0))
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not available")
+    cache = string_out(lib.pt_jit_cache_dir)
+    modules = glob.glob(os.path.join(cache, "**", "grouped_gemm_fp8_cutlass_*_wgrad_*", "module.so"), recursive=True)
+    assert modules, f"no compiled FP8 grouped wgrad module in {cache}"
+    sass = subprocess.run([tool, "--dump-sass", modules[0]], capture_output=True, text=True).stdout
+    assert "QGMMA" in sass
