@@ -238,7 +238,7 @@ def pad_tokens(x: torch.Tensor, group_lens, group_offs, width: int) -> torch.Ten
     inside = (rows >= starts[gid]) & (rows < starts[gid] + lens[gid])
     dest = torch.where(inside, pstart[gid] + rows - starts[gid], width)  # row `width`: discarded
     out = x.new_zeros((width + 1, x.shape[1]))
-    out.index_copy_(0, dest, x)
+    out.index_put_((dest,), x)  # (index_copy_ refuses deterministic mode on CUDA)
     return out[:width]
 
 
