@@ -4,6 +4,7 @@ torch._scaled_grouped_mm, on the MoE shape table (config.gen_grouped_gemm_test_c
 
     python benchmark/ops/bench_grouped_gemm_fp8.py --quick                    # < 2 min after compiles
     python benchmark/ops/bench_grouped_gemm_fp8.py --granularity blockwise --models DeepSeek-V3 --ep 8
+    python benchmark/ops/bench_grouped_gemm_fp8.py --quick --fp8-wgrad        # the experimental FP8 wgrad
 
 Per case (x [T, K], w [G, N, K] used as x_g @ w_g^T, like GroupedLinear; grad [T, N]) and per
 granularity (TENSORWISE, ROWWISE, BLOCKWISE; --format, default HYBRID):
