@@ -11,6 +11,12 @@ each operand: AkBk is a Linear forward (x @ w^T), AkBn its dgrad, AmBn its wgrad
 
 Grouped GEMM layouts: AkBn is the forward with b [G, K, N] (and the dgrad of trans_b=True), AkBk
 the forward with trans_b=True (and the dgrad of trans_b=False), AmBn every wgrad.
+
+    python -m primus_turbo.precompile --op grouped_gemm_fp8 --fp8-format hybrid   # FP8 MoE modules
+
+FP8 grouped GEMM modules depend on the two FP8 dtypes, the output dtype, the weight's scale
+granularity (1-row: TENSORWISE/ROWWISE, 128-row: BLOCKWISE) and the config; its wgrad uses the
+bf16 grouped GEMM's AmBn modules.
 """
 
 import argparse
@@ -111,9 +117,35 @@ def compile_one(dtype: str, out_dtype: str, layout: str, config: int) -> float:
     return time.time() - start
 
 
+# FP8 grouped GEMM: (operand A, operand B) dtype codes per format's forward and dgrad GEMMs.
+_FP8_CODES = {"e4m3": 3, "e5m2": 4}
+FP8_GROUPED_PAIRS = {"e4m3": [("e4m3", "e4m3")], "e5m2": [("e5m2", "e5m2")], "hybrid": [("e4m3", "e4m3"), ("e5m2", "e4m3")]}
+
+
+def num_grouped_fp8_configs() -> int:
+    return lib.pt_grouped_gemm_fp8_num_configs(BACKEND_CUTLASS)
+
+
+def grouped_fp8_name(a: str, b: str, out_dtype: str, b_scale_rows: int, config: int) -> str:
+    what = "wgrad" if b_scale_rows == 0 else f"b-scales {b_scale_rows}-row"
+    return f"grouped_gemm_fp8 {a}x{b}->{out_dtype} {what} config {config}"
+
+
+def compile_grouped_fp8_one(a: str, b: str, out_dtype: str, b_scale_rows: int, config: int) -> float:
+    """b_scale_rows 0: the wgrad (reduction split) kernel of the experimental FP8 wgrad."""
+    start = time.time()
+    if b_scale_rows == 0:
+        check(lib.pt_grouped_gemm_fp8_wgrad_prepare(_FP8_CODES[a], _FP8_CODES[b], _DTYPES[out_dtype], config))
+    else:
+        check(lib.pt_grouped_gemm_fp8_prepare(_FP8_CODES[a], _FP8_CODES[b], _DTYPES[out_dtype], b_scale_rows, config))
+    return time.time() - start
+
+
 def _job_fns(job: Tuple):
     """GEMM jobs are (dtype, out_dtype, layout, config); grouped ones ("grouped_gemm", dtype,
-    layout, config)."""
+    layout, config); FP8 grouped ones ("grouped_gemm_fp8", a, b, out_dtype, b_scale_rows, config)."""
+    if job[0] == "grouped_gemm_fp8":
+        return compile_grouped_fp8_one, grouped_fp8_name, job[1:]
     if job[0] == "grouped_gemm":
         return compile_grouped_one, grouped_config_name, job[1:]
     return compile_one, config_name, job
@@ -145,7 +177,11 @@ def compile_all(jobs: Sequence[Tuple], workers: int, quiet: bool = False) -> Lis
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--op", nargs="+", default=["gemm"], choices=["gemm", "grouped_gemm"])
+    p.add_argument("--op", nargs="+", default=["gemm"], choices=["gemm", "grouped_gemm", "grouped_gemm_fp8"])
+    p.add_argument("--fp8-format", nargs="+", default=["hybrid"], choices=sorted(FP8_GROUPED_PAIRS),
+                   help="grouped_gemm_fp8: the formats to build the forward and dgrad kernels of")
+    p.add_argument("--fp8-wgrad", action="store_true",
+                   help="grouped_gemm_fp8: also the experimental FP8 wgrad kernels")
     p.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
     p.add_argument("--out-dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp32"],
                    help="output dtypes (default: same as the input; add fp32 for main_grad accumulation)")
@@ -168,6 +204,15 @@ def main(argv=None) -> int:
         for dt in args.dtype:
             for layout in [x for x in args.layouts or GROUPED_LAYOUTS if x in GROUPED_LAYOUTS]:
                 jobs.extend(("grouped_gemm", dt, layout, c) for c in configs)
+    if "grouped_gemm_fp8" in args.op:
+        configs = args.configs if args.configs is not None else list(range(num_grouped_fp8_configs()))
+        pairs = sorted({pair for fmt in args.fp8_format for pair in FP8_GROUPED_PAIRS[fmt]})
+        for out in args.out_dtype or args.dtype:
+            for a, b in pairs:
+                jobs.extend(("grouped_gemm_fp8", a, b, out, rows, c) for rows in (1, 128) for c in configs)
+            if args.fp8_wgrad:  # (grad, input) for trans_b=True and (input, grad) otherwise
+                wpairs = sorted({p for (a, b) in pairs for p in ((a, b), (b, a))})
+                jobs.extend(("grouped_gemm_fp8", a, b, out, 0, c) for (a, b) in wpairs for c in configs)
     print(f"compiling {len(jobs)} kernel modules with {args.jobs} workers", flush=True)
     errors = compile_all(jobs, args.jobs)
     for e in errors:

@@ -53,6 +53,24 @@ class PtGroupedGemmArgs(ctypes.Structure):
     ]
 
 
+class PtGroupedGemmFp8Args(ctypes.Structure):
+    """pt_grouped_gemm_fp8_args (csrc/include/primus_turbo/grouped_gemm_fp8.h)."""
+
+    _fields_ = [
+        ("a", ctypes.POINTER(PtTensor)),
+        ("a_scale", ctypes.POINTER(PtTensor)),
+        ("b", ctypes.POINTER(PtTensor)),
+        ("b_scale", ctypes.POINTER(PtTensor)),
+        ("group_lens", ctypes.POINTER(PtTensor)),
+        ("group_offs", ctypes.POINTER(PtTensor)),
+        ("d", ctypes.POINTER(PtTensor)),
+        ("b_scale_rows", ctypes.c_int32),
+        ("num_sms", ctypes.c_int32),
+        ("wgrad", ctypes.c_int32),
+        ("tokens", ctypes.c_int64),
+    ]
+
+
 def _library_path() -> Path:
     override = os.environ.get("PRIMUS_TURBO_LIBRARY")
     if override:
@@ -102,6 +120,15 @@ _PROTOTYPES = {
     "pt_grouped_gemm_config_name": (_i32, [_P(PtGroupedGemmArgs), _i32, _i32, _cp, _sz]),
     "pt_grouped_gemm_problem_key": (_i32, [_P(PtGroupedGemmArgs), _cp, _sz]),
     "pt_grouped_gemm_num_configs": (_i32, [_i32]),
+    # grouped_gemm_fp8.h
+    "pt_grouped_gemm_fp8": (_i32, [_P(PtGroupedGemmFp8Args), _i32, _i32, _vp, _sz, _vp]),
+    "pt_grouped_gemm_fp8_query": (_i32, [_P(PtGroupedGemmFp8Args), _i32, _P(_i32), _P(_i32), _cp, _sz]),
+    "pt_grouped_gemm_fp8_workspace_size": (_i32, [_P(PtGroupedGemmFp8Args), _i32, _i32, _P(_sz)]),
+    "pt_grouped_gemm_fp8_config_name": (_i32, [_P(PtGroupedGemmFp8Args), _i32, _i32, _cp, _sz]),
+    "pt_grouped_gemm_fp8_problem_key": (_i32, [_P(PtGroupedGemmFp8Args), _cp, _sz]),
+    "pt_grouped_gemm_fp8_prepare": (_i32, [_i32, _i32, _i32, _i32, _i32]),
+    "pt_grouped_gemm_fp8_num_configs": (_i32, [_i32]),
+    "pt_grouped_gemm_fp8_wgrad_prepare": (_i32, [_i32, _i32, _i32, _i32]),
     "pt_gemm_fp8": (_i32, [_T, _T, _i32, _T, _T, _i32, _T, _f32, _i32, _i32, _vp, _sz, _vp]),
     "pt_gemm_fp8_query": (_i32, [_T, _T, _i32, _T, _T, _i32, _T, _f32, _i32, _P(_i32), _P(_i32), _cp, _sz]),
     "pt_gemm_fp8_prepare": (_i32, [_i32, _i32, _i32, _i32, _i32, _i32]),

@@ -305,3 +305,44 @@ def test_fp8_fusion_modules_compile_for_sm90a():
         assert glob.glob(os.path.join(cache, "jit", f"{name}-*", "module.so")) or glob.glob(
             os.path.join(cache, f"{name}-*", "module.so")
         ), f"no compiled module {name} in {cache}"
+# FP8 grouped GEMM (CUTLASS ptr-array, block-scaled): the forward point of BLOCKWISE (1x128 x
+# 128x128, 128x128 tile) and the HYBRID dgrad point of TENSORWISE/ROWWISE (E5M2 x E4M3, 1x128 x
+# 1x128, 256x128 tile). Codes: pt_dtype; the fourth field is b_scale_rows.
+def _grouped_fp8_jobs():
+    return [(_E4M3, _E4M3, _BF16, 128, 0), (_E5M2, _E4M3, _BF16, 1, 1)]
+
+
+def test_cutlass_grouped_gemm_fp8_compiles_for_sm90a_with_fp8_wgmma():
+    from primus_turbo._core.lib import check, lib, string_out
+
+    errors = []
+    for job in _grouped_fp8_jobs():
+        try:
+            check(lib.pt_grouped_gemm_fp8_prepare(*job))
+        except Exception as e:  # report every failure
+            errors.append(f"grouped_gemm_fp8 {job}: {e}")
+    assert not errors, "\n".join(errors)
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not available")
+    cache = string_out(lib.pt_jit_cache_dir)
+    modules = glob.glob(os.path.join(cache, "**", "grouped_gemm_fp8_cutlass_*", "module.so"), recursive=True)
+    assert len(modules) >= 2, f"no compiled FP8 grouped module in {cache}"
+    for module in modules:
+        sass = subprocess.run([tool, "--dump-sass", module], capture_output=True, text=True).stdout
+        assert "QGMMA" in sass, module
+
+
+def test_cutlass_grouped_gemm_fp8_wgrad_compiles_for_sm90a_with_fp8_wgmma():
+    """The reduction-split (variable-K) FP8 grouped kernel: HYBRID wgrad point, E5M2 x E4M3."""
+    from primus_turbo._core.lib import check, lib, string_out
+
+    check(lib.pt_grouped_gemm_fp8_wgrad_prepare(_E5M2, _E4M3, _BF16, 0))
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not available")
+    cache = string_out(lib.pt_jit_cache_dir)
+    modules = glob.glob(os.path.join(cache, "**", "grouped_gemm_fp8_cutlass_*_wgrad_*", "module.so"), recursive=True)
+    assert modules, f"no compiled FP8 grouped wgrad module in {cache}"
+    sass = subprocess.run([tool, "--dump-sass", modules[0]], capture_output=True, text=True).stdout
+    assert "QGMMA" in sass

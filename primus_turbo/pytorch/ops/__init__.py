@@ -17,6 +17,7 @@ from primus_turbo.pytorch.ops.moe_routing import (  # noqa: F401
     indices_to_multihot,
     tokens_per_expert_to_mask,
 )
+from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8  # noqa: F401
 from primus_turbo.pytorch.ops.quantization import (  # noqa: F401
     dequantize_fp4,
     dequantize_fp8,
@@ -55,4 +56,5 @@ __all__ = [
     "rmsnorm_residual_fp8",
     "swiglu_fp8",
     "geglu_fp8",
+    "grouped_gemm_fp8",
 ]

@@ -1,0 +1,542 @@
+"""turbo.ops.grouped_gemm_fp8: mixture-of-experts grouped GEMM in FP8, forward and backward, with the
+group sizes kept on the device (no host sync; CUDA-graph capturable with sizes changing per replay).
+
+FP8 tensor cores read both operands K-major, so the one kernel is
+``out[rows of g] = (A * sA)[rows of g] @ (B[g] * sB[g])^T`` over A ``[M, K]`` and B ``[G, N, K]``
+(``kernels/grouped_gemm/cutlass_grouped_gemm_fp8_sm90.cuh``), whose scales are always
+per-128-deep-K-block: A's one per row and K block, B's per row or per 128x128 block. Tensorwise
+and rowwise scales are restated in that form (the value repeated over the K blocks it covers).
+With ``op(b)`` ``[K, N]`` per expert::
+
+    forward  out  = a    [M,K]          x op(b)^T [G,N,K]   (b itself with trans_b, else b^T)
+    dgrad    da   = grad [M,N] along N  x op(b)   [G,K,N]   (b^T with trans_b, else b itself)
+    wgrad    db   = per-group a^T grad (bf16 grouped GEMM; see below)
+
+Quantization: ``a`` and the output gradient per token along the reduction dimension
+(TENSORWISE: one scale for the tensor; ROWWISE: per token; BLOCKWISE: 1x128), all independent of
+the groups. ``b``: TENSORWISE one scale for the whole ``[G, ...]`` tensor; ROWWISE one per row of
+each expert's K-major operand; BLOCKWISE 128x128 blocks per expert, which the transposed copy used
+by dgrad reuses (transposed). HYBRID quantizes the output gradient to E5M2.
+
+wgrad, by default, runs on the bf16 grouped GEMM (turbo.ops.grouped_gemm's variable-K kernel) from
+the saved bf16/fp16 input and the output gradient: an FP8 wgrad needs both operands quantized along
+the token dimension and K-major, i.e. transposed copies whose per-expert slices start at arbitrary
+token offsets — not 16-byte aligned for TMA, and 1x128 blocks that must not cross expert
+boundaries. With ``PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD=1`` (or ``FP8_WGRAD = True`` here) an FP8
+wgrad is used instead (experimental, not yet validated on a GPU): each expert's tokens are copied
+into a zero-padded packing where every expert starts at a multiple of 128 columns (offsets computed
+on the device), quantized transposed along the tokens, and the grouped FP8 kernel runs with the
+groups splitting its reduction.
+"""
+
+import ctypes
+import os
+
+import torch
+
+from primus_turbo._core import check, lib
+from primus_turbo._core.lib import PtGroupedGemmFp8Args, string_out
+from primus_turbo.pytorch.core import autotune, library
+from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity, ScalingRecipe
+from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+from primus_turbo.pytorch.ops.grouped_gemm import _check_groups, _grouped_gemm_wgrad_op, grouped_gemm
+from primus_turbo.pytorch.ops.quantization import quantize_fp8, quantize_fp8_with_trans
+
+__all__ = ["grouped_gemm_fp8"]
+
+_IN_DTYPES = (torch.bfloat16, torch.float16)
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_BLOCK = 128
+
+# The weight gradient in FP8 (experimental, see the module docstring) instead of bf16.
+FP8_WGRAD = os.environ.get("PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD", "0") == "1"
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---- the kernel call ----------------------------------------------------------------------------
+
+
+class GroupedGemmFp8Problem(autotune.TunableProblem):
+    op = OpFamily.GROUPED_GEMM
+    precision = PrecisionType.FP8
+    default_backend = BackendType.CUTLASS
+    backends = (BackendType.CUTLASS,)
+
+    def __init__(
+        self, a, sa, b, sb, group_lens, group_offs, out, b_scale_rows: int, num_sms: int = 0, tokens: int = -1
+    ):
+        self.out = out
+        self._pts = [to_pt(t) for t in (a, sa, b, sb, group_lens)]
+        self._offs = to_pt(group_offs) if group_offs is not None else None
+        self._out = to_pt(out)
+        pa, psa, pb, psb, pl = (ctypes.pointer(t) for t in self._pts)
+        po = ctypes.pointer(self._offs) if self._offs is not None else None
+        self.args = PtGroupedGemmFp8Args(
+            pa,
+            psa,
+            pb,
+            psb,
+            pl,
+            po,
+            ctypes.pointer(self._out),
+            int(b_scale_rows),
+            int(num_sms),
+            int(tokens >= 0),
+            max(int(tokens), 0),
+        )
+        self.ref = ctypes.byref(self.args)
+        self.stream = current_stream_handle(out.device)
+
+    def key(self) -> str:
+        return string_out(lib.pt_grouped_gemm_fp8_problem_key, self.ref, size=512)
+
+    def query(self, backend: BackendType):
+        accepted, n = ctypes.c_int32(), ctypes.c_int32()
+        reason = ctypes.create_string_buffer(1024)
+        check(
+            lib.pt_grouped_gemm_fp8_query(
+                self.ref, backend.value, ctypes.byref(accepted), ctypes.byref(n), reason, 1024
+            )
+        )
+        return bool(accepted.value), n.value, reason.value.decode()
+
+    def prepare(self, backend: BackendType, config: int) -> None:
+        self.workspace_bytes(backend, config)  # builds or loads the module
+
+    def workspace_bytes(self, backend: BackendType, config: int) -> int:
+        size = ctypes.c_size_t()
+        check(lib.pt_grouped_gemm_fp8_workspace_size(self.ref, backend.value, config, ctypes.byref(size)))
+        return size.value
+
+    def run(self, backend: BackendType, config: int, for_tuning: bool = False, ws_bytes: int | None = None) -> None:
+        if ws_bytes is None:
+            ws_bytes = self.workspace_bytes(backend, config)
+        ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=self.out.device)
+        status = lib.pt_grouped_gemm_fp8(self.ref, backend.value, config, ws.data_ptr(), ws_bytes, self.stream)
+        if status:
+            check(status, context=f"grouped_gemm_fp8 on {backend.name}")
+
+
+_plans = {}
+
+
+def _mm_cuda(a, a_scale, b, b_scale, group_lens, group_offs, b_scale_rows: int, out_dtype: torch.dtype, num_sms: int):
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
+    if out.numel() == 0:
+        return out
+    a, a_scale, b, b_scale = a.contiguous(), a_scale.contiguous(), b.contiguous(), b_scale.contiguous()
+    group_lens = group_lens.contiguous()
+    group_offs = group_offs.contiguous() if group_offs is not None else None
+    with device_guard(out.device):
+        problem = GroupedGemmFp8Problem(a, a_scale, b, b_scale, group_lens, group_offs, out, b_scale_rows, num_sms)
+        key = (
+            a.shape,
+            b.shape,
+            a.dtype,
+            b.dtype,
+            out_dtype,
+            b_scale_rows,
+            num_sms,
+            group_offs is None,
+            out.device.index,
+            a.data_ptr() % 16 == 0,
+            b.data_ptr() % 16 == 0,
+            out.data_ptr() % 16 == 0,
+            settings_token(OpFamily.GROUPED_GEMM),
+        )
+        plan = _plans.get(key)
+        if plan is None:
+            backend, config = autotune.select(problem, out.device)
+            plan = (backend, config, problem.workspace_bytes(backend, config))
+            if not torch.cuda.is_current_stream_capturing():
+                _plans[key] = plan
+        problem.run(plan[0], plan[1], ws_bytes=plan[2])
+    return out
+
+
+def _mm_fake(a, a_scale, b, b_scale, group_lens, group_offs, b_scale_rows, out_dtype, num_sms):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+_mm_op = library.define_op(
+    "grouped_gemm_fp8_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens, "
+    "Tensor? group_offs, int b_scale_rows, ScalarType out_dtype, int num_sms) -> Tensor",
+    _mm_cuda,
+    _mm_fake,
+)
+
+
+def _wgrad_mm_cuda(a, a_scale, b, b_scale, group_lens, group_offs, tokens: int, out_dtype: torch.dtype, num_sms: int):
+    out = torch.empty((group_lens.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
+    if out.numel() == 0:
+        return out
+    a, a_scale, b, b_scale = a.contiguous(), a_scale.contiguous(), b.contiguous(), b_scale.contiguous()
+    group_lens = group_lens.contiguous()
+    group_offs = group_offs.contiguous() if group_offs is not None else None
+    with device_guard(out.device):
+        problem = GroupedGemmFp8Problem(a, a_scale, b, b_scale, group_lens, group_offs, out, 1, num_sms, tokens)
+        key = (
+            "wgrad",
+            a.shape,
+            b.shape,
+            a.dtype,
+            b.dtype,
+            out_dtype,
+            tokens,
+            num_sms,
+            group_lens.shape[0],
+            group_offs is None,
+            out.device.index,
+            settings_token(OpFamily.GROUPED_GEMM),
+        )
+        plan = _plans.get(key)
+        if plan is None:
+            backend, config = autotune.select(problem, out.device)
+            plan = (backend, config, problem.workspace_bytes(backend, config))
+            if not torch.cuda.is_current_stream_capturing():
+                _plans[key] = plan
+        problem.run(plan[0], plan[1], ws_bytes=plan[2])
+    return out
+
+
+def _wgrad_mm_fake(a, a_scale, b, b_scale, group_lens, group_offs, tokens, out_dtype, num_sms):
+    return a.new_empty((group_lens.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+_wgrad_mm_op = library.define_op(
+    "grouped_gemm_fp8_wgrad_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens, "
+    "Tensor? group_offs, int tokens, ScalarType out_dtype, int num_sms) -> Tensor",
+    _wgrad_mm_cuda,
+    _wgrad_mm_fake,
+)
+
+
+def padded_width(tokens: int, groups: int) -> int:
+    """Columns of the per-expert 128-padded token packing: enough for any group sizes."""
+    return _cdiv(tokens + groups * (_BLOCK - 1), _BLOCK) * _BLOCK
+
+
+def pad_tokens(x: torch.Tensor, group_lens, group_offs, width: int) -> torch.Tensor:
+    """x [T, C] -> [width, C]: every group's (clamped) rows moved to start at a multiple of 128, in
+    group order, zeros elsewhere; the same packing the wgrad kernel's setup computes on the device.
+    No host sync. With group_offs, starts must be non-decreasing."""
+    t = x.shape[0]
+    lens_in = group_lens.clamp_min(0)
+    starts = group_offs[:-1] if group_offs is not None else torch.cumsum(lens_in, 0) - lens_in
+    starts = starts.clamp(0, t)
+    lens = torch.minimum(lens_in, t - starts)
+    plen = (lens + _BLOCK - 1) // _BLOCK * _BLOCK
+    pstart = torch.cumsum(plen, 0) - plen
+    rows = torch.arange(t, device=x.device)
+    gid = (torch.searchsorted(starts, rows, right=True) - 1).clamp_min(0)
+    inside = (rows >= starts[gid]) & (rows < starts[gid] + lens[gid])
+    dest = torch.where(inside, pstart[gid] + rows - starts[gid], width)  # row `width`: discarded
+    out = x.new_zeros((width + 1, x.shape[1]))
+    out.index_put_((dest,), x)  # (index_copy_ refuses deterministic mode on CUDA)
+    return out[:width]
+
+
+def quantize_tokens_transposed(x, group_lens, group_offs, width: int, dtype, g: ScalingGranularity):
+    """x [T, C] -> (q [C, width] quantized along the padded tokens, scale [width/128, C]): the wgrad
+    kernel's K-major operand and its MN-major 1x128 scales."""
+    xp = pad_tokens(x, group_lens, group_offs, width)
+    block = _BLOCK if g == ScalingGranularity.BLOCKWISE else None
+    _, _, q_col, s_col = quantize_fp8_with_trans(xp, dtype, g, block_size=block)
+    c, kb = x.shape[1], width // _BLOCK
+    if g == ScalingGranularity.BLOCKWISE:
+        return q_col, s_col.reshape(c, kb).t().contiguous()
+    return q_col, s_col.float().reshape(1, -1).expand(kb, c).contiguous()
+
+
+def grouped_fp8_wgrad(a, grad_out, group_lens, group_offs, trans_b: bool, a_dtype, grad_dtype, g, out_dtype, num_sms=0):
+    """FP8 variable-K weight gradient: ``[G, N, K]`` (trans_b) or ``[G, K, N]`` per group
+    ``grad_g^T a_g`` / ``a_g^T grad_g``."""
+    tokens, groups = a.shape[0], group_lens.shape[0]
+    width = padded_width(tokens, groups)
+    qa, sa = quantize_tokens_transposed(a, group_lens, group_offs, width, a_dtype, g)  # [K, width]
+    qg, sg = quantize_tokens_transposed(grad_out, group_lens, group_offs, width, grad_dtype, g)  # [N, width]
+    if trans_b:
+        return _wgrad_mm_op(qg, sg, qa, sa, group_lens, group_offs, tokens, out_dtype, num_sms)
+    return _wgrad_mm_op(qa, sa, qg, sg, group_lens, group_offs, tokens, out_dtype, num_sms)
+
+
+def grouped_fp8_mm(
+    qa, sa, qb, sb, group_lens, group_offs, b_scale_rows: int, out_dtype, num_sms: int = 0
+) -> torch.Tensor:
+    """``out[rows of g] = (qa * sa)[rows of g] @ (qb[g] * sb[g])^T`` with the kernel's scale layouts:
+    sa ``[M, ceil(K/128)]``, sb ``[G, N, ceil(K/128)]`` (b_scale_rows=1) or
+    ``[G, ceil(N/128), ceil(K/128)]`` (128). num_sms: SMs the persistent kernel may use (0: all)."""
+    return _mm_op(qa, sa, qb, sb, group_lens, group_offs, b_scale_rows, out_dtype, num_sms)
+
+
+# ---- quantization into the kernel's layouts -----------------------------------------------------
+
+
+def quantize_rows(x: torch.Tensor, dtype: torch.dtype, g: ScalingGranularity):
+    """x ``[R, C]`` quantized along C: ``(q [R, C], scale [R, ceil(C/128)])``."""
+    r, c = x.shape
+    kb = _cdiv(c, _BLOCK)
+    if g == ScalingGranularity.BLOCKWISE:
+        q, s = quantize_fp8(x, dtype, g, block_size=_BLOCK, axis=-1)
+        return q, s.reshape(r, kb)
+    if g == ScalingGranularity.ROWWISE:
+        q, s = quantize_fp8(x, dtype, g, axis=-1)
+    else:
+        q, s = quantize_fp8(x, dtype, g)
+    return q, s.float().reshape(-1, 1).expand(r, kb).contiguous()
+
+
+def _quantize_2d_batched(w: torch.Tensor, dtype: torch.dtype):
+    """w ``[G, X, Y]`` in 128x128 blocks per expert (torch; for X not a multiple of 128)."""
+    g, x, y = w.shape
+    xb, yb = _cdiv(x, _BLOCK), _cdiv(y, _BLOCK)
+    fmax = torch.finfo(dtype).max
+    wp = torch.nn.functional.pad(w.float(), (0, yb * _BLOCK - y, 0, xb * _BLOCK - x)).view(g, xb, _BLOCK, yb, _BLOCK)
+    amax = wp.abs().amax(dim=(2, 4))
+    s = torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
+    q = (wp / s[:, :, None, :, None]).clamp(-fmax, fmax).to(dtype)
+    return q.view(g, xb * _BLOCK, yb * _BLOCK)[:, :x, :y].contiguous(), s
+
+
+def quantize_weight(w: torch.Tensor, dtype: torch.dtype, g: ScalingGranularity, transpose: bool):
+    """w ``[G, X, Y]`` -> the kernel's K-major B: ``[G, X, Y]`` (K = Y) or, with ``transpose``,
+    ``[G, Y, X]`` (K = X); returns ``(q, scale, b_scale_rows)``."""
+    n_groups, x, y = w.shape
+    if g == ScalingGranularity.BLOCKWISE:
+        if x % _BLOCK == 0:  # 128x128 blocks of [G*X, Y] never cross experts
+            q, s = quantize_fp8(
+                w.reshape(n_groups * x, y), dtype, g, block_size=_BLOCK, scaling_recipe=ScalingRecipe(use_2d_block=True)
+            )
+            q, s = q.view(n_groups, x, y), s.view(n_groups, x // _BLOCK, _cdiv(y, _BLOCK))
+        else:
+            q, s = _quantize_2d_batched(w, dtype)
+        if transpose:  # the transposed blocks keep their scales
+            q, s = q.transpose(1, 2).contiguous(), s.transpose(1, 2).contiguous()
+        return q, s, 128
+    if g == ScalingGranularity.TENSORWISE:
+        q, s = quantize_fp8(w.reshape(n_groups * x, y), dtype, g)
+        q = q.view(n_groups, x, y)
+        if transpose:
+            q = q.transpose(1, 2).contiguous()
+        n, k = q.shape[1], q.shape[2]
+        return q, s.float().reshape(1, 1, 1).expand(n_groups, n, _cdiv(k, _BLOCK)).contiguous(), 1
+    # ROWWISE: one scale per row of the K-major operand (per output channel and expert).
+    src = w.transpose(1, 2).contiguous() if transpose else w.contiguous()
+    n, k = src.shape[1], src.shape[2]
+    q, s = quantize_rows(src.reshape(n_groups * n, k), dtype, g)
+    return q.view(n_groups, n, k), s.view(n_groups, n, _cdiv(k, _BLOCK)), 1
+
+
+def _dtypes(fmt: Format):
+    """(operand dtype, output-gradient dtype)."""
+    if fmt == Format.E4M3:
+        return torch.float8_e4m3fn, torch.float8_e4m3fn
+    if fmt == Format.E5M2:
+        return torch.float8_e5m2, torch.float8_e5m2
+    return torch.float8_e4m3fn, torch.float8_e5m2  # HYBRID
+
+
+# ---- autograd -----------------------------------------------------------------------------------
+
+
+class GroupedGemmFp8Function(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx, a, b, group_lens, group_offs, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity, num_sms: int
+    ):
+        fwd_dtype, grad_dtype = _dtypes(fmt)
+        qa, sa = quantize_rows(a, fwd_dtype, g)
+        # The forward's B is op(b)^T [G, N, K]: b itself with trans_b, else its transpose.
+        qb, sb, rows = quantize_weight(b, fwd_dtype, g, transpose=not trans_b)
+        out = grouped_fp8_mm(qa, sa, qb, sb, group_lens, group_offs, rows, out_dtype, num_sms)
+        ctx.save_for_backward(a, b, group_lens, group_offs)
+        ctx.num_sms = num_sms
+        ctx.fp8_wgrad = FP8_WGRAD
+        ctx.trans_b, ctx.g, ctx.fwd_dtype, ctx.grad_dtype = trans_b, g, fwd_dtype, grad_dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a, b, group_lens, group_offs = ctx.saved_tensors
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            qg, sg = quantize_rows(grad_out.contiguous(), ctx.grad_dtype, ctx.g)
+            # dgrad's B is op(b) [G, K, N]: b's transpose with trans_b, else b itself.
+            qb, sb, rows = quantize_weight(b, ctx.fwd_dtype, ctx.g, transpose=ctx.trans_b)
+            grad_a = grouped_fp8_mm(qg, sg, qb, sb, group_lens, group_offs, rows, a.dtype, ctx.num_sms)
+        if ctx.needs_input_grad[1] and ctx.fp8_wgrad:
+            grad_b = grouped_fp8_wgrad(
+                a,
+                grad_out.contiguous(),
+                group_lens,
+                group_offs,
+                ctx.trans_b,
+                ctx.fwd_dtype,
+                ctx.grad_dtype,
+                ctx.g,
+                b.dtype,
+                ctx.num_sms,
+            )
+        elif ctx.needs_input_grad[1]:
+            # Variable-K wgrad on the bf16/fp16 grouped GEMM (module docstring says why).
+            grad_b = _grouped_gemm_wgrad_op(a, grad_out.to(a.dtype).contiguous(), group_lens, group_offs, ctx.trans_b)
+            grad_b = grad_b.to(b.dtype)
+        return grad_a, grad_b, None, None, None, None, None, None, None
+
+
+# ---- public op ----------------------------------------------------------------------------------
+
+
+def _check_config(config) -> Float8QuantConfig:
+    if config is None:
+        return Float8QuantConfig()
+    if not isinstance(config, Float8QuantConfig):
+        raise TypeError(f"grouped_gemm_fp8: config must be a Float8QuantConfig or None, got {type(config).__name__}")
+    g = config.granularity
+    if g == ScalingGranularity.MX_BLOCKWISE:
+        raise NotImplementedError(
+            "grouped_gemm_fp8: MX_BLOCKWISE needs a per-32 block-scaled kernel, which is not available on this GPU "
+            "generation yet; use TENSORWISE, ROWWISE or BLOCKWISE"
+        )
+    if g == ScalingGranularity.BLOCKWISE and config.block_size != _BLOCK:
+        raise ValueError(f"grouped_gemm_fp8: BLOCKWISE supports block_size=128, got {config.block_size}")
+    return config
+
+
+def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, num_sms):
+    qa, sa = a
+    qb, sb = b
+    if not isinstance(qa, torch.Tensor) or qa.dtype not in _FP8_DTYPES or qa.dim() != 2:
+        raise TypeError("grouped_gemm_fp8: pre-quantized 'a' must be (q, scale_inv) with q a 2-D float8 tensor [M, K]")
+    if not isinstance(qb, torch.Tensor) or qb.dtype not in _FP8_DTYPES or qb.dim() != 3:
+        raise TypeError(
+            "grouped_gemm_fp8: pre-quantized 'b' must be (q, scale_inv) with q a 3-D float8 tensor [G, N, K]"
+        )
+    if not trans_b:
+        raise ValueError(
+            "grouped_gemm_fp8: a pre-quantized 'b' must be stored [G, N, K] (trans_b=True), quantized along K"
+        )
+    if out_dtype is None:
+        raise ValueError("grouped_gemm_fp8: out_dtype is required when the operands are pre-quantized")
+    m, k = qa.shape
+    n_groups, n, kb_ = qb.shape
+    if kb_ != k:
+        raise ValueError(
+            f"grouped_gemm_fp8: inner dimensions do not match: a is {tuple(qa.shape)}, b is {tuple(qb.shape)}"
+        )
+    _check_groups(group_lens, group_offs, n_groups)
+    kb = _cdiv(k, _BLOCK)
+    for name, s in (("a", sa), ("b", sb)):
+        if not isinstance(s, torch.Tensor) or s.dtype != torch.float32:
+            raise TypeError(f"grouped_gemm_fp8: pre-quantized '{name}' scale_inv must be a float32 tensor")
+    if g == ScalingGranularity.BLOCKWISE:
+        want_a, want_b, rows = (m, kb), (n_groups, _cdiv(n, _BLOCK), kb), 128
+    elif g == ScalingGranularity.ROWWISE:
+        want_a, want_b, rows = (m, 1), (n_groups, n, 1), 1
+    else:
+        want_a, want_b, rows = (), (), 1
+    if sa.numel() != (1 if not want_a else int(torch.Size(want_a).numel())) or (want_a and tuple(sa.shape) != want_a):
+        raise ValueError(
+            f"grouped_gemm_fp8: pre-quantized 'a' scale_inv has shape {tuple(sa.shape)}; expected {list(want_a)}"
+        )
+    if sb.numel() != (1 if not want_b else int(torch.Size(want_b).numel())) or (want_b and tuple(sb.shape) != want_b):
+        raise ValueError(
+            f"grouped_gemm_fp8: pre-quantized 'b' scale_inv has shape {tuple(sb.shape)}; expected {list(want_b)}"
+        )
+    check_cuda_tensors("grouped_gemm_fp8", a=qa, b=qb, group_lens=group_lens)
+    if g != ScalingGranularity.BLOCKWISE:
+        sa = sa.float().reshape(-1, 1).expand(m, kb)
+        sb = sb.float().reshape(-1, 1).expand(n_groups * n, kb).reshape(n_groups, n, kb)
+    return grouped_fp8_mm(qa, sa.contiguous(), qb, sb.contiguous(), group_lens, group_offs, rows, out_dtype, num_sms)
+
+
+Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+def grouped_gemm_fp8(
+    a: Operand,
+    b: Operand,
+    group_lens: torch.Tensor,
+    group_offs: torch.Tensor | None = None,
+    trans_b: bool = True,
+    out_dtype: torch.dtype | None = None,
+    config: Float8QuantConfig | None = None,
+    num_cu: int | None = None,
+) -> torch.Tensor:
+    """Per-group ``a[rows of g] @ op(b[g])`` in FP8: the expert layers of a mixture of experts.
+
+    Args:
+        a: ``[M, K]`` tokens sorted by group, bfloat16 or float16, on a CUDA device.
+        b: ``[G, N, K]`` with ``trans_b`` (the default, ``torch.nn.Linear`` layout per expert), else
+            ``[G, K, N]``; same dtype as ``a``.
+        group_lens: int64 ``[G]`` on a's device; never copied to the host (no sync; CUDA-graph
+            capturable, sizes may change between replays).
+        group_offs: optional int64 ``[G + 1]`` group starts (default: prefix sum of group_lens).
+        out_dtype: bfloat16, float16 or float32 (default: a's dtype).
+        config: :class:`Float8QuantConfig` (default E4M3 TENSORWISE): TENSORWISE, ROWWISE or
+            BLOCKWISE (block_size=128: 1x128 per token for ``a`` and the output gradient, 128x128
+            per expert for ``b``); E4M3, E5M2 or HYBRID (E5M2 output gradient).
+        num_cu: SMs the persistent FP8 kernels may use (default: all), e.g. to leave room for
+            overlapped communication.
+
+    Differentiable in ``a`` (FP8 dgrad at the same granularity) and ``b`` (bf16/fp16 grouped
+    wgrad; an expert with no tokens gets a zero gradient). Pre-quantized operands (forward only):
+    ``a=(q [M, K], scale_inv)``, ``b=(q [G, N, K], scale_inv)`` with ``trans_b=True`` and
+    ``out_dtype``; scale_inv as ``quantize_fp8`` returns it along K (0-dim / ``[M, 1]`` /
+    ``[M, ceil(K/128)]`` for ``a``; 0-dim / ``[G, N, 1]`` / ``[G, ceil(N/128), ceil(K/128)]`` for
+    ``b``). K must be a multiple of 16, and N too (FP8 rows are read 16 bytes at a time).
+    """
+    config = _check_config(config)
+    g = config.granularity
+    if num_cu is not None and (isinstance(num_cu, bool) or not isinstance(num_cu, int) or num_cu < 1):
+        raise ValueError(f"grouped_gemm_fp8: num_cu must be a positive int or None, got {num_cu!r}")
+    num_sms = int(num_cu or 0)
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        if not (isinstance(a, tuple) and isinstance(b, tuple)):
+            raise TypeError("grouped_gemm_fp8: pass both 'a' and 'b' pre-quantized, or neither")
+        return _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, num_sms)
+    for name, t, nd in (("a", a, 2), ("b", b, 3)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"grouped_gemm_fp8: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != nd:
+            raise ValueError(f"grouped_gemm_fp8: argument '{name}' must be {nd}-D, got shape {tuple(t.shape)}")
+        if t.dtype not in _IN_DTYPES:
+            raise TypeError(f"grouped_gemm_fp8: argument '{name}' has dtype {t.dtype}; expected bfloat16 or float16")
+    if b.dtype != a.dtype:
+        raise TypeError(f"grouped_gemm_fp8: argument 'b' has dtype {b.dtype}; expected the dtype of 'a' ({a.dtype})")
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(
+            f"grouped_gemm_fp8: out_dtype {out_dtype} is not supported; expected bfloat16, float16 or float32"
+        )
+    _check_groups(group_lens, group_offs, b.shape[0])
+    k = a.shape[1]
+    kb, n = (b.shape[2], b.shape[1]) if trans_b else (b.shape[1], b.shape[2])
+    if kb != k:
+        raise ValueError(
+            f"grouped_gemm_fp8: inner dimensions do not match: 'a' is {tuple(a.shape)} but 'b' {tuple(b.shape)} "
+            f"has K = {kb} (trans_b={trans_b})"
+        )
+    if k % 16 or n % 16:
+        raise ValueError(
+            f"grouped_gemm_fp8: K={k} and N={n} must be multiples of 16 (FP8 operands are read in 16-byte rows, "
+            "and the dgrad reads rows of length N)"
+        )
+    check_cuda_tensors(
+        "grouped_gemm_fp8",
+        a=a,
+        b=b,
+        group_lens=group_lens,
+        **({} if group_offs is None else {"group_offs": group_offs}),
+    )
+    if a.shape[0] == 0 or n == 0 or k == 0:  # nothing to quantize: the bf16 op's exact empty / zero result
+        return grouped_gemm(a, b, group_lens, group_offs, trans_b=trans_b).to(out_dtype)
+    return GroupedGemmFp8Function.apply(
+        a, b, group_lens, group_offs, bool(trans_b), out_dtype, config.format, g, num_sms
+    )

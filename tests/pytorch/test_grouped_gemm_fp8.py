@@ -1,0 +1,377 @@
+"""turbo.ops.grouped_gemm_fp8 on the GPU.
+
+Two references per result (ACCURACY.md): the per-group float64 product of the *dequantized* FP8
+operands (kernel correctness: only FP32 accumulation and output rounding differ, gate 40 dB), and
+the per-group float64 product of the original bf16 operands (end-to-end quality: E4M3 >= 25 dB,
+E5M2 / HYBRID >= 20 dB) for forward, dgrad and wgrad. Group-size distributions (balanced, skewed,
+empty experts, G = 1 .. 256), both weight layouts, partial 128-blocks, CUDA graphs replayed after
+group sizes changed in place, torch.compile(fullgraph=True), pre-quantized operands.
+"""
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from turbo_test_utils import poison_allocator, snr_db
+
+import primus_turbo.pytorch as turbo
+from primus_turbo._core.lib import check, lib
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
+from primus_turbo.pytorch.ops.grouped_gemm_fp8 import _dtypes, quantize_rows, quantize_weight
+
+pytestmark = pytest.mark.gpu
+
+TW, RW, BW = ScalingGranularity.TENSORWISE, ScalingGranularity.ROWWISE, ScalingGranularity.BLOCKWISE
+E2E_GATE = {Format.E4M3: 25.0, Format.E5M2: 20.0, Format.HYBRID: 20.0}
+KERNEL_GATE = 40.0
+
+
+def cfg(g, fmt=Format.E4M3):
+    return Float8QuantConfig(format=fmt, granularity=g, block_size=128 if g == BW else None)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_modules():
+    """Builds the kernel modules these tests use in parallel (one nvcc each) before the first call."""
+    e4, e5, bf16, f16, f32 = 3, 4, 2, 1, 0
+    jobs = [(x, y, d, rows, 0) for (x, y) in ((e4, e4), (e5, e5), (e5, e4)) for rows in (1, 128) for d in (bf16,)]
+    jobs += [(e4, e4, f16, 1, 0), (e4, e4, f32, 128, 0)]
+    wjobs = [(e5, e4, bf16, 0), (e4, e5, bf16, 0), (e4, e4, bf16, 0), (e5, e5, bf16, 0)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = [pool.submit(lib.pt_grouped_gemm_fp8_prepare, *j) for j in jobs]
+        futures += [pool.submit(lib.pt_grouped_gemm_fp8_wgrad_prepare, *j) for j in wjobs]
+        for f in futures:
+            check(f.result())
+
+
+def _lens(dist: str, g: int, m_per: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if dist == "balanced":
+        lens = torch.full((g,), m_per, dtype=torch.int64)
+    elif dist == "skewed":  # a few experts take most tokens, some none
+        w = torch.rand(g, generator=gen) ** 4
+        lens = (w / w.sum() * m_per * g).floor().to(torch.int64)
+        lens[:: max(1, g // 3)] = 0
+    elif dist == "zeros":  # first and last empty
+        lens = torch.randint(1, 2 * m_per, (g,), generator=gen)
+        lens[0] = lens[-1] = 0
+    else:  # random lengths, some empty, none aligned to anything
+        lens = torch.randint(0, 2 * m_per, (g,), generator=gen)
+    return lens.cuda()
+
+
+def _inputs(lens, k, n, g, dtype, trans_b, seed=0):
+    torch.manual_seed(seed)
+    m = int(lens.sum().item())
+    a = torch.randn(m, k, dtype=dtype, device="cuda")
+    shape = (g, n, k) if trans_b else (g, k, n)
+    b = (torch.randn(shape, device="cuda") / k**0.5).to(dtype)
+    return a, b
+
+
+def _offsets(lens):
+    return [0] + torch.cumsum(lens.cpu(), 0).tolist()
+
+
+def _grouped64(x, w_nk, lens):
+    """Per group x[rows] @ w_nk[g]^T in float64; w_nk [G, N, K]."""
+    offs = _offsets(lens)
+    out = torch.zeros(x.shape[0], w_nk.shape[1], dtype=torch.float64, device=x.device)
+    for g in range(w_nk.shape[0]):
+        s, e = offs[g], offs[g + 1]
+        out[s:e] = x[s:e].double() @ w_nk[g].double().t()
+    return out
+
+
+def _deq_rows(q, s):
+    """q [R, C] FP8, s [R, ceil(C/128)] -> float64."""
+    c = q.shape[-1]
+    return q.double() * s.double().repeat_interleave(128, dim=-1)[..., :c]
+
+
+def _deq_weight(q, s, rows):
+    """q [G, N, K], s [G, N or ceil(N/128), kb] -> float64."""
+    n, k = q.shape[1], q.shape[2]
+    full = s.double().repeat_interleave(128, dim=-1)[..., :k]
+    if rows == 128:
+        full = full.repeat_interleave(128, dim=1)[:, :n]
+    return q.double() * full
+
+
+def _e2e_references(a, b, lens, grad_out, trans_b):
+    w_nk = b if trans_b else b.transpose(1, 2)  # op(b)^T per expert
+    out = _grouped64(a, w_nk, lens)
+    da = _grouped64(grad_out, w_nk.transpose(1, 2), lens)
+    offs = _offsets(lens)
+    db = torch.zeros(b.shape, dtype=torch.float64, device=b.device)
+    for g in range(b.shape[0]):
+        s, e = offs[g], offs[g + 1]
+        dw = a[s:e].double().t() @ grad_out[s:e].double()  # [K, N]
+        db[g] = dw.t() if trans_b else dw
+    return out, da, db
+
+
+def _run_and_check(lens, k, n, g, gran, fmt, trans_b, dtype=torch.bfloat16, out_dtype=None):
+    a, b = _inputs(lens, k, n, g, dtype, trans_b)
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    poison_allocator(a.shape[0] * n * 4)
+    out = turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=trans_b, out_dtype=out_dtype, config=cfg(gran, fmt))
+    assert out.dtype == (out_dtype or dtype) and out.shape == (a.shape[0], n)
+    assert torch.isfinite(out).all(), "forward: non-finite values (unwritten rows?)"
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    fwd_dtype, grad_dtype = _dtypes(fmt)
+
+    # Kernel correctness: the float64 product of the operands as quantized.
+    with torch.no_grad():
+        qa, sa = quantize_rows(a.detach(), fwd_dtype, gran)
+        qb, sb, rows = quantize_weight(b.detach(), fwd_dtype, gran, transpose=not trans_b)
+        ref_q = _grouped64(_deq_rows(qa, sa), _deq_weight(qb, sb, rows), lens)
+        snr = snr_db(out, ref_q)
+        assert snr >= KERNEL_GATE, f"forward vs dequantized operands: SNR {snr:.1f} dB"
+        qg, sg = quantize_rows(grad_out.to(dtype) if out.dtype != dtype else grad_out, grad_dtype, gran)
+        qbt, sbt, rows_t = quantize_weight(b.detach(), fwd_dtype, gran, transpose=trans_b)
+        ref_dq = _grouped64(_deq_rows(qg, sg), _deq_weight(qbt, sbt, rows_t), lens)
+        snr = snr_db(a.grad, ref_dq)
+        assert snr >= KERNEL_GATE - 5, f"dgrad vs dequantized operands: SNR {snr:.1f} dB"
+
+    # End-to-end quality against the bf16 operands.
+    ref_out, ref_da, ref_db = _e2e_references(a.detach(), b.detach(), lens, grad_out.to(dtype), trans_b)
+    gate = E2E_GATE[fmt]
+    for what, got, ref in (("forward", out, ref_out), ("dgrad", a.grad, ref_da), ("wgrad", b.grad, ref_db)):
+        assert torch.isfinite(got).all(), f"{what}: non-finite values"
+        snr = snr_db(got, ref)
+        assert snr >= gate, f"{what} vs bf16 operands ({gran.name}, {fmt.name}): SNR {snr:.1f} dB < {gate}"
+    # Experts with no tokens: exactly zero weight gradient.
+    for e in torch.nonzero(lens.cpu() == 0).flatten().tolist():
+        assert torch.count_nonzero(b.grad[e]) == 0, f"expert {e} has no tokens but a non-zero gradient"
+    return out
+
+
+@pytest.mark.parametrize("gran", [TW, RW, BW])
+@pytest.mark.parametrize("fmt", [Format.E4M3, Format.E5M2, Format.HYBRID])
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_forward_dgrad_wgrad(gran, fmt, trans_b):
+    _run_and_check(_lens("random", 4, 96, seed=1), 512, 256, 4, gran, fmt, trans_b)
+
+
+@pytest.mark.parametrize(
+    "dist,g,m_per,k,n",
+    [
+        ("balanced", 1, 200, 256, 128),
+        ("balanced", 8, 128, 384, 256),
+        ("skewed", 16, 64, 256, 384),
+        ("zeros", 6, 50, 272, 144),  # partial 128-blocks along K and N (rowwise B scales per row)
+        ("random", 32, 20, 128, 128),
+        ("random", 256, 4, 128, 128),
+    ],
+)
+@pytest.mark.parametrize("gran", [TW, RW, BW])
+def test_group_distributions(dist, g, m_per, k, n, gran):
+    _run_and_check(_lens(dist, g, m_per, seed=g), k, n, g, gran, Format.E4M3, trans_b=True)
+
+
+@pytest.mark.parametrize("gran", [TW, BW])
+def test_weight_rows_not_multiple_of_128(gran):
+    # trans_b=False with K=272: the 128x128 blocks of b [G, K, N] are quantized per expert in torch.
+    _run_and_check(_lens("random", 3, 40, seed=3), 272, 128, 3, gran, Format.HYBRID, trans_b=False)
+
+
+@pytest.mark.parametrize("out_dtype,gran", [(torch.float16, TW), (torch.float32, BW)])
+def test_out_dtypes(out_dtype, gran):
+    dtype = torch.float16 if out_dtype == torch.float16 else torch.bfloat16
+    lens = _lens("random", 4, 64, seed=5)
+    a, b = _inputs(lens, 256, 128, 4, dtype, True)
+    out = turbo.ops.grouped_gemm_fp8(a, b, lens, out_dtype=out_dtype, config=cfg(gran))
+    assert out.dtype == out_dtype
+    assert snr_db(out, _grouped64(a, b, lens)) >= 25.0
+
+
+def test_group_offs_and_non_contiguous_input():
+    lens = _lens("random", 5, 64, seed=7)
+    a, b = _inputs(lens, 256, 128, 5, torch.bfloat16, True)
+    offs = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"), torch.cumsum(lens, 0)])
+    a_t = a.t().contiguous().t()  # same values, column-major view
+    c = cfg(BW)
+    ref = turbo.ops.grouped_gemm_fp8(a, b, lens, config=c)
+    torch.testing.assert_close(turbo.ops.grouped_gemm_fp8(a, b, lens, offs, config=c), ref, rtol=0, atol=0)
+    torch.testing.assert_close(turbo.ops.grouped_gemm_fp8(a_t, b, lens, config=c), ref, rtol=0, atol=0)
+
+
+def test_sizes_that_overrun_are_clamped():
+    """sum(group_lens) > M cannot be checked without a sync: groups are clipped to [0, M)."""
+    lens = torch.tensor([40, 50, 60], device="cuda")
+    a, b = _inputs(torch.tensor([40, 50, 10], device="cuda"), 128, 128, 3, torch.bfloat16, True)
+    out = turbo.ops.grouped_gemm_fp8(a, b, lens, config=cfg(RW))
+    torch.cuda.synchronize()
+    ref = _grouped64(a, b, torch.tensor([40, 50, 10], device="cuda"))
+    assert snr_db(out, ref) >= 25.0
+
+
+def test_zero_sized():
+    lens = torch.zeros(3, dtype=torch.int64, device="cuda")
+    a = torch.randn(0, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(3, 64, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = turbo.ops.grouped_gemm_fp8(a, b, lens, config=cfg(BW))
+    assert out.shape == (0, 64)
+    out.sum().backward()
+    assert torch.count_nonzero(b.grad) == 0
+
+
+@pytest.mark.parametrize("gran", [TW, RW, BW])
+def test_prequantized_forward_matches(gran):
+    lens = _lens("random", 4, 64, seed=9)
+    a, b = _inputs(lens, 256, 128, 4, torch.bfloat16, True)
+    g, n, k = b.shape
+    q = turbo.ops.quantize_fp8
+    e4 = torch.float8_e4m3fn
+    if gran == BW:
+        from primus_turbo.pytorch.core.low_precision import ScalingRecipe
+
+        qa, sa = q(a, e4, gran, block_size=128, axis=-1)
+        qb, sb = q(b.reshape(g * n, k), e4, gran, block_size=128, scaling_recipe=ScalingRecipe(use_2d_block=True))
+        sb = sb.reshape(g, n // 128, -1)
+    elif gran == RW:
+        qa, sa = q(a, e4, gran, axis=-1)
+        qb, sb = q(b.reshape(g * n, k), e4, gran, axis=-1)
+        sb = sb.reshape(g, n, 1)
+    else:
+        qa, sa = q(a, e4, gran)
+        qb, sb = q(b.reshape(g * n, k), e4, gran)
+    out = turbo.ops.grouped_gemm_fp8(
+        (qa, sa), (qb.reshape(g, n, k), sb), lens, out_dtype=torch.bfloat16, config=cfg(gran)
+    )
+    ref = turbo.ops.grouped_gemm_fp8(a, b, lens, config=cfg(gran))
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("gran", [TW, BW])
+def test_cuda_graph_replay_with_new_group_sizes(gran):
+    g, k, n = 4, 256, 256
+    lens = torch.tensor([64, 32, 96, 64], device="cuda")
+    a, b = _inputs(lens, k, n, g, torch.bfloat16, True)
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    c = cfg(gran, Format.HYBRID)
+    grad_out = torch.randn(a.shape[0], n, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up: builds plans and modules outside the capture
+        for _ in range(2):
+            a.grad = b.grad = None
+            turbo.ops.grouped_gemm_fp8(a, b, lens, config=c).backward(grad_out)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    a.grad = b.grad = None
+    with torch.cuda.graph(graph):
+        out = turbo.ops.grouped_gemm_fp8(a, b, lens, config=c)
+        out.backward(grad_out)
+    for new in ([64, 32, 96, 64], [0, 128, 0, 128], [256, 0, 0, 0], [1, 2, 3, 250]):
+        lens.copy_(torch.tensor(new, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_da, ref_db = _e2e_references(a.detach(), b.detach(), lens, grad_out, True)
+        assert snr_db(out, ref_out) >= 25.0, f"forward after replay with {new}"
+        assert snr_db(a.grad, ref_da) >= 20.0, f"dgrad after replay with {new}"
+        assert snr_db(b.grad, ref_db) >= 20.0, f"wgrad after replay with {new}"
+        for e, length in enumerate(new):
+            if length == 0:
+                assert torch.count_nonzero(b.grad[e]) == 0
+
+
+@pytest.mark.parametrize("gran", [RW, BW])
+def test_torch_compile_fullgraph(gran):
+    lens = _lens("random", 4, 64, seed=11)
+    a, b = _inputs(lens, 256, 128, 4, torch.bfloat16, True)
+    c = cfg(gran, Format.HYBRID)
+
+    def fn(x, w, gl):
+        return torch.nn.functional.gelu(turbo.ops.grouped_gemm_fp8(x, w, gl, config=c))
+
+    compiled = torch.compile(fn, fullgraph=True)
+    a1, b1 = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    a2, b2 = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    out_c = compiled(a1, b1, lens)
+    out_e = fn(a2, b2, lens)
+    # The GEMMs are the same kernels; only the fused gelu may round differently.
+    torch.testing.assert_close(out_c, out_e, rtol=1e-2, atol=1e-2)
+    go = torch.randn_like(out_e)
+    out_c.backward(go)
+    out_e.backward(go)
+    torch.testing.assert_close(a1.grad, a2.grad, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(b1.grad, b2.grad, rtol=1e-2, atol=1e-2)
+
+
+def test_num_cu_limits_the_grid_not_the_result():
+    lens = _lens("random", 6, 100, seed=13)
+    a, b = _inputs(lens, 256, 256, 6, torch.bfloat16, True)
+    c = cfg(BW)
+    ref = turbo.ops.grouped_gemm_fp8(a, b, lens, config=c)
+    # Every tile is computed the same way whichever SM runs it.
+    torch.testing.assert_close(turbo.ops.grouped_gemm_fp8(a, b, lens, config=c, num_cu=8), ref, rtol=0, atol=0)
+
+
+# ---- the experimental FP8 wgrad (PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD=1) -------------------------
+
+
+@pytest.fixture
+def fp8_wgrad(monkeypatch):
+    monkeypatch.setattr(sys.modules["primus_turbo.pytorch.ops.grouped_gemm_fp8"], "FP8_WGRAD", True)
+
+
+@pytest.mark.parametrize("gran", [TW, RW, BW])
+@pytest.mark.parametrize("fmt", [Format.E4M3, Format.E5M2, Format.HYBRID])
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_fp8_wgrad(fp8_wgrad, gran, fmt, trans_b):
+    _run_and_check(_lens("random", 5, 90, seed=17), 384, 256, 5, gran, fmt, trans_b)
+
+
+@pytest.mark.parametrize(
+    "dist,g,m_per,k,n",
+    [
+        ("balanced", 1, 300, 256, 128),
+        ("skewed", 16, 64, 256, 384),
+        ("zeros", 6, 50, 272, 144),
+        ("random", 64, 9, 128, 128),
+    ],
+)
+@pytest.mark.parametrize("gran", [TW, BW])
+def test_fp8_wgrad_group_distributions(fp8_wgrad, dist, g, m_per, k, n, gran):
+    _run_and_check(_lens(dist, g, m_per, seed=g + 1), k, n, g, gran, Format.HYBRID, trans_b=True)
+
+
+def test_fp8_wgrad_with_group_offs_and_cuda_graph(fp8_wgrad):
+    g, k, n = 4, 256, 256
+    lens = torch.tensor([64, 32, 96, 64], device="cuda")
+    a, b = _inputs(lens, k, n, g, torch.bfloat16, True)
+    offs = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"), torch.cumsum(lens, 0)])
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    c = cfg(BW, Format.HYBRID)
+    grad_out = torch.randn(a.shape[0], n, device="cuda", dtype=torch.bfloat16)
+    turbo.ops.grouped_gemm_fp8(a, b, lens, offs, config=c).backward(grad_out)
+    with_offs = b.grad.clone()
+    a.grad = b.grad = None
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            a.grad = b.grad = None
+            turbo.ops.grouped_gemm_fp8(a, b, lens, config=c).backward(grad_out)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.testing.assert_close(b.grad, with_offs, rtol=0, atol=0)
+    graph = torch.cuda.CUDAGraph()
+    a.grad = b.grad = None
+    with torch.cuda.graph(graph):
+        turbo.ops.grouped_gemm_fp8(a, b, lens, config=c).backward(grad_out)
+    for new in ([64, 32, 96, 64], [0, 128, 0, 128], [256, 0, 0, 0], [1, 2, 3, 250]):
+        lens.copy_(torch.tensor(new, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _, _, ref_db = _e2e_references(a.detach(), b.detach(), lens, grad_out, True)
+        assert snr_db(b.grad, ref_db) >= 20.0, f"FP8 wgrad after replay with {new}"
+        for e, length in enumerate(new):
+            if length == 0:
+                assert torch.count_nonzero(b.grad[e]) == 0
