@@ -7,6 +7,7 @@ from primus_turbo.pytorch.ops.moe_permute import token_permute, token_unpermute 
 from primus_turbo.pytorch.ops.normalization import layernorm, rmsnorm, rmsnorm_residual  # noqa: F401
 from primus_turbo.pytorch.ops.rope import rope, rope_cos_sin  # noqa: F401
 from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8  # noqa: F401
+from primus_turbo.pytorch.ops.gemm_fp4 import gemm_fp4  # noqa: F401
 from primus_turbo.pytorch.ops.quantization import (  # noqa: F401
     dequantize_fp4,
     dequantize_fp8,
@@ -35,4 +36,5 @@ __all__ = [
     "dequantize_fp8",
     "quantize_fp4",
     "dequantize_fp4",
+    "gemm_fp4",
 ]
