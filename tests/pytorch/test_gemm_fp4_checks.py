@@ -100,7 +100,8 @@ def test_shapes_forward_and_backward_on_meta(trans_a, trans_b):
 def test_out_dtype_and_default_config():
     out = turbo.ops.gemm_fp4(meta(16, 32), meta(32, 16), out_dtype=torch.float32)
     assert out.dtype == torch.float32
-    assert turbo.ops.gemm_fp4(meta(16, 32, dtype=torch.float16), meta(32, 16, dtype=torch.float16)).dtype == torch.float16
+    half = turbo.ops.gemm_fp4(meta(16, 32, dtype=torch.float16), meta(32, 16, dtype=torch.float16))
+    assert half.dtype == torch.float16
 
 
 def test_fake_tensor_mode_on_cuda_device():
@@ -125,7 +126,9 @@ def test_gemm_fp4_compiles_fullgraph_forward_and_backward():
 
 
 def test_mx_gemm_fp8_compiles_fullgraph():
-    cfg = Float8QuantConfig(format=Format.HYBRID, granularity=G.MX_BLOCKWISE, block_size=32, scale_dtype=ScaleDtype.E8M0)
+    cfg = Float8QuantConfig(
+        format=Format.HYBRID, granularity=G.MX_BLOCKWISE, block_size=32, scale_dtype=ScaleDtype.E8M0
+    )
 
     def fn(x, w):
         return turbo.ops.gemm_fp8(x, w, trans_b=True, config=cfg)

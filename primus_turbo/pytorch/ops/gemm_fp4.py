@@ -170,7 +170,7 @@ def _forward_prequantized(a, b, trans_a, trans_b, out_dtype):
     if ka != kb:
         raise ValueError(f"gemm_fp4: inner dimensions do not match: a holds K={ka}, b holds K={kb}")
     if ka % 16:
-        raise ValueError(f"gemm_fp4: K={ka} must be a multiple of 16 (the expanded FP8 rows are read 16 bytes at a time)")
+        raise ValueError(f"gemm_fp4: K={ka} must be a multiple of 16 (expanded FP8 rows are read 16 bytes at a time)")
     if out_dtype is None:
         raise ValueError("gemm_fp4: out_dtype is required when 'a' is pre-quantized")
     if out_dtype not in _OUT_DTYPES:
@@ -241,7 +241,7 @@ def gemm_fp4(
             f"but op(b) is [{kb}, {n}] (b {tuple(b.shape)}, trans_b={trans_b})"
         )
     if k % 16:
-        raise ValueError(f"gemm_fp4: K={k} must be a multiple of 16 (the expanded FP8 rows are read 16 bytes at a time)")
+        raise ValueError(f"gemm_fp4: K={k} must be a multiple of 16 (expanded FP8 rows are read 16 bytes at a time)")
     if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled() and (m % 16 or n % 16):
         raise ValueError(
             f"gemm_fp4: the backward needs M={m} and N={n} to be multiples of 16 (its transposed operands have "

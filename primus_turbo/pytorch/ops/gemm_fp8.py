@@ -216,7 +216,9 @@ def _quantize(x, dtype, g, two_d):
     if g == ScalingGranularity.MX_BLOCKWISE:
         # Both copies MX along their own last dim (1-D blocks of 32: the weight too), then each
         # restated with 1x128 scales for the block-scaled GEMM (see _mx_blocks).
-        q_row, s_row, q_col, s_col = _fp8_quant.quantize_with_trans(x.contiguous(), dtype, g, _mx_blocks.MX_BLOCK, False)
+        q_row, s_row, q_col, s_col = _fp8_quant.quantize_with_trans(
+            x.contiguous(), dtype, g, _mx_blocks.MX_BLOCK, False
+        )
         return (*_mx_blocks.mx_fp8_to_1x128(q_row, s_row), *_mx_blocks.mx_fp8_to_1x128(q_col, s_col))
     return _fp8_quant.quantize_with_trans(x.contiguous(), dtype, g, 128 if g == ScalingGranularity.BLOCKWISE else None, two_d)
 
@@ -295,7 +297,9 @@ def _prequantized(x, name: str, trans: bool, must_trans: bool, scaling: int, mx:
     rows, k = q.shape
     if mx:
         if not isinstance(s, torch.Tensor) or s.dtype not in (_E8M0, torch.uint8):
-            raise TypeError(f"gemm_fp8: pre-quantized MX '{name}' scale_inv must be an E8M0 tensor (torch.float8_e8m0fnu)")
+            raise TypeError(
+                f"gemm_fp8: pre-quantized MX '{name}' scale_inv must be an E8M0 tensor (torch.float8_e8m0fnu)"
+            )
         if tuple(s.shape) != (rows, _cdiv(k, 32)):
             raise ValueError(
                 f"gemm_fp8: pre-quantized MX '{name}' scale_inv has shape {tuple(s.shape)}; expected "
@@ -409,7 +413,9 @@ def gemm_fp8(
         return ((a.t() if trans_a else a) @ (b.t() if trans_b else b)).to(out_dtype)
     main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)
     if main_grad is not None and config.granularity == ScalingGranularity.BLOCKWISE:
-        raise ValueError("gemm_fp8: fuse_bgrad_accum_pattern='megatron' supports TENSORWISE, ROWWISE and MX_BLOCKWISE, not BLOCKWISE")
+        raise ValueError(
+            "gemm_fp8: fuse_bgrad_accum_pattern='megatron' supports TENSORWISE, ROWWISE and MX_BLOCKWISE, not BLOCKWISE"
+        )
     return GemmFp8Function.apply(
         a, b, bool(trans_a), bool(trans_b), out_dtype, config.format, config.granularity, main_grad
     )
