@@ -251,3 +251,31 @@ def test_zero_size():
     a = torch.randn(0, 64, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
     assert turbo.ops.gemm_fp4(a, b, trans_b=True).shape == (0, 32)
+
+
+# ---- the restatement kernel against the plain-torch reference ------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "fp4", "fp4_2d"])
+@pytest.mark.parametrize("shape", [(256, 1040), (33, 48), (1, 16), (300, 4096)], ids=lambda s: "x".join(map(str, s)))
+def test_restatement_kernel_matches_torch_reference_bitwise(fmt, shape):
+    from primus_turbo.pytorch.ops import _mx_blocks
+
+    rows, k = shape
+    torch.manual_seed(hash((fmt, shape)) % 2**31)
+    kb32 = -(-k // 32)
+    if fmt.startswith("fp4"):
+        q = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, device="cuda")
+        reference = _mx_blocks.reference_mx_fp4_to_1x128
+    else:
+        dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
+        q = (torch.randn(rows, k, device="cuda") * 100).to(dtype)
+        reference = _mx_blocks.reference_mx_fp8_to_1x128
+    srows = -(-rows // 32) if fmt == "fp4_2d" else rows
+    s = torch.randint(100, 150, (srows, kb32), dtype=torch.uint8, device="cuda")
+    s[:, ::3] = 0  # extreme spreads: whole sub-blocks flushed to zero
+    got_q, got_s = _mx_blocks._restate_op(q, s)
+    want_q, want_s = reference(q, s)
+    assert got_q.dtype == want_q.dtype and got_q.shape == want_q.shape
+    assert torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
+    torch.testing.assert_close(got_s, want_s, rtol=0, atol=0)

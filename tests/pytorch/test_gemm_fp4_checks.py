@@ -231,3 +231,33 @@ def test_mx_megatron_pattern_is_accepted():
     out = turbo.ops.gemm_fp8(meta(16, 32), w, trans_b=True, config=cfg, fuse_bgrad_accum_pattern="megatron")
     out.sum().backward()
     assert w.grad_added_to_main_grad is True
+
+
+def _restate_c_api(q, s, q_out=None, s_out=None):
+    from primus_turbo._core import check, lib
+    from primus_turbo.pytorch.core.tensor_bridge import to_pt
+
+    rows, k = q.shape[0], (2 * q.shape[1] if q.dtype == torch.uint8 else q.shape[1])
+    q_out = q_out if q_out is not None else torch.empty(rows, k, dtype=torch.float8_e4m3fn)
+    s_out = s_out if s_out is not None else torch.empty(rows, -(-k // 128))
+    check(lib.pt_mx_to_blocks(to_pt(q), to_pt(s), to_pt(q_out), to_pt(s_out), None))
+
+
+@pytest.mark.parametrize(
+    "q,s,kwargs,match",
+    [
+        (torch.zeros(4, 64, dtype=torch.float8_e4m3fn), torch.zeros(4, 3, dtype=torch.uint8), {},
+         r"argument 'scale' has shape \[4, 3\]; expected \[4, 2\] or \[1, 2\]"),
+        (torch.zeros(4, 64, dtype=torch.float8_e4m3fn), torch.zeros(4, 2), {}, "argument 'scale' has dtype"),
+        (torch.zeros(4, 40, dtype=torch.float8_e4m3fn), torch.zeros(4, 2, dtype=torch.uint8), {},
+         "k must be a multiple of 16"),
+        (torch.zeros(4, 64, dtype=torch.float32), torch.zeros(4, 2, dtype=torch.uint8), {}, "argument 'q' has dtype"),
+        (torch.zeros(4, 64, dtype=torch.uint8), torch.zeros(4, 4, dtype=torch.uint8),
+         {"q_out": torch.empty(4, 128, dtype=torch.float8_e5m2)}, "argument 'q_out' must be float8_e4m3"),
+        (torch.zeros(4, 64, dtype=torch.float8_e4m3fn), torch.zeros(4, 2, dtype=torch.uint8),
+         {"s_out": torch.empty(4, 2)}, "argument 'scale_out' must be float32 \\[4, 1\\]"),
+    ],
+)
+def test_restatement_c_api_checks_arguments(q, s, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _restate_c_api(q, s, **kwargs)

@@ -19,14 +19,22 @@ times 64 is an E4M3 normal, 32 ... 384, with at most two significant bits), so a
 is restated exactly as long as its scale is at most 2^14 below the block's largest.
 
 The restated operand feeds the existing 1x128 x 1x128 FP8 GEMM (both operands K-major with per-
-row 1x128 scales). Everything here is plain torch (a few elementwise passes over the FP8 data),
-traceable by torch.compile and free of host synchronization.
+row 1x128 scales). On CUDA the restatement is one kernel (``pt_mx_to_blocks``, kernels/gemm/
+mx_to_blocks.cuh: reads the FP8 / packed FP4 data once, writes FP8 + scales), registered as
+``primus_turbo::mx_to_blocks`` with a fake implementation; the plain-torch functions below compute
+the same bits (a few elementwise passes) and serve CPU tensors, tests, and
+``PRIMUS_TURBO_MX_RESTATE=torch``. No host synchronization either way.
 """
+
+import os
 
 import torch
 import torch.nn.functional as F
 
+from primus_turbo._core import check, lib
+from primus_turbo.pytorch.core import library
 from primus_turbo.pytorch.core.low_precision import float4_e2m1fn_x2
+from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 
 MX_BLOCK = 32
 _E8M0_BIAS = 127
@@ -90,16 +98,67 @@ def to_1x128(q: torch.Tensor, exps: torch.Tensor, extra_shift: int = 0):
     return q_out, scale_inv
 
 
-def mx_fp8_to_1x128(q: torch.Tensor, s: torch.Tensor):
-    """MX FP8 operand (q [R, K], E8M0 s [R, ceil(K/32)] or 2-D [ceil(R/32), ceil(K/32)])."""
+def reference_mx_fp8_to_1x128(q: torch.Tensor, s: torch.Tensor):
     return to_1x128(q, e8m0_exponents(row_scales(s, q.shape[0])))
+
+
+def reference_mx_fp4_to_1x128(q: torch.Tensor, s: torch.Tensor):
+    q8 = fp4_as_e4m3(q)
+    return to_1x128(q8, e8m0_exponents(row_scales(s, q8.shape[0])), _FP4_TO_E4M3_SHIFT)
+
+
+# ---- the CUDA kernel as a registered op -----------------------------------------------------------
+
+
+def _out_shapes(q: torch.Tensor):
+    rows = q.shape[0]
+    k = 2 * q.shape[1] if is_fp4(q) else q.shape[1]
+    dtype = torch.float8_e4m3fn if is_fp4(q) else q.dtype
+    return rows, k, dtype
+
+
+def _restate_cuda(q: torch.Tensor, s: torch.Tensor):
+    rows, k, dtype = _out_shapes(q)
+    q_out = torch.empty((rows, k), dtype=dtype, device=q.device)
+    s_out = torch.empty((rows, _cdiv(k, 128)), dtype=torch.float32, device=q.device)
+    if rows == 0 or k == 0:
+        return q_out, s_out
+    if q.data_ptr() % 16:
+        q = q.clone()
+    with device_guard(q.device):
+        status = lib.pt_mx_to_blocks(to_pt(q), to_pt(s), to_pt(q_out), to_pt(s_out), current_stream_handle(q.device))
+    if status:
+        check(status, context="MX restatement")
+    return q_out, s_out
+
+
+def _restate_fake(q, s):
+    rows, k, dtype = _out_shapes(q)
+    return q.new_empty((rows, k), dtype=dtype), q.new_empty((rows, _cdiv(k, 128)), dtype=torch.float32)
+
+
+_restate_op = library.define_op(
+    "mx_to_blocks(Tensor q, Tensor scale) -> (Tensor, Tensor)", _restate_cuda, _restate_fake
+)
+_USE_TORCH = os.environ.get("PRIMUS_TURBO_MX_RESTATE", "").lower() == "torch"
+
+
+def _restate(q: torch.Tensor, s: torch.Tensor, reference):
+    if _USE_TORCH or q.device.type == "cpu":
+        return reference(q, s)
+    return _restate_op(q.contiguous(), s.contiguous())
+
+
+def mx_fp8_to_1x128(q: torch.Tensor, s: torch.Tensor):
+    """MX FP8 operand (q [R, K], E8M0 s [R, ceil(K/32)] or 2-D [ceil(R/32), ceil(K/32)]) ->
+    (q' [R, K] same dtype, fp32 scale_inv [R, ceil(K/128)])."""
+    return _restate(q, s, reference_mx_fp8_to_1x128)
 
 
 def mx_fp4_to_1x128(q: torch.Tensor, s: torch.Tensor):
     """MXFP4 operand (packed q [R, K/2], E8M0 s [R, ceil(K/32)] or 2-D [ceil(R/32), ceil(K/32)])
     -> E4M3 [R, K] with 1x128 fp32 scales."""
-    q8 = fp4_as_e4m3(q)
-    return to_1x128(q8, e8m0_exponents(row_scales(s, q8.shape[0])), _FP4_TO_E4M3_SHIFT)
+    return _restate(q, s, reference_mx_fp4_to_1x128)
 
 
 def is_fp4(t: torch.Tensor) -> bool:
