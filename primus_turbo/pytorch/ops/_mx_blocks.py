@@ -123,8 +123,8 @@ def _restate_cuda(q: torch.Tensor, s: torch.Tensor):
     s_out = torch.empty((rows, _cdiv(k, 128)), dtype=torch.float32, device=q.device)
     if rows == 0 or k == 0:
         return q_out, s_out
-    if q.data_ptr() % 16:
-        q = q.clone()
+    if q.data_ptr() % 16:  # a view at an odd offset: an aligned copy (bytes, whatever the dtype)
+        q = q.view(torch.uint8).clone() if is_fp4(q) else q.clone()
     with device_guard(q.device):
         status = lib.pt_mx_to_blocks(to_pt(q), to_pt(s), to_pt(q_out), to_pt(s_out), current_stream_handle(q.device))
     if status:

@@ -89,11 +89,11 @@ class GemmFp4Function(torch.autograd.Function):
         out = fp4_mm(qa, sa, qb, sb, out_dtype)
         ctx.trans_a, ctx.trans_b, ctx.rht, ctx.sr = trans_a, trans_b, rht, sr
         ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            # Backward copies: op(b) [K, N/2] along N (dgrad), op(a)^T [K, M/2] along M (wgrad).
-            qbn, sbn = _q(b, 0 if trans_b else -1, two_d=two_d)
-            qam, sam = _q(a, -1 if trans_a else 0, rht=rht)
-            ctx.save_for_backward(qbn, sbn, qam, sam)
+        # Backward copies: op(b) [K, N/2] along N (dgrad), op(a)^T [K, M/2] along M (wgrad).
+        none = a.new_empty(0)
+        qbn, sbn = _q(b, 0 if trans_b else -1, two_d=two_d) if ctx.needs_input_grad[0] else (none, none)
+        qam, sam = _q(a, -1 if trans_a else 0, rht=rht) if ctx.needs_input_grad[1] else (none, none)
+        ctx.save_for_backward(qbn, sbn, qam, sam)
         return out
 
     @staticmethod
