@@ -99,12 +99,12 @@ def to_1x128(q: torch.Tensor, exps: torch.Tensor, extra_shift: int = 0):
 
 
 def reference_mx_fp8_to_1x128(q: torch.Tensor, s: torch.Tensor):
-    return to_1x128(q, e8m0_exponents(row_scales(s, q.shape[0])))
+    return to_1x128(q, row_scales(e8m0_exponents(s), q.shape[0]))
 
 
 def reference_mx_fp4_to_1x128(q: torch.Tensor, s: torch.Tensor):
     q8 = fp4_as_e4m3(q)
-    return to_1x128(q8, e8m0_exponents(row_scales(s, q8.shape[0])), _FP4_TO_E4M3_SHIFT)
+    return to_1x128(q8, row_scales(e8m0_exponents(s), q8.shape[0]), _FP4_TO_E4M3_SHIFT)
 
 
 # ---- the CUDA kernel as a registered op -----------------------------------------------------------

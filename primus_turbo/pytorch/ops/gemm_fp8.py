@@ -365,7 +365,8 @@ def gemm_fp8(
             restated as one power of two (their maximum) and the block-scaled FP8 GEMM runs (see
             docs/ARCHITECTURE.md; exact up to values 2^18 below their block's largest).
         fuse_bgrad_accum_pattern: ``"megatron"`` (TENSORWISE/ROWWISE/MX_BLOCKWISE) adds b's
-            gradient into ``b.main_grad`` inside the wgrad GEMM, as :func:`gemm`.
+            gradient into ``b.main_grad`` inside the wgrad GEMM, as :func:`gemm` (MX_BLOCKWISE: an
+            fp32 wgrad, then one add).
 
     Pre-quantized inputs (forward only, no autograd): pass ``a=(q, scale_inv)`` with ``q [M, K]``
     and ``trans_a=False``, and ``b=(q, scale_inv)`` with ``q [N, K]`` and ``trans_b=True``, both
