@@ -269,7 +269,7 @@ def test_restatement_kernel_matches_torch_reference_bitwise(fmt, shape):
         reference = _mx_blocks.reference_mx_fp4_to_1x128
     else:
         dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
-        q = (torch.randn(rows, k, device="cuda") * 100).to(dtype)
+        q = (torch.randn(rows, k, device="cuda") * 100).clamp(-440, 440).to(dtype)  # no NaN bytes
         reference = _mx_blocks.reference_mx_fp8_to_1x128
     srows = -(-rows // 32) if fmt == "fp4_2d" else rows
     s = torch.randint(100, 150, (srows, kb32), dtype=torch.uint8, device="cuda")
