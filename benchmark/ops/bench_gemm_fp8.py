@@ -9,6 +9,12 @@
     python benchmark/ops/bench_gemm_fp8.py                  # default models, MBS 1 2 4
     python benchmark/ops/bench_gemm_fp8.py --quick          # one model, MBS 1 (~3-4 min on an H100)
     python benchmark/ops/bench_gemm_fp8.py --granularity blockwise --kind gemm_only
+    python benchmark/ops/bench_gemm_fp8.py --granularity mx_blockwise fp4 --quick   # MX / FP4 (~1-2 min)
+
+MX_BLOCKWISE (gemm_fp8_mx_blockwise_*) and FP4 (gemm_fp4_e2e, turbo.ops.gemm_fp4 with its default
+recipe) are emulated on Hopper (per-32 E8M0 scales restated as 1x128 blocks, FP4 expanded to
+E4M3); their GEMM-only baseline is torch.matmul in bf16 (torch._scaled_mm has no MX on sm_90), and
+the GEMM-only time includes the restatement of both operands. FP4's gate is 10 dB.
 
 Correctness is checked before timing (GEMM-only: SNR >= 40 dB against the float64 product of the
 dequantized operands; e2e: forward, dgrad and wgrad >= 25 dB against float64 products of the bf16
@@ -35,7 +41,7 @@ else:
     import bench_utils as bu  # type: ignore[no-redef]
     import config as cfg  # type: ignore[no-redef]
 
-GRANULARITIES = ("tensorwise", "rowwise", "blockwise")
+GRANULARITIES = ("tensorwise", "rowwise", "blockwise", "mx_blockwise", "fp4")
 KINDS = ("gemm_only", "e2e")
 COLUMNS = ["TestID", "GPU", "Case", "MBS", "M", "N", "K", "Granularity", "Check", "SNR (dB)", "Ours ms",
            "Ours TFLOPS", "Baseline", "Baseline ms", "Baseline TFLOPS", "Ratio", "Note"]
@@ -66,8 +72,27 @@ def parse_args(argv=None):
 def _config(gran: str):
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 
+    if gran == "fp4":
+        from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
+
+        return Float4QuantConfig()
     g = ScalingGranularity[gran.upper()]
+    if gran == "mx_blockwise":
+        from primus_turbo.pytorch.core.low_precision import ScaleDtype
+
+        return Float8QuantConfig(format=Format.E4M3, granularity=g, block_size=32, scale_dtype=ScaleDtype.E8M0)
     return Float8QuantConfig(format=Format.E4M3, granularity=g, block_size=128 if gran == "blockwise" else None)
+
+
+def _gemm(gran):
+    """The op a granularity's e2e entry times."""
+    import primus_turbo.pytorch as turbo
+
+    return turbo.ops.gemm_fp4 if gran == "fp4" else turbo.ops.gemm_fp8
+
+
+def _gate(gran):
+    return 10.0 if gran == "fp4" else 25.0
 
 
 # ---- GEMM only -----------------------------------------------------------------------------
@@ -106,7 +131,47 @@ def _scaled_mm_variants(qa, sa, qb, sb, gran):
     return [mm(sa_outer, sb.t()), mm(sa_outer, sb.t().contiguous()), mm(sa_outer, sb)]
 
 
+def _mx_quantized(m, n, k):
+    import primus_turbo.pytorch as turbo
+
+    g = _config("mx_blockwise").granularity
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).mul_(k**-0.5)
+    qa, sa = turbo.ops.quantize_fp8(a, torch.float8_e4m3fn, g, block_size=32, axis=-1)
+    qb, sb = turbo.ops.quantize_fp8(b, torch.float8_e4m3fn, g, block_size=32, axis=-1)
+    return qa, sa, qb, sb
+
+
+def mx_gemm_only_case(row, m, n, k, gran, args):
+    """MX E4M3 operands (quantize_fp8 along K) through gemm_fp8's pre-quantized path: the
+    restatement to 1x128 blocks and the block-scaled GEMM, vs torch.matmul bf16."""
+    import primus_turbo.pytorch as turbo
+
+    config = _config(gran)
+    g = config.granularity
+    qa, sa, qb, sb = _mx_quantized(m, n, k)
+    ours = lambda qa, sa, qb, sb: turbo.ops.gemm_fp8((qa, sa), (qb, sb), trans_b=True, out_dtype=torch.bfloat16,
+                                                     config=config)
+    out = ours(qa, sa, qb, sb)
+    deq = lambda q, s: turbo.ops.dequantize_fp8(q, torch.bfloat16, g, block_size=32, axis=-1, scale_inv=s)
+    da, db = deq(qa, sa), deq(qb, sb)
+    row["SNR (dB)"] = snr = bu.snr_db(out, da.double() @ db.double().t())
+    row["Check"] = "PASS" if snr >= 40.0 and torch.isfinite(out).all() else "FAIL"
+    n_sets = bu.num_rotating_sets(qa.numel() + qb.numel(), memory_budget_bytes=8 << 30)
+    sets = [(qa, sa, qb, sb)] + [_mx_quantized(m, n, k) for _ in range(n_sets - 1)]
+    if row["Check"] == "PASS":
+        row["Ours ms"] = bu.time_cuda(ours, rotate=sets, warmup=args.warmup, iters=args.iters)
+    bsets = [(deq(*x[:2]), deq(*x[2:])) for x in sets]
+    row["Baseline"] = "torch.matmul bf16"
+    row["Baseline ms"] = bu.time_cuda(lambda x, y: torch.matmul(x, y.t()), rotate=bsets, warmup=args.warmup,
+                                      iters=args.iters)
+    row["Note"] = "emulated: restatement of both operands included"
+    return 2.0 * m * n * k
+
+
 def gemm_only_case(row, m, n, k, gran, args):
+    if gran == "mx_blockwise":
+        return mx_gemm_only_case(row, m, n, k, gran, args)
     from primus_turbo.pytorch.ops.gemm_fp8 import ROW, TENSOR, BLOCK_1x128, BLOCK_128x128, fp8_mm
 
     act, wgt = {"tensorwise": (TENSOR, TENSOR), "rowwise": (ROW, ROW), "blockwise": (BLOCK_1x128, BLOCK_128x128)}[gran]
@@ -145,9 +210,8 @@ def gemm_only_case(row, m, n, k, gran, args):
 
 
 def e2e_case(row, m, n, k, gran, args):
-    import primus_turbo.pytorch as turbo
-
     config = _config(gran)
+    gemm = _gemm(gran)
 
     def make():
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16).requires_grad_()
@@ -155,7 +219,7 @@ def e2e_case(row, m, n, k, gran, args):
         return a, b, torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
 
     def ours(a, b, g):
-        out = turbo.ops.gemm_fp8(a, b, trans_b=True, config=config)
+        out = gemm(a, b, trans_b=True, config=config)
         return torch.autograd.grad(out, (a, b), g)
 
     def baseline(a, b, g):
@@ -163,13 +227,13 @@ def e2e_case(row, m, n, k, gran, args):
         return torch.autograd.grad(out, (a, b), g)
 
     a, b, g = make()
-    out = turbo.ops.gemm_fp8(a, b, trans_b=True, config=config)
+    out = gemm(a, b, trans_b=True, config=config)
     da, db = torch.autograd.grad(out, (a, b), g)
     a64, b64, g64 = a.detach().double(), b.detach().double(), g.double()
     snrs = [bu.snr_db(out, a64 @ b64.t()), bu.snr_db(da, g64 @ b64), bu.snr_db(db, g64.t() @ a64)]
     del out, da, db, a64, b64, g64
     row["SNR (dB)"] = min(snrs)
-    row["Check"] = "PASS" if min(snrs) >= 25.0 else "FAIL"
+    row["Check"] = "PASS" if min(snrs) >= _gate(gran) else "FAIL"
     row["Note"] = "fwd/dgrad/wgrad SNR " + "/".join(f"{s:.1f}" for s in snrs)
     traffic = 2 * (m * k + n * k + m * n)
     n_sets = bu.num_rotating_sets(traffic, 3 * traffic, memory_budget_bytes=8 << 30)
@@ -217,13 +281,15 @@ def run_entry(kind, gran, cases, args, gpu_name, out_dir, stem):
     entry = bu.summary_entry(
         ours=[r.get("Ours TFLOPS", nan) for r in rows],
         baseline_values=[r.get("Baseline TFLOPS", nan) for r in rows],
-        passed=passed, metric=metric, baseline=baseline, gpu=gpu_name, granularity=gran, format="E4M3",
+        passed=passed, metric=metric, baseline=baseline, gpu=gpu_name, granularity=gran,
+        format="E2M1" if gran == "fp4" else "E4M3",
         backend=args.backend or "default", models=cfg.resolve_dense_models(args.models), mbs=list(args.mbs),
         torch=torch.__version__, csv=csv_path.name,
     )
     bu.plot_comparison(out_dir / f"{stem}.png", [f"{r['Case']} x{r['MBS']}" for r in rows],
                        [r.get("Ours TFLOPS", nan) for r in rows], [r.get("Baseline TFLOPS", nan) for r in rows],
-                       metric=metric, title=f"{stem} on {gpu_name}", ours_label="Primus-Turbo gemm_fp8",
+                       metric=metric, title=f"{stem} on {gpu_name}",
+                       ours_label="Primus-Turbo gemm_fp4" if gran == "fp4" else "Primus-Turbo gemm_fp8",
                        baseline_label=baseline, failed=[not p for p in passed])
     if not args.no_summary:
         bu.update_summary(args.output_dir, bu.gpu_short_name(gpu_name), stem, entry)
@@ -234,13 +300,12 @@ def run_entry(kind, gran, cases, args, gpu_name, out_dir, stem):
 
 def profile_e2e(m, n, k, gran) -> None:
     """Where one bf16-in/bf16-out training step's GPU time goes (quantization vs GEMMs vs glue)."""
-    import primus_turbo.pytorch as turbo
-
     config = _config(gran)
+    gemm = _gemm(gran)
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    step = lambda: torch.autograd.grad(turbo.ops.gemm_fp8(a, b, trans_b=True, config=config), (a, b), g)
+    step = lambda: torch.autograd.grad(gemm(a, b, trans_b=True, config=config), (a, b), g)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -275,7 +340,10 @@ def main(argv=None) -> int:
     ok = True
     for gran in args.granularity:
         for kind in args.kind:
-            ok &= run_entry(kind, gran, cases, args, gpu_name, out_dir, f"gemm_fp8_{gran}_{kind}{suffix}")
+            if gran == "fp4" and kind != "e2e":
+                continue  # FP4: the training step only (gemm_fp4_e2e)
+            stem = f"gemm_fp4_{kind}{suffix}" if gran == "fp4" else f"gemm_fp8_{gran}_{kind}{suffix}"
+            ok &= run_entry(kind, gran, cases, args, gpu_name, out_dir, stem)
     return 0 if ok else 1
 
 

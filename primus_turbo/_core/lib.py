@@ -134,6 +134,9 @@ _PROTOTYPES = {
     "pt_gemm_fp8_prepare": (_i32, [_i32, _i32, _i32, _i32, _i32, _i32]),
     "pt_gemm_fp8_num_configs": (_i32, [_i32]),
     "pt_gemm_fp8_problem_key": (_i32, [_T, _T, _i32, _T, _T, _i32, _T, _f32, _cp, _sz]),
+    # gemm_mx.h
+    "pt_mx_to_blocks": (_i32, [_T, _T, _T, _T, _vp]),
+    "pt_mx_to_blocks_prepare": (_i32, [_i32]),
     "pt_rmsnorm_fwd": (_i32, [_T, _T, _T, _T, _f32, _i32, _vp]),
     "pt_rmsnorm_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _vp, _sz, _i32, _vp]),
     "pt_rmsnorm_bwd_workspace_bytes": (_sz, [_i64, _i64]),

@@ -13,7 +13,7 @@ from turbo_test_utils import poison_allocator, snr_db
 
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager, PrecisionType
-from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScaleDtype, ScalingGranularity
 from primus_turbo.pytorch.ops import _fp8_quant
 from primus_turbo.pytorch.ops.gemm_fp8 import ROW, TENSOR, BLOCK_1x128, BLOCK_128x128, fp8_mm
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 
 G = ScalingGranularity
 FORMATS = [Format.E4M3, Format.E5M2, Format.HYBRID]
-GRANULARITIES = [G.TENSORWISE, G.ROWWISE, G.BLOCKWISE]
+GRANULARITIES = [G.TENSORWISE, G.ROWWISE, G.BLOCKWISE, G.MX_BLOCKWISE]
 TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
 OUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 # (M, N, K): K and N not multiples of 128 (partial blocks), a small one, a large one.
@@ -30,6 +30,8 @@ GATE = {Format.E4M3: 25.0, Format.E5M2: 20.0, Format.HYBRID: 20.0}
 
 
 def config_for(fmt, g):
+    if g == G.MX_BLOCKWISE:
+        return Float8QuantConfig(format=fmt, granularity=g, block_size=32, scale_dtype=ScaleDtype.E8M0)
     return Float8QuantConfig(format=fmt, granularity=g, block_size=128 if g == G.BLOCKWISE else None)
 
 
@@ -182,14 +184,15 @@ def test_prequantized_inputs_match_quantizing_call(g):
     a = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(384, 512, device="cuda", dtype=torch.bfloat16)
     cfg = config_for(Format.E4M3, g)
-    qa = _fp8_quant.quantize_with_trans(a, torch.float8_e4m3fn, g, 128, False)[:2]
-    qb = _fp8_quant.quantize_with_trans(b, torch.float8_e4m3fn, g, 128, g == G.BLOCKWISE)[:2]
+    block = 32 if g == G.MX_BLOCKWISE else 128
+    qa = _fp8_quant.quantize_with_trans(a, torch.float8_e4m3fn, g, block, False)[:2]
+    qb = _fp8_quant.quantize_with_trans(b, torch.float8_e4m3fn, g, block, g == G.BLOCKWISE)[:2]
     pre = turbo.ops.gemm_fp8(qa, qb, trans_b=True, out_dtype=torch.bfloat16, config=cfg)
     full = turbo.ops.gemm_fp8(a, b, trans_b=True, config=cfg)
     torch.testing.assert_close(pre, full, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("g", [G.TENSORWISE, G.ROWWISE], ids=lambda g: g.name)
+@pytest.mark.parametrize("g", [G.TENSORWISE, G.ROWWISE, G.MX_BLOCKWISE], ids=lambda g: g.name)
 def test_megatron_main_grad_accumulates(g):
     x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -234,7 +237,8 @@ def test_cuda_graph_capture_forward_backward(g):
     torch.testing.assert_close(layer.weight.grad, eager_dw, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("fmt,g", [(Format.E4M3, G.TENSORWISE), (Format.HYBRID, G.ROWWISE), (Format.E4M3, G.BLOCKWISE)],
+@pytest.mark.parametrize("fmt,g", [(Format.E4M3, G.TENSORWISE), (Format.HYBRID, G.ROWWISE), (Format.E4M3, G.BLOCKWISE),
+                                   (Format.HYBRID, G.MX_BLOCKWISE)],
                          ids=lambda v: getattr(v, "name", str(v)))
 def test_torch_compile_fullgraph_float8_linear(fmt, g):
     torch._dynamo.reset()
@@ -278,3 +282,70 @@ def test_zero_size():
     a = torch.randn(0, 64, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
     assert turbo.ops.gemm_fp8(a, b, trans_b=True).shape == (0, 32)
+
+
+# ---- MX_BLOCKWISE: the emulated per-32 E8M0 GEMM against its dequantized MX operands -------------
+
+MX = G.MX_BLOCKWISE
+MX_SHAPES = SHAPES + [(64, 80, 48), (15, 48, 272)]  # a partial 32-block (K=48); M not a multiple of 4
+
+
+def mx_operand(x, dtype):
+    """x quantized MX along its last dim by the library quantizer, and its float64 dequantization."""
+    q, s = turbo.ops.quantize_fp8(x, dtype, MX, block_size=32, axis=-1)
+    ref = turbo.ops.dequantize_fp8(q, torch.float32, MX, block_size=32, axis=-1, scale_inv=s).double()
+    return q, s, ref
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("dtypes", DTYPE_PAIRS + [(torch.float8_e5m2, torch.float8_e5m2)],
+                         ids=lambda d: f"{d[0]}x{d[1]}".replace("torch.float8_", ""))
+@pytest.mark.parametrize("shape", MX_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_mx_gemm_matches_dequantized_mx_product(shape, dtypes, out_dtype):
+    """GEMM only: MX operands from quantize_fp8 through gemm_fp8's pre-quantized path; the restated
+    1x128 operands must reproduce the dequantized MX product (exact up to values 2^18 below their
+    128-block's largest, and FP32 accumulation)."""
+    m, n, k = shape
+    torch.manual_seed(hash(("mx", shape)) % 2**31)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    a[:, : k // 2] *= 1000.0  # sub-blocks of very different scales inside one 128-block
+    qa, sa, ra = mx_operand(a, dtypes[0])
+    qb, sb, rb = mx_operand(b, dtypes[1])
+    poison_allocator(m * n * out_dtype.itemsize)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # E5M2 x E5M2 / M=15: CUTLASS takes it, warned
+        cfg = config_for(Format.E4M3, MX)
+        out = turbo.ops.gemm_fp8((qa, sa), (qb, sb), trans_b=True, out_dtype=out_dtype, config=cfg)
+    assert out.shape == (m, n) and out.dtype == out_dtype and torch.isfinite(out).all()
+    floor = {torch.float32: 60.0, torch.float16: 50.0, torch.bfloat16: 40.0}[out_dtype]
+    snr = snr_db(out, ra @ rb.t())
+    assert snr >= floor, f"SNR {snr:.1f} dB against the dequantized MX product"
+
+
+def test_mx_restated_operands_reproduce_the_mx_dequantization():
+    from primus_turbo.pytorch.ops import _mx_blocks
+
+    x = torch.randn(256, 1040, device="cuda", dtype=torch.bfloat16)
+    x[:, ::7] *= 3000.0
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        q, s, ref = mx_operand(x, dtype)
+        q2, s2 = _mx_blocks.mx_fp8_to_1x128(q, s)
+        got = q2.double() * s2.double().repeat_interleave(128, 1)[:, :1040]
+        block_max = ref.abs().amax(1, keepdim=True)
+        assert ((got - ref).abs() <= block_max * 2.0**-17).all()
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_mx_matches_its_own_per_32_emulation(fmt):
+    """End to end against the same computation in float64: MX-quantize the bf16 inputs with the
+    library quantizer, dequantize, multiply (forward)."""
+    m, n, k = 256, 384, 512
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    dtype = torch.float8_e5m2 if fmt == Format.E5M2 else torch.float8_e4m3fn
+    ref = mx_operand(a, dtype)[2] @ mx_operand(b, dtype)[2].t()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = turbo.ops.gemm_fp8(a, b, trans_b=True, out_dtype=torch.float32, config=config_for(fmt, MX))
+    assert snr_db(out, ref) >= 60.0

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import primus_turbo.pytorch as turbo
-from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScaleDtype, ScalingGranularity
 from primus_turbo.pytorch.ops.gemm_fp8 import ROW, TENSOR, BLOCK_1x128, BLOCK_128x128, kernel_scale
 
 G = ScalingGranularity
@@ -13,6 +13,9 @@ CONFIGS = [
     Float8QuantConfig(format=f, granularity=g, block_size=128 if g == G.BLOCKWISE else None)
     for f in (Format.E4M3, Format.E5M2, Format.HYBRID)
     for g in (G.TENSORWISE, G.ROWWISE, G.BLOCKWISE)
+] + [
+    Float8QuantConfig(format=f, granularity=G.MX_BLOCKWISE, block_size=32, scale_dtype=ScaleDtype.E8M0)
+    for f in (Format.E4M3, Format.E5M2, Format.HYBRID)
 ]
 
 
@@ -95,9 +98,6 @@ def test_registered_as_custom_ops():
         (meta(16, 32), meta(32, 16), {"config": "e4m3"}, TypeError, "Float8QuantConfig"),
         (meta(16, 32), meta(32, 16), {"config": Float8QuantConfig(granularity=G.BLOCKWISE, block_size=64)},
          ValueError, "block_size=128"),
-        (meta(16, 32), meta(32, 16),
-         {"config": Float8QuantConfig(granularity=G.MX_BLOCKWISE, block_size=32, scale_dtype=turbo.core.low_precision.ScaleDtype.E8M0)},
-         NotImplementedError, "MX_BLOCKWISE"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(a, b, kwargs, exc, match):

@@ -346,3 +346,14 @@ def test_cutlass_grouped_gemm_fp8_wgrad_compiles_for_sm90a_with_fp8_wgmma():
     assert modules, f"no compiled FP8 grouped wgrad module in {cache}"
     sass = subprocess.run([tool, "--dump-sass", modules[0]], capture_output=True, text=True).stdout
     assert "QGMMA" in sass
+# MX -> 1x128 restatement (MX gemm_fp8, gemm_fp4): one module per input format (E4M3, E5M2, FP4).
+def test_mx_to_blocks_modules_compile_for_sm90a():
+    from primus_turbo._core.lib import check, lib
+
+    errors = []
+    for dtype in (3, 4, 6):  # PT_FLOAT8_E4M3, PT_FLOAT8_E5M2, PT_FLOAT4_E2M1_X2
+        try:
+            check(lib.pt_mx_to_blocks_prepare(dtype))
+        except Exception as e:  # report every failure
+            errors.append(f"mx_to_blocks (dtype {dtype}): {e}")
+    assert not errors, "\n".join(errors)

@@ -17,6 +17,7 @@ EXAMPLES = Path(__file__).parent / "seed_examples"
         ("example_1_3_grouped_gemm.py", "torch.Size([128, 256])"),
         ("example_2_1_linear.py", "torch.Size([128, 256])"),
         ("example_3_2_gemm_fp8.py", "torch.Size([128, 256])"),
+        ("example_3_4_gemm_fp4.py", "torch.Size([128, 256])"),
         ("example_5_1_backend_selection.py", "torch.Size([128, 256])"),
         ("example_3_3_grouped_gemm_fp8.py", "torch.Size([128, 256])"),
     ],

@@ -18,6 +18,7 @@ from primus_turbo.pytorch.ops.moe_routing import (  # noqa: F401
     tokens_per_expert_to_mask,
 )
 from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8  # noqa: F401
+from primus_turbo.pytorch.ops.gemm_fp4 import gemm_fp4  # noqa: F401
 from primus_turbo.pytorch.ops.quantization import (  # noqa: F401
     dequantize_fp4,
     dequantize_fp8,
@@ -57,4 +58,5 @@ __all__ = [
     "swiglu_fp8",
     "geglu_fp8",
     "grouped_gemm_fp8",
+    "gemm_fp4",
 ]

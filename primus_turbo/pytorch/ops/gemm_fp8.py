@@ -22,7 +22,7 @@ from primus_turbo.pytorch.core import autotune, library
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt, workspace
-from primus_turbo.pytorch.ops import _fp8_quant
+from primus_turbo.pytorch.ops import _fp8_quant, _mx_blocks
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad
 
 __all__ = ["gemm_fp8"]
@@ -30,6 +30,7 @@ __all__ = ["gemm_fp8"]
 _IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
 
 # pt_fp8_scaling codes (csrc/include/primus_turbo/gemm_fp8.h).
 TENSOR, ROW, BLOCK_1x128, BLOCK_128x128 = 0, 1, 2, 3
@@ -184,11 +185,8 @@ def _check_config(config) -> Float8QuantConfig:
     if not isinstance(config, Float8QuantConfig):
         raise TypeError(f"gemm_fp8: config must be a Float8QuantConfig or None, got {type(config).__name__}")
     g = config.granularity
-    if g == ScalingGranularity.MX_BLOCKWISE:
-        raise NotImplementedError(
-            "gemm_fp8: MX_BLOCKWISE needs the per-32 block-scaled GEMM kernel, which is not available yet "
-            "(Hopper has no MX tensor cores and cuBLASLt offers no MX GEMM on sm_90)"
-        )
+    if g == ScalingGranularity.MX_BLOCKWISE and config.block_size != _mx_blocks.MX_BLOCK:
+        raise ValueError(f"gemm_fp8: MX_BLOCKWISE supports block_size=32, got {config.block_size}")
     if g == ScalingGranularity.BLOCKWISE and config.block_size != 128:
         raise ValueError(f"gemm_fp8: BLOCKWISE supports block_size=128, got {config.block_size}")
     return config
@@ -209,10 +207,19 @@ def _scalings(g: ScalingGranularity) -> tuple[int, int]:
         return TENSOR, TENSOR
     if g == ScalingGranularity.ROWWISE:
         return ROW, ROW
+    if g == ScalingGranularity.MX_BLOCKWISE:  # per-32 E8M0 along K, restated as 1x128 blocks
+        return BLOCK_1x128, BLOCK_1x128
     return BLOCK_1x128, BLOCK_128x128
 
 
 def _quantize(x, dtype, g, two_d):
+    if g == ScalingGranularity.MX_BLOCKWISE:
+        # Both copies MX along their own last dim (1-D blocks of 32: the weight too), then each
+        # restated with 1x128 scales for the block-scaled GEMM (see _mx_blocks).
+        q_row, s_row, q_col, s_col = _fp8_quant.quantize_with_trans(
+            x.contiguous(), dtype, g, _mx_blocks.MX_BLOCK, False
+        )
+        return (*_mx_blocks.mx_fp8_to_1x128(q_row, s_row), *_mx_blocks.mx_fp8_to_1x128(q_col, s_col))
     return _fp8_quant.quantize_with_trans(x.contiguous(), dtype, g, 128 if g == ScalingGranularity.BLOCKWISE else None, two_d)
 
 
@@ -263,7 +270,11 @@ class GemmFp8Function(torch.autograd.Function):
         if ctx.needs_input_grad[1] or ctx.main_grad is not None:
             # d op(b) [K, N] = op(a)^T [K, M] @ grad^T [N, M]^T.
             args = (g_col, sg_col, act, a_bwd, sa_bwd, act) if ctx.trans_b else (a_bwd, sa_bwd, act, g_col, sg_col, act)
-            if ctx.main_grad is not None:
+            if ctx.main_grad is not None and ctx.g == ScalingGranularity.MX_BLOCKWISE:
+                # cuBLASLt's block-scaled GEMM does not accumulate: an fp32 product, then one add.
+                ctx.main_grad.add_(fp8_mm(*args, torch.float32))
+                grad_b = _dummy_wgrad(ctx.b_shape, ctx.b_dtype, ctx.main_grad.device)
+            elif ctx.main_grad is not None:
                 fp8_mm_accum_(*args, ctx.main_grad)
                 grad_b = _dummy_wgrad(ctx.b_shape, ctx.b_dtype, ctx.main_grad.device)
             else:
@@ -274,7 +285,7 @@ class GemmFp8Function(torch.autograd.Function):
 # ---- pre-quantized operands -----------------------------------------------------------------
 
 
-def _prequantized(x, name: str, trans: bool, must_trans: bool, scaling: int):
+def _prequantized(x, name: str, trans: bool, must_trans: bool, scaling: int, mx: bool = False):
     q, s = x
     if not isinstance(q, torch.Tensor) or q.dtype not in _FP8_DTYPES or q.dim() != 2:
         raise TypeError(f"gemm_fp8: pre-quantized '{name}' must be (q, scale_inv) with q a 2-D float8 tensor")
@@ -283,9 +294,20 @@ def _prequantized(x, name: str, trans: bool, must_trans: bool, scaling: int):
             f"gemm_fp8: a pre-quantized '{name}' must be stored K-major (trans_{name}={must_trans}): quantize "
             f"op({name}) along K"
         )
+    rows, k = q.shape
+    if mx:
+        if not isinstance(s, torch.Tensor) or s.dtype not in (_E8M0, torch.uint8):
+            raise TypeError(
+                f"gemm_fp8: pre-quantized MX '{name}' scale_inv must be an E8M0 tensor (torch.float8_e8m0fnu)"
+            )
+        if tuple(s.shape) != (rows, _cdiv(k, 32)):
+            raise ValueError(
+                f"gemm_fp8: pre-quantized MX '{name}' scale_inv has shape {tuple(s.shape)}; expected "
+                f"{[rows, _cdiv(k, 32)]} for q of shape {tuple(q.shape)}"
+            )
+        return _mx_blocks.mx_fp8_to_1x128(q.contiguous(), s.contiguous())
     if not isinstance(s, torch.Tensor) or s.dtype != torch.float32:
         raise TypeError(f"gemm_fp8: pre-quantized '{name}' scale_inv must be a float32 tensor")
-    rows, k = q.shape
     expected = {
         TENSOR: (),
         ROW: (rows, 1),
@@ -302,8 +324,9 @@ def _prequantized(x, name: str, trans: bool, must_trans: bool, scaling: int):
 
 def _forward_prequantized(a, b, trans_a, trans_b, out_dtype, g):
     act, wgt = _scalings(g)
-    qa, sa = _prequantized(a, "a", trans_a, False, act)
-    qb, sb = _prequantized(b, "b", trans_b, True, wgt)
+    mx = g == ScalingGranularity.MX_BLOCKWISE
+    qa, sa = _prequantized(a, "a", trans_a, False, act, mx)
+    qb, sb = _prequantized(b, "b", trans_b, True, wgt, mx)
     if qa.shape[1] != qb.shape[1]:
         raise ValueError(f"gemm_fp8: inner dimensions do not match: a is {tuple(qa.shape)}, b is {tuple(qb.shape)}")
     if out_dtype is None:
@@ -409,14 +432,20 @@ def gemm_fp8(
         a: ``[M, K]`` (``[K, M]`` with ``trans_a``), float16/bfloat16/float32, CUDA.
         b: ``[K, N]`` (``[N, K]`` with ``trans_b``), same dtype as ``a``. With BLOCKWISE, ``b`` is
             the weight: 128x128 blocks; ``a`` and the output gradient use 1x128 blocks along K.
-        config: :class:`Float8QuantConfig`; TENSORWISE, ROWWISE, BLOCKWISE (block_size=128).
-        fuse_bgrad_accum_pattern: ``"megatron"`` (TENSORWISE/ROWWISE) adds b's gradient into
-            ``b.main_grad`` inside the wgrad GEMM, as :func:`gemm`.
+        config: :class:`Float8QuantConfig`; TENSORWISE, ROWWISE, BLOCKWISE (block_size=128),
+            MX_BLOCKWISE (block_size=32, E8M0): every operand, the weight included, in blocks of 32
+            along its GEMM's K. Emulated on Hopper: the four E8M0 scales of a 128-deep K block are
+            restated as one power of two (their maximum) and the block-scaled FP8 GEMM runs (see
+            docs/ARCHITECTURE.md; exact up to values 2^18 below their block's largest).
+        fuse_bgrad_accum_pattern: ``"megatron"`` (TENSORWISE/ROWWISE/MX_BLOCKWISE) adds b's
+            gradient into ``b.main_grad`` inside the wgrad GEMM, as :func:`gemm` (MX_BLOCKWISE: an
+            fp32 wgrad, then one add).
 
     Pre-quantized inputs (forward only, no autograd): pass ``a=(q, scale_inv)`` with ``q [M, K]``
     and ``trans_a=False``, and ``b=(q, scale_inv)`` with ``q [N, K]`` and ``trans_b=True``, both
     quantized along K as ``turbo.ops.quantize_fp8(x, dtype, granularity, axis=-1)`` returns them
-    (BLOCKWISE ``b``: ``scaling_recipe.use_2d_block=True``); ``out_dtype`` is then required.
+    (BLOCKWISE ``b``: ``scaling_recipe.use_2d_block=True``; MX_BLOCKWISE: E8M0 scale_inv
+    ``[rows, ceil(K/32)]``); ``out_dtype`` is then required.
 
     Pre-quantized activation for training: ``a=(q, scale_inv, a_hp)`` (``trans_a=False``; e.g.
     ``turbo.ops.rmsnorm_fp8(..., return_hp=True)`` / ``swiglu_fp8``, ROWWISE or BLOCKWISE, the
@@ -466,7 +495,9 @@ def gemm_fp8(
         return ((a.t() if trans_a else a) @ (b.t() if trans_b else b)).to(out_dtype)
     main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)
     if main_grad is not None and config.granularity == ScalingGranularity.BLOCKWISE:
-        raise ValueError("gemm_fp8: fuse_bgrad_accum_pattern='megatron' supports TENSORWISE and ROWWISE, not BLOCKWISE")
+        raise ValueError(
+            "gemm_fp8: fuse_bgrad_accum_pattern='megatron' supports TENSORWISE, ROWWISE and MX_BLOCKWISE, not BLOCKWISE"
+        )
     return GemmFp8Function.apply(
         a, b, bool(trans_a), bool(trans_b), out_dtype, config.format, config.granularity, main_grad
     )

@@ -1,0 +1,257 @@
+"""turbo.ops.gemm_fp4: bf16/fp16 in -> MXFP4 (E2M1 + E8M0 per 32) -> GEMM -> out_dtype, forward
+and backward, with the FP4 training recipe of arXiv 2509.25149.
+
+Hopper has no FP4 tensor cores: this is an emulation. Each MXFP4 operand is expanded to E4M3
+(every E2M1 value is exact there) with its four per-32 E8M0 scales of a 128-deep K block restated
+as one power of two, and the 1x128 x 1x128 block-scaled FP8 GEMM runs (see ``_mx_blocks`` and
+docs/ARCHITECTURE.md). The numerics are those of MXFP4 (the GEMM reproduces the product of the
+dequantized FP4 operands up to FP32 accumulation); the speed is that of FP8 plus the expansion,
+so it is slower than the FP8 GEMM, not faster.
+
+The recipe, by operand role (``op(a)`` ``[M, K]``, ``op(b)`` ``[K, N]``, ``b`` the weight)::
+
+    forward  out     = op(a)   along K, 1-D       x op(b)^T along K, 32x32 2-D blocks
+    dgrad    d op(a) = grad    along N, SR        x op(b)   along N, the same 32x32 blocks
+    wgrad    d op(b) = op(a)^T along M, RHT       x grad^T  along M, RHT + SR
+
+2-D weight blocks make the weight's two copies share scales (the backward multiplies by the same
+quantized weight as the forward); the random Hadamard transform (16-point, fixed signs, applied
+to both wgrad operands along the reduction dim, so it cancels in the product) spreads outliers
+before the 32-element scaling; stochastic rounding makes the gradient quantization unbiased.
+"""
+
+import torch
+
+from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, ScalingGranularity, ScalingRecipe
+from primus_turbo.pytorch.ops import _mx_blocks
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+from primus_turbo.pytorch.ops.gemm_fp8 import BLOCK_1x128, fp8_mm
+from primus_turbo.pytorch.ops.quantization import quantize_fp4
+
+__all__ = ["gemm_fp4", "FP4_TRAINING_RECIPE"]
+
+_IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
+_MX = ScalingGranularity.MX_BLOCKWISE
+
+# The recipe gemm_fp4 applies unless the config selects another (see gemm_fp4).
+FP4_TRAINING_RECIPE = ScalingRecipe(use_2d_block=True, use_sr=True, use_rht=True)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# Built once: torch.compile does not trace dataclass construction.
+_RECIPES = {
+    (d, r, s): ScalingRecipe(use_2d_block=d, use_rht=r, use_sr=s)
+    for d in (False, True) for r in (False, True) for s in (False, True)
+}
+_DEFAULT_CONFIG = Float4QuantConfig()
+
+
+_FIXED_SEED = 0x5EED
+_sr_calls = [0]
+
+
+def _seed(sr: bool) -> int:
+    """A new stochastic-rounding seed per eager call; a constant inside a compiled graph (the seed
+    is a scalar argument of the quantize op, fixed when traced)."""
+    if not sr:
+        return 0
+    if torch.compiler.is_compiling():
+        return _FIXED_SEED
+    _sr_calls[0] += 1
+    return _sr_calls[0]
+
+
+def _q(x, axis, two_d=False, rht=False, sr=False):
+    """x quantized to MXFP4 along `axis` (0: stored transposed), as packed q and E8M0 scales."""
+    recipe = _RECIPES[(two_d, rht, sr)]
+    return quantize_fp4(x, granularity=_MX, axis=axis, scaling_recipe=recipe, seed=_seed(sr))
+
+
+def fp4_mm(qa, sa, qb, sb, out_dtype) -> torch.Tensor:
+    """out[R, C] = A [R, K] @ B [C, K]^T for K-major MXFP4 operands (packed q [rows, K/2], E8M0
+    scales [rows, ceil(K/32)] or 2-D [ceil(rows/32), ceil(K/32)])."""
+    a8, a_s = _mx_blocks.mx_fp4_to_1x128(qa, sa)
+    b8, b_s = _mx_blocks.mx_fp4_to_1x128(qb, sb)
+    return fp8_mm(a8, a_s, BLOCK_1x128, b8, b_s, BLOCK_1x128, out_dtype)
+
+
+class GemmFp4Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, trans_a: bool, trans_b: bool, out_dtype, two_d: bool, rht: bool, sr: bool):
+        # Forward operands, both along K: op(a) [M, K/2] and op(b)^T [N, K/2].
+        qa, sa = _q(a, 0 if trans_a else -1)
+        qb, sb = _q(b, -1 if trans_b else 0, two_d=two_d)
+        out = fp4_mm(qa, sa, qb, sb, out_dtype)
+        ctx.trans_a, ctx.trans_b, ctx.rht, ctx.sr = trans_a, trans_b, rht, sr
+        ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
+        # Backward copies: op(b) [K, N/2] along N (dgrad), op(a)^T [K, M/2] along M (wgrad).
+        none = a.new_empty(0)
+        qbn, sbn = _q(b, 0 if trans_b else -1, two_d=two_d) if ctx.needs_input_grad[0] else (none, none)
+        qam, sam = _q(a, -1 if trans_a else 0, rht=rht) if ctx.needs_input_grad[1] else (none, none)
+        ctx.save_for_backward(qbn, sbn, qam, sam)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        qbn, sbn, qam, sam = ctx.saved_tensors
+        g = grad_out.contiguous()
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            # d op(a) [M, K] = grad [M, N] @ op(b) [K, N]^T, both along N.
+            qg, sg = _q(g, -1, sr=ctx.sr)
+            if ctx.trans_a:
+                grad_a = fp4_mm(qbn, sbn, qg, sg, ctx.a_dtype)
+            else:
+                grad_a = fp4_mm(qg, sg, qbn, sbn, ctx.a_dtype)
+        if ctx.needs_input_grad[1]:
+            # d op(b) [K, N] = op(a)^T [K, M] @ grad^T [N, M]^T, both along M.
+            qgm, sgm = _q(g, 0, rht=ctx.rht, sr=ctx.sr)
+            if ctx.trans_b:
+                grad_b = fp4_mm(qgm, sgm, qam, sam, ctx.b_dtype)
+            else:
+                grad_b = fp4_mm(qam, sam, qgm, sgm, ctx.b_dtype)
+        return grad_a, grad_b, None, None, None, None, None, None
+
+
+def _check_config(config) -> Float4QuantConfig:
+    if config is None:
+        return _DEFAULT_CONFIG
+    if not isinstance(config, Float4QuantConfig):
+        raise TypeError(f"gemm_fp4: config must be a Float4QuantConfig or None, got {type(config).__name__}")
+    for name in ("scaling_recipe", "scaling_recipe_for_trans"):
+        r = getattr(config, name)
+        if r is not None and not isinstance(r, ScalingRecipe):
+            raise TypeError(f"gemm_fp4: config.{name} must be a ScalingRecipe, got {type(r).__name__}")
+    return config
+
+
+def recipe_of(config: Float4QuantConfig) -> ScalingRecipe:
+    """The recipe switches gemm_fp4 applies for a config (see gemm_fp4's docstring)."""
+    if config.scaling_recipe_for_trans is not None:
+        return config.scaling_recipe_for_trans
+    r = config.scaling_recipe
+    if r is not None and (r.use_2d_block or r.use_rht or r.use_sr):
+        return r
+    return FP4_TRAINING_RECIPE
+
+
+def _prequantized(x, name: str, trans: bool, must_trans: bool):
+    q, s = x
+    if not isinstance(q, torch.Tensor) or not _mx_blocks.is_fp4(q) or q.dim() != 2:
+        raise TypeError(
+            f"gemm_fp4: pre-quantized '{name}' must be (q, scale_inv) with q a 2-D packed FP4 tensor "
+            "(torch.float4_e2m1fn_x2 or uint8), as quantize_fp4 returns it"
+        )
+    if bool(trans) != must_trans:
+        raise ValueError(
+            f"gemm_fp4: a pre-quantized '{name}' must be stored K-major (trans_{name}={must_trans}): quantize "
+            f"op({name}) along K"
+        )
+    if not isinstance(s, torch.Tensor) or s.dtype not in (_E8M0, torch.uint8):
+        raise TypeError(f"gemm_fp4: pre-quantized '{name}' scale_inv must be an E8M0 tensor (torch.float8_e8m0fnu)")
+    rows, k = q.shape[0], 2 * q.shape[1]
+    kb = _cdiv(k, 32)
+    if s.dim() != 2 or s.shape[1] != kb or s.shape[0] not in (rows, _cdiv(rows, 32)):
+        raise ValueError(
+            f"gemm_fp4: pre-quantized '{name}' scale_inv has shape {tuple(s.shape)}; expected {[rows, kb]} "
+            f"(or {[_cdiv(rows, 32), kb]} for 32x32 blocks) for q of shape {tuple(q.shape)}"
+        )
+    return q.contiguous(), s.contiguous(), k
+
+
+def _forward_prequantized(a, b, trans_a, trans_b, out_dtype):
+    qa, sa, ka = _prequantized(a, "a", trans_a, False)
+    qb, sb, kb = _prequantized(b, "b", trans_b, True)
+    if ka != kb:
+        raise ValueError(f"gemm_fp4: inner dimensions do not match: a holds K={ka}, b holds K={kb}")
+    if ka % 16:
+        raise ValueError(f"gemm_fp4: K={ka} must be a multiple of 16 (expanded FP8 rows are read 16 bytes at a time)")
+    if out_dtype is None:
+        raise ValueError("gemm_fp4: out_dtype is required when 'a' is pre-quantized")
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"gemm_fp4: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
+    check_cuda_tensors("gemm_fp4", a=qa, b=qb)
+    return fp4_mm(qa, sa, qb, sb, out_dtype)
+
+
+Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+def gemm_fp4(
+    a: Operand,
+    b: Operand,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    out_dtype: torch.dtype | None = None,
+    config: Float4QuantConfig | None = None,
+) -> torch.Tensor:
+    """``op(a) @ op(b)`` in MXFP4 (E2M1 values, one E8M0 scale per 32 along K), written as
+    ``out_dtype`` (default ``a.dtype``); differentiable, with the FP4 training recipe of
+    arXiv 2509.25149 (see the module docstring). Emulated on Hopper through the FP8 tensor cores:
+    MXFP4 accuracy, FP8 speed minus the expansion (docs/ARCHITECTURE.md).
+
+    Args:
+        a: activation ``[M, K]`` (``[K, M]`` with ``trans_a``), float16/bfloat16/float32, CUDA.
+        b: weight ``[K, N]`` (``[N, K]`` with ``trans_b``), same dtype as ``a``.
+        config: :class:`Float4QuantConfig` (MX_BLOCKWISE, E8M0, block_size 32). The recipe's
+            switches (``use_2d_block``: 32x32 weight blocks; ``use_rht``: Hadamard transform of the
+            wgrad operands; ``use_sr``: stochastic rounding of the output gradient) are read from
+            ``config.scaling_recipe_for_trans`` when given, else from ``config.scaling_recipe`` when
+            it sets any of them, else :data:`FP4_TRAINING_RECIPE` (all three on). Pass
+            ``scaling_recipe_for_trans=ScalingRecipe()`` for plain MXFP4. Stochastic rounding draws a
+            new seed per eager call; under torch.compile or CUDA-graph capture the seed is fixed at
+            trace / capture time.
+
+    Pre-quantized inputs (forward only): ``a=(q, scale_inv)`` with ``q [M, K/2]`` and ``trans_a=False``,
+    ``b=(q, scale_inv)`` with ``q [N, K/2]`` and ``trans_b=True``, as ``quantize_fp4(x, axis=-1)``
+    returns them (``b`` may use 32x32 blocks); ``out_dtype`` is then required.
+
+    Shapes: K must be a multiple of 16 (the expanded FP8 operand rows are read 16 bytes at a time);
+    for the backward, M and N as well (the transposed copies have rows of length M and N, and the
+    Hadamard transform runs in groups of 16 along M). A last partial block of 32 (K = 48, ...) gets
+    its own scale: no padding of the caller's data. Violations raise ``ValueError`` before any work.
+    """
+    config = _check_config(config)
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        if not (isinstance(a, tuple) and isinstance(b, tuple)):
+            raise TypeError("gemm_fp4: pass both 'a' and 'b' pre-quantized, or neither")
+        return _forward_prequantized(a, b, trans_a, trans_b, out_dtype)
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"gemm_fp4: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"gemm_fp4: argument '{name}' must be 2-D, got shape {tuple(t.shape)}")
+        if t.dtype not in _IN_DTYPES:
+            raise TypeError(f"gemm_fp4: argument '{name}' has dtype {t.dtype}; expected float16, bfloat16 or float32")
+    if b.dtype != a.dtype:
+        raise TypeError(f"gemm_fp4: argument 'b' has dtype {b.dtype}; expected the dtype of 'a' ({a.dtype})")
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"gemm_fp4: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    if k != kb:
+        raise ValueError(
+            f"gemm_fp4: inner dimensions do not match: op(a) is [{m}, {k}] (a {tuple(a.shape)}, trans_a={trans_a}) "
+            f"but op(b) is [{kb}, {n}] (b {tuple(b.shape)}, trans_b={trans_b})"
+        )
+    if k % 16:
+        raise ValueError(f"gemm_fp4: K={k} must be a multiple of 16 (expanded FP8 rows are read 16 bytes at a time)")
+    if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled() and (m % 16 or n % 16):
+        raise ValueError(
+            f"gemm_fp4: the backward needs M={m} and N={n} to be multiples of 16 (its transposed operands have "
+            "rows of length M and N; the Hadamard transform works on groups of 16 along M)"
+        )
+    check_cuda_tensors("gemm_fp4", a=a, b=b)
+    if m == 0 or n == 0 or k == 0:
+        return ((a.t() if trans_a else a) @ (b.t() if trans_b else b)).to(out_dtype)
+    r = recipe_of(config)
+    return GemmFp4Function.apply(
+        a.contiguous(), b.contiguous(), bool(trans_a), bool(trans_b), out_dtype,
+        bool(r.use_2d_block), bool(r.use_rht), bool(r.use_sr),
+    )
