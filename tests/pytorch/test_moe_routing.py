@@ -213,7 +213,9 @@ def test_cuda_graph_capture_and_replay():
         torch.autograd.backward([p, s], [gp, gp])
         return s, p, m
 
-    s_ref, p_ref, m_ref = step()  # compiles and loads the modules outside the capture
+    # Detached: a reference that kept its grad_fn would keep x's gradient accumulator, created on
+    # the default stream, alive into the capture (autograd would then sync the legacy stream).
+    s_ref, p_ref, m_ref = (t.detach() for t in step())  # compiles and loads the modules outside the capture
     g_ref = x.grad.clone()
     x.grad = None
     torch.cuda.synchronize()

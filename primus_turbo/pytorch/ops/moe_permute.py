@@ -607,6 +607,11 @@ def moe_permute(
     (int32 [1]) counts tokens with at least one route. Differentiable in ``tokens`` and ``probs``:
     the backward sums a token's row gradients in a fixed order (fp32) and gathers the probability
     gradients (FP8 tokens have no backward).
+
+    ``row_id_map`` is ``moe_unpermute``'s handle, ``[num_tokens + pad_multiple, 2 * experts + 1]``
+    int32: a token's row holds its ``n`` destination rows plus one, then at column ``experts`` their
+    probability columns, and ``n`` in the last column. Entries past a token's ``n`` are left
+    unwritten (writing them would add ``8 * experts`` bytes per token); they are unspecified.
     """
     op = "moe_permute"
     if probs_layout not in ("routing_map", "topk"):
