@@ -20,6 +20,7 @@ EXAMPLES = Path(__file__).parent / "seed_examples"
         ("example_3_4_gemm_fp4.py", "torch.Size([128, 256])"),
         ("example_5_1_backend_selection.py", "torch.Size([128, 256])"),
         ("example_3_3_grouped_gemm_fp8.py", "torch.Size([128, 256])"),
+        ("example_5_2_autotune.py", "torch.Size([128, 256])"),
     ],
 )
 def test_seed_example_runs_verbatim(script, expected):
