@@ -11,7 +11,8 @@ transposed column-wise from one read), quantize_fp4 (MXFP4 along the last dim).
 
 Per case and op: correctness first (ours against the eager result: every FP8 value within one
 unit in the last place and >= 99.9% bitwise equal, FP4 codes and all scales equal); a FAIL voids
-our timing. Then CUDA-event timing with rotating inputs (L2 cannot serve repeats). Memory bound:
+our timing. Then device timing: calls replayed from a CUDA graph (``--no-graph``: plain calls with
+CUDA events, host overhead included), cycling through rotating inputs (L2 cannot serve repeats). Memory bound:
 the metric is effective bandwidth, bytes read + written counted once (x, q, scales) over the
 median time, also as a fraction of the device-to-device copy bandwidth measured in this run.
 Writes <output-dir>/<gpu>/quantization_<dtype>[_<tag>].csv and summary.json entries
@@ -64,6 +65,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=bu.MIN_TIMED_ITERS)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--mem-budget-gb", type=float, default=4.0)
+    p.add_argument("--no-graph", action="store_true", help="time plain calls (host overhead included)")
     p.add_argument("--no-summary", action="store_true")
     p.add_argument("--seed", type=int, default=1234)
     args = p.parse_args(argv)
@@ -229,10 +231,15 @@ def run_case(case, op, dtype, copy_gbps, args) -> dict:
     sets = [(x,)] + [(torch.randn_like(x),) for _ in range(n_sets - 1)]
     row["Rotating Sets"] = n_sets
     t_ours = t_eager = nan
+    def timed(fn):
+        if args.no_graph:
+            return bu.time_cuda(fn, rotate=sets, warmup=args.warmup, iters=args.iters)
+        return bu.time_cuda_graph(fn, rotate=sets, warmup=args.warmup)
+
     if row["Check"] == "PASS":
-        t_ours = bu.time_cuda(ours, rotate=sets, warmup=args.warmup, iters=args.iters)
+        t_ours = timed(ours)
     try:
-        t_eager = bu.time_cuda(eager, rotate=sets, warmup=args.warmup, iters=args.iters)
+        t_eager = timed(eager)
     except Exception as e:  # noqa: BLE001 (e.g. out of memory on the largest weights)
         notes.append(f"eager: {type(e).__name__}"[:200])
     del sets, x
