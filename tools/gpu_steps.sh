@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Runs a list of named steps (tests, benchmarks) on a machine with a GPU after one shared setup, each
+# under its own time limit, and packs what they wrote into a few files:
+#
+#   tools/gpu_steps.sh OUT_DIR 'name|seconds|command' ['name|seconds|command' ...]
+#
+#   tools/gpu_steps.sh /tmp/out \
+#     'warm|300|python3 -P tools/precompile_elementwise.py -j 16' \
+#     'norm|300|python3 -P -m pytest tests/pytorch/test_rmsnorm.py -q -n 8' \
+#     'bench|300|python3 benchmark/ops/bench_rmsnorm.py --quick --output-dir $RESULTS'
+#
+# Setup: wheels in .whl/ are installed to /tmp/site (offline machines), the package is installed,
+# and .carry/jitcache.tgz (a kernel cache built anywhere with the same nvcc: modules are keyed by
+# content) seeds the JIT cache. Steps see $RESULTS (benchmark output dir) and run in order; one that
+# fails or times out does not stop the others. OUT_DIR ends up with steps.txt (name, exit status,
+# seconds), logs.tgz (each step's log and $RESULTS) and jitcache.tgz (the cache after the steps).
+set -uo pipefail
+OUT=${1:?usage: tools/gpu_steps.sh OUT_DIR 'name|seconds|command' ...}
+shift
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d)
+export RESULTS=$WORK/results LOGS=$WORK/logs
+mkdir -p "$RESULTS" "$LOGS"
+export PYTHONUNBUFFERED=1
+export PRIMUS_TURBO_CACHE_DIR=${PRIMUS_TURBO_CACHE_DIR:-/tmp/primus_turbo_cache}
+SUMMARY=$OUT/steps.txt
+: > "$SUMMARY"
+
+run_step() {  # name seconds command
+  local start rc
+  start=$(date +%s)
+  timeout --kill-after=10 "$2" bash -c "$3" > "$LOGS/$1.log" 2>&1
+  rc=$?
+  printf '%-24s rc=%-4s %5ss\n' "$1" "$rc" "$(( $(date +%s) - start ))" | tee -a "$SUMMARY"
+  tail -n 4 "$LOGS/$1.log"
+}
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nvcc --version | tail -1; } \
+  > "$LOGS/machine.log" 2>&1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >> "$LOGS/setup.log" 2>&1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+mkdir -p "$PRIMUS_TURBO_CACHE_DIR"
+[ -f .carry/jitcache.tgz ] && tar xzf .carry/jitcache.tgz -C "$PRIMUS_TURBO_CACHE_DIR"
+run_step install 300 "python3 -m pip install -q --no-build-isolation --no-deps ."
+
+for spec in "$@"; do
+  name=${spec%%|*}
+  rest=${spec#*|}
+  run_step "$name" "${rest%%|*}" "${rest#*|}"
+done
+
+tar czf "$OUT/logs.tgz" -C "$WORK" logs results
+tar czf "$OUT/jitcache.tgz" -C "$PRIMUS_TURBO_CACHE_DIR" jit 2>/dev/null
+rm -rf "$WORK"
