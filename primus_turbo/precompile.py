@@ -12,6 +12,11 @@ each operand: AkBk is a Linear forward (x @ w^T), AkBn its dgrad, AmBn its wgrad
 Grouped GEMM layouts: AkBn is the forward with b [G, K, N] (and the dgrad of trans_b=True), AkBk
 the forward with trans_b=True (and the dgrad of trans_b=False), AmBn every wgrad.
 
+    python -m primus_turbo.precompile --op gemm_fp8 --fp8-format hybrid --out-dtype bf16 fp32
+
+Dense FP8 modules are the CUTLASS block-scaled kernels (1x128 / 128x128 scales; the default backend,
+cuBLASLt, needs none); default config 0, the one used without autotune.
+
     python -m primus_turbo.precompile --op grouped_gemm_fp8 --fp8-format hybrid   # FP8 MoE modules
 
 FP8 grouped GEMM modules depend on the two FP8 dtypes, the output dtype, the weight's scale
@@ -141,11 +146,35 @@ def compile_grouped_fp8_one(a: str, b: str, out_dtype: str, b_scale_rows: int, c
     return time.time() - start
 
 
+# Dense FP8 GEMM (CUTLASS block-scaled kernels): operand dtype pairs per format (the forward, dgrad
+# and wgrad GEMMs of gemm_fp8) and the scaling pairs (1x128 activations / gradients, 128x128 weights).
+FP8_DENSE_PAIRS = {
+    "e4m3": [("e4m3", "e4m3")],
+    "e5m2": [("e5m2", "e5m2")],
+    "hybrid": [("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e4m3", "e5m2")],
+}
+_BLOCK_SCALINGS = {"1x128": 2, "128x128": 3}
+FP8_DENSE_SCALINGS = [("1x128", "128x128"), ("1x128", "1x128"), ("128x128", "1x128")]
+
+
+def gemm_fp8_name(a: str, b: str, out_dtype: str, sa: str, sb: str, config: int) -> str:
+    return f"gemm_fp8 {a}x{b}->{out_dtype} scales {sa}/{sb} config {config}"
+
+
+def compile_gemm_fp8_one(a: str, b: str, out_dtype: str, sa: str, sb: str, config: int) -> float:
+    start = time.time()
+    check(lib.pt_gemm_fp8_prepare(_FP8_CODES[a], _FP8_CODES[b], _DTYPES[out_dtype], _BLOCK_SCALINGS[sa],
+                                  _BLOCK_SCALINGS[sb], config))
+    return time.time() - start
+
+
 def _job_fns(job: Tuple):
     """GEMM jobs are (dtype, out_dtype, layout, config); grouped ones ("grouped_gemm", dtype,
     layout, config); FP8 grouped ones ("grouped_gemm_fp8", a, b, out_dtype, b_scale_rows, config)."""
     if job[0] == "grouped_gemm_fp8":
         return compile_grouped_fp8_one, grouped_fp8_name, job[1:]
+    if job[0] == "gemm_fp8":
+        return compile_gemm_fp8_one, gemm_fp8_name, job[1:]
     if job[0] == "grouped_gemm":
         return compile_grouped_one, grouped_config_name, job[1:]
     return compile_one, config_name, job
@@ -177,9 +206,9 @@ def compile_all(jobs: Sequence[Tuple], workers: int, quiet: bool = False) -> Lis
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--op", nargs="+", default=["gemm"], choices=["gemm", "grouped_gemm", "grouped_gemm_fp8"])
+    p.add_argument("--op", nargs="+", default=["gemm"], choices=["gemm", "gemm_fp8", "grouped_gemm", "grouped_gemm_fp8"])
     p.add_argument("--fp8-format", nargs="+", default=["hybrid"], choices=sorted(FP8_GROUPED_PAIRS),
-                   help="grouped_gemm_fp8: the formats to build the forward and dgrad kernels of")
+                   help="gemm_fp8 / grouped_gemm_fp8: the formats to build the kernels of")
     p.add_argument("--fp8-wgrad", action="store_true",
                    help="grouped_gemm_fp8: also the experimental FP8 wgrad kernels")
     p.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
@@ -204,6 +233,12 @@ def main(argv=None) -> int:
         for dt in args.dtype:
             for layout in [x for x in args.layouts or GROUPED_LAYOUTS if x in GROUPED_LAYOUTS]:
                 jobs.extend(("grouped_gemm", dt, layout, c) for c in configs)
+    if "gemm_fp8" in args.op:
+        configs = args.configs if args.configs is not None else [0]
+        pairs = sorted({pair for fmt in args.fp8_format for pair in FP8_DENSE_PAIRS[fmt]})
+        for out in args.out_dtype or args.dtype:
+            for a, b in pairs:
+                jobs.extend(("gemm_fp8", a, b, out, sa, sb, c) for sa, sb in FP8_DENSE_SCALINGS for c in configs)
     if "grouped_gemm_fp8" in args.op:
         configs = args.configs if args.configs is not None else list(range(num_grouped_fp8_configs()))
         pairs = sorted({pair for fmt in args.fp8_format for pair in FP8_GROUPED_PAIRS[fmt]})
