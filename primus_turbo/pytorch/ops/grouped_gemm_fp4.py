@@ -78,11 +78,11 @@ def weight_operand(w: torch.Tensor, along_last: bool, two_d: bool):
         # Quantized along G*X, stored transposed: q [Y, G*X/2], scales [Y or Y/32, G*X/32]. With
         # X % 32 == 0 no block spans two experts; move the expert index to the front.
         q, s = _q(flat, 0, two_d=two_d)
-        q = q.view(torch.uint8).view(y, g, x // 2).transpose(0, 1).reshape(g * y, x // 2)
+        q = q.view(torch.uint8).reshape(y, g, x // 2).transpose(0, 1).reshape(g * y, x // 2)
         s = s.view(torch.uint8)
         if s.shape[0] != y:  # 32x32 blocks: one scale row per 32 rows of Y -> per row
             s = s.repeat_interleave(_MX, 0)[:y]
-        s = s.view(y, g, x // _MX).transpose(0, 1).reshape(g * y, x // _MX)
+        s = s.reshape(y, g, x // _MX).transpose(0, 1).reshape(g * y, x // _MX)
         rows, k = y, x
     q8, s8 = _mx_blocks.mx_fp4_to_1x128(q.contiguous(), s.contiguous())
     return q8.view(g, rows, k), s8.view(g, rows, _cdiv(k, 128))
