@@ -104,7 +104,7 @@ def _run_and_check(lens, k, n, g, trans_b, recipe="paper", dtype=torch.bfloat16,
     a, b = _inputs(lens, k, n, g, dtype, trans_b, seed=g + k + n)
     a.requires_grad_(True)
     b.requires_grad_(True)
-    poison_allocator(a.shape[0] * max(n, k) * 4)
+    poison_allocator(a.shape[0] * n * (out_dtype or dtype).itemsize)
     out = turbo.ops.grouped_gemm_fp4(a, b, lens, trans_b=trans_b, out_dtype=out_dtype, config=cfg(recipe))
     assert out.dtype == (out_dtype or dtype) and out.shape == (a.shape[0], n)
     assert torch.isfinite(out).all(), "forward: non-finite values (unwritten rows?)"

@@ -69,22 +69,15 @@ def weight_operand(w: torch.Tensor, along_last: bool, two_d: bool):
     ``two_d``: 32x32 blocks (the same blocks, hence the same quantized values, in both
     orientations), else 1-D blocks of 32 along K.
     """
-    g, x, y = w.shape
-    flat = w.reshape(g * x, y)
-    if along_last:
-        q, s = _q(flat, -1, two_d=two_d)  # [G*X, Y/2]; scales [G*X or G*X/32, Y/32]
-        rows, k = x, y
-    else:
-        # Quantized along G*X, stored transposed: q [Y, G*X/2], scales [Y or Y/32, G*X/32]. With
-        # X % 32 == 0 no block spans two experts; move the expert index to the front.
-        q, s = _q(flat, 0, two_d=two_d)
-        q = q.view(torch.uint8).reshape(y, g, x // 2).transpose(0, 1).reshape(g * y, x // 2)
-        s = s.view(torch.uint8)
-        if s.shape[0] != y:  # 32x32 blocks: one scale row per 32 rows of Y -> per row
-            s = s.repeat_interleave(_MX, 0)[:y]
-        s = s.reshape(y, g, x // _MX).transpose(0, 1).reshape(g * y, x // _MX)
-        rows, k = y, x
-    q8, s8 = _mx_blocks.mx_fp4_to_1x128(q.contiguous(), s.contiguous())
+    # The transposed orientation quantizes a transposed bf16 copy along its rows rather than
+    # quantize_fp4(axis=0) over [G*X, Y] followed by moving the expert index on the packed bytes:
+    # that reordering needs dtype views of float4_e2m1fn_x2, which torch.compile's inductor does
+    # not lower on every backend.
+    src = w if along_last else w.transpose(1, 2).contiguous()
+    g, rows, k = src.shape
+    # [G*R, K/2] and scales [G*R, K/32] (or [G*R/32, K/32]): R % 32 == 0, so no block spans experts.
+    q, s = _q(src.reshape(g * rows, k), -1, two_d=two_d)
+    q8, s8 = _mx_blocks.mx_fp4_to_1x128(q, s)
     return q8.view(g, rows, k), s8.view(g, rows, _cdiv(k, 128))
 
 
