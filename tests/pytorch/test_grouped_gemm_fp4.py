@@ -310,3 +310,19 @@ def test_torch_compile_fullgraph(trans_b):
     )
     y.sum().backward()
     assert torch.isfinite(a3.grad).all()
+
+
+def test_num_cu_limits_the_grid_not_the_result():
+    lens = _lens("random", 6, 100, seed=13)
+    a, b = _inputs(lens, 256, 256, 6, torch.bfloat16, True)
+    a.requires_grad_(True)
+    c = cfg("2d")
+    grad = torch.randn(a.shape[0], 256, device="cuda", dtype=torch.bfloat16)
+    ref = turbo.ops.grouped_gemm_fp4(a, b, lens, config=c)
+    ref.backward(grad)
+    ref_da, a.grad = a.grad, None
+    # Every tile is computed the same way whichever SM runs it (forward and dgrad).
+    out = turbo.ops.grouped_gemm_fp4(a, b, lens, config=c, num_cu=8)
+    out.backward(grad)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(a.grad, ref_da, rtol=0, atol=0)

@@ -47,6 +47,8 @@ def test_out_dtype_default_config_and_group_offs():
     assert f16.shape == (32, 32) and f16.dtype == torch.float16
     out = turbo.ops.grouped_gemm_fp4(meta(32, 64), meta(2, 32, 64), lens(2), lens(3))
     assert out.shape == (32, 32)
+    out = turbo.ops.grouped_gemm_fp4(meta(32, 64), meta(2, 32, 64), lens(2), num_cu=8)
+    assert out.shape == (32, 32)
 
 
 def test_empty_inputs():
@@ -136,6 +138,8 @@ def test_uses_the_grouped_fp8_kernel_op():
             "'group_offs' has dtype torch.int32",
         ),
         ((meta(4, 32), meta(2, 32, 32), lens(2)), {"out_dtype": torch.int8}, TypeError, "out_dtype"),
+        ((meta(4, 32), meta(2, 32, 32), lens(2)), {"num_cu": 0}, ValueError, "num_cu must be a positive int"),
+        ((meta(4, 32), meta(2, 32, 32), lens(2)), {"num_cu": True}, ValueError, "num_cu"),
         ((meta(4, 32), meta(2, 32, 32), lens(2)), {"config": Float8QuantConfig()}, TypeError, "Float4QuantConfig"),
         ((meta(4, 32), meta(2, 32, 32), lens(2)), {"config": "fp4"}, TypeError, "grouped_gemm_fp4: config must be"),
         (
@@ -232,7 +236,7 @@ def _starts(group_lens, group_offs):
 
 
 def _fp8_mm_stand_in(qa, sa, qb, sb, group_lens, group_offs, b_scale_rows, out_dtype, num_sms=0):
-    assert b_scale_rows == 1 and qa.dtype == qb.dtype == torch.float8_e4m3fn
+    assert b_scale_rows == 1 and qa.dtype == qb.dtype == torch.float8_e4m3fn and num_sms == 0
     a, b, offs = _dequant(qa, sa), _dequant(qb, sb), _starts(group_lens, group_offs)
     out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
     for g in range(b.shape[0]):

@@ -83,13 +83,13 @@ def weight_operand(w: torch.Tensor, along_last: bool, two_d: bool):
 
 class GroupedGemmFp4Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b: bool, out_dtype, two_d: bool, sr: bool):
+    def forward(ctx, a, b, group_lens, group_offs, trans_b: bool, out_dtype, two_d: bool, sr: bool, num_sms: int):
         qa, sa = activation_operand(a)
         # The forward's B is op(b)^T [G, N, K]: b itself with trans_b, else its per-expert transpose.
         qb, sb = weight_operand(b, along_last=trans_b, two_d=two_d)
-        out = grouped_fp8_mm(qa, sa, qb, sb, group_lens, group_offs, _ROWWISE_B_SCALES, out_dtype)
+        out = grouped_fp8_mm(qa, sa, qb, sb, group_lens, group_offs, _ROWWISE_B_SCALES, out_dtype, num_sms)
         ctx.save_for_backward(a, b, group_lens, group_offs)
-        ctx.trans_b, ctx.two_d, ctx.sr = trans_b, two_d, sr
+        ctx.trans_b, ctx.two_d, ctx.sr, ctx.num_sms = trans_b, two_d, sr, num_sms
         return out
 
     @staticmethod
@@ -100,12 +100,12 @@ class GroupedGemmFp4Function(torch.autograd.Function):
             qg, sg = activation_operand(grad_out.contiguous(), sr=ctx.sr)
             # dgrad's B is op(b) [G, K, N] along N: b's transpose with trans_b, else b itself.
             qb, sb = weight_operand(b, along_last=not ctx.trans_b, two_d=ctx.two_d)
-            grad_a = grouped_fp8_mm(qg, sg, qb, sb, group_lens, group_offs, _ROWWISE_B_SCALES, a.dtype)
+            grad_a = grouped_fp8_mm(qg, sg, qb, sb, group_lens, group_offs, _ROWWISE_B_SCALES, a.dtype, ctx.num_sms)
         if ctx.needs_input_grad[1]:
             # Variable-K wgrad on the bf16/fp16 grouped GEMM (module docstring says why).
             grad_b = _grouped_gemm_wgrad_op(a, grad_out.to(a.dtype).contiguous(), group_lens, group_offs, ctx.trans_b)
             grad_b = grad_b.to(b.dtype)
-        return grad_a, grad_b, None, None, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None, None
 
 
 def grouped_gemm_fp4(
@@ -116,6 +116,7 @@ def grouped_gemm_fp4(
     trans_b: bool = True,
     out_dtype: torch.dtype | None = None,
     config: Float4QuantConfig | None = None,
+    num_cu: int | None = None,
 ) -> torch.Tensor:
     """Per-group ``a[rows of g] @ op(b[g])`` with MXFP4 operands: the expert layers of a mixture
     of experts. Emulated on Hopper's FP8 tensor cores (MXFP4 accuracy, FP8 speed minus the
@@ -136,6 +137,8 @@ def grouped_gemm_fp4(
             ``use_2d_block`` 32x32 weight blocks per expert, ``use_sr`` stochastic rounding of the
             output gradient (a new seed per eager call; fixed at trace / capture time under
             torch.compile or CUDA graphs); ``use_rht`` has no effect (wgrad is bf16).
+        num_cu: SMs the persistent FP8 kernel may use for the forward and dgrad (default: all),
+            e.g. to leave room for overlapped communication.
 
     Differentiable in ``a`` (dgrad through the same MXFP4 emulation) and ``b`` (wgrad on the
     bf16/fp16 grouped GEMM; an expert with no tokens gets a zero gradient). K and N must be
@@ -143,6 +146,8 @@ def grouped_gemm_fp4(
     raise ``ValueError`` before any work.
     """
     config = _check_config(config, _OP)
+    if num_cu is not None and (isinstance(num_cu, bool) or not isinstance(num_cu, int) or num_cu < 1):
+        raise ValueError(f"{_OP}: num_cu must be a positive int or None, got {num_cu!r}")
     for name, t, nd in (("a", a, 2), ("b", b, 3)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{_OP}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
@@ -180,5 +185,5 @@ def grouped_gemm_fp4(
     r = recipe_of(config)
     return GroupedGemmFp4Function.apply(
         a.contiguous(), b.contiguous(), group_lens, group_offs, bool(trans_b), out_dtype,
-        bool(r.use_2d_block), bool(r.use_sr),
+        bool(r.use_2d_block), bool(r.use_sr), int(num_cu or 0),
     )
