@@ -9,6 +9,8 @@ G = 1 .. 128), both weight layouts, partial 128-blocks, every recipe switch, CUD
 after group sizes changed in place, torch.compile(fullgraph=True).
 """
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 from turbo_test_utils import poison_allocator, snr_db
@@ -38,10 +40,15 @@ def cfg(recipe="paper"):
 
 @pytest.fixture(scope="module", autouse=True)
 def warm_modules():
-    """The grouped FP8 kernel modules the emulation uses (E4M3 x E4M3, 1x128 B scales)."""
-    e4, bf16, f16, f32 = 3, 2, 1, 0
-    for d in (bf16, f16, f32):
-        check(lib.pt_grouped_gemm_fp8_prepare(e4, e4, d, 1, 0))
+    """Builds the kernel modules the emulation uses in parallel (one nvcc each) before the first
+    call: the grouped FP8 kernel (E4M3 x E4M3, 1x128 B scales) per output dtype and the FP4
+    restatement."""
+    e4, bf16, f16, f32, fp4 = 3, 2, 1, 0, 6
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = [pool.submit(lib.pt_grouped_gemm_fp8_prepare, e4, e4, d, 1, 0) for d in (bf16, f16, f32)]
+        futures.append(pool.submit(lib.pt_mx_to_blocks_prepare, fp4))
+        for f in futures:
+            check(f.result())
 
 
 def _lens(dist: str, g: int, m_per: int, seed: int = 0) -> torch.Tensor:
