@@ -1,10 +1,12 @@
 """FP8 grouped GEMM (MoE experts) benchmark: turbo.ops.grouped_gemm_fp8 end to end (quantization
 included) against bf16 torch._grouped_mm, and the pre-quantized ROWWISE forward against
-torch._scaled_grouped_mm, on the MoE shape table (config.gen_grouped_gemm_test_cases).
+torch._scaled_grouped_mm, on the MoE shape table (config.gen_grouped_gemm_test_cases). With --fp4,
+turbo.ops.grouped_gemm_fp4 (MXFP4, emulated on the FP8 kernel) instead, same cases and baseline.
 
     python benchmark/ops/bench_grouped_gemm_fp8.py --quick                    # < 2 min after compiles
     python benchmark/ops/bench_grouped_gemm_fp8.py --granularity blockwise --models DeepSeek-V3 --ep 8
     python benchmark/ops/bench_grouped_gemm_fp8.py --quick --fp8-wgrad        # the experimental FP8 wgrad
+    python benchmark/ops/bench_grouped_gemm_fp8.py --quick --fp4              # grouped_gemm_fp4 (MXFP4)
 
 Per case (x [T, K], w [G, N, K] used as x_g @ w_g^T, like GroupedLinear; grad [T, N]) and per
 granularity (TENSORWISE, ROWWISE, BLOCKWISE; --format, default HYBRID):
@@ -18,6 +20,11 @@ granularity (TENSORWISE, ROWWISE, BLOCKWISE; --format, default HYBRID):
 Writes <output-dir>/<gpu>/grouped_gemm_fp8_<granularity>[_<tag>].csv and the summary.json entries
 grouped_gemm_fp8_<granularity>[_<tag>] (training-step TFLOPS vs bf16 torch._grouped_mm). The module
 builds (one nvcc per kernel point) happen before timing, in parallel. Exits 1 if a case failed.
+
+--fp4: one pass, turbo.ops.grouped_gemm_fp4 with its default Float4QuantConfig (the FP4 training
+recipe; MXFP4 forward and dgrad emulated through E4M3, bf16 wgrad), gate: grouped FP4 >= 8 dB;
+<output-dir>/<gpu>/grouped_gemm_fp4[_<tag>].csv and the summary.json entry grouped_gemm_fp4[_<tag>]
+(same metric and baseline; --granularity, --format and --fp8-wgrad do not apply).
 """
 
 from __future__ import annotations
@@ -96,6 +103,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--granularity", nargs="+", choices=GRANULARITIES, default=list(GRANULARITIES))
     p.add_argument("--format", choices=("e4m3", "e5m2", "hybrid"), default="hybrid")
     p.add_argument("--fp8-wgrad", action="store_true", help="the experimental FP8 wgrad (default: bf16 wgrad)")
+    p.add_argument("--fp4", action="store_true", help="turbo.ops.grouped_gemm_fp4 (MXFP4, emulated) instead")
     p.add_argument("--models", nargs="+", default=None)
     p.add_argument("--ep", nargs="+", type=int, default=None)
     p.add_argument("--tokens", nargs="+", type=int, default=None, help="average tokens per expert")
@@ -136,7 +144,25 @@ def quant_config(granularity: str, fmt: str):
 
 
 def gate_for(fmt: str):
+    if fmt == FP4_NAME:
+        return bu.FP4_GROUPED_GEMM_GATE
     return bu.FP8_E4M3_GATE if fmt == "e4m3" else bu.FP8_E5M2_OR_HYBRID_GATE
+
+
+FP4_NAME = "mxfp4"  # the --fp4 pass's Granularity / Format column value
+
+
+def grouped_op(granularity: str, fmt: str):
+    """(x, w, lens) -> out for the op under test."""
+    import primus_turbo.pytorch as turbo
+
+    if granularity == FP4_NAME:
+        from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
+
+        c4 = Float4QuantConfig()
+        return lambda x, w, lens: turbo.ops.grouped_gemm_fp4(x, w, lens, config=c4)
+    c8 = quant_config(granularity, fmt)
+    return lambda x, w, lens: turbo.ops.grouped_gemm_fp8(x, w, lens, config=c8)
 
 
 def warm_modules(granularities, fmt: str, fp8_wgrad: bool) -> None:
@@ -144,6 +170,8 @@ def warm_modules(granularities, fmt: str, fp8_wgrad: bool) -> None:
     from primus_turbo._core.lib import check, lib
 
     e4, e5, bf16 = 3, 4, 2
+    if fmt == FP4_NAME:  # the emulation's E4M3 x E4M3 kernel with per-row (1x128) B scales
+        granularities, fmt = ["rowwise"], "e4m3"
     fwd = e5 if fmt == "e5m2" else e4
     grad = e4 if fmt == "e4m3" else e5
     rows = {"tensorwise": 1, "rowwise": 1, "blockwise": 128}
@@ -192,13 +220,14 @@ def run_case(row: dict, case, granularity: str, args) -> None:
     lens_cpu, x, w, grad = make_inputs(case, args.seed + row["TestID"])
     lens = lens_cpu.cuda()
     offs32 = torch.cumsum(lens_cpu, 0).to(torch.int32).cuda()
-    qcfg = quant_config(granularity, args.format)
+    fmt = FP4_NAME if granularity == FP4_NAME else args.format
+    op = grouped_op(granularity, fmt)
     xr, wr = x.detach().requires_grad_(True), w.detach().requires_grad_(True)
 
-    ours_fwd = lambda: turbo.ops.grouped_gemm_fp8(x, w, lens, config=qcfg)
+    ours_fwd = lambda: op(x, w, lens)
 
     def ours_step():
-        out = turbo.ops.grouped_gemm_fp8(xr, wr, lens, config=qcfg)
+        out = op(xr, wr, lens)
         return torch.autograd.grad(out, (xr, wr), grad)
 
     base_fwd = lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs32)
@@ -211,10 +240,10 @@ def run_case(row: dict, case, granularity: str, args) -> None:
     flops = case.fwd_flops
     notes = []
     try:
-        out = turbo.ops.grouped_gemm_fp8(xr, wr, lens, config=qcfg)
+        out = op(xr, wr, lens)
         dx, dw = torch.autograd.grad(out, (xr, wr), grad)
         refs = references(lens_cpu, x, w, grad)
-        gate = gate_for(args.format)
+        gate = gate_for(fmt)
         checks = [
             bu.check_close(r, ref, gate=gate, what=wh)
             for r, ref, wh in zip((out, dx, dw), refs, ("out", "dgrad", "wgrad"))
@@ -244,6 +273,7 @@ def run_case(row: dict, case, granularity: str, args) -> None:
     if granularity == "rowwise" and ok:
         # The GEMM alone on the same pre-quantized E4M3 operands: ours vs torch._scaled_grouped_mm.
         e4 = torch.float8_e4m3fn
+        qcfg = quant_config(granularity, args.format)
         g, n, k = w.shape
         qa, sa = turbo.ops.quantize_fp8(x, e4, qcfg.granularity, axis=-1)
         qb, sb = turbo.ops.quantize_fp8(w.reshape(g * n, k), e4, qcfg.granularity, axis=-1)
@@ -280,6 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu = bu.gpu_short_name(gpu_name)
     out_dir = bu.results_dir_for(args.output_dir, gpu)
     tag = args.tag if args.tag is not None else ("" if args.default_set else ("quick" if args.quick else "subset"))
+    if args.fp4:
+        args.granularity, args.format, args.fp8_wgrad = [FP4_NAME], FP4_NAME, False
     print(f"[bench_grouped_gemm_fp8] {len(cases)} cases x {args.granularity} ({args.format}) on {gpu_name}", flush=True)
     warm_modules(args.granularity, args.format, args.fp8_wgrad)
     if args.fp8_wgrad:
@@ -289,6 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.monotonic()
     for granularity in args.granularity:
         stem = f"grouped_gemm_fp8_{granularity}{'_fp8wgrad' if args.fp8_wgrad else ''}{'_' + tag if tag else ''}"
+        if granularity == FP4_NAME:
+            stem = f"grouped_gemm_fp4{'_' + tag if tag else ''}"
         csv_path = out_dir / f"{stem}.csv"
         rows = []
         for i, case in enumerate(cases, 1):
@@ -336,8 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             metric=METRIC,
             baseline=BASELINE_NAME,
             gpu=gpu_name,
-            dtype=f"fp8-{args.format}",
-            granularity=granularity,
+            dtype="fp4-mxfp4 (emulated via e4m3)" if granularity == FP4_NAME else f"fp8-{args.format}",
+            granularity="mx_blockwise" if granularity == FP4_NAME else granularity,
             wgrad="fp8" if args.fp8_wgrad else "bf16",
             case_set="quick" if args.quick else ("default" if args.default_set else "subset"),
             cases_planned=len(cases),

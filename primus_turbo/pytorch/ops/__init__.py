@@ -19,6 +19,7 @@ from primus_turbo.pytorch.ops.moe_routing import (  # noqa: F401
 )
 from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8  # noqa: F401
 from primus_turbo.pytorch.ops.gemm_fp4 import gemm_fp4  # noqa: F401
+from primus_turbo.pytorch.ops.grouped_gemm_fp4 import grouped_gemm_fp4  # noqa: F401
 from primus_turbo.pytorch.ops.quantization import (  # noqa: F401
     dequantize_fp4,
     dequantize_fp8,
@@ -59,4 +60,5 @@ __all__ = [
     "geglu_fp8",
     "grouped_gemm_fp8",
     "gemm_fp4",
+    "grouped_gemm_fp4",
 ]

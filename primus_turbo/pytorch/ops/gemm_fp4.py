@@ -118,15 +118,15 @@ class GemmFp4Function(torch.autograd.Function):
         return grad_a, grad_b, None, None, None, None, None, None
 
 
-def _check_config(config) -> Float4QuantConfig:
+def _check_config(config, op: str = "gemm_fp4") -> Float4QuantConfig:
     if config is None:
         return _DEFAULT_CONFIG
     if not isinstance(config, Float4QuantConfig):
-        raise TypeError(f"gemm_fp4: config must be a Float4QuantConfig or None, got {type(config).__name__}")
+        raise TypeError(f"{op}: config must be a Float4QuantConfig or None, got {type(config).__name__}")
     for name in ("scaling_recipe", "scaling_recipe_for_trans"):
         r = getattr(config, name)
         if r is not None and not isinstance(r, ScalingRecipe):
-            raise TypeError(f"gemm_fp4: config.{name} must be a ScalingRecipe, got {type(r).__name__}")
+            raise TypeError(f"{op}: config.{name} must be a ScalingRecipe, got {type(r).__name__}")
     return config
 
 

@@ -1,0 +1,189 @@
+"""turbo.ops.grouped_gemm_fp4: mixture-of-experts grouped GEMM with MXFP4 operands (E2M1 values,
+one E8M0 scale per 32 along the reduction dim), forward and backward, group sizes kept on the
+device (no host sync; CUDA-graph capturable with sizes changing per replay).
+
+Hopper has no FP4 tensor cores: this is an emulation, built from two existing pieces.
+
+1. Quantization to MXFP4 with ``quantize_fp4`` and the FP4 training recipe of ``gemm_fp4``
+   (arXiv 2509.25149), then the restatement of ``_mx_blocks``: every E2M1 value is an exact E4M3
+   value (times 2^6), and a 128-deep K block's four E8M0 scales become one fp32 power of two per
+   row and 128-block (exact unless a value lands in E4M3's subnormal range, see ``_mx_blocks``).
+2. The grouped FP8 block-scaled kernel of ``grouped_gemm_fp8`` (``grouped_fp8_mm``), with 1x128
+   scales per row for both operands (``b_scale_rows=1``: the restated weight keeps a scale per row,
+   which is what makes the restatement exact; a 128x128 form would merge 16 32x32 blocks).
+
+With ``op(b)`` ``[K, N]`` per expert (the weight)::
+
+    forward  out  = a    [M, K] along K, 1-D blocks of 32      x op(b)^T [G, N, K] along K, 32x32
+    dgrad    da   = grad [M, N] along N, stochastic rounding   x op(b)   [G, K, N] along N, 32x32
+    wgrad    db   = per-expert a^T grad in bf16/fp16 (turbo.ops.grouped_gemm's variable-K kernel)
+
+``a`` and the output gradient are quantized per token along the reduction dim, so group
+boundaries do not matter. The weight is quantized per expert: ``b`` viewed as ``[G*X, Y]`` with X
+and Y multiples of 32, so no 32-block (1-D or 32x32) ever spans two experts. With 32x32 blocks
+the dgrad copy has the forward copy's scales (the backward multiplies by the same quantized
+weight).
+
+wgrad runs in bf16/fp16 from the saved input and the output gradient, like grouped_gemm_fp8's
+default: an FP4 wgrad would quantize both operands along the tokens of each expert (blocks of 32
+restarting at arbitrary token offsets) and the restated operands would still run on FP8 tensor
+cores, so it would cost more than the bf16 GEMM it replaces while adding FP4 error to the weight
+gradient. An expert with no tokens gets an exact zero gradient. The recipe's ``use_rht`` (Hadamard
+transform of the wgrad operands) therefore has no effect here.
+"""
+
+import torch
+
+from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
+from primus_turbo.pytorch.ops import _mx_blocks
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+from primus_turbo.pytorch.ops.gemm_fp4 import _check_config, _q, recipe_of
+from primus_turbo.pytorch.ops.grouped_gemm import _check_groups, _grouped_gemm_wgrad_op, grouped_gemm
+from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_fp8_mm
+
+__all__ = ["grouped_gemm_fp4"]
+
+_OP = "grouped_gemm_fp4"
+_IN_DTYPES = (torch.bfloat16, torch.float16)
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_MX = _mx_blocks.MX_BLOCK
+_ROWWISE_B_SCALES = 1  # grouped_fp8_mm's b_scale_rows: one 1x128 scale per row of B
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def activation_operand(x: torch.Tensor, sr: bool = False):
+    """x ``[T, C]`` -> MXFP4 along C, restated: ``(E4M3 [T, C], fp32 scale [T, ceil(C/128)])``,
+    the A operand of ``grouped_fp8_mm``."""
+    q, s = _q(x, -1, sr=sr)
+    return _mx_blocks.mx_fp4_to_1x128(q, s)
+
+
+def weight_operand(w: torch.Tensor, along_last: bool, two_d: bool):
+    """w ``[G, X, Y]`` (X, Y multiples of 32) -> the K-major B operand of ``grouped_fp8_mm``,
+    MXFP4-quantized per expert and restated: ``(E4M3 [G, R, C], fp32 scale [G, R, ceil(C/128)])``.
+
+    ``along_last``: K = Y, ``[G, X, Y]``; else K = X, the per-expert transpose ``[G, Y, X]``.
+    ``two_d``: 32x32 blocks (the same blocks, hence the same quantized values, in both
+    orientations), else 1-D blocks of 32 along K.
+    """
+    # The transposed orientation quantizes a transposed bf16 copy along its rows rather than
+    # quantize_fp4(axis=0) over [G*X, Y] followed by moving the expert index on the packed bytes:
+    # that reordering needs dtype views of float4_e2m1fn_x2, which torch.compile's inductor does
+    # not lower on every backend.
+    src = w if along_last else w.transpose(1, 2).contiguous()
+    g, rows, k = src.shape
+    # [G*R, K/2] and scales [G*R, K/32] (or [G*R/32, K/32]): R % 32 == 0, so no block spans experts.
+    q, s = _q(src.reshape(g * rows, k), -1, two_d=two_d)
+    q8, s8 = _mx_blocks.mx_fp4_to_1x128(q, s)
+    return q8.view(g, rows, k), s8.view(g, rows, _cdiv(k, 128))
+
+
+class GroupedGemmFp4Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, group_lens, group_offs, trans_b: bool, out_dtype, two_d: bool, sr: bool, num_sms: int):
+        qa, sa = activation_operand(a)
+        # The forward's B is op(b)^T [G, N, K]: b itself with trans_b, else its per-expert transpose.
+        qb, sb = weight_operand(b, along_last=trans_b, two_d=two_d)
+        out = grouped_fp8_mm(qa, sa, qb, sb, group_lens, group_offs, _ROWWISE_B_SCALES, out_dtype, num_sms)
+        ctx.save_for_backward(a, b, group_lens, group_offs)
+        ctx.trans_b, ctx.two_d, ctx.sr, ctx.num_sms = trans_b, two_d, sr, num_sms
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a, b, group_lens, group_offs = ctx.saved_tensors
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            qg, sg = activation_operand(grad_out.contiguous(), sr=ctx.sr)
+            # dgrad's B is op(b) [G, K, N] along N: b's transpose with trans_b, else b itself.
+            qb, sb = weight_operand(b, along_last=not ctx.trans_b, two_d=ctx.two_d)
+            grad_a = grouped_fp8_mm(qg, sg, qb, sb, group_lens, group_offs, _ROWWISE_B_SCALES, a.dtype, ctx.num_sms)
+        if ctx.needs_input_grad[1]:
+            # Variable-K wgrad on the bf16/fp16 grouped GEMM (module docstring says why).
+            grad_b = _grouped_gemm_wgrad_op(a, grad_out.to(a.dtype).contiguous(), group_lens, group_offs, ctx.trans_b)
+            grad_b = grad_b.to(b.dtype)
+        return grad_a, grad_b, None, None, None, None, None, None, None
+
+
+def grouped_gemm_fp4(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_lens: torch.Tensor,
+    group_offs: torch.Tensor | None = None,
+    trans_b: bool = True,
+    out_dtype: torch.dtype | None = None,
+    config: Float4QuantConfig | None = None,
+    num_cu: int | None = None,
+) -> torch.Tensor:
+    """Per-group ``a[rows of g] @ op(b[g])`` with MXFP4 operands: the expert layers of a mixture
+    of experts. Emulated on Hopper's FP8 tensor cores (MXFP4 accuracy, FP8 speed minus the
+    quantization and restatement passes; see the module docstring and docs/ARCHITECTURE.md).
+
+    Args:
+        a: ``[M, K]`` tokens sorted by group, bfloat16 or float16, on a CUDA device.
+        b: ``[G, N, K]`` with ``trans_b`` (the default, ``torch.nn.Linear`` layout per expert), else
+            ``[G, K, N]``; same dtype as ``a``.
+        group_lens: int64 ``[G]`` on a's device; never copied to the host (no sync; CUDA-graph
+            capturable, sizes may change between replays). Sizes adding up to more than M are
+            clamped as in ``grouped_gemm_fp8``.
+        group_offs: optional int64 ``[G + 1]`` group starts (default: prefix sum of group_lens).
+        out_dtype: bfloat16, float16 or float32 (default: a's dtype).
+        config: :class:`Float4QuantConfig` (E2M1_X2, MX_BLOCKWISE, E8M0, block_size 32). The recipe
+            switches are chosen as in ``gemm_fp4`` (``config.scaling_recipe_for_trans``, else a
+            ``config.scaling_recipe`` that sets any switch, else ``FP4_TRAINING_RECIPE``):
+            ``use_2d_block`` 32x32 weight blocks per expert, ``use_sr`` stochastic rounding of the
+            output gradient (a new seed per eager call; fixed at trace / capture time under
+            torch.compile or CUDA graphs); ``use_rht`` has no effect (wgrad is bf16).
+        num_cu: SMs the persistent FP8 kernel may use for the forward and dgrad (default: all),
+            e.g. to leave room for overlapped communication.
+
+    Differentiable in ``a`` (dgrad through the same MXFP4 emulation) and ``b`` (wgrad on the
+    bf16/fp16 grouped GEMM; an expert with no tokens gets a zero gradient). K and N must be
+    multiples of 32 (a weight block never spans two experts, in either orientation); violations
+    raise ``ValueError`` before any work.
+    """
+    config = _check_config(config, _OP)
+    if num_cu is not None and (isinstance(num_cu, bool) or not isinstance(num_cu, int) or num_cu < 1):
+        raise ValueError(f"{_OP}: num_cu must be a positive int or None, got {num_cu!r}")
+    for name, t, nd in (("a", a, 2), ("b", b, 3)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{_OP}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != nd:
+            raise ValueError(f"{_OP}: argument '{name}' must be {nd}-D, got shape {tuple(t.shape)}")
+        if t.dtype not in _IN_DTYPES:
+            raise TypeError(f"{_OP}: argument '{name}' has dtype {t.dtype}; expected bfloat16 or float16")
+    if b.dtype != a.dtype:
+        raise TypeError(f"{_OP}: argument 'b' has dtype {b.dtype}; expected the dtype of 'a' ({a.dtype})")
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"{_OP}: out_dtype {out_dtype} is not supported; expected bfloat16, float16 or float32")
+    _check_groups(group_lens, group_offs, b.shape[0])
+    k = a.shape[1]
+    kb, n = (b.shape[2], b.shape[1]) if trans_b else (b.shape[1], b.shape[2])
+    if kb != k:
+        raise ValueError(
+            f"{_OP}: inner dimensions do not match: 'a' is {tuple(a.shape)} but 'b' {tuple(b.shape)} "
+            f"has K = {kb} (trans_b={trans_b})"
+        )
+    if k % _MX or n % _MX:
+        raise ValueError(
+            f"{_OP}: K={k} and N={n} must be multiples of 32 (MXFP4 blocks of 32, and 32x32 weight blocks "
+            "that must not span two experts in either orientation)"
+        )
+    check_cuda_tensors(
+        _OP,
+        a=a,
+        b=b,
+        group_lens=group_lens,
+        **({} if group_offs is None else {"group_offs": group_offs}),
+    )
+    if a.shape[0] == 0 or n == 0 or k == 0:  # nothing to quantize: the bf16 op's exact empty / zero result
+        return grouped_gemm(a, b, group_lens, group_offs, trans_b=trans_b).to(out_dtype)
+    r = recipe_of(config)
+    return GroupedGemmFp4Function.apply(
+        a.contiguous(), b.contiguous(), group_lens, group_offs, bool(trans_b), out_dtype,
+        bool(r.use_2d_block), bool(r.use_sr), int(num_cu or 0),
+    )
