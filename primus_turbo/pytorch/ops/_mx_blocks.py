@@ -78,6 +78,16 @@ def fp4_as_e4m3(q: torch.Tensor) -> torch.Tensor:
     return lut[nib.to(torch.int32)].view(torch.float8_e4m3fn)
 
 
+def pow2(e: torch.Tensor) -> torch.Tensor:
+    """2^e as float32 for integer e, exact down to the subnormals (exp2 may be an ulp off there,
+    e.g. for the E8M0 code 0, 2^-127); 0 below 2^-149."""
+    e = e.to(torch.int32)
+    normal = (e + 127).clamp(min=1, max=254) << 23
+    subnormal = torch.ones_like(e) << (e + 149).clamp(min=0, max=22)
+    bits = torch.where(e >= -126, normal, torch.where(e >= -149, subnormal, torch.zeros_like(e)))
+    return bits.view(torch.float32)
+
+
 def to_1x128(q: torch.Tensor, exps: torch.Tensor, extra_shift: int = 0):
     """q [R, K] FP8 with per-32 biased E8M0 exponents exps [R, ceil(K/32)] (int32), each value
     meaning q * 2^(e - 127 - extra_shift), restated as (q' [R, K] same dtype, scale_inv
@@ -88,13 +98,13 @@ def to_1x128(q: torch.Tensor, exps: torch.Tensor, extra_shift: int = 0):
     # Pad the exponent list with 0 (the smallest E8M0): it never raises a block's maximum.
     e4 = F.pad(exps, (0, 4 * kb - kb32)).view(r, kb, 4)
     emax = e4.amax(dim=2)
-    shift = torch.exp2((e4 - emax.unsqueeze(2)).to(torch.float32)).view(r, 4 * kb)[:, :kb32]
+    shift = pow2(e4 - emax.unsqueeze(2)).view(r, 4 * kb)[:, :kb32]
     # bf16 holds every FP8 value times a power of two exactly down to 2^-133, below anything an
     # FP8 subnormal can keep, so the one rounding is the final cast.
     x = F.pad(q.to(torch.bfloat16), (0, kb32 * MX_BLOCK - k)).view(r, kb32, MX_BLOCK)
     x = x * shift.to(torch.bfloat16).unsqueeze(2)
     q_out = x.view(r, kb32 * MX_BLOCK)[:, :k].to(q.dtype).contiguous()
-    scale_inv = torch.exp2((emax - (_E8M0_BIAS + extra_shift)).to(torch.float32))
+    scale_inv = pow2(emax - (_E8M0_BIAS + extra_shift))
     return q_out, scale_inv
 
 

@@ -77,11 +77,20 @@ struct CutlassGemmFp8Sm90 {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   // The scale layout of `rows` x k with the caller's leading dimension (padded for 16-byte TMA rows).
+  // The contiguous extent is padded too, to whole 16-byte units within ld: CUTLASS refuses a scale
+  // tensor whose contiguous extent is not a multiple of 4 floats (e.g. 15 rows of 1x128 scales).
+  // The padded entries are never applied: rows past m and K blocks past k are not computed.
   template <class Layout, int kRows, bool kRowsMajor>
   static Layout scale_layout(int rows, int k, int64_t ld) {
     using namespace cute;
-    const int32_t row_blocks = (rows + kRows - 1) / kRows, k_blocks = (k + kBlockK - 1) / kBlockK;
     const int32_t l = static_cast<int32_t>(ld);
+    const auto pad4 = [l](int32_t n) { return (n + 3) / 4 * 4 <= l ? (n + 3) / 4 * 4 : n; };
+    int32_t row_blocks = (rows + kRows - 1) / kRows, k_blocks = (k + kBlockK - 1) / kBlockK;
+    if constexpr (kRowsMajor) {
+      row_blocks = pad4(row_blocks);
+    } else {
+      k_blocks = pad4(k_blocks);
+    }
     auto shape = make_shape(make_shape(Int<kRows>{}, row_blocks), make_shape(Int<kBlockK>{}, k_blocks), 1);
     if constexpr (kRowsMajor) {
       return make_layout(shape, make_stride(make_stride(_0{}, _1{}), make_stride(_0{}, l), l * k_blocks));
