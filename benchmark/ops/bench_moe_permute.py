@@ -138,6 +138,23 @@ def time_ops(row, impls, inputs, bytes_fwd, bytes_bwd, args, notes) -> None:
             row[f"{name} {op} bwd GB/s"] = gbps(bytes_bwd[op], bwd)
 
 
+def record_check(row, notes, rows_ok: bool, res) -> None:
+    """row["Check"] from the bitwise check of the permuted rows and the gated check ``res`` of the
+    merge (a bu.CheckResult); the failures go to the notes."""
+    row["Check"] = "PASS" if rows_ok and res else "FAIL"
+    if not rows_ok:
+        notes.append("permuted rows differ from the indexing reference")
+    if not res:
+        notes.append(res.message)
+
+
+def record_error(row, notes, ex: Exception) -> None:
+    """An exception in the correctness check is an ERROR row, not the end of the run."""
+    traceback.print_exc()
+    row["Check"] = "ERROR"
+    notes.append(f"{type(ex).__name__}: {ex}"[:300])
+
+
 def add_ratios(row, base: str, copy_gbps: float) -> None:
     """Per op and direction: ours as a fraction of the copy bandwidth, and ours / the baseline."""
     for op in OPS:
@@ -244,17 +261,10 @@ def main(argv=None) -> int:
             ref = torch.zeros(t, h, dtype=torch.float64, device="cuda").index_add_(
                 0, t_idx, y.detach().double() * probs.detach()[t_idx, e_idx, None].double()
             )
-            res = bu.check_close(merged.detach(), ref, dtype, what="merged")
-            row["Check"] = "PASS" if ok_p and res else "FAIL"
-            if not ok_p:
-                notes.append("permuted rows differ from the indexing reference")
-            if not res:
-                notes.append(res.message)
+            record_check(row, notes, ok_p, bu.check_close(merged.detach(), ref, dtype, what="merged"))
             del ref
         except Exception as ex:  # noqa: BLE001
-            traceback.print_exc()
-            row["Check"] = "ERROR"
-            notes.append(f"{type(ex).__name__}: {ex}"[:300])
+            record_error(row, notes, ex)
         impls = {
             "ours": (
                 lambda: turbo.ops.token_permute(x, probs, mask, num_out_tokens=n),
@@ -351,17 +361,10 @@ def run_moe(args, shapes, dtype, es, gpu, gpu_name, out_dir, suffix, copy_gbps) 
                 ok_p = ok_p and torch.equal(out, ro) and torch.equal(pprobs, rp)
             back, _ = turbo.ops.moe_unpermute(y, rmap, nd, restore_shape=x.shape, num_local_experts=e, pad_multiple=pad)
             ref = y.detach().double()[routes].sum(1)
-            res = bu.check_close(back.detach(), ref, dtype, what="unpermuted")
-            row["Check"] = "PASS" if ok_p and res else "FAIL"
-            if not ok_p:
-                notes.append("permuted rows differ from the indexing reference")
-            if not res:
-                notes.append(res.message)
+            record_check(row, notes, ok_p, bu.check_close(back.detach(), ref, dtype, what="unpermuted"))
             del ref
         except Exception as ex:  # noqa: BLE001
-            traceback.print_exc()
-            row["Check"] = "ERROR"
-            notes.append(f"{type(ex).__name__}: {ex}"[:300])
+            record_error(row, notes, ex)
             rmap = nd = None
         impls = {
             "ours": (
