@@ -272,21 +272,7 @@ def main(argv=None) -> int:
     passed = [r.get("Check") == "PASS" for r in rows]
     base = "Compiled" if "compiled" in impls else "Eager"
     for d, name in (("Forward", "rope_fwd"), ("Backward", "rope_bwd")):
-        entry = bu.summary_entry(
-            ours=[r[f"{d} GB/s"] for r in rows],
-            baseline_values=[r[f"{base} {d} GB/s"] for r in rows],
-            passed=passed,
-            metric=METRIC,
-            baseline="torch.compile" if base == "Compiled" else "torch eager",
-            gpu=gpu_name,
-            dtype=args.dtype,
-            eager_geomean=mb.passed_geomean(rows, passed, f"Eager {d} GB/s"),
-            bandwidth_fraction=mb.passed_geomean(rows, passed, f"{d} BW Fraction"),
-            copy_gbps=copy_gbps,
-            tokens=list(args.tokens),
-            torch=torch.__version__,
-            csv=csv_path.name,
-        )
+        entry = mb.fwd_bwd_entry(rows, passed, d, base, gpu_name, args, copy_gbps, csv_path)
         mb.publish(args, gpu, name + suffix, entry)
         print(
             f"[bench_rope] {name}: {entry['passed']}/{entry['cases']} passed; geomean {entry['ours_geomean']:.0f} GB/s "

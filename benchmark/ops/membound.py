@@ -112,6 +112,28 @@ def passed_geomean(rows, passed, column: str) -> float:
     return bu.geomean(r[column] for r, p in zip(rows, passed) if p)
 
 
+def fwd_bwd_entry(rows, passed, d: str, base: str, gpu_name: str, args, copy_gbps: float, csv_path, **extra) -> dict:
+    """The summary entry of direction ``d`` ("Forward" / "Backward") of a run whose rows hold
+    "<d> GB/s", "<base> <d> GB/s" (base "Compiled" or "Eager"), "Eager <d> GB/s" and "<d> BW
+    Fraction"; ``extra`` fields come after copy_gbps."""
+    return bu.summary_entry(
+        ours=[r[f"{d} GB/s"] for r in rows],
+        baseline_values=[r[f"{base} {d} GB/s"] for r in rows],
+        passed=passed,
+        metric=METRIC,
+        baseline="torch.compile" if base == "Compiled" else "torch eager",
+        gpu=gpu_name,
+        dtype=args.dtype,
+        eager_geomean=passed_geomean(rows, passed, f"Eager {d} GB/s"),
+        bandwidth_fraction=passed_geomean(rows, passed, f"{d} BW Fraction"),
+        copy_gbps=copy_gbps,
+        **extra,
+        tokens=list(args.tokens),
+        torch=torch.__version__,
+        csv=csv_path.name,
+    )
+
+
 def _setup(args, name: str):
     """(dtype, element size, GPU name, short GPU name, summary suffix, CSV path) of a run of op ``name``."""
     dtype = bu.DTYPES[args.dtype]
@@ -242,21 +264,9 @@ def run(op: OpBench, cases: Sequence[Any], args, describe: Callable[[Any], dict]
 
     passed = [r.get("Check") == "PASS" for r in rows]
     for d, direction in (("Forward", "fwd"), ("Backward", "bwd")):
-        entry = bu.summary_entry(
-            ours=[r[f"{d} GB/s"] for r in rows],
-            baseline_values=[r[f"{base} {d} GB/s"] for r in rows],
-            passed=passed,
-            metric=METRIC,
-            baseline="torch.compile" if base == "Compiled" else "torch eager",
-            gpu=gpu_name,
-            dtype=args.dtype,
-            eager_geomean=passed_geomean(rows, passed, f"Eager {d} GB/s"),
-            bandwidth_fraction=passed_geomean(rows, passed, f"{d} BW Fraction"),
-            copy_gbps=copy_gbps,
+        entry = fwd_bwd_entry(
+            rows, passed, d, base, gpu_name, args, copy_gbps, csv_path,
             timing="eager calls" if args.no_graph else "CUDA graph replay (device time)",
-            tokens=list(args.tokens),
-            torch=torch.__version__,
-            csv=csv_path.name,
         )
         name = f"{op.name}_{direction}{suffix}"
         publish(args, gpu, name, entry)
