@@ -30,6 +30,19 @@ def desc(shape, dtype=2, strides=None, ptr=FAKE_PTR):
     return t
 
 
+def check_gemm_step_on_meta(op, trans_a: bool, trans_b: bool, **kwargs) -> None:
+    """``op(a, b, trans_a, trans_b, **kwargs)`` forward and backward on bf16 meta tensors (M=48,
+    N=32, K=272): a bf16 [M, N] output, and gradients of each input's shape and dtype."""
+    m, n, k = 48, 32, 272
+    a = meta(*((k, m) if trans_a else (m, k)), grad=True)
+    b = meta(*((n, k) if trans_b else (k, n)), grad=True)
+    out = op(a, b, trans_a, trans_b, **kwargs)
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16
+    out.sum().backward()
+    assert a.grad.shape == a.shape and b.grad.shape == b.shape
+    assert a.grad.dtype == a.dtype and b.grad.dtype == b.dtype
+
+
 def hp_gemm_bad_arguments():
     """(a, b, kwargs, exception, match) cases of gemm_fp8 / gemm_fp4 with high-precision inputs,
     for ``@pytest.mark.parametrize("a,b,kwargs,exc,match", ...)``."""

@@ -8,7 +8,7 @@ import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScaleDtype, ScalingGranularity
 from primus_turbo.pytorch.ops.gemm_fp8 import ROW, TENSOR, BLOCK_1x128, BLOCK_128x128, kernel_scale
 
-from host_check_utils import hp_gemm_bad_arguments, meta
+from host_check_utils import check_gemm_step_on_meta, hp_gemm_bad_arguments, meta
 
 G = ScalingGranularity
 CONFIGS = [
@@ -25,14 +25,7 @@ CONFIGS = [
 @pytest.mark.parametrize("trans_a", [False, True])
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_shapes_forward_and_backward_on_meta(config, trans_a, trans_b):
-    m, n, k = 48, 32, 272
-    a = meta(*((k, m) if trans_a else (m, k)), grad=True)
-    b = meta(*((n, k) if trans_b else (k, n)), grad=True)
-    out = turbo.ops.gemm_fp8(a, b, trans_a, trans_b, config=config)
-    assert out.shape == (m, n) and out.dtype == torch.bfloat16
-    out.sum().backward()
-    assert a.grad.shape == a.shape and b.grad.shape == b.shape
-    assert a.grad.dtype == a.dtype and b.grad.dtype == b.dtype
+    check_gemm_step_on_meta(turbo.ops.gemm_fp8, trans_a, trans_b, config=config)
 
 
 def test_out_dtype_and_default_config():
