@@ -6,21 +6,17 @@ problem (the GPU is never the bottleneck), next to torch.matmul. A diagnostic fo
 
 import argparse
 import ctypes
-import time
+import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_utils as bu  # noqa: E402
+
 
 def per_call_us(fn, iters: int) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / iters * 1e6
+    return bu.host_us_per_call(fn, iters, warmup=50)
 
 
 def main() -> None:
@@ -33,7 +29,6 @@ def main() -> None:
     from primus_turbo._core.lib import lib
     from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager
     from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, workspace
-    import sys
 
     gemm_mod = sys.modules["primus_turbo.pytorch.ops.gemm"]
     GlobalBackendManager.set_gemm_backend(BackendType.from_name(args.backend))

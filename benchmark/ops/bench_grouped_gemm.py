@@ -30,10 +30,12 @@ import torch
 if __package__:  # imported as benchmark.ops.bench_grouped_gemm
     from . import bench_utils as bu
     from . import config as cfg
+    from . import grouped_common as gc
 else:  # run as a script; only this directory on sys.path (never the repository root)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_utils as bu  # type: ignore[no-redef]
     import config as cfg  # type: ignore[no-redef]
+    import grouped_common as gc  # type: ignore[no-redef]
 
 METRIC = "combined step TFLOPS"
 BASELINE_NAME = "torch._grouped_mm"
@@ -41,10 +43,10 @@ QUICK_MODELS = ("DeepSeek-V3", "Qwen3-30B-A3B", "Qwen3-235B-A22B", "Mixtral-8x7B
 QUICK_TOKENS = (1024, 4096)
 
 COLUMNS = [
-    "TestID", "GPU", "Case", "EP", "G", "Tokens/Expert", "Balanced", "M", "N", "K", "dtype", "Check",
+    "TestID", "GPU", *gc.CASE_COLUMNS, "dtype", "Check",
     "Forward Time (ms)", "Forward TFLOPS", "Backward Time (ms)", "Backward TFLOPS", "Combined TFLOPS",
     "Baseline Forward TFLOPS", "Baseline Backward TFLOPS", "Baseline Combined TFLOPS", "Baseline Check",
-    "Forward Ratio", "Backward Ratio", "Combined Ratio", "Out SNR (dB)", "DGrad SNR (dB)", "WGrad SNR (dB)",
+    "Forward Ratio", "Backward Ratio", "Combined Ratio", *gc.SNR_COLUMNS,
     "Note",
 ]
 TABLE_COLUMNS = [
@@ -77,51 +79,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def select_cases(args) -> list:
-    if not args.quick:
-        return cfg.gen_grouped_gemm_test_cases(
-            args.models, args.ep or cfg.EP_SIZES, args.tokens or cfg.GROUPED_GEMM_TOKENS_PER_EXPERT
-        )
-    cases = []
-    for name in args.models or QUICK_MODELS:
-        experts = cfg.MOE_MODELS[cfg.resolve_moe_models([name])[0]].num_experts
-        ep = max(e for e in (args.ep or cfg.EP_SIZES) if experts % e == 0 or e == min(cfg.EP_SIZES))
-        cases += cfg.gen_grouped_gemm_test_cases([name], [ep], args.tokens or QUICK_TOKENS)
-    return cases
-
-
-def make_inputs(case, dtype, seed: int):
-    lens_cpu = cfg.gen_grouped_gemm_group_lens(case.G, case.total_tokens, case.balanced, seed)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    t, n, k = case.total_tokens, case.N, case.K
-    x = torch.randn(t, k, device="cuda", dtype=dtype, generator=gen)
-    w = (torch.randn(case.G, n, k, device="cuda", generator=gen) / k**0.5).to(dtype)
-    grad = torch.randn(t, n, device="cuda", dtype=dtype, generator=gen)
-    return lens_cpu, x, w, grad
-
-
-def references(lens_cpu, x, w, grad):
-    """Per-group float32 references (TF32 off): out [T, N], dgrad [T, K], wgrad [G, N, K]."""
-    offs = [0] + torch.cumsum(lens_cpu, 0).tolist()
-    out = torch.empty(x.shape[0], w.shape[1], device="cuda")
-    dx = torch.empty(x.shape, device="cuda")
-    dw = torch.empty(w.shape, device="cuda")
-    for g in range(w.shape[0]):
-        s, e = offs[g], offs[g + 1]
-        wg, xg, gg = w[g].float(), x[s:e].float(), grad[s:e].float()
-        out[s:e] = xg @ wg.t()
-        dx[s:e] = gg @ wg
-        dw[g] = gg.t() @ xg
-    return out, dx, dw
+    return gc.select_cases(args, QUICK_MODELS, QUICK_TOKENS)
 
 
 def check_impl(results, refs, dtype) -> tuple[bool, list, str]:
-    checks = [bu.check_close(r, ref, dtype, what=w) for r, ref, w in zip(results, refs, ("out", "dgrad", "wgrad"))]
-    return all(c.passed for c in checks), [c.snr_db for c in checks], "; ".join(c.message for c in checks if not c.passed)
+    ok, snrs, failures = gc.check_outputs(results, refs, dtype)
+    return ok, snrs, "; ".join(failures)
 
 
 def run_case(row: dict, case, dtype, args) -> None:
     nan = float("nan")
-    lens_cpu, x, w, grad = make_inputs(case, dtype, args.seed + row["TestID"])
+    lens_cpu, x, w, grad = gc.make_inputs(case, dtype, args.seed + row["TestID"])
     lens = lens_cpu.cuda()
     offs32 = torch.cumsum(lens_cpu, 0).to(torch.int32).cuda()
     ops = torch.ops.primus_turbo
@@ -131,14 +99,14 @@ def run_case(row: dict, case, dtype, args) -> None:
     base_bwd = lambda: (torch._grouped_mm(grad, w, offs=offs32), torch._grouped_mm(grad.t(), x, offs=offs32))
 
     flops = case.fwd_flops
-    refs = references(lens_cpu, x, w, grad)
+    refs = gc.references(lens_cpu, x, w, grad)
     try:
         ok, snrs, msg = check_impl([ours_fwd(), *ours_bwd()], refs, dtype)
     except Exception as e:  # an error is a failed case, not a crashed benchmark
         traceback.print_exc()
         ok, snrs, msg = False, [nan] * 3, f"ERROR {type(e).__name__}: {e}"
     row["Check"] = "PASS" if ok else "FAIL"
-    row["Out SNR (dB)"], row["DGrad SNR (dB)"], row["WGrad SNR (dB)"] = snrs
+    row.update(zip(gc.SNR_COLUMNS, snrs))
     notes = [msg] if msg else []
     try:
         base_ok, _, base_msg = check_impl([base_fwd(), *base_bwd()], refs, dtype)
@@ -149,13 +117,8 @@ def run_case(row: dict, case, dtype, args) -> None:
         notes.append("baseline: " + base_msg)
     del refs
 
-    def timed(fwd, bwd, valid):
-        if not valid:
-            return nan, nan
-        return bu.time_cuda(fwd, iters=args.iters), bu.time_cuda(bwd, iters=args.iters)
-
-    t_f, t_b = timed(ours_fwd, ours_bwd, ok)
-    b_f, b_b = timed(base_fwd, base_bwd, base_ok)
+    t_f, t_b = gc.time_pair(ours_fwd, ours_bwd, ok, args.iters)
+    b_f, b_b = gc.time_pair(base_fwd, base_bwd, base_ok, args.iters)
     row["Forward Time (ms)"], row["Backward Time (ms)"] = t_f, t_b
     row["Forward TFLOPS"], row["Backward TFLOPS"] = bu.tflops(flops, t_f), bu.tflops(2 * flops, t_b)
     row["Combined TFLOPS"] = bu.tflops(3 * flops, t_f + t_b)
@@ -182,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu_name = torch.cuda.get_device_name()
     gpu = bu.gpu_short_name(gpu_name)
     out_dir = bu.results_dir_for(args.output_dir, gpu)
-    tag = args.tag if args.tag is not None else ("" if args.default_set else ("quick" if args.quick else "subset"))
+    tag = gc.run_tag(args)
     stem = f"grouped_gemm_{args.dtype}{'_' + tag if tag else ''}"
     csv_path = out_dir / f"{stem}.csv"
     print(f"[bench_grouped_gemm] {len(cases)} cases on {gpu_name}; autotune={args.autotune}", flush=True)
@@ -190,14 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     start = time.monotonic()
     for i, case in enumerate(cases, 1):
-        if args.time_budget is not None and time.monotonic() - start > args.time_budget:
+        if gc.budget_reached(args, start):
             print(f"[bench_grouped_gemm] time budget reached: {i - 1} of {len(cases)} cases run", flush=True)
             break
-        row = {
-            "TestID": i, "GPU": gpu, "Case": case.name, "EP": case.EP, "G": case.G,
-            "Tokens/Expert": case.tokens_per_expert, "Balanced": case.balanced, "M": case.total_tokens,
-            "N": case.N, "K": case.K, "dtype": args.dtype,
-        }
+        row = {"TestID": i, "GPU": gpu, **gc.case_fields(case), "dtype": args.dtype}
         run_case(row, case, dtype, args)
         rows.append(row)
         print(
@@ -207,11 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{row['Baseline Combined TFLOPS']:.0f} | ratio {row['Combined Ratio']:.3f}",
             flush=True,
         )
-        bu.write_csv(csv_path, rows, COLUMNS)
-        torch.cuda.empty_cache()
+        gc.write_rows(csv_path, rows, COLUMNS)
 
-    print()
-    print(bu.format_table(rows, [c for c, _ in TABLE_COLUMNS], [h for _, h in TABLE_COLUMNS]))
+    gc.print_table(rows, TABLE_COLUMNS)
     passed = [r.get("Check") == "PASS" for r in rows]
     labels = [f"{r['Case']} EP{r['EP']} {r['Tokens/Expert']}{'' if r['Balanced'] else ' skew'}" for r in rows]
     bu.plot_comparison(
@@ -228,10 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpu=gpu_name,
         dtype=args.dtype,
         autotune=args.autotune,
-        case_set="quick" if args.quick else ("default" if args.default_set else "subset"),
+        case_set=gc.case_set(args),
         cases_planned=len(cases),
-        forward_ratio_geomean=bu.geomean(r["Forward Ratio"] for r, p in zip(rows, passed) if p),
-        backward_ratio_geomean=bu.geomean(r["Backward Ratio"] for r, p in zip(rows, passed) if p),
+        forward_ratio_geomean=gc.passed_geomean(rows, passed, "Forward Ratio"),
+        backward_ratio_geomean=gc.passed_geomean(rows, passed, "Backward Ratio"),
         torch=torch.__version__,
         csv=csv_path.name,
     )

@@ -41,11 +41,11 @@ import torch
 
 if __package__:
     from . import bench_utils as bu
-    from . import config as cfg
+    from . import grouped_common as gc
 else:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_utils as bu  # type: ignore[no-redef]
-    import config as cfg  # type: ignore[no-redef]
+    import grouped_common as gc  # type: ignore[no-redef]
 
 METRIC = "training step TFLOPS (fwd + dgrad + wgrad, quantization included)"
 BASELINE_NAME = "torch._grouped_mm (bf16)"
@@ -122,16 +122,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def select_cases(args) -> list:
-    if not args.quick:
-        return cfg.gen_grouped_gemm_test_cases(
-            args.models, args.ep or cfg.EP_SIZES, args.tokens or cfg.GROUPED_GEMM_TOKENS_PER_EXPERT
-        )
-    cases = []
-    for name in args.models or QUICK_MODELS:
-        experts = cfg.MOE_MODELS[cfg.resolve_moe_models([name])[0]].num_experts
-        ep = max(e for e in (args.ep or cfg.EP_SIZES) if experts % e == 0 or e == min(cfg.EP_SIZES))
-        cases += [c for c in cfg.gen_grouped_gemm_test_cases([name], [ep], args.tokens or QUICK_TOKENS) if c.balanced]
-    return cases
+    return gc.select_cases(args, QUICK_MODELS, QUICK_TOKENS, balanced_only=True)
 
 
 def quant_config(granularity: str, fmt: str):
@@ -190,27 +181,7 @@ def warm_modules(granularities, fmt: str, fp8_wgrad: bool) -> None:
 
 
 def make_inputs(case, seed: int):
-    lens_cpu = cfg.gen_grouped_gemm_group_lens(case.G, case.total_tokens, case.balanced, seed)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    t, n, k = case.total_tokens, case.N, case.K
-    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-    w = (torch.randn(case.G, n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
-    grad = torch.randn(t, n, device="cuda", dtype=torch.bfloat16, generator=gen)
-    return lens_cpu, x, w, grad
-
-
-def references(lens_cpu, x, w, grad):
-    offs = [0] + torch.cumsum(lens_cpu, 0).tolist()
-    out = torch.empty(x.shape[0], w.shape[1], device="cuda")
-    dx = torch.empty(x.shape, device="cuda")
-    dw = torch.empty(w.shape, device="cuda")
-    for g in range(w.shape[0]):
-        s, e = offs[g], offs[g + 1]
-        wg, xg, gg = w[g].float(), x[s:e].float(), grad[s:e].float()
-        out[s:e] = xg @ wg.t()
-        dx[s:e] = gg @ wg
-        dw[g] = gg.t() @ xg
-    return out, dx, dw
+    return gc.make_inputs(case, torch.bfloat16, seed)
 
 
 def run_case(row: dict, case, granularity: str, args) -> None:
@@ -242,15 +213,9 @@ def run_case(row: dict, case, granularity: str, args) -> None:
     try:
         out = op(xr, wr, lens)
         dx, dw = torch.autograd.grad(out, (xr, wr), grad)
-        refs = references(lens_cpu, x, w, grad)
-        gate = gate_for(fmt)
-        checks = [
-            bu.check_close(r, ref, gate=gate, what=wh)
-            for r, ref, wh in zip((out, dx, dw), refs, ("out", "dgrad", "wgrad"))
-        ]
-        ok = all(c.passed for c in checks)
-        snrs = [c.snr_db for c in checks]
-        notes += [c.message for c in checks if not c.passed]
+        refs = gc.references(lens_cpu, x, w, grad)
+        ok, snrs, failures = gc.check_outputs((out, dx, dw), refs, gate=gate_for(fmt))
+        notes += failures
         del refs, out, dx, dw
     except Exception as e:  # noqa: BLE001  (an error is a failed case, not a crashed benchmark)
         traceback.print_exc()
@@ -259,10 +224,8 @@ def run_case(row: dict, case, granularity: str, args) -> None:
     row["Check"] = "PASS" if ok else "FAIL"
     row["Out SNR (dB)"], row["DGrad SNR (dB)"], row["WGrad SNR (dB)"] = snrs
 
-    t_f = bu.time_cuda(ours_fwd, iters=args.iters) if ok else nan
-    t_s = bu.time_cuda(ours_step, iters=args.iters) if ok else nan
-    b_f = bu.time_cuda(base_fwd, iters=args.iters)
-    b_s = bu.time_cuda(base_step, iters=args.iters)
+    t_f, t_s = gc.time_pair(ours_fwd, ours_step, ok, args.iters)
+    b_f, b_s = gc.time_pair(base_fwd, base_step, True, args.iters)
     row["Forward Time (ms)"], row["Step Time (ms)"] = t_f, t_s
     row["Forward TFLOPS"], row["Step TFLOPS"] = bu.tflops(flops, t_f), bu.tflops(3 * flops, t_s)
     row["Baseline Forward TFLOPS"], row["Baseline Step TFLOPS"] = bu.tflops(flops, b_f), bu.tflops(3 * flops, b_s)
@@ -309,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu_name = torch.cuda.get_device_name()
     gpu = bu.gpu_short_name(gpu_name)
     out_dir = bu.results_dir_for(args.output_dir, gpu)
-    tag = args.tag if args.tag is not None else ("" if args.default_set else ("quick" if args.quick else "subset"))
+    tag = gc.run_tag(args)
     if args.fp4:
         args.granularity, args.format, args.fp8_wgrad = [FP4_NAME], FP4_NAME, False
     print(f"[bench_grouped_gemm_fp8] {len(cases)} cases x {args.granularity} ({args.format}) on {gpu_name}", flush=True)
@@ -326,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         csv_path = out_dir / f"{stem}.csv"
         rows = []
         for i, case in enumerate(cases, 1):
-            if args.time_budget is not None and time.monotonic() - start > args.time_budget:
+            if gc.budget_reached(args, start):
                 print(f"[bench_grouped_gemm_fp8] time budget reached ({granularity}: {i - 1} cases)", flush=True)
                 break
             row = {
@@ -334,14 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "GPU": gpu,
                 "Granularity": granularity,
                 "Format": args.format,
-                "Case": case.name,
-                "EP": case.EP,
-                "G": case.G,
-                "Tokens/Expert": case.tokens_per_expert,
-                "Balanced": case.balanced,
-                "M": case.total_tokens,
-                "N": case.N,
-                "K": case.K,
+                **gc.case_fields(case),
             }
             run_case(row, case, granularity, args)
             rows.append(row)
@@ -352,17 +308,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{row['Step Ratio']:.3f} | vs scaled_mm {row['Scaled Ratio']:.3f}",
                 flush=True,
             )
-            bu.write_csv(csv_path, rows, COLUMNS)
-            torch.cuda.empty_cache()
-        print()
-        print(bu.format_table(rows, [c for c, _ in TABLE_COLUMNS], [h for _, h in TABLE_COLUMNS]))
+            gc.write_rows(csv_path, rows, COLUMNS)
+        gc.print_table(rows, TABLE_COLUMNS)
         passed = [r.get("Check") == "PASS" for r in rows]
         all_ok = all_ok and all(passed)
         extra = {}
         if granularity == "rowwise":
-            extra["gemm_only_vs_scaled_grouped_mm_geomean"] = bu.geomean(
-                r["Scaled Ratio"] for r, p in zip(rows, passed) if p
-            )
+            extra["gemm_only_vs_scaled_grouped_mm_geomean"] = gc.passed_geomean(rows, passed, "Scaled Ratio")
         entry = bu.summary_entry(
             ours=[r["Step TFLOPS"] for r in rows],
             baseline_values=[r["Baseline Step TFLOPS"] for r in rows],
@@ -373,9 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             dtype="fp4-mxfp4 (emulated via e4m3)" if granularity == FP4_NAME else f"fp8-{args.format}",
             granularity="mx_blockwise" if granularity == FP4_NAME else granularity,
             wgrad="fp8" if args.fp8_wgrad else "bf16",
-            case_set="quick" if args.quick else ("default" if args.default_set else "subset"),
+            case_set=gc.case_set(args),
             cases_planned=len(cases),
-            forward_ratio_geomean=bu.geomean(r["Forward Ratio"] for r, p in zip(rows, passed) if p),
+            forward_ratio_geomean=gc.passed_geomean(rows, passed, "Forward Ratio"),
             torch=torch.__version__,
             csv=csv_path.name,
             **extra,

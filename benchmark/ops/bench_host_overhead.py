@@ -8,21 +8,17 @@ kernel. `--profile` prints the top functions under cProfile.
 import argparse
 import cProfile
 import pstats
-import time
+import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_utils as bu  # noqa: E402
+
 
 def per_call_us(fn, iters: int) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / iters * 1e6
+    return bu.host_us_per_call(fn, iters, warmup=20)
 
 
 def main() -> None:

@@ -27,7 +27,6 @@ for the permute).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import traceback
 from pathlib import Path
@@ -37,10 +36,12 @@ import torch
 if __package__:
     from . import bench_utils as bu
     from . import config as cfg
+    from . import membound as mb
 else:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_utils as bu  # type: ignore[no-redef]
     import config as cfg  # type: ignore[no-redef]
+    import membound as mb  # type: ignore[no-redef]
 
 METRIC = "effective GB/s"
 TOKENS = (4096, 8192, 16384)
@@ -96,8 +97,127 @@ def torch_unpermute(y, probs, t_idx, e_idx, num_tokens: int):
     )
 
 
-def gbps(nbytes, ms):
-    return nbytes / (ms * 1e-3) / 1e9 if ms and math.isfinite(ms) and ms > 0 else float("nan")
+gbps = mb.gbps
+
+
+# ---- shared by both op families --------------------------------------------------------------------
+
+
+def time_ops(row, impls, inputs, bytes_fwd, bytes_bwd, args, notes) -> None:
+    """Times each implementation's (permute, unpermute) pair, forward and backward, into the row's
+    "<impl> <op> fwd|bwd GB/s" columns, then the BW fractions and ratios (see add_ratios).
+
+    impls: name -> (permute fn, unpermute fn), called without arguments; inputs(name, op): the
+    tensors whose gradients the backward computes; bytes_fwd / bytes_bwd: op -> bytes moved.
+    """
+    nan = float("nan")
+    for name, (pf, uf) in impls.items():
+        for op, fn in (("permute", pf), ("unpermute", uf)):
+            if name == "ours" and row["Check"] != "PASS":
+                row[f"{name} {op} fwd GB/s"] = row[f"{name} {op} bwd GB/s"] = nan
+                continue
+            try:
+                fwd = bu.time_cuda(fn, iters=args.iters)
+                res = fn()
+                outs = tuple(
+                    o for o in (res if isinstance(res, tuple) else (res,))
+                    if isinstance(o, torch.Tensor) and o.requires_grad
+                )
+                grads = tuple(torch.randn_like(o) for o in outs)
+                bwd = bu.time_cuda(
+                    lambda outs=outs, grads=grads, inputs=inputs(name, op): torch.autograd.grad(
+                        outs, inputs, grads, retain_graph=True, allow_unused=True
+                    ),
+                    iters=args.iters,
+                )
+            except Exception as ex:  # noqa: BLE001
+                traceback.print_exc()
+                fwd = bwd = nan
+                notes.append(f"{name} {op}: {type(ex).__name__}: {ex}"[:200])
+            row[f"{name} {op} fwd GB/s"] = gbps(bytes_fwd[op], fwd)
+            row[f"{name} {op} bwd GB/s"] = gbps(bytes_bwd[op], bwd)
+
+
+def record_check(row, notes, rows_ok: bool, res) -> None:
+    """row["Check"] from the bitwise check of the permuted rows and the gated check ``res`` of the
+    merge (a bu.CheckResult); the failures go to the notes."""
+    row["Check"] = "PASS" if rows_ok and res else "FAIL"
+    if not rows_ok:
+        notes.append("permuted rows differ from the indexing reference")
+    if not res:
+        notes.append(res.message)
+
+
+def record_error(row, notes, ex: Exception) -> None:
+    """An exception in the correctness check is an ERROR row, not the end of the run."""
+    traceback.print_exc()
+    row["Check"] = "ERROR"
+    notes.append(f"{type(ex).__name__}: {ex}"[:300])
+
+
+def add_ratios(row, base: str, copy_gbps: float) -> None:
+    """Per op and direction: ours as a fraction of the copy bandwidth, and ours / the baseline."""
+    for op in OPS:
+        for d in ("fwd", "bwd"):
+            o = row[f"ours {op} {d} GB/s"]
+            row[f"{op} {d} BW Fraction"] = o / copy_gbps
+            row[f"{op} {d} Ratio"] = mb.ratio(o, row.get(f"{base} {op} {d} GB/s", float("nan")))
+
+
+def run_cases(shapes, tokens, run_case, label, csv_path) -> list:
+    """run_case(h, e, k, names, t) per shape and token count; prints each row (prefixed with
+    label(row)) and rewrites the CSV after each."""
+    rows = []
+    for (h, e, k), names in shapes.items():
+        for t in tokens:
+            row = run_case(h, e, k, names, t)
+            rows.append(row)
+            print(
+                f"{label(row)} T={t:<6} {row['Check']:<5} "
+                + " ".join(
+                    f"{op}-{d} {row[f'ours {op} {d} GB/s']:.0f} ({row[f'{op} {d} BW Fraction']:.2f}, x{row[f'{op} {d} Ratio']:.2f})"
+                    for op in OPS
+                    for d in ("fwd", "bwd")
+                ),
+                flush=True,
+            )
+            bu.write_csv(csv_path, rows, list(rows[0].keys()))
+            torch.cuda.empty_cache()
+    return rows
+
+
+def write_summaries(rows, args, base, gpu, gpu_name, copy_gbps, csv_path, entry_name, **extra) -> list:
+    """The summary entries entry_name(op, direction) of a family (``extra`` after the token counts);
+    returns which cases passed."""
+    passed = [r["Check"] == "PASS" for r in rows]
+    for op in OPS:
+        for d in ("fwd", "bwd"):
+            entry = bu.summary_entry(
+                ours=[r[f"ours {op} {d} GB/s"] for r in rows],
+                baseline_values=[r.get(f"{base} {op} {d} GB/s", float("nan")) for r in rows],
+                passed=passed,
+                metric=METRIC,
+                baseline="torch.compile" if base == "compiled" else "torch eager",
+                gpu=gpu_name,
+                dtype=args.dtype,
+                bandwidth_fraction=mb.passed_geomean(rows, passed, f"{op} {d} BW Fraction"),
+                eager_geomean=mb.passed_geomean(rows, passed, f"eager {op} {d} GB/s"),
+                copy_gbps=copy_gbps,
+                tokens=list(args.tokens),
+                **extra,
+                torch=torch.__version__,
+                csv=csv_path.name,
+            )
+            name = entry_name(op, d)
+            mb.publish(args, gpu, name, entry)
+            print(
+                f"[bench_moe_permute] {name}: {entry['passed']}/{entry['cases']} passed; {entry['ours_geomean']:.0f} GB/s "
+                f"({entry['bandwidth_fraction']:.2f} of copy); vs {entry['baseline']} ratio {entry['ratio_geomean']:.3f}"
+            )
+    return passed
+
+
+# ---- token_permute / token_unpermute -------------------------------------------------------------
 
 
 def main(argv=None) -> int:
@@ -117,15 +237,12 @@ def main(argv=None) -> int:
     gpu_name = torch.cuda.get_device_name()
     gpu = bu.gpu_short_name(gpu_name)
     out_dir = bu.results_dir_for(args.output_dir, gpu)
-    tag = args.tag if args.tag is not None else ("" if args.default_set else ("quick" if args.quick else "subset"))
-    suffix = ("" if args.dtype == "bf16" else f"_{args.dtype}") + (f"_{tag}" if tag else "")
-    csv_path = out_dir / f"moe_permute_{args.dtype}{'_' + tag if tag else ''}.csv"
+    _, suffix, csv_path = mb.result_names(args, out_dir, "moe_permute")
     copy_gbps = bu.measure_copy_bandwidth()
     print(f"[bench_moe_permute] {len(shapes) * len(args.tokens)} cases on {gpu_name}; copy {copy_gbps:.0f} GB/s")
 
     compiled_p = torch.compile(torch_permute, dynamic=False) if not args.no_compile_baseline else None
     compiled_u = torch.compile(torch_unpermute, dynamic=False) if not args.no_compile_baseline else None
-    nan = float("nan")
 
     def run_case(h, e, k, names, t):
         n = t * k
@@ -144,17 +261,10 @@ def main(argv=None) -> int:
             ref = torch.zeros(t, h, dtype=torch.float64, device="cuda").index_add_(
                 0, t_idx, y.detach().double() * probs.detach()[t_idx, e_idx, None].double()
             )
-            res = bu.check_close(merged.detach(), ref, dtype, what="merged")
-            row["Check"] = "PASS" if ok_p and res else "FAIL"
-            if not ok_p:
-                notes.append("permuted rows differ from the indexing reference")
-            if not res:
-                notes.append(res.message)
+            record_check(row, notes, ok_p, bu.check_close(merged.detach(), ref, dtype, what="merged"))
             del ref
         except Exception as ex:  # noqa: BLE001
-            traceback.print_exc()
-            row["Check"] = "ERROR"
-            notes.append(f"{type(ex).__name__}: {ex}"[:300])
+            record_error(row, notes, ex)
         impls = {
             "ours": (
                 lambda: turbo.ops.token_permute(x, probs, mask, num_out_tokens=n),
@@ -172,87 +282,25 @@ def main(argv=None) -> int:
             )
         bytes_fwd = {"permute": (t + n) * h * es, "unpermute": (n + t) * h * es}
         bytes_bwd = {"permute": (n + t) * h * es, "unpermute": (t + 2 * n) * h * es}
-        for name, (pf, uf) in impls.items():
-            for op, fn, inputs in (("permute", pf, (x, probs)), ("unpermute", uf, (y, probs))):
-                if name == "ours" and row["Check"] != "PASS":
-                    row[f"{name} {op} fwd GB/s"] = row[f"{name} {op} bwd GB/s"] = nan
-                    continue
-                try:
-                    fwd = bu.time_cuda(fn, iters=args.iters)
-                    res = fn()
-                    outs = tuple(o for o in (res if isinstance(res, tuple) else (res,)) if o.requires_grad)
-                    grads = tuple(torch.randn_like(o) for o in outs)
-                    bwd = bu.time_cuda(
-                        lambda outs=outs, grads=grads, inputs=inputs: torch.autograd.grad(
-                            outs, inputs, grads, retain_graph=True, allow_unused=True
-                        ),
-                        iters=args.iters,
-                    )
-                except Exception as ex:  # noqa: BLE001
-                    traceback.print_exc()
-                    fwd = bwd = nan
-                    notes.append(f"{name} {op}: {type(ex).__name__}: {ex}"[:200])
-                row[f"{name} {op} fwd GB/s"] = gbps(bytes_fwd[op], fwd)
-                row[f"{name} {op} bwd GB/s"] = gbps(bytes_bwd[op], bwd)
-        base = "compiled" if compiled_p is not None else "eager"
-        for op in OPS:
-            for d in ("fwd", "bwd"):
-                o = row[f"ours {op} {d} GB/s"]
-                row[f"{op} {d} BW Fraction"] = o / copy_gbps
-                b = row.get(f"{base} {op} {d} GB/s", nan)
-                row[f"{op} {d} Ratio"] = o / b if math.isfinite(o) and math.isfinite(b) and b > 0 else nan
+        inputs = {"permute": (x, probs), "unpermute": (y, probs)}
+        time_ops(row, impls, lambda name, op: inputs[op], bytes_fwd, bytes_bwd, args, notes)
+        add_ratios(row, base, copy_gbps)
         row["Note"] = " | ".join(notes)
         return row
 
+    base = "compiled" if compiled_p is not None else "eager"
     rows = []
-    for (h, e, k), names in shapes.items() if args.ops in ("all", "token") else ():
-        for t in args.tokens:
-            row = run_case(h, e, k, names, t)
-            rows.append(row)
-            print(
-                f"{row['Case']:<28} T={t:<6} {row['Check']:<5} "
-                + " ".join(
-                    f"{op}-{d} {row[f'ours {op} {d} GB/s']:.0f} ({row[f'{op} {d} BW Fraction']:.2f}, x{row[f'{op} {d} Ratio']:.2f})"
-                    for op in OPS
-                    for d in ("fwd", "bwd")
-                ),
-                flush=True,
-            )
-            columns = list(rows[0].keys())
-            bu.write_csv(csv_path, rows, columns)
-            torch.cuda.empty_cache()
+    if args.ops in ("all", "token"):
+        rows = run_cases(shapes, args.tokens, run_case, lambda row: f"{row['Case']:<28}", csv_path)
 
     status = 0
     if args.ops in ("all", "moe"):
-        status |= run_moe(args, shapes, dtype, es, gpu, gpu_name, out_dir, tag, suffix, copy_gbps)
+        status |= run_moe(args, shapes, dtype, es, gpu, gpu_name, out_dir, suffix, copy_gbps)
     if not rows:
         return status
-    passed = [r["Check"] == "PASS" for r in rows]
-    base = "compiled" if compiled_p is not None else "eager"
-    for op in OPS:
-        for d in ("fwd", "bwd"):
-            entry = bu.summary_entry(
-                ours=[r[f"ours {op} {d} GB/s"] for r in rows],
-                baseline_values=[r.get(f"{base} {op} {d} GB/s", nan) for r in rows],
-                passed=passed,
-                metric=METRIC,
-                baseline="torch.compile" if base == "compiled" else "torch eager",
-                gpu=gpu_name,
-                dtype=args.dtype,
-                bandwidth_fraction=bu.geomean(r[f"{op} {d} BW Fraction"] for r, p in zip(rows, passed) if p),
-                eager_geomean=bu.geomean(r[f"eager {op} {d} GB/s"] for r, p in zip(rows, passed) if p),
-                copy_gbps=copy_gbps,
-                tokens=list(args.tokens),
-                torch=torch.__version__,
-                csv=csv_path.name,
-            )
-            name = f"token_{op}_{d}{suffix}"
-            if not args.no_summary:
-                bu.update_summary(args.output_dir, gpu, name, entry)
-            print(
-                f"[bench_moe_permute] {name}: {entry['passed']}/{entry['cases']} passed; {entry['ours_geomean']:.0f} GB/s "
-                f"({entry['bandwidth_fraction']:.2f} of copy); vs {entry['baseline']} ratio {entry['ratio_geomean']:.3f}"
-            )
+    passed = write_summaries(
+        rows, args, base, gpu, gpu_name, copy_gbps, csv_path, lambda op, d: f"token_{op}_{d}{suffix}"
+    )
     return status | (0 if all(passed) else 1)
 
 
@@ -278,15 +326,14 @@ def torch_moe_unpermute(y, pprobs, order, t: int, k: int):
     return out.to(y.dtype), up.view(t, k)
 
 
-def run_moe(args, shapes, dtype, es, gpu, gpu_name, out_dir, tag, suffix, copy_gbps) -> int:
+def run_moe(args, shapes, dtype, es, gpu, gpu_name, out_dir, suffix, copy_gbps) -> int:
     import primus_turbo.pytorch as turbo
 
-    nan = float("nan")
     pad = args.pad_multiple
-    csv_path = out_dir / f"moe_index_permute_{args.dtype}{'_' + tag if tag else ''}.csv"
+    _, _, csv_path = mb.result_names(args, out_dir, "moe_index_permute")
     compiled_p = torch.compile(torch_moe_permute, dynamic=False) if not args.no_compile_baseline else None
     compiled_u = torch.compile(torch_moe_unpermute, dynamic=False) if not args.no_compile_baseline else None
-    rows = []
+    base = "compiled" if compiled_p is not None else "eager"
 
     def run_case(h, e, k, names, t):
         row = {"GPU": gpu, "Case": "/".join(names[:2]), "Tokens": t, "Hidden": h, "Experts": e, "TopK": k, "Pad": pad}
@@ -314,17 +361,10 @@ def run_moe(args, shapes, dtype, es, gpu, gpu_name, out_dir, tag, suffix, copy_g
                 ok_p = ok_p and torch.equal(out, ro) and torch.equal(pprobs, rp)
             back, _ = turbo.ops.moe_unpermute(y, rmap, nd, restore_shape=x.shape, num_local_experts=e, pad_multiple=pad)
             ref = y.detach().double()[routes].sum(1)
-            res = bu.check_close(back.detach(), ref, dtype, what="unpermuted")
-            row["Check"] = "PASS" if ok_p and res else "FAIL"
-            if not ok_p:
-                notes.append("permuted rows differ from the indexing reference")
-            if not res:
-                notes.append(res.message)
+            record_check(row, notes, ok_p, bu.check_close(back.detach(), ref, dtype, what="unpermuted"))
             del ref
         except Exception as ex:  # noqa: BLE001
-            traceback.print_exc()
-            row["Check"] = "ERROR"
-            notes.append(f"{type(ex).__name__}: {ex}"[:300])
+            record_error(row, notes, ex)
             rmap = nd = None
         impls = {
             "ours": (
@@ -345,88 +385,26 @@ def run_moe(args, shapes, dtype, es, gpu, gpu_name, out_dir, tag, suffix, copy_g
                 lambda: compiled_u(y_ref, pp_ref, order, t, k),
             )
         moved = (t + t * k) * h * es
-        for name, (pf, uf) in impls.items():
-            for op, fn, inputs in (
-                ("permute", pf, (x, probs)),
-                ("unpermute", uf, (y, pp_in) if name == "ours" else (y_ref, pp_ref)),
-            ):
-                if name == "ours" and row["Check"] != "PASS":
-                    row[f"{name} {op} fwd GB/s"] = row[f"{name} {op} bwd GB/s"] = nan
-                    continue
-                try:
-                    fwd = bu.time_cuda(fn, iters=args.iters)
-                    res = fn()
-                    outs = tuple(
-                        o for o in (res if isinstance(res, tuple) else (res,))
-                        if isinstance(o, torch.Tensor) and o.requires_grad
-                    )
-                    grads = tuple(torch.randn_like(o) for o in outs)
-                    bwd = bu.time_cuda(
-                        lambda outs=outs, grads=grads, inputs=inputs: torch.autograd.grad(
-                            outs, inputs, grads, retain_graph=True, allow_unused=True
-                        ),
-                        iters=args.iters,
-                    )
-                except Exception as ex:  # noqa: BLE001
-                    traceback.print_exc()
-                    fwd = bwd = nan
-                    notes.append(f"{name} {op}: {type(ex).__name__}: {ex}"[:200])
-                row[f"{name} {op} fwd GB/s"] = gbps(moved, fwd)
-                row[f"{name} {op} bwd GB/s"] = gbps(moved, bwd)
-        base = "compiled" if compiled_p is not None else "eager"
-        for op in OPS:
-            for d in ("fwd", "bwd"):
-                o = row[f"ours {op} {d} GB/s"]
-                row[f"{op} {d} BW Fraction"] = o / copy_gbps
-                b = row.get(f"{base} {op} {d} GB/s", nan)
-                row[f"{op} {d} Ratio"] = o / b if math.isfinite(o) and math.isfinite(b) and b > 0 else nan
+        inputs = {
+            ("ours", "unpermute"): (y, pp_in),
+            "permute": (x, probs),
+            "unpermute": (y_ref, pp_ref),
+        }
+        time_ops(
+            row, impls, lambda name, op: inputs.get((name, op), inputs[op]),
+            {"permute": moved, "unpermute": moved}, {"permute": moved, "unpermute": moved}, args, notes,
+        )
+        add_ratios(row, base, copy_gbps)
         row["Note"] = " | ".join(notes)
         return row
 
-    for (h, e, k), names in shapes.items():
-        for t in args.tokens:
-            row = run_case(h, e, k, names, t)
-            rows.append(row)
-            print(
-                f"moe {row['Case']:<24} T={t:<6} {row['Check']:<5} "
-                + " ".join(
-                    f"{op}-{d} {row[f'ours {op} {d} GB/s']:.0f} ({row[f'{op} {d} BW Fraction']:.2f}, x{row[f'{op} {d} Ratio']:.2f})"
-                    for op in OPS
-                    for d in ("fwd", "bwd")
-                ),
-                flush=True,
-            )
-            bu.write_csv(csv_path, rows, list(rows[0].keys()))
-            torch.cuda.empty_cache()
+    rows = run_cases(shapes, args.tokens, run_case, lambda row: f"moe {row['Case']:<24}", csv_path)
     if not rows:
         return 0
-    passed = [r["Check"] == "PASS" for r in rows]
-    base = "compiled" if compiled_p is not None else "eager"
-    for op in OPS:
-        for d in ("fwd", "bwd"):
-            entry = bu.summary_entry(
-                ours=[r[f"ours {op} {d} GB/s"] for r in rows],
-                baseline_values=[r.get(f"{base} {op} {d} GB/s", nan) for r in rows],
-                passed=passed,
-                metric=METRIC,
-                baseline="torch.compile" if base == "compiled" else "torch eager",
-                gpu=gpu_name,
-                dtype=args.dtype,
-                bandwidth_fraction=bu.geomean(r[f"{op} {d} BW Fraction"] for r, p in zip(rows, passed) if p),
-                eager_geomean=bu.geomean(r[f"eager {op} {d} GB/s"] for r, p in zip(rows, passed) if p),
-                copy_gbps=copy_gbps,
-                tokens=list(args.tokens),
-                pad_multiple=pad,
-                torch=torch.__version__,
-                csv=csv_path.name,
-            )
-            name = f"moe_{op}_{d}{suffix}" + (f"_pad{pad}" if pad else "")
-            if not args.no_summary:
-                bu.update_summary(args.output_dir, gpu, name, entry)
-            print(
-                f"[bench_moe_permute] {name}: {entry['passed']}/{entry['cases']} passed; {entry['ours_geomean']:.0f} GB/s "
-                f"({entry['bandwidth_fraction']:.2f} of copy); vs {entry['baseline']} ratio {entry['ratio_geomean']:.3f}"
-            )
+    passed = write_summaries(
+        rows, args, base, gpu, gpu_name, copy_gbps, csv_path,
+        lambda op, d: f"moe_{op}_{d}{suffix}" + (f"_pad{pad}" if pad else ""), pad_multiple=pad,
+    )
     return 0 if all(passed) else 1
 
 

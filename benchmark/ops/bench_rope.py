@@ -20,7 +20,6 @@ summary.json entries rope_fwd and rope_bwd (suffixed with _<dtype> unless bf16, 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import traceback
 from pathlib import Path
@@ -30,10 +29,12 @@ import torch
 if __package__:
     from . import bench_utils as bu
     from . import config as cfg
+    from . import membound as mb
 else:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_utils as bu  # type: ignore[no-redef]
     import config as cfg  # type: ignore[no-redef]
+    import membound as mb  # type: ignore[no-redef]
 
 METRIC = "effective GB/s"
 THETA = 500000.0
@@ -128,8 +129,7 @@ def inverse(g, cos, sin):
     return reference(g, cos, -sin)  # the rotation is orthogonal: its gradient rotates back
 
 
-def gbps(nbytes, ms):
-    return nbytes / (ms * 1e-3) / 1e9 if ms and math.isfinite(ms) and ms > 0 else float("nan")
+gbps = mb.gbps
 
 
 def check_case(turbo, q, k, dq, dk, cos, sin, dtype) -> dict:
@@ -153,6 +153,22 @@ def check_case(turbo, q, k, dq, dk, cos, sin, dtype) -> dict:
         "Min SNR (dB)": min(r.snr_db for r in results),
         "Note": "; ".join(r.message for r in bad[:3]),
     }
+
+
+def time_fwd_bwd(fn, sets, cos, sin, args) -> tuple[float, float]:
+    """Median ms of the forward and of the backward (autograd.grad of both outputs) over the sets."""
+    fwd = bu.time_cuda(
+        lambda q, k, dq, dk, fn=fn: fn(q, k, cos, sin), rotate=sets, warmup=args.warmup, iters=args.iters
+    )
+    bsets = [(fn(q, k, cos, sin), q, k, dq, dk) for q, k, dq, dk in sets]
+    bwd = bu.time_cuda(
+        lambda o, q, k, dq, dk: torch.autograd.grad(o, (q, k), (dq, dk), retain_graph=True),
+        rotate=bsets,
+        warmup=args.warmup,
+        iters=args.iters,
+    )
+    del bsets
+    return fwd, bwd
 
 
 def run_case(row, case, dtype, impls, copy_gbps, args, turbo) -> None:
@@ -181,28 +197,7 @@ def run_case(row, case, dtype, impls, copy_gbps, args, turbo) -> None:
     sets = [first] + [make() for _ in range(n_sets - 1)]
     sets = [(q.requires_grad_(), k.requires_grad_(), dq, dk) for q, k, dq, dk in sets]
     row["Rotating Sets"] = n_sets
-    times = {}
-    for name, fn in impls.items():
-        if name == "ours" and row["Check"] != "PASS":
-            times[name] = (nan, nan)
-            continue
-        try:
-            fwd = bu.time_cuda(
-                lambda q, k, dq, dk, fn=fn: fn(q, k, cos, sin), rotate=sets, warmup=args.warmup, iters=args.iters
-            )
-            bsets = [(fn(q, k, cos, sin), q, k, dq, dk) for q, k, dq, dk in sets]
-            bwd = bu.time_cuda(
-                lambda o, q, k, dq, dk: torch.autograd.grad(o, (q, k), (dq, dk), retain_graph=True),
-                rotate=bsets,
-                warmup=args.warmup,
-                iters=args.iters,
-            )
-            del bsets
-            times[name] = (fwd, bwd)
-        except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            times[name] = (nan, nan)
-            notes.append(f"{name}: {type(e).__name__}: {e}"[:300])
+    times = mb.time_impls(impls, row, notes, (nan, nan), time_fwd_bwd, sets, cos, sin, args)
     fwd, bwd = times["ours"]
     row.update(
         {
@@ -221,8 +216,7 @@ def run_case(row, case, dtype, impls, copy_gbps, args, turbo) -> None:
     )
     base = "Compiled" if "compiled" in impls else "Eager"
     for d in ("Forward", "Backward"):
-        o, bv = row[f"{d} GB/s"], row[f"{base} {d} GB/s"]
-        row[f"{d} Ratio"] = o / bv if math.isfinite(o) and math.isfinite(bv) and bv > 0 else nan
+        row[f"{d} Ratio"] = mb.ratio(row[f"{d} GB/s"], row[f"{base} {d} GB/s"])
 
 
 def main(argv=None) -> int:
@@ -240,9 +234,7 @@ def main(argv=None) -> int:
     gpu_name = torch.cuda.get_device_name()
     gpu = bu.gpu_short_name(gpu_name)
     out_dir = bu.results_dir_for(args.output_dir, gpu)
-    tag = args.tag if args.tag is not None else ("" if args.default_set else ("quick" if args.quick else "subset"))
-    suffix = ("" if args.dtype == "bf16" else f"_{args.dtype}") + (f"_{tag}" if tag else "")
-    csv_path = out_dir / f"rope_{args.dtype}{'_' + tag if tag else ''}.csv"
+    _, suffix, csv_path = mb.result_names(args, out_dir, "rope")
     copy_gbps = bu.measure_copy_bandwidth()
     print(f"[bench_rope] {len(cases)} cases on {gpu_name}; copy bandwidth {copy_gbps:.0f} GB/s", flush=True)
 
@@ -280,23 +272,8 @@ def main(argv=None) -> int:
     passed = [r.get("Check") == "PASS" for r in rows]
     base = "Compiled" if "compiled" in impls else "Eager"
     for d, name in (("Forward", "rope_fwd"), ("Backward", "rope_bwd")):
-        entry = bu.summary_entry(
-            ours=[r[f"{d} GB/s"] for r in rows],
-            baseline_values=[r[f"{base} {d} GB/s"] for r in rows],
-            passed=passed,
-            metric=METRIC,
-            baseline="torch.compile" if base == "Compiled" else "torch eager",
-            gpu=gpu_name,
-            dtype=args.dtype,
-            eager_geomean=bu.geomean(r[f"Eager {d} GB/s"] for r, p in zip(rows, passed) if p),
-            bandwidth_fraction=bu.geomean(r[f"{d} BW Fraction"] for r, p in zip(rows, passed) if p),
-            copy_gbps=copy_gbps,
-            tokens=list(args.tokens),
-            torch=torch.__version__,
-            csv=csv_path.name,
-        )
-        if not args.no_summary:
-            bu.update_summary(args.output_dir, gpu, name + suffix, entry)
+        entry = mb.fwd_bwd_entry(rows, passed, d, base, gpu_name, args, copy_gbps, csv_path)
+        mb.publish(args, gpu, name + suffix, entry)
         print(
             f"[bench_rope] {name}: {entry['passed']}/{entry['cases']} passed; geomean {entry['ours_geomean']:.0f} GB/s "
             f"({entry['bandwidth_fraction']:.2f} of copy) vs {entry['baseline']} {entry['baseline_geomean']:.0f} GB/s: "

@@ -4,7 +4,8 @@
   (a float64 reference computed tile by tile, so a 30 GB output never needs a 30 GB reference);
 - timing: ``time_cuda`` (CUDA events, median of >= 50 iterations, rotating input sets so the
   50 MB L2 cannot serve repeated inputs), ``time_cuda_graph`` (the same replayed from a CUDA graph:
-  device time without host launch overhead), ``num_rotating_sets``, ``measure_copy_bandwidth``;
+  device time without host launch overhead), ``num_rotating_sets``, ``measure_copy_bandwidth``,
+  ``host_us_per_call`` (host time per call of a tiny op);
 - reporting: ``write_csv``, ``plot_comparison`` (PNG, matplotlib Agg), ``format_table``,
   ``geomean``, ``update_summary`` (benchmark/results/<gpu>/summary.json, written atomically),
   ``gpu_short_name``, ``git_commit``.
@@ -406,6 +407,20 @@ def time_cuda_graph(
         times.append(start.elapsed_time(end) / n)
     del graph
     return statistics.median(times)
+
+
+def host_us_per_call(fn: Callable[[], Any], iters: int, warmup: int) -> float:
+    """Host (CPU) microseconds per call of ``fn``: ``warmup`` calls and a synchronize, then ``iters``
+    calls timed with perf_counter up to the last launch (the device work is synchronized after)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / iters * 1e6
 
 
 def measure_copy_bandwidth(nbytes: int = 1 << 30, iters: int = 50) -> float:

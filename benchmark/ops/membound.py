@@ -30,7 +30,10 @@ from typing import Any
 
 import torch
 
-import bench_utils as bu  # the bench scripts put this directory on sys.path
+if __package__:
+    from . import bench_utils as bu
+else:  # the bench scripts put this directory on sys.path
+    import bench_utils as bu  # type: ignore[no-redef]
 
 METRIC = "effective GB/s"
 
@@ -85,6 +88,106 @@ def gbps(nbytes: int, ms: float) -> float:
     return nbytes / (ms * 1e-3) / 1e9 if ms and math.isfinite(ms) and ms > 0 else float("nan")
 
 
+def ratio(ours: float, base: float) -> float:
+    """ours / base when both are finite and base > 0, else NaN."""
+    return ours / base if math.isfinite(ours) and math.isfinite(base) and base > 0 else float("nan")
+
+
+def result_names(args, out_dir, stem: str):
+    """(tag, summary-entry suffix, CSV path) of a run: the tag is --tag, else "" for the default
+    set, "quick" or "subset"; the suffix adds _<dtype> unless bf16; the CSV is <stem>_<dtype>[_<tag>]."""
+    tag = args.tag if args.tag is not None else ("" if args.default_set else ("quick" if args.quick else "subset"))
+    suffix = ("" if args.dtype == "bf16" else f"_{args.dtype}") + (f"_{tag}" if tag else "")
+    return tag, suffix, out_dir / f"{stem}_{args.dtype}{'_' + tag if tag else ''}.csv"
+
+
+def publish(args, gpu: str, name: str, entry: dict) -> None:
+    """Sets the summary.json entry unless --no-summary."""
+    if not args.no_summary:
+        bu.update_summary(args.output_dir, gpu, name, entry)
+
+
+def passed_geomean(rows, passed, column: str) -> float:
+    """Geomean of ``column`` over the cases that passed."""
+    return bu.geomean(r[column] for r, p in zip(rows, passed) if p)
+
+
+def fwd_bwd_entry(rows, passed, d: str, base: str, gpu_name: str, args, copy_gbps: float, csv_path, **extra) -> dict:
+    """The summary entry of direction ``d`` ("Forward" / "Backward") of a run whose rows hold
+    "<d> GB/s", "<base> <d> GB/s" (base "Compiled" or "Eager"), "Eager <d> GB/s" and "<d> BW
+    Fraction"; ``extra`` fields come after copy_gbps."""
+    return bu.summary_entry(
+        ours=[r[f"{d} GB/s"] for r in rows],
+        baseline_values=[r[f"{base} {d} GB/s"] for r in rows],
+        passed=passed,
+        metric=METRIC,
+        baseline="torch.compile" if base == "Compiled" else "torch eager",
+        gpu=gpu_name,
+        dtype=args.dtype,
+        eager_geomean=passed_geomean(rows, passed, f"Eager {d} GB/s"),
+        bandwidth_fraction=passed_geomean(rows, passed, f"{d} BW Fraction"),
+        copy_gbps=copy_gbps,
+        **extra,
+        tokens=list(args.tokens),
+        torch=torch.__version__,
+        csv=csv_path.name,
+    )
+
+
+def _setup(args, name: str):
+    """(dtype, element size, GPU name, short GPU name, summary suffix, CSV path) of a run of op ``name``."""
+    dtype = bu.DTYPES[args.dtype]
+    gpu_name = torch.cuda.get_device_name()
+    gpu = bu.gpu_short_name(gpu_name)
+    _, suffix, csv_path = result_names(args, bu.results_dir_for(args.output_dir, gpu), name)
+    return dtype, torch.empty((), dtype=dtype).element_size(), gpu_name, gpu, suffix, csv_path
+
+
+def _new_row(i: int, gpu: str, case, describe, args) -> dict:
+    return {"TestID": i, "GPU": gpu, **describe(case), "dtype": args.dtype, "Timing": "eager" if args.no_graph else "graph"}
+
+
+def _checked(row: dict, notes: list, check: Callable[..., tuple[str, str]], *check_args) -> None:
+    """row["Check"] from check(*check_args) -> (status, note); an exception is an ERROR, not the end of the run."""
+    try:
+        row["Check"], note = check(*check_args)
+        if note:
+            notes.append(note)
+    except Exception as e:  # noqa: BLE001 -- one bad case must not end the run
+        traceback.print_exc()
+        row["Check"] = "ERROR"
+        notes.append(f"check: {type(e).__name__}: {e}"[:400])
+
+
+def _rotating_sets(first, make: Callable[[], Any], nbytes: int, args) -> list:
+    """``first`` plus enough fresh input sets that L2 cannot serve repeats (within --mem-budget-gb)."""
+    n_sets = bu.num_rotating_sets(nbytes, memory_budget_bytes=int(args.mem_budget_gb * 2**30))
+    return [first] + [make() for _ in range(n_sets - 1)]
+
+
+def time_impls(impls: dict, row: dict, notes: list, failed, timer: Callable[..., Any], *timer_args) -> dict:
+    """timer(fn, *timer_args) per implementation; ``failed`` for ours when its check did not pass, or on an error."""
+    times = {}
+    for name, fn in impls.items():
+        if name == "ours" and row["Check"] != "PASS":
+            times[name] = failed
+            continue
+        try:
+            times[name] = timer(fn, *timer_args)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            times[name] = failed
+            notes.append(f"{name}: {type(e).__name__}: {e}"[:300])
+    return times
+
+
+def _write_rows(csv_path, rows) -> None:
+    """The CSV with the rows' own columns, Note last; then frees the case's memory."""
+    columns = list(rows[0].keys())
+    bu.write_csv(csv_path, rows, columns[: columns.index("Note")] + columns[columns.index("Note") + 1 :] + ["Note"])
+    torch.cuda.empty_cache()
+
+
 def _check(op: OpBench, inp: Inputs, dtype) -> tuple[str, str]:
     outs = _tuple(op.ours(*inp.args))
     grads = torch.autograd.grad(outs, inp.wrt, inp.douts)
@@ -124,14 +227,7 @@ class _null:
 def run(op: OpBench, cases: Sequence[Any], args, describe: Callable[[Any], dict], label: str) -> bool:
     """Benchmarks one op over the cases; writes its CSV and summary entries. True if all passed."""
     nan = float("nan")
-    dtype = bu.DTYPES[args.dtype]
-    es = torch.empty((), dtype=dtype).element_size()
-    gpu_name = torch.cuda.get_device_name()
-    gpu = bu.gpu_short_name(gpu_name)
-    out_dir = bu.results_dir_for(args.output_dir, gpu)
-    tag = args.tag if args.tag is not None else ("" if args.default_set else ("quick" if args.quick else "subset"))
-    suffix = ("" if args.dtype == "bf16" else f"_{args.dtype}") + (f"_{tag}" if tag else "")
-    csv_path = out_dir / f"{op.name}_{args.dtype}{'_' + tag if tag else ''}.csv"
+    dtype, es, gpu_name, gpu, suffix, csv_path = _setup(args, op.name)
     copy_gbps = args.copy_gbps
     impls = {"ours": op.ours, "eager": op.torch_math}
     if not args.no_compile_baseline:
@@ -139,31 +235,12 @@ def run(op: OpBench, cases: Sequence[Any], args, describe: Callable[[Any], dict]
     base = "Compiled" if "compiled" in impls else "Eager"
     rows = []
     for i, case in enumerate(cases, 1):
-        row = {"TestID": i, "GPU": gpu, **describe(case), "dtype": args.dtype, "Timing": "eager" if args.no_graph else "graph"}
+        row = _new_row(i, gpu, case, describe, args)
         notes = []
         inp = op.make(case, dtype)
-        try:
-            row["Check"], note = _check(op, inp, dtype)
-            if note:
-                notes.append(note)
-        except Exception as e:  # noqa: BLE001 -- one bad case must not end the run
-            traceback.print_exc()
-            row["Check"] = "ERROR"
-            notes.append(f"check: {type(e).__name__}: {e}"[:400])
-        traffic = op.fwd_bytes(case, es)
-        n_sets = bu.num_rotating_sets(traffic, memory_budget_bytes=int(args.mem_budget_gb * 2**30))
-        sets = [inp] + [op.make(case, dtype) for _ in range(n_sets - 1)]
-        times = {}
-        for name, fn in impls.items():
-            if name == "ours" and row["Check"] != "PASS":
-                times[name] = (nan, nan)
-                continue
-            try:
-                times[name] = _time_fwd_bwd(fn, sets, args)
-            except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                times[name] = (nan, nan)
-                notes.append(f"{name}: {type(e).__name__}: {e}"[:300])
+        _checked(row, notes, _check, op, inp, dtype)
+        sets = _rotating_sets(inp, lambda: op.make(case, dtype), op.fwd_bytes(case, es), args)
+        times = time_impls(impls, row, notes, (nan, nan), _time_fwd_bwd, sets, args)
         del sets, inp
         for d, nbytes, k in (("Forward", op.fwd_bytes(case, es), 0), ("Backward", op.bwd_bytes(case, es), 1)):
             ours = gbps(nbytes, times["ours"][k])
@@ -172,8 +249,7 @@ def run(op: OpBench, cases: Sequence[Any], args, describe: Callable[[Any], dict]
             row[f"{d} BW Fraction"] = ours / copy_gbps
             row[f"Eager {d} GB/s"] = gbps(nbytes, times["eager"][k])
             row[f"Compiled {d} GB/s"] = gbps(nbytes, times.get("compiled", (nan, nan))[k])
-            b = row[f"{base} {d} GB/s"]
-            row[f"{d} Ratio"] = ours / b if math.isfinite(ours) and math.isfinite(b) and b > 0 else nan
+            row[f"{d} Ratio"] = ratio(ours, row[f"{base} {d} GB/s"])
         row["Note"] = " | ".join(notes)
         rows.append(row)
         print(
@@ -184,31 +260,16 @@ def run(op: OpBench, cases: Sequence[Any], args, describe: Callable[[Any], dict]
             f"eager {row['Eager Forward GB/s']:.0f}/{row['Eager Backward GB/s']:.0f}",
             flush=True,
         )
-        columns = list(rows[0].keys())
-        bu.write_csv(csv_path, rows, columns[: columns.index("Note")] + columns[columns.index("Note") + 1 :] + ["Note"])
-        torch.cuda.empty_cache()
+        _write_rows(csv_path, rows)
 
     passed = [r.get("Check") == "PASS" for r in rows]
     for d, direction in (("Forward", "fwd"), ("Backward", "bwd")):
-        entry = bu.summary_entry(
-            ours=[r[f"{d} GB/s"] for r in rows],
-            baseline_values=[r[f"{base} {d} GB/s"] for r in rows],
-            passed=passed,
-            metric=METRIC,
-            baseline="torch.compile" if base == "Compiled" else "torch eager",
-            gpu=gpu_name,
-            dtype=args.dtype,
-            eager_geomean=bu.geomean(r[f"Eager {d} GB/s"] for r, p in zip(rows, passed) if p),
-            bandwidth_fraction=bu.geomean(r[f"{d} BW Fraction"] for r, p in zip(rows, passed) if p),
-            copy_gbps=copy_gbps,
+        entry = fwd_bwd_entry(
+            rows, passed, d, base, gpu_name, args, copy_gbps, csv_path,
             timing="eager calls" if args.no_graph else "CUDA graph replay (device time)",
-            tokens=list(args.tokens),
-            torch=torch.__version__,
-            csv=csv_path.name,
         )
         name = f"{op.name}_{direction}{suffix}"
-        if not args.no_summary:
-            bu.update_summary(args.output_dir, gpu, name, entry)
+        publish(args, gpu, name, entry)
         print(
             f"[{op.name}] {name}: {entry['passed']}/{entry['cases']} passed; geomean {entry['ours_geomean']:.0f} GB/s "
             f"({entry['bandwidth_fraction']:.2f} of copy {copy_gbps:.0f}) vs {entry['baseline']} "
@@ -305,45 +366,19 @@ def run_fp8_fwd(op: Fp8FwdBench, cases: Sequence[Any], args, describe: Callable[
     """Benchmarks one FP8-output op (forward); writes its CSV and the summary entry <name>_fwd,
     whose ratio is against our unfused chain and which also records torch.compile's numbers."""
     nan = float("nan")
-    dtype = bu.DTYPES[args.dtype]
-    es = torch.empty((), dtype=dtype).element_size()
-    gpu_name = torch.cuda.get_device_name()
-    gpu = bu.gpu_short_name(gpu_name)
-    out_dir = bu.results_dir_for(args.output_dir, gpu)
-    tag = args.tag if args.tag is not None else ("" if args.default_set else ("quick" if args.quick else "subset"))
-    suffix = ("" if args.dtype == "bf16" else f"_{args.dtype}") + (f"_{tag}" if tag else "")
-    csv_path = out_dir / f"{op.name}_{args.dtype}{'_' + tag if tag else ''}.csv"
+    dtype, es, gpu_name, gpu, suffix, csv_path = _setup(args, op.name)
     impls = {"ours": op.ours, "unfused": op.unfused}
     if not args.no_compile_baseline:
         impls["compiled"] = torch.compile(op.torch_math, dynamic=False)
     rows = []
     for i, case in enumerate(cases, 1):
-        timing = "eager" if args.no_graph else "graph"
-        row = {"TestID": i, "GPU": gpu, **describe(case), "dtype": args.dtype, "Timing": timing}
+        row = _new_row(i, gpu, case, describe, args)
         notes = []
         args_ = op.make(case, dtype)
-        try:
-            row["Check"], note = _check_fp8(op, args_)
-            if note:
-                notes.append(note)
-        except Exception as e:  # noqa: BLE001 -- one bad case must not end the run
-            traceback.print_exc()
-            row["Check"] = "ERROR"
-            notes.append(f"check: {type(e).__name__}: {e}"[:400])
+        _checked(row, notes, _check_fp8, op, args_)
         nbytes = op.fwd_bytes(case, es)
-        n_sets = bu.num_rotating_sets(nbytes, memory_budget_bytes=int(args.mem_budget_gb * 2**30))
-        sets = [args_] + [op.make(case, dtype) for _ in range(n_sets - 1)]
-        times = {}
-        for name, fn in impls.items():
-            if name == "ours" and row["Check"] != "PASS":
-                times[name] = nan
-                continue
-            try:
-                times[name] = _time(fn, sets, args)
-            except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                times[name] = nan
-                notes.append(f"{name}: {type(e).__name__}: {e}"[:300])
+        sets = _rotating_sets(args_, lambda: op.make(case, dtype), nbytes, args)
+        times = time_impls(impls, row, notes, nan, _time, sets, args)
         del sets, args_
         ours = gbps(nbytes, times["ours"])
         row["Forward Time (ms)"] = times["ours"]
@@ -353,8 +388,7 @@ def run_fp8_fwd(op: Fp8FwdBench, cases: Sequence[Any], args, describe: Callable[
         row["Unfused Forward GB/s"] = gbps(nbytes, times["unfused"])
         row["Compiled Forward GB/s"] = gbps(nbytes, times.get("compiled", nan))
         for b in ("Unfused", "Compiled"):
-            base = row[f"{b} Forward GB/s"]
-            row[f"Ratio vs {b}"] = ours / base if math.isfinite(ours) and math.isfinite(base) and base > 0 else nan
+            row[f"Ratio vs {b}"] = ratio(ours, row[f"{b} Forward GB/s"])
         row["Note"] = " | ".join(notes)
         rows.append(row)
         print(
@@ -364,9 +398,7 @@ def run_fp8_fwd(op: Fp8FwdBench, cases: Sequence[Any], args, describe: Callable[
             f"(x{row['Ratio vs Compiled']:.2f})",
             flush=True,
         )
-        columns = list(rows[0].keys())
-        bu.write_csv(csv_path, rows, columns[: columns.index("Note")] + columns[columns.index("Note") + 1 :] + ["Note"])
-        torch.cuda.empty_cache()
+        _write_rows(csv_path, rows)
 
     passed = [r.get("Check") == "PASS" for r in rows]
     compiled = [r["Compiled Forward GB/s"] for r in rows]
@@ -380,7 +412,7 @@ def run_fp8_fwd(op: Fp8FwdBench, cases: Sequence[Any], args, describe: Callable[
         baseline="ours unfused (op, then quantize_fp8)",
         gpu=gpu_name,
         dtype=args.dtype,
-        bandwidth_fraction=bu.geomean(r["Forward BW Fraction"] for r, p in zip(rows, passed) if p),
+        bandwidth_fraction=passed_geomean(rows, passed, "Forward BW Fraction"),
         copy_gbps=args.copy_gbps,
         compiled_geomean=vs_compiled["baseline_geomean"],
         ratio_vs_compiled_geomean=vs_compiled["ratio_geomean"],
@@ -391,8 +423,7 @@ def run_fp8_fwd(op: Fp8FwdBench, cases: Sequence[Any], args, describe: Callable[
         csv=csv_path.name,
     )
     name = f"{op.name}_fwd{suffix}"
-    if not args.no_summary:
-        bu.update_summary(args.output_dir, gpu, name, entry)
+    publish(args, gpu, name, entry)
     print(
         f"[{op.name}] {name}: {entry['passed']}/{entry['cases']} passed; geomean {entry['ours_geomean']:.0f} GB/s "
         f"({entry['bandwidth_fraction']:.2f} of copy {args.copy_gbps:.0f}); vs unfused x{entry['ratio_geomean']:.3f} "

@@ -6,7 +6,8 @@ import torch
 
 import primus_turbo.pytorch as turbo
 from primus_turbo._core import check, lib
-from test_rmsnorm_checks import desc, meta
+
+from host_check_utils import desc, meta
 
 
 @pytest.mark.parametrize("name", ["swiglu", "geglu"])

@@ -7,19 +7,16 @@ import pytest
 import torch
 
 import primus_turbo.pytorch as turbo
-from primus_turbo._core import PtTensor, check, lib
+from primus_turbo._core import check, lib
 from primus_turbo._core.lib import TurboNotSupportedError
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScaleDtype, ScalingGranularity
 
-FAKE_PTR = 1 << 20
+from host_check_utils import FAKE_PTR, desc, meta
+
 ROW = Float8QuantConfig(granularity=ScalingGranularity.ROWWISE)
 MX = Float8QuantConfig(granularity=ScalingGranularity.MX_BLOCKWISE, block_size=32, scale_dtype=ScaleDtype.E8M0)
 BLOCK = Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE, block_size=128)
 BLOCK_E5M2 = Float8QuantConfig(format=Format.E5M2, granularity=ScalingGranularity.BLOCKWISE, block_size=128)
-
-
-def meta(*shape, dtype=torch.bfloat16, grad=False):
-    return torch.empty(shape, device="meta", dtype=dtype, requires_grad=grad)
 
 
 # ---- shapes ---------------------------------------------------------------------------------------
@@ -194,21 +191,6 @@ def test_swiglu_fp8_bad_arguments(x, kwargs, exc, match):
 
 
 # ---- the core's own checks ------------------------------------------------------------------------
-
-
-def desc(shape, dtype=2, strides=None, ptr=FAKE_PTR):
-    t = PtTensor()
-    t.data = ptr
-    t.dtype = dtype
-    t.ndim = len(shape)
-    if strides is None:
-        strides, s = [], 1
-        for d in reversed(shape):
-            strides.insert(0, s)
-            s *= d
-    for i, (d, st) in enumerate(zip(shape, strides)):
-        t.shape[i], t.strides[i] = d, st
-    return t
 
 
 E4M3, E5M2, F32, BF16 = 3, 4, 0, 2

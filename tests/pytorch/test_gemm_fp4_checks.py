@@ -17,13 +17,11 @@ from primus_turbo.pytorch.core.low_precision import (
 from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops.gemm_fp4 import FP4_TRAINING_RECIPE, recipe_of
 
+from host_check_utils import check_gemm_step_on_meta, hp_gemm_bad_arguments, meta
+
 G = ScalingGranularity
 E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
 FP4 = turbo.float4_e2m1fn_x2 if getattr(turbo, "float4_e2m1fn_x2", None) is not None else torch.uint8
-
-
-def meta(*shape, dtype=torch.bfloat16, grad=False):
-    return torch.empty(shape, device="meta", dtype=dtype, requires_grad=grad)
 
 
 # ---- the restatement (CPU, exact arithmetic checks) -----------------------------------------
@@ -87,14 +85,7 @@ def test_two_d_scales_expand_per_row():
 @pytest.mark.parametrize("trans_a", [False, True])
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_shapes_forward_and_backward_on_meta(trans_a, trans_b):
-    m, n, k = 48, 32, 272
-    a = meta(*((k, m) if trans_a else (m, k)), grad=True)
-    b = meta(*((n, k) if trans_b else (k, n)), grad=True)
-    out = turbo.ops.gemm_fp4(a, b, trans_a, trans_b)
-    assert out.shape == (m, n) and out.dtype == torch.bfloat16
-    out.sum().backward()
-    assert a.grad.shape == a.shape and b.grad.shape == b.shape
-    assert a.grad.dtype == a.dtype and b.grad.dtype == b.dtype
+    check_gemm_step_on_meta(turbo.ops.gemm_fp4, trans_a, trans_b)
 
 
 def test_out_dtype_and_default_config():
@@ -150,16 +141,7 @@ def test_recipe_selection():
 @pytest.mark.parametrize(
     "a,b,kwargs,exc,match",
     [
-        (torch.randn(16, 32), torch.randn(32, 16), {}, ValueError, "argument 'a' is on cpu; expected a CUDA device"),
-        (meta(16, 32), meta(48, 16), {}, ValueError, r"inner dimensions do not match: op\(a\) is \[16, 32\]"),
-        (meta(16, 32), meta(32, 16, dtype=torch.float16), {}, TypeError, "argument 'b' has dtype torch.float16"),
-        (meta(16, 32, dtype=torch.int32), meta(32, 16, dtype=torch.int32), {}, TypeError, "argument 'a' has dtype"),
-        (meta(16, 32, 2), meta(32, 16), {}, ValueError, "argument 'a' must be 2-D"),
-        (meta(16, 32), meta(32, 16), {"out_dtype": torch.int8}, TypeError, "out_dtype"),
-        (meta(16, 40), meta(40, 16), {}, ValueError, "K=40 must be a multiple of 16"),
-        (meta(16, 32, grad=True), meta(32, 24), {}, ValueError, r"N=24 to be multiples of 16"),
-        (meta(24, 32, grad=True), meta(32, 16), {}, ValueError, r"M=24 and N=16 to be multiples of 16"),
-        ("not a tensor", meta(32, 16), {}, TypeError, "must be a torch.Tensor"),
+        *hp_gemm_bad_arguments(),
         (meta(16, 32), meta(32, 16), {"config": Float8QuantConfig()}, TypeError, "Float4QuantConfig"),
         (meta(16, 32), meta(32, 16), {"config": Float4QuantConfig(scaling_recipe="2d")}, TypeError, "ScalingRecipe"),
     ],

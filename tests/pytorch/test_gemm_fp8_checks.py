@@ -8,6 +8,8 @@ import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScaleDtype, ScalingGranularity
 from primus_turbo.pytorch.ops.gemm_fp8 import ROW, TENSOR, BLOCK_1x128, BLOCK_128x128, kernel_scale
 
+from host_check_utils import check_gemm_step_on_meta, hp_gemm_bad_arguments, meta
+
 G = ScalingGranularity
 CONFIGS = [
     Float8QuantConfig(format=f, granularity=g, block_size=128 if g == G.BLOCKWISE else None)
@@ -19,22 +21,11 @@ CONFIGS = [
 ]
 
 
-def meta(*shape, dtype=torch.bfloat16, grad=False):
-    return torch.empty(shape, device="meta", dtype=dtype, requires_grad=grad)
-
-
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.format.name}-{c.granularity.name}")
 @pytest.mark.parametrize("trans_a", [False, True])
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_shapes_forward_and_backward_on_meta(config, trans_a, trans_b):
-    m, n, k = 48, 32, 272
-    a = meta(*((k, m) if trans_a else (m, k)), grad=True)
-    b = meta(*((n, k) if trans_b else (k, n)), grad=True)
-    out = turbo.ops.gemm_fp8(a, b, trans_a, trans_b, config=config)
-    assert out.shape == (m, n) and out.dtype == torch.bfloat16
-    out.sum().backward()
-    assert a.grad.shape == a.shape and b.grad.shape == b.shape
-    assert a.grad.dtype == a.dtype and b.grad.dtype == b.dtype
+    check_gemm_step_on_meta(turbo.ops.gemm_fp8, trans_a, trans_b, config=config)
 
 
 def test_out_dtype_and_default_config():
@@ -86,15 +77,7 @@ def test_registered_as_custom_ops():
 @pytest.mark.parametrize(
     "a,b,kwargs,exc,match",
     [
-        (torch.randn(16, 32), torch.randn(32, 16), {}, ValueError, "argument 'a' is on cpu; expected a CUDA device"),
-        (meta(16, 32), meta(48, 16), {}, ValueError, r"inner dimensions do not match: op\(a\) is \[16, 32\]"),
-        (meta(16, 32), meta(32, 16, dtype=torch.float16), {}, TypeError, "argument 'b' has dtype torch.float16"),
-        (meta(16, 32, dtype=torch.int32), meta(32, 16, dtype=torch.int32), {}, TypeError, "argument 'a' has dtype"),
-        (meta(16, 32, 2), meta(32, 16), {}, ValueError, "argument 'a' must be 2-D"),
-        (meta(16, 32), meta(32, 16), {"out_dtype": torch.int8}, TypeError, "out_dtype"),
-        (meta(16, 40), meta(40, 16), {}, ValueError, "K=40 must be a multiple of 16"),
-        (meta(16, 32, grad=True), meta(32, 24), {}, ValueError, r"N=24 to be multiples of 16"),
-        ("not a tensor", meta(32, 16), {}, TypeError, "must be a torch.Tensor"),
+        *hp_gemm_bad_arguments(),
         (meta(16, 32), meta(32, 16), {"config": "e4m3"}, TypeError, "Float8QuantConfig"),
         (meta(16, 32), meta(32, 16), {"config": Float8QuantConfig(granularity=G.BLOCKWISE, block_size=64)},
          ValueError, "block_size=128"),

@@ -7,9 +7,8 @@ import torch
 
 import primus_turbo.pytorch as turbo
 from primus_turbo._core import check, lib
-from test_rmsnorm_checks import desc, meta
 
-FAKE_PTR = 1 << 20
+from host_check_utils import FAKE_PTR, desc, meta
 
 
 @pytest.mark.parametrize("shape", [(5, 16), (2, 3, 16), (16,), (0, 16)])

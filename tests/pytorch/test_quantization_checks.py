@@ -5,18 +5,15 @@ import pytest
 import torch
 
 import primus_turbo.pytorch as turbo
-from primus_turbo._core import PtTensor, check, lib
+from primus_turbo._core import check, lib
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
 from primus_turbo.pytorch.core.low_precision import ScalingRecipe
 
-FAKE_PTR = 1 << 20
+from host_check_utils import FAKE_PTR, desc, meta
+
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FP4 = turbo.float4_e2m1fn_x2 or torch.uint8
 E8M0 = torch.float8_e8m0fnu
-
-
-def meta(*shape, dtype=torch.bfloat16):
-    return torch.empty(shape, device="meta", dtype=dtype)
 
 
 @pytest.mark.parametrize(
@@ -147,21 +144,6 @@ def test_bad_arguments(call, exc, match):
 
 
 # ---- the core's own checks (a C++ or JAX caller sees these); no device work happens ----------------
-
-
-def desc(shape, dtype=2, strides=None, ptr=FAKE_PTR):
-    t = PtTensor()
-    t.data = ptr
-    t.dtype = dtype
-    t.ndim = len(shape)
-    if strides is None:
-        strides, s = [], 1
-        for d in reversed(shape):
-            strides.insert(0, s)
-            s *= d
-    for i, (d, st) in enumerate(zip(shape, strides)):
-        t.shape[i], t.strides[i] = d, st
-    return t
 
 
 def quantize(x, q_row, s_row, q_col=None, s_col=None, g=2, block=128, trans=1, flags=0, ws=0):

@@ -7,13 +7,9 @@ import pytest
 import torch
 
 import primus_turbo.pytorch as turbo
-from primus_turbo._core import PtTensor, check, lib
+from primus_turbo._core import check, lib
 
-FAKE_PTR = 1 << 20
-
-
-def meta(*shape, dtype=torch.bfloat16, grad=False):
-    return torch.empty(shape, device="meta", dtype=dtype, requires_grad=grad)
+from host_check_utils import FAKE_PTR, desc, meta
 
 
 @pytest.mark.parametrize("shape", [(5, 16), (2, 3, 16), (16,), (0, 16), (2, 0, 7)])
@@ -102,21 +98,6 @@ def test_bad_arguments(x, gamma, kwargs, exc, match):
 
 
 # ---- the core's own checks (what a C++ or JAX caller sees); they run before any device work ----
-
-
-def desc(shape, dtype=2, strides=None, ptr=FAKE_PTR):
-    t = PtTensor()
-    t.data = ptr
-    t.dtype = dtype
-    t.ndim = len(shape)
-    if strides is None:
-        strides, s = [], 1
-        for d in reversed(shape):
-            strides.insert(0, s)
-            s *= d
-    for i, (d, st) in enumerate(zip(shape, strides)):
-        t.shape[i], t.strides[i] = d, st
-    return t
 
 
 def fwd(x, gamma, y, rstd, eps=1e-6):

@@ -25,12 +25,11 @@ import torch
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, ScalingGranularity, ScalingRecipe
 from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
-from primus_turbo.pytorch.ops.gemm_fp8 import BLOCK_1x128, fp8_mm
+from primus_turbo.pytorch.ops.gemm_fp8 import BLOCK_1x128, check_hp_operands, dgrad_operands, fp8_mm, wgrad_operands
 from primus_turbo.pytorch.ops.quantization import quantize_fp4
 
 __all__ = ["gemm_fp4", "FP4_TRAINING_RECIPE"]
 
-_IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
 _MX = ScalingGranularity.MX_BLOCKWISE
@@ -104,17 +103,13 @@ class GemmFp4Function(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # d op(a) [M, K] = grad [M, N] @ op(b) [K, N]^T, both along N.
             qg, sg = _q(g, -1, sr=ctx.sr)
-            if ctx.trans_a:
-                grad_a = fp4_mm(qbn, sbn, qg, sg, ctx.a_dtype)
-            else:
-                grad_a = fp4_mm(qg, sg, qbn, sbn, ctx.a_dtype)
+            x, y = dgrad_operands(ctx.trans_a, (qg, sg), (qbn, sbn))
+            grad_a = fp4_mm(*x, *y, ctx.a_dtype)
         if ctx.needs_input_grad[1]:
             # d op(b) [K, N] = op(a)^T [K, M] @ grad^T [N, M]^T, both along M.
             qgm, sgm = _q(g, 0, rht=ctx.rht, sr=ctx.sr)
-            if ctx.trans_b:
-                grad_b = fp4_mm(qgm, sgm, qam, sam, ctx.b_dtype)
-            else:
-                grad_b = fp4_mm(qam, sam, qgm, sgm, ctx.b_dtype)
+            x, y = wgrad_operands(ctx.trans_b, (qam, sam), (qgm, sgm))
+            grad_b = fp4_mm(*x, *y, ctx.b_dtype)
         return grad_a, grad_b, None, None, None, None, None, None
 
 
@@ -221,33 +216,11 @@ def gemm_fp4(
         if not (isinstance(a, tuple) and isinstance(b, tuple)):
             raise TypeError("gemm_fp4: pass both 'a' and 'b' pre-quantized, or neither")
         return _forward_prequantized(a, b, trans_a, trans_b, out_dtype)
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"gemm_fp4: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2:
-            raise ValueError(f"gemm_fp4: argument '{name}' must be 2-D, got shape {tuple(t.shape)}")
-        if t.dtype not in _IN_DTYPES:
-            raise TypeError(f"gemm_fp4: argument '{name}' has dtype {t.dtype}; expected float16, bfloat16 or float32")
-    if b.dtype != a.dtype:
-        raise TypeError(f"gemm_fp4: argument 'b' has dtype {b.dtype}; expected the dtype of 'a' ({a.dtype})")
-    out_dtype = a.dtype if out_dtype is None else out_dtype
-    if out_dtype not in _OUT_DTYPES:
-        raise TypeError(f"gemm_fp4: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
-    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
-    kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
-    if k != kb:
-        raise ValueError(
-            f"gemm_fp4: inner dimensions do not match: op(a) is [{m}, {k}] (a {tuple(a.shape)}, trans_a={trans_a}) "
-            f"but op(b) is [{kb}, {n}] (b {tuple(b.shape)}, trans_b={trans_b})"
-        )
-    if k % 16:
-        raise ValueError(f"gemm_fp4: K={k} must be a multiple of 16 (expanded FP8 rows are read 16 bytes at a time)")
-    if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled() and (m % 16 or n % 16):
-        raise ValueError(
-            f"gemm_fp4: the backward needs M={m} and N={n} to be multiples of 16 (its transposed operands have "
-            "rows of length M and N; the Hadamard transform works on groups of 16 along M)"
-        )
-    check_cuda_tensors("gemm_fp4", a=a, b=b)
+    out_dtype, m, k, n = check_hp_operands(
+        "gemm_fp4", a, b, trans_a, trans_b, out_dtype,
+        "expanded FP8 rows are read 16 bytes at a time",
+        "its transposed operands have rows of length M and N; the Hadamard transform works on groups of 16 along M",
+    )
     if m == 0 or n == 0 or k == 0:
         return ((a.t() if trans_a else a) @ (b.t() if trans_b else b)).to(out_dtype)
     r = recipe_of(config)

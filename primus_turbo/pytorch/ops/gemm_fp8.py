@@ -237,6 +237,19 @@ def _dummy_wgrad(shape, dtype, device) -> torch.Tensor:
     return _dummy_wgrads[key]
 
 
+def dgrad_operands(trans_a: bool, grad, b_bwd):
+    """The two operands, in order, of the dgrad GEMM ``d op(a) [M, K] = grad [M, N] @ op(b) [K, N]^T``
+    (each a tuple of the GEMM's per-operand arguments, both quantized along N): with ``trans_a``
+    they swap, so the GEMM writes ``d a`` ``[K, M]`` directly. Shared by gemm_fp8 and gemm_fp4."""
+    return (b_bwd, grad) if trans_a else (grad, b_bwd)
+
+
+def wgrad_operands(trans_b: bool, a_bwd, grad_t):
+    """The two operands, in order, of the wgrad GEMM ``d op(b) [K, N] = op(a)^T [K, M] @ grad^T [N, M]^T``
+    (both quantized along M): with ``trans_b`` they swap, so the GEMM writes ``d b`` ``[N, K]``."""
+    return (grad_t, a_bwd) if trans_b else (a_bwd, grad_t)
+
+
 class GemmFp8Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, trans_a: bool, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity, main_grad):
@@ -263,13 +276,12 @@ class GemmFp8Function(torch.autograd.Function):
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
             # d op(a) [M, K] = grad [M, N] @ op(b) [K, N]^T; transposed operands give d a directly.
-            if ctx.trans_a:
-                grad_a = fp8_mm(b_bwd, sb_bwd, wgt, g_row, sg_row, act, ctx.a_dtype)
-            else:
-                grad_a = fp8_mm(g_row, sg_row, act, b_bwd, sb_bwd, wgt, ctx.a_dtype)
+            x, y = dgrad_operands(ctx.trans_a, (g_row, sg_row, act), (b_bwd, sb_bwd, wgt))
+            grad_a = fp8_mm(*x, *y, ctx.a_dtype)
         if ctx.needs_input_grad[1] or ctx.main_grad is not None:
             # d op(b) [K, N] = op(a)^T [K, M] @ grad^T [N, M]^T.
-            args = (g_col, sg_col, act, a_bwd, sa_bwd, act) if ctx.trans_b else (a_bwd, sa_bwd, act, g_col, sg_col, act)
+            x, y = wgrad_operands(ctx.trans_b, (a_bwd, sa_bwd, act), (g_col, sg_col, act))
+            args = (*x, *y)
             if ctx.main_grad is not None and ctx.g == ScalingGranularity.MX_BLOCKWISE:
                 # cuBLASLt's block-scaled GEMM does not accumulate: an fp32 product, then one add.
                 ctx.main_grad.add_(fp8_mm(*args, torch.float32))
@@ -280,6 +292,40 @@ class GemmFp8Function(torch.autograd.Function):
             else:
                 grad_b = fp8_mm(*args, ctx.b_dtype)
         return grad_a, grad_b, None, None, None, None, None, None
+
+
+# ---- argument checks -----------------------------------------------------------------------------
+
+
+def check_hp_operands(op: str, a, b, trans_a, trans_b, out_dtype, k_reason: str, bwd_reason: str):
+    """The checks of high-precision ``a`` / ``b`` shared by gemm_fp8 and gemm_fp4, in order: tensors,
+    2-D, dtypes, out_dtype, inner dimensions, K % 16 (``k_reason``), M and N % 16 when a backward
+    may follow (``bwd_reason``), one CUDA device. Returns (out_dtype, M, K, N)."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{op}: argument '{name}' must be 2-D, got shape {tuple(t.shape)}")
+        if t.dtype not in _IN_DTYPES:
+            raise TypeError(f"{op}: argument '{name}' has dtype {t.dtype}; expected float16, bfloat16 or float32")
+    if b.dtype != a.dtype:
+        raise TypeError(f"{op}: argument 'b' has dtype {b.dtype}; expected the dtype of 'a' ({a.dtype})")
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"{op}: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    if k != kb:
+        raise ValueError(
+            f"{op}: inner dimensions do not match: op(a) is [{m}, {k}] (a {tuple(a.shape)}, trans_a={trans_a}) "
+            f"but op(b) is [{kb}, {n}] (b {tuple(b.shape)}, trans_b={trans_b})"
+        )
+    if k % 16:
+        raise ValueError(f"{op}: K={k} must be a multiple of 16 ({k_reason})")
+    if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled() and (m % 16 or n % 16):
+        raise ValueError(f"{op}: the backward needs M={m} and N={n} to be multiples of 16 ({bwd_reason})")
+    check_cuda_tensors(op, a=a, b=b)
+    return out_dtype, m, k, n
 
 
 # ---- pre-quantized operands -----------------------------------------------------------------
@@ -464,33 +510,11 @@ def gemm_fp8(
         if not (isinstance(a, tuple) and isinstance(b, tuple)):
             raise TypeError("gemm_fp8: pass both 'a' and 'b' pre-quantized, or neither")
         return _forward_prequantized(a, b, trans_a, trans_b, out_dtype, config.granularity)
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"gemm_fp8: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2:
-            raise ValueError(f"gemm_fp8: argument '{name}' must be 2-D, got shape {tuple(t.shape)}")
-        if t.dtype not in _IN_DTYPES:
-            raise TypeError(f"gemm_fp8: argument '{name}' has dtype {t.dtype}; expected float16, bfloat16 or float32")
-    if b.dtype != a.dtype:
-        raise TypeError(f"gemm_fp8: argument 'b' has dtype {b.dtype}; expected the dtype of 'a' ({a.dtype})")
-    out_dtype = a.dtype if out_dtype is None else out_dtype
-    if out_dtype not in _OUT_DTYPES:
-        raise TypeError(f"gemm_fp8: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
-    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
-    kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
-    if k != kb:
-        raise ValueError(
-            f"gemm_fp8: inner dimensions do not match: op(a) is [{m}, {k}] (a {tuple(a.shape)}, trans_a={trans_a}) "
-            f"but op(b) is [{kb}, {n}] (b {tuple(b.shape)}, trans_b={trans_b})"
-        )
-    if k % 16:
-        raise ValueError(f"gemm_fp8: K={k} must be a multiple of 16 (FP8 GEMM operands are read in 16-byte rows)")
-    if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled() and (m % 16 or n % 16):
-        raise ValueError(
-            f"gemm_fp8: the backward needs M={m} and N={n} to be multiples of 16 (its transposed FP8 "
-            "operands have rows of length M and N)"
-        )
-    check_cuda_tensors("gemm_fp8", a=a, b=b)
+    out_dtype, m, k, n = check_hp_operands(
+        "gemm_fp8", a, b, trans_a, trans_b, out_dtype,
+        "FP8 GEMM operands are read in 16-byte rows",
+        "its transposed FP8 operands have rows of length M and N",
+    )
     if m == 0 or n == 0 or k == 0:  # nothing to quantize; the (empty or zero) product in torch
         return ((a.t() if trans_a else a) @ (b.t() if trans_b else b)).to(out_dtype)
     main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)

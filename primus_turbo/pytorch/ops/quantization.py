@@ -223,6 +223,47 @@ def _as_2d(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().reshape(-1, x.shape[-1]) if x.dim() != 2 else x.contiguous()
 
 
+# (accepted dtypes, how an error message names them)
+_HP_KIND = (_IN_DTYPES, "float32, float16 or bfloat16")
+_FP8_KIND = (_FP8_DTYPES, "torch.float8_e4m3fn or torch.float8_e5m2")
+_FP4_KIND = ((_FP4_DTYPE, torch.uint8), f"{_FP4_DTYPE}")
+
+
+def _check_out_dtype(op: str, out_dtype, kind) -> None:
+    dtypes, what = kind
+    if out_dtype not in dtypes:
+        raise TypeError(f"{op}: argument 'out_dtype' is {out_dtype}; expected {what}")
+
+
+def _granularity_and_block(op: str, granularity, block_size, mx_only: bool = False) -> tuple[int, int]:
+    """(granularity code, block size) after their checks; ``mx_only``: FP4, MX_BLOCKWISE only."""
+    g = _granularity_code(op, granularity)
+    if mx_only and g != _MX:
+        raise ValueError(f"{op}: argument 'granularity' is {granularity}; FP4 supports MX_BLOCKWISE only")
+    return g, _block_size(op, g, block_size)
+
+
+def _common_args(op: str, x, x_kind, out_dtype, out_kind, granularity, block_size, mx_only: bool = False):
+    """The checks every quantize / dequantize starts with, in order: x, out_dtype, granularity,
+    block_size. Returns (granularity code, block size)."""
+    _check_tensor(op, "x", x, *x_kind)
+    _check_out_dtype(op, out_dtype, out_kind)
+    return _granularity_and_block(op, granularity, block_size, mx_only)
+
+
+def _check_scale_inv(op: str, x, scale_inv) -> None:
+    if not isinstance(scale_inv, torch.Tensor):
+        raise TypeError(f"{op}: argument 'scale_inv' must be a torch.Tensor, got {type(scale_inv).__name__}")
+    check_cuda_tensors(op, x=x, scale_inv=scale_inv)
+
+
+def _fp8_layout(op: str, g: int, scaling_recipe, axis, ndim: int) -> tuple[bool, bool]:
+    """(2-D blocks, along the last dim) of an FP8 (de)quantization: tensorwise and 2-D blocks
+    ignore the axis."""
+    two_d = g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe)
+    return two_d, True if g == _TENSORWISE or two_d else _along_last(op, axis, ndim)
+
+
 # ---- FP8 ------------------------------------------------------------------------------------------
 
 
@@ -245,13 +286,8 @@ def quantize_fp8(
       MX_BLOCKWISE (block_size 32): as 1-D BLOCKWISE, ``torch.float8_e8m0fnu`` scales.
     """
     op = "quantize_fp8"
-    _check_tensor(op, "x", x, _IN_DTYPES, "float32, float16 or bfloat16")
-    if out_dtype not in _FP8_DTYPES:
-        raise TypeError(f"{op}: argument 'out_dtype' is {out_dtype}; expected torch.float8_e4m3fn or torch.float8_e5m2")
-    g = _granularity_code(op, granularity)
-    block = _block_size(op, g, block_size)
-    two_d = g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe)
-    along_k = True if g == _TENSORWISE or two_d else _along_last(op, axis, x.dim())
+    g, block = _common_args(op, x, _HP_KIND, out_dtype, _FP8_KIND, granularity, block_size)
+    two_d, along_k = _fp8_layout(op, g, scaling_recipe, axis, x.dim())
     x2 = _as_2d(x)
     flags = _FLAG_2D if two_d else 0
     q_row, s_row, q_col, s_col = _quantize_op(x2, out_dtype, g, block, along_k, not along_k, False, flags, 0)
@@ -279,11 +315,7 @@ def quantize_fp8_with_trans(
     scale_inv_col its transpose ``[ceil(K/B), ceil(M/B)]``.
     """
     op = "quantize_fp8_with_trans"
-    _check_tensor(op, "x", x, _IN_DTYPES, "float32, float16 or bfloat16")
-    if out_dtype not in _FP8_DTYPES:
-        raise TypeError(f"{op}: argument 'out_dtype' is {out_dtype}; expected torch.float8_e4m3fn or torch.float8_e5m2")
-    g = _granularity_code(op, granularity)
-    block = _block_size(op, g, block_size)
+    g, block = _common_args(op, x, _HP_KIND, out_dtype, _FP8_KIND, granularity, block_size)
     two_d = g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe)
     trans_2d = two_d if scaling_recipe_for_trans is None else (g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe_for_trans))
     if trans_2d != two_d:
@@ -309,16 +341,9 @@ def dequantize_fp8(
     as :func:`quantize_fp8` returns them for the same granularity, axis and recipe (a transposed
     output of :func:`quantize_fp8_with_trans` is dequantized with axis -1)."""
     op = "dequantize_fp8"
-    _check_tensor(op, "x", x, _FP8_DTYPES, "torch.float8_e4m3fn or torch.float8_e5m2")
-    if out_dtype not in _IN_DTYPES:
-        raise TypeError(f"{op}: argument 'out_dtype' is {out_dtype}; expected float32, float16 or bfloat16")
-    g = _granularity_code(op, granularity)
-    block = _block_size(op, g, block_size)
-    if not isinstance(scale_inv, torch.Tensor):
-        raise TypeError(f"{op}: argument 'scale_inv' must be a torch.Tensor, got {type(scale_inv).__name__}")
-    check_cuda_tensors(op, x=x, scale_inv=scale_inv)
-    two_d = g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe)
-    along_k = True if g == _TENSORWISE or two_d else _along_last(op, axis, x.dim())
+    g, block = _common_args(op, x, _FP8_KIND, out_dtype, _HP_KIND, granularity, block_size)
+    _check_scale_inv(op, x, scale_inv)
+    two_d, along_k = _fp8_layout(op, g, scaling_recipe, axis, x.dim())
     out = _dequantize_op(_as_2d(x), scale_inv.contiguous(), out_dtype, g, block,
                -1 if along_k else 0, _FLAG_2D if two_d else 0)
     return out.view(x.shape)
@@ -351,13 +376,7 @@ def quantize_fp4(
     deterministic for a given ``seed`` (None: a new seed per call from a process-wide counter).
     """
     op = "quantize_fp4"
-    _check_tensor(op, "x", x, _IN_DTYPES, "float32, float16 or bfloat16")
-    if out_dtype not in (_FP4_DTYPE, torch.uint8):
-        raise TypeError(f"{op}: argument 'out_dtype' is {out_dtype}; expected {_FP4_DTYPE}")
-    g = _granularity_code(op, granularity)
-    if g != _MX:
-        raise ValueError(f"{op}: argument 'granularity' is {granularity}; FP4 supports MX_BLOCKWISE only")
-    block = _block_size(op, g, block_size)
+    g, block = _common_args(op, x, _HP_KIND, out_dtype, _FP4_KIND, granularity, block_size, mx_only=True)
     if scaling_recipe is not None and not isinstance(scaling_recipe, ScalingRecipe):
         raise TypeError(f"{op}: scaling_recipe must be a ScalingRecipe or None, got {type(scaling_recipe).__name__}")
     r = scaling_recipe or ScalingRecipe()
@@ -397,15 +416,9 @@ def dequantize_fp4(
     _check_tensor(op, "x", x, (_FP4_DTYPE, torch.uint8), f"{_FP4_DTYPE} (or uint8)")
     if x.dim() != 2:
         raise ValueError(f"{op}: argument 'x' has shape {tuple(x.shape)}; expected 2-D packed data")
-    if out_dtype not in _IN_DTYPES:
-        raise TypeError(f"{op}: argument 'out_dtype' is {out_dtype}; expected float32, float16 or bfloat16")
-    g = _granularity_code(op, granularity)
-    if g != _MX:
-        raise ValueError(f"{op}: argument 'granularity' is {granularity}; FP4 supports MX_BLOCKWISE only")
-    block = _block_size(op, g, block_size)
-    if not isinstance(scale_inv, torch.Tensor):
-        raise TypeError(f"{op}: argument 'scale_inv' must be a torch.Tensor, got {type(scale_inv).__name__}")
-    check_cuda_tensors(op, x=x, scale_inv=scale_inv)
+    _check_out_dtype(op, out_dtype, _HP_KIND)
+    g, block = _granularity_and_block(op, granularity, block_size, mx_only=True)
+    _check_scale_inv(op, x, scale_inv)
     along_k = _along_last(op, axis, 2)
     flags = _FLAG_2D if _use_2d(scaling_recipe) else 0
     q = x if x.dtype == _FP4_DTYPE else x.view(_FP4_DTYPE)

@@ -1,0 +1,60 @@
+"""Helpers shared by the host-side (no GPU) check tests, test_*_checks.py: meta tensors, core tensor
+descriptors at a fake address, and the argument-error cases every 2-D GEMM with high-precision
+inputs (gemm_fp8, gemm_fp4) rejects the same way."""
+
+import torch
+
+from primus_turbo._core import PtTensor
+
+#: A device address the core's checks accept; no kernel ever runs on it.
+FAKE_PTR = 1 << 20
+
+
+def meta(*shape, dtype=torch.bfloat16, grad=False):
+    return torch.empty(shape, device="meta", dtype=dtype, requires_grad=grad)
+
+
+def desc(shape, dtype=2, strides=None, ptr=FAKE_PTR):
+    """A core tensor descriptor (PtTensor) of ``shape`` (row-major unless ``strides``) at ``ptr``."""
+    t = PtTensor()
+    t.data = ptr
+    t.dtype = dtype
+    t.ndim = len(shape)
+    if strides is None:
+        strides, s = [], 1
+        for d in reversed(shape):
+            strides.insert(0, s)
+            s *= d
+    for i, (d, st) in enumerate(zip(shape, strides)):
+        t.shape[i], t.strides[i] = d, st
+    return t
+
+
+def check_gemm_step_on_meta(op, trans_a: bool, trans_b: bool, **kwargs) -> None:
+    """``op(a, b, trans_a, trans_b, **kwargs)`` forward and backward on bf16 meta tensors (M=48,
+    N=32, K=272): a bf16 [M, N] output, and gradients of each input's shape and dtype."""
+    m, n, k = 48, 32, 272
+    a = meta(*((k, m) if trans_a else (m, k)), grad=True)
+    b = meta(*((n, k) if trans_b else (k, n)), grad=True)
+    out = op(a, b, trans_a, trans_b, **kwargs)
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16
+    out.sum().backward()
+    assert a.grad.shape == a.shape and b.grad.shape == b.shape
+    assert a.grad.dtype == a.dtype and b.grad.dtype == b.dtype
+
+
+def hp_gemm_bad_arguments():
+    """(a, b, kwargs, exception, match) cases of gemm_fp8 / gemm_fp4 with high-precision inputs,
+    for ``@pytest.mark.parametrize("a,b,kwargs,exc,match", ...)``."""
+    return [
+        (torch.randn(16, 32), torch.randn(32, 16), {}, ValueError, "argument 'a' is on cpu; expected a CUDA device"),
+        (meta(16, 32), meta(48, 16), {}, ValueError, r"inner dimensions do not match: op\(a\) is \[16, 32\]"),
+        (meta(16, 32), meta(32, 16, dtype=torch.float16), {}, TypeError, "argument 'b' has dtype torch.float16"),
+        (meta(16, 32, dtype=torch.int32), meta(32, 16, dtype=torch.int32), {}, TypeError, "argument 'a' has dtype"),
+        (meta(16, 32, 2), meta(32, 16), {}, ValueError, "argument 'a' must be 2-D"),
+        (meta(16, 32), meta(32, 16), {"out_dtype": torch.int8}, TypeError, "out_dtype"),
+        (meta(16, 40), meta(40, 16), {}, ValueError, "K=40 must be a multiple of 16"),
+        (meta(16, 32, grad=True), meta(32, 24), {}, ValueError, r"N=24 to be multiples of 16"),
+        (meta(24, 32, grad=True), meta(32, 16), {}, ValueError, r"M=24 and N=16 to be multiples of 16"),
+        ("not a tensor", meta(32, 16), {}, TypeError, "must be a torch.Tensor"),
+    ]
