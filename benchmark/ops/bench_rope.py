@@ -9,7 +9,8 @@ Per case (q [B, 4096, Hq, D], k [B, 4096, Hk, D], layout bshd, half-rotated, flo
 table of the first rotary_dim features, positions = the sequence index):
   1. correctness first: q_out, k_out, dq, dk against float64 references (the backward against
      torch autograd of the reference) under the gates of shared/ACCURACY.md; a FAIL voids our timings;
-  2. timing (CUDA events, median of >= 50 calls, inputs rotated so that L2 cannot serve repeats).
+  2. timing: calls replayed from a CUDA graph (device time; --no-graph: plain calls with CUDA
+     events, host overhead included), inputs rotated so that L2 cannot serve repeats.
 
 The metric is effective bandwidth: q and k read once and q_out and k_out written once (the same
 for the backward's gradients), over the median time, and that as a fraction of the measured
@@ -20,6 +21,7 @@ summary.json entries rope_fwd and rope_bwd (suffixed with _<dtype> unless bf16, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import traceback
 from pathlib import Path
@@ -95,6 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--mem-budget-gb", type=float, default=8.0)
     p.add_argument("--no-compile-baseline", action="store_true")
+    p.add_argument("--no-graph", action="store_true", help="time plain calls (host overhead included)")
     p.add_argument("--no-summary", action="store_true")
     args = p.parse_args(argv)
     args.default_set = args.tokens is None and not args.quick
@@ -156,16 +159,15 @@ def check_case(turbo, q, k, dq, dk, cos, sin, dtype) -> dict:
 
 
 def time_fwd_bwd(fn, sets, cos, sin, args) -> tuple[float, float]:
-    """Median ms of the forward and of the backward (autograd.grad of both outputs) over the sets."""
-    fwd = bu.time_cuda(
-        lambda q, k, dq, dk, fn=fn: fn(q, k, cos, sin), rotate=sets, warmup=args.warmup, iters=args.iters
-    )
-    bsets = [(fn(q, k, cos, sin), q, k, dq, dk) for q, k, dq, dk in sets]
-    bwd = bu.time_cuda(
-        lambda o, q, k, dq, dk: torch.autograd.grad(o, (q, k), (dq, dk), retain_graph=True),
-        rotate=bsets,
-        warmup=args.warmup,
-        iters=args.iters,
+    """Median ms of the forward and of the backward (autograd.grad of both outputs) over the sets,
+    replayed from a CUDA graph (device time) unless --no-graph. The backward's forwards run on the
+    stream the graph is captured on (autograd replays a backward on its forward's stream)."""
+    fwd = mb.time_on(lambda q, k, dq, dk, fn=fn: fn(q, k, cos, sin), sets, args)
+    stream = None if args.no_graph else torch.cuda.Stream()
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        bsets = [(fn(q, k, cos, sin), q, k, dq, dk) for q, k, dq, dk in sets]
+    bwd = mb.time_on(
+        lambda o, q, k, dq, dk: torch.autograd.grad(o, (q, k), (dq, dk), retain_graph=True), bsets, args, stream=stream
     )
     del bsets
     return fwd, bwd
@@ -272,7 +274,10 @@ def main(argv=None) -> int:
     passed = [r.get("Check") == "PASS" for r in rows]
     base = "Compiled" if "compiled" in impls else "Eager"
     for d, name in (("Forward", "rope_fwd"), ("Backward", "rope_bwd")):
-        entry = mb.fwd_bwd_entry(rows, passed, d, base, gpu_name, args, copy_gbps, csv_path)
+        entry = mb.fwd_bwd_entry(
+            rows, passed, d, base, gpu_name, args, copy_gbps, csv_path,
+            timing="eager calls" if args.no_graph else "CUDA graph replay (device time)",
+        )
         mb.publish(args, gpu, name + suffix, entry)
         print(
             f"[bench_rope] {name}: {entry['passed']}/{entry['cases']} passed; geomean {entry['ours_geomean']:.0f} GB/s "

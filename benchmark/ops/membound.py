@@ -199,18 +199,21 @@ def _check(op: OpBench, inp: Inputs, dtype) -> tuple[str, str]:
     return ("PASS" if ok else "FAIL"), "; ".join(r.message for r in results if not r)
 
 
-def _time(fn, sets, args, stream=None) -> float:
+def time_on(fn, sets, args, stream=None) -> float:
+    """Median ms per call of fn over the rotating sets: replayed from a CUDA graph (device time),
+    or plain calls with CUDA events under --no-graph."""
     if args.no_graph:
         return bu.time_cuda(fn, rotate=sets, warmup=args.warmup, iters=args.iters)
     return bu.time_cuda_graph(fn, rotate=sets, stream=stream)
 
 
+
 def _time_fwd_bwd(fn, sets: list[Inputs], args) -> tuple[float, float]:
-    fwd = _time(lambda inp: fn(*inp.args), [(s,) for s in sets], args)
+    fwd = time_on(lambda inp: fn(*inp.args), [(s,) for s in sets], args)
     stream = None if args.no_graph else torch.cuda.Stream()
     with torch.cuda.stream(stream) if stream is not None else _null():
         bwd_sets = [(_tuple(fn(*s.args)), s) for s in sets]
-    bwd = _time(
+    bwd = time_on(
         lambda outs, s: torch.autograd.grad(outs, s.wrt, s.douts, retain_graph=True), bwd_sets, args, stream=stream
     )
     return fwd, bwd
@@ -378,7 +381,7 @@ def run_fp8_fwd(op: Fp8FwdBench, cases: Sequence[Any], args, describe: Callable[
         _checked(row, notes, _check_fp8, op, args_)
         nbytes = op.fwd_bytes(case, es)
         sets = _rotating_sets(args_, lambda: op.make(case, dtype), nbytes, args)
-        times = time_impls(impls, row, notes, nan, _time, sets, args)
+        times = time_impls(impls, row, notes, nan, time_on, sets, args)
         del sets, args_
         ours = gbps(nbytes, times["ours"])
         row["Forward Time (ms)"] = times["ours"]
