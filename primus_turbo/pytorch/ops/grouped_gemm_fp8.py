@@ -325,7 +325,10 @@ def quantize_weight(w: torch.Tensor, dtype: torch.dtype, g: ScalingGranularity, 
         if transpose:
             q = q.transpose(1, 2).contiguous()
         n, k = q.shape[1], q.shape[2]
-        return q, s.float().reshape(1, 1, 1).expand(n_groups, n, _cdiv(k, _BLOCK)).contiguous(), 1
+        # One value for every block: stated per 128x128 block, the kernel's cheaper B-scale form
+        # (one scale per 128-row tile instead of one per row).
+        s = s.float().reshape(1, 1, 1).expand(n_groups, _cdiv(n, _BLOCK), _cdiv(k, _BLOCK)).contiguous()
+        return q, s, 128
     # ROWWISE: one scale per row of the K-major operand (per output channel and expert).
     src = w.transpose(1, 2).contiguous() if transpose else w.contiguous()
     n, k = src.shape[1], src.shape[2]
