@@ -35,6 +35,7 @@ run_step() {  # name seconds command
   rc=$?
   printf '%-24s rc=%-4s %5ss\n' "$1" "$rc" "$(( $(date +%s) - start ))" | tee -a "$SUMMARY"
   tail -n 4 "$LOGS/$1.log"
+  tar czf "$OUT/logs.tgz" -C "$WORK" logs results  # after every step: a cut-off run keeps the rest
 }
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nvcc --version | tail -1; } \

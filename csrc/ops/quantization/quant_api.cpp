@@ -63,7 +63,11 @@ pt_status pt_quantize(const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_row, pt
     qp.seed = seed;
     qp.stream = stream;
 
-    if (p.granularity == PT_QUANT_TENSORWISE || p.granularity == PT_QUANT_ROWWISE) {
+    if (p.granularity == PT_QUANT_ROWWISE && p.row && !p.col && !p.rht && !p.fp4()) {
+      // Row output only: each row's amax inside the quantize kernel (one launch, one DRAM read).
+      qp.row_amax_inline = 1;
+      qp.row_block = qp.col_block = 0;
+    } else if (p.granularity == PT_QUANT_TENSORWISE || p.granularity == PT_QUANT_ROWWISE) {
       // Device-side amax first; the quantize kernel reads it (no host round trip).
       PT_CHECK_CUDA(cudaMemsetAsync(workspace, 0, need, s));
       float* ws = static_cast<float*>(workspace);

@@ -38,6 +38,8 @@ typedef struct PtQuantParams {
   int sr;         // FP4: stochastic rounding from a counter-based hash of (seed, element index)
   uint64_t seed;
   void* stream;
+  int row_amax_inline;  // row output only, row_block == 0: each row's amax computed in the same
+                        // kernel (a block per row, read twice, the second time from L2)
 } PtQuantParams;
 
 // Absolute maxima of a contiguous [m, k] tensor, accumulated with atomic max into buffers the

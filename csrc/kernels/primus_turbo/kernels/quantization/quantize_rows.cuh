@@ -142,6 +142,53 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const PtQuan
   }
 }
 
+// Rowwise quantization in one kernel (row output only): a block per row (rows grid-strided)
+// reduces the row's amax, then reads the row again, now from L2, to encode it. Same arithmetic
+// as the amax pass + quantize_rows_kernel pair, so the result is bit-identical to it.
+template <class T, class F>
+__global__ void __launch_bounds__(kRowThreads) quantize_rowwise_kernel(const PtQuantParams p) {
+  __shared__ float warp_amax[kRowThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t m = p.m, k = p.k;
+  const bool vec = k % kRowElems == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  const T* x = static_cast<const T*>(p.x);
+  constexpr int64_t kStep = static_cast<int64_t>(kRowThreads) * kRowElems;
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    float amax = 0.0f;
+    for (int64_t c = static_cast<int64_t>(threadIdx.x) * kRowElems; c < k; c += kStep) {
+      float v[kRowElems];
+      load8(x, m, k, r, c, vec, v);
+#pragma unroll
+      for (int j = 0; j < kRowElems; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    }
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (lane == 0) warp_amax[warp] = amax;
+    __syncthreads();
+    amax = warp_amax[0];
+#pragma unroll
+    for (int w = 1; w < kRowThreads / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
+    __syncthreads();  // warp_amax is reused by the next row
+    const Scale sc = make_scale<F>(amax, false);
+    if (threadIdx.x == 0) store_scale_at(p.s_row, r, sc, false);
+    uint8_t* out_row = static_cast<uint8_t*>(p.q_row) + r * k;
+    for (int64_t c = static_cast<int64_t>(threadIdx.x) * kRowElems; c < k; c += kStep) {
+      float v[kRowElems];
+      load8(x, m, k, r, c, vec, v);
+      uint8_t q[kRowElems];
+#pragma unroll
+      for (int j = 0; j < kRowElems; ++j) q[j] = F::encode(v[j] * sc.mult);
+      if (vec) {
+        uint2 w;
+        w.x = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<uint32_t>(q[3]) << 24);
+        w.y = q[4] | (q[5] << 8) | (q[6] << 16) | (static_cast<uint32_t>(q[7]) << 24);
+        *reinterpret_cast<uint2*>(out_row + c) = w;
+      } else {
+        for (int j = 0; j < kRowElems && c + j < k; ++j) out_row[c + j] = q[j];
+      }
+    }
+  }
+}
+
 // amax of the whole tensor and/or of each row, same walk as above; one atomic per warp chunk.
 template <class T>
 __global__ void __launch_bounds__(kRowThreads) amax_rows_kernel(const PtQuantAmaxParams p) {

@@ -91,6 +91,13 @@ struct Quantizer {
   static int quantize(const PtQuantParams* p, char* err, size_t err_len) {
     if (p->m <= 0 || p->k <= 0) return 0;
     auto stream = static_cast<cudaStream_t>(p->stream);
+    if constexpr (!F::kFp4) {
+      if (p->row_amax_inline && p->q_col == nullptr && !p->block_2d && !p->rht) {
+        const int64_t grid = std::min<int64_t>(p->m, 132 * 16);
+        quantize_rowwise_kernel<T, F><<<static_cast<unsigned>(grid), kRowThreads, 0, stream>>>(*p);
+        return report_launch("quantize (rowwise)", err, err_len);
+      }
+    }
     if (p->q_col == nullptr && !p->block_2d) {
       const int64_t chunks = p->m * ((p->k + kRowChunk - 1) / kRowChunk);
       const int64_t grid = std::min<int64_t>((chunks + 8 * kRowUnroll - 1) / (8 * kRowUnroll), INT32_MAX);
