@@ -95,6 +95,34 @@ void check_shape(const pt_tensor* t, const char* name, std::initializer_list<int
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+void take_num_sms(Problem& p, const pt_grouped_gemm_fp8_args* args) {
+  p.num_sms = args->num_sms;
+  PT_CHECK_ARG(p.num_sms >= 0, "grouped_gemm_fp8: num_sms must be >= 0 (0: all SMs), got ", p.num_sms);
+}
+
+// Both scale tensors: contiguous float32 of the given shapes (a_scale 2-D, b_scale of b_dims' rank).
+void check_scales(const pt_grouped_gemm_fp8_args* args, std::initializer_list<int64_t> a_dims,
+                  std::initializer_list<int64_t> b_dims) {
+  check_tensor(args->a_scale, "a_scale", 2);
+  check_tensor(args->b_scale, "b_scale", static_cast<int>(b_dims.size()));
+  PT_CHECK_ARG(args->a_scale->dtype == PT_FLOAT32 && args->b_scale->dtype == PT_FLOAT32,
+               "grouped_gemm_fp8: scales must be float32");
+  check_shape(args->a_scale, "a_scale", a_dims);
+  check_shape(args->b_scale, "b_scale", b_dims);
+}
+
+// The device pointers of a checked problem.
+void take_pointers(Problem& p, const pt_grouped_gemm_fp8_args* args) {
+  p.group_lens = static_cast<const int64_t*>(args->group_lens->data);
+  p.group_offs = args->group_offs ? static_cast<const int64_t*>(args->group_offs->data) : nullptr;
+  p.a = args->a->data;
+  p.sfa = static_cast<const float*>(args->a_scale->data);
+  p.b = args->b->data;
+  p.sfb = static_cast<const float*>(args->b_scale->data);
+  p.d = args->d->data;
+  p.aligned16 = aligned16(p.a) && aligned16(p.b) && aligned16(p.d);
+}
+
 Problem make_problem(const pt_grouped_gemm_fp8_args* args) {
   PT_CHECK_ARG(args != nullptr, "grouped_gemm_fp8: arguments are null");
   Problem p;
@@ -135,22 +163,9 @@ Problem make_problem(const pt_grouped_gemm_fp8_args* args) {
     PT_CHECK_ARG(args->b_scale_rows == 1, "grouped_gemm_fp8 wgrad: b_scale_rows must be 1, got ",
                  args->b_scale_rows);
     p.b_scale_rows = 1;
-    p.num_sms = args->num_sms;
-    PT_CHECK_ARG(p.num_sms >= 0, "grouped_gemm_fp8: num_sms must be >= 0 (0: all SMs), got ", p.num_sms);
-    check_tensor(args->a_scale, "a_scale", 2);
-    check_tensor(args->b_scale, "b_scale", 2);
-    PT_CHECK_ARG(args->a_scale->dtype == PT_FLOAT32 && args->b_scale->dtype == PT_FLOAT32,
-                 "grouped_gemm_fp8: scales must be float32");
-    check_shape(args->a_scale, "a_scale", {p.ld / 128, p.m});
-    check_shape(args->b_scale, "b_scale", {p.ld / 128, p.n});
-    p.group_lens = static_cast<const int64_t*>(args->group_lens->data);
-    p.group_offs = args->group_offs ? static_cast<const int64_t*>(args->group_offs->data) : nullptr;
-    p.a = args->a->data;
-    p.sfa = static_cast<const float*>(args->a_scale->data);
-    p.b = args->b->data;
-    p.sfb = static_cast<const float*>(args->b_scale->data);
-    p.d = args->d->data;
-    p.aligned16 = aligned16(p.a) && aligned16(p.b) && aligned16(p.d);
+    take_num_sms(p, args);
+    check_scales(args, {p.ld / 128, p.m}, {p.ld / 128, p.n});
+    take_pointers(p, args);
     return p;
   }
   p.rows = args->a->shape[0];
@@ -162,25 +177,12 @@ Problem make_problem(const pt_grouped_gemm_fp8_args* args) {
                p.rows, ", ", p.k, "] but 'b' ", shape_string(*args->b), " has K = ", args->b->shape[2]);
   check_shape(args->d, "out", {p.rows, p.n});
   p.b_scale_rows = args->b_scale_rows;
-  p.num_sms = args->num_sms;
-  PT_CHECK_ARG(p.num_sms >= 0, "grouped_gemm_fp8: num_sms must be >= 0 (0: all SMs), got ", p.num_sms);
+  take_num_sms(p, args);
   PT_CHECK_ARG(p.b_scale_rows == 1 || p.b_scale_rows == 128,
                "grouped_gemm_fp8: b_scale_rows must be 1 or 128, got ", p.b_scale_rows);
   const int64_t kb = ceil_div(p.k, 128);
-  check_tensor(args->a_scale, "a_scale", 2);
-  check_tensor(args->b_scale, "b_scale", 3);
-  PT_CHECK_ARG(args->a_scale->dtype == PT_FLOAT32 && args->b_scale->dtype == PT_FLOAT32,
-               "grouped_gemm_fp8: scales must be float32");
-  check_shape(args->a_scale, "a_scale", {p.rows, kb});
-  check_shape(args->b_scale, "b_scale", {p.groups, ceil_div(p.n, p.b_scale_rows), kb});
-  p.group_lens = static_cast<const int64_t*>(args->group_lens->data);
-  p.group_offs = args->group_offs ? static_cast<const int64_t*>(args->group_offs->data) : nullptr;
-  p.a = args->a->data;
-  p.sfa = static_cast<const float*>(args->a_scale->data);
-  p.b = args->b->data;
-  p.sfb = static_cast<const float*>(args->b_scale->data);
-  p.d = args->d->data;
-  p.aligned16 = aligned16(p.a) && aligned16(p.b) && aligned16(p.d);
+  check_scales(args, {p.rows, kb}, {p.groups, ceil_div(p.n, p.b_scale_rows), kb});
+  take_pointers(p, args);
   return p;
 }
 
