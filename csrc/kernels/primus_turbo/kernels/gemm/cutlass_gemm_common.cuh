@@ -1,6 +1,6 @@
 // What the dense CUTLASS GEMMs (cutlass_gemm_sm90.cuh, cutlass_gemm_fp8_sm90.cuh) share: the
 // CUTLASS 3 headers they compose from, the hardware info of a persistent launch, the leading-
-// dimension stride, and the checks before a launch.
+// dimension stride (common/cute_stride.cuh), and the checks before a launch.
 #pragma once
 
 #include <cstdio>
@@ -13,22 +13,11 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/kernel_hardware_info.h"
+#include "primus_turbo/kernels/common/cute_stride.cuh"
 #include "primus_turbo/kernels/jit_abi.h"
 #include "primus_turbo/kernels/jit_export.cuh"
 
 namespace primus_turbo::kernels {
-
-// Sets the one dynamic (leading-dimension) mode of a packed 2-D CuTe stride; the batch mode is 0.
-template <class Stride>
-Stride make_leading_stride(int64_t ld) {
-  Stride s{};
-  if constexpr (cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(s))>>::value) {
-    cute::get<1>(s) = ld;
-  } else {
-    cute::get<0>(s) = ld;
-  }
-  return s;
-}
 
 // The SMs a persistent kernel may use: num_sms when positive, else all of the device's.
 inline cutlass::KernelHardwareInfo hardware_info(int device, int num_sms) {

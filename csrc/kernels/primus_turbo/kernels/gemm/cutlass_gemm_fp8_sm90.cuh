@@ -88,9 +88,9 @@ struct CutlassGemmFp8Sm90 {
     static_assert(!cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(StrideA{}))>>::value &&
                   !cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(StrideB{}))>>::value &&
                   !cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(StrideD{}))>>::value);
-    const StrideA sa = make_leading_stride<StrideA>(p.lda);
-    const StrideB sb = make_leading_stride<StrideB>(p.ldb);
-    const StrideD sd = make_leading_stride<StrideD>(p.ldd);
+    const StrideA sa = leading_stride<StrideA>(p.lda);
+    const StrideB sb = leading_stride<StrideB>(p.ldb);
+    const StrideD sd = leading_stride<StrideD>(p.ldd);
     auto* d = static_cast<ElementD*>(p.d);
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,

@@ -59,10 +59,10 @@ struct CutlassGemmSm90 {
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1},
-        {static_cast<const ElementAB*>(p.a), make_leading_stride<StrideA>(p.lda),
-         static_cast<const ElementAB*>(p.b), make_leading_stride<StrideB>(p.ldb)},
-        {{p.alpha, p.beta}, d, make_leading_stride<StrideD>(p.ldd), d,
-         make_leading_stride<StrideD>(p.ldd)},
+        {static_cast<const ElementAB*>(p.a), leading_stride<StrideA>(p.lda),
+         static_cast<const ElementAB*>(p.b), leading_stride<StrideB>(p.ldb)},
+        {{p.alpha, p.beta}, d, leading_stride<StrideD>(p.ldd), d,
+         leading_stride<StrideD>(p.ldd)},
         hardware_info(p.device, p.num_sms)};
     if (p.swizzle > 1) args.scheduler.max_swizzle_size = p.swizzle;
     return args;

@@ -35,7 +35,6 @@ using grouped::group_span;
 using grouped::GroupScan;
 using grouped::GroupSpan;
 using grouped::kSetupThreads;
-using grouped::leading_stride;
 
 constexpr int kBlockK = 128;     // K depth of one scale
 

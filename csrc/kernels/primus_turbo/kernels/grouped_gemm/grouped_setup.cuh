@@ -17,23 +17,12 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/gemm.h"
 #include "cutlass/kernel_hardware_info.h"
+#include "primus_turbo/kernels/common/cute_stride.cuh"
 
 namespace primus_turbo::kernels::grouped {
 
 constexpr int kSetupThreads = 256;
 using GroupScan = cub::BlockScan<int64_t, kSetupThreads>;
-
-// A rank-3 CuTe stride (M|N, K, L) with one dynamic mode: set that mode to ld.
-template <class Stride>
-__host__ __device__ Stride leading_stride(int64_t ld) {
-  Stride s{};
-  if constexpr (cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(s))>>::value) {
-    cute::get<1>(s) = ld;
-  } else {
-    cute::get<0>(s) = ld;
-  }
-  return s;
-}
 
 struct GroupSpan {
   int64_t start;
