@@ -104,9 +104,6 @@ bool is_aligned16(const Matrix2D& m) {
   return addr % 16 == 0 && (m.ld * bits) % 128 == 0;
 }
 
-namespace {
-
-// Row-major contiguous; a dimension of size 1 may have any stride, and an empty tensor any strides.
 bool is_contiguous(const pt_tensor& t) {
   if (numel(t) == 0) return true;
   int64_t expected = 1;
@@ -116,6 +113,8 @@ bool is_contiguous(const pt_tensor& t) {
   }
   return true;
 }
+
+namespace {
 
 std::string strides_string(const pt_tensor& t) {
   std::string s = "[";
@@ -165,5 +164,44 @@ void check_like(const pt_tensor* t, const char* name, const pt_tensor& like, con
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+bool is_packed(const pt_tensor& t) {
+  int64_t expected = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] > 1 && t.strides[i] != expected) return false;
+    expected *= t.shape[i];
+  }
+  return true;
+}
+
+void check_shape(const pt_tensor* t, const char* name, std::initializer_list<int64_t> dims,
+                 const char* prefix) {
+  int i = 0;
+  bool same = true;
+  for (int64_t d : dims) same = same && t->shape[i++] == d;
+  if (same) return;
+  std::string want = "[";
+  i = 0;
+  for (int64_t d : dims) want += str_cat(i++ ? ", " : "", d);
+  PT_THROW(PT_ERROR_INVALID_ARGUMENT, prefix, "argument '", name, "' has shape ", shape_string(*t),
+           "; expected ", want, "]");
+}
+
+void check_descriptor(const pt_tensor* t, const char* name) {
+  PT_CHECK_ARG(t != nullptr, "argument '", name, "' is null");
+  PT_CHECK_ARG(t->ndim >= 0 && t->ndim <= PT_MAX_DIMS, "argument '", name, "' has ", t->ndim, " dimensions");
+  for (int i = 0; i < t->ndim; ++i) {
+    PT_CHECK_ARG(t->shape[i] >= 0, "argument '", name, "' has a negative dimension ", shape_string(*t));
+  }
+}
+
+const char* cuda_float_type(int32_t dtype) {
+  switch (dtype) {
+    case PT_FLOAT32: return "float";
+    case PT_FLOAT16: return "__half";
+    case PT_BFLOAT16: return "__nv_bfloat16";
+    default: return nullptr;
+  }
+}
 
 }  // namespace primus_turbo

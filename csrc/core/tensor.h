@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "core/error.h"
@@ -14,6 +15,9 @@ int dtype_bits(int32_t dtype);
 const char* dtype_name(int32_t dtype);
 // Compact name for kernel module names: f32, f16, bf16, ...
 const char* dtype_short_name(int32_t dtype);
+// The CUDA C++ type of a float32/float16/bfloat16 element in generated kernel sources ("float",
+// "__half", "__nv_bfloat16"); nullptr for any other dtype.
+const char* cuda_float_type(int32_t dtype);
 
 // A 2-D matrix seen as stored: rows x cols with one unit stride.
 struct Matrix2D {
@@ -35,6 +39,8 @@ std::string shape_string(const pt_tensor& t);
 
 // ---- checks of the plain-CUDA ops (contiguous tensors); messages name the argument ----
 int64_t numel(const pt_tensor& t);
+// Row-major contiguous; a dimension of size 1 may have any stride, and an empty tensor any strides.
+bool is_contiguous(const pt_tensor& t);
 // Non-null, sane rank and sizes, a known dtype, row-major contiguous (a dimension of size 1 may
 // have any stride, an empty tensor any strides), data present and aligned to its element.
 void check_contiguous(const pt_tensor* t, const char* name);
@@ -42,5 +48,13 @@ void check_same_shape(const pt_tensor* t, const char* name, const pt_tensor& lik
 // check_contiguous, the shape and the dtype of `like`.
 void check_like(const pt_tensor* t, const char* name, const pt_tensor& like, const char* like_name);
 bool aligned16(const void* p);
+// Row-major with no padding: every dimension larger than 1 has the packed stride.
+bool is_packed(const pt_tensor& t);
+// t's leading sizes are exactly dims; else INVALID_ARGUMENT
+// "<prefix>argument '<name>' has shape [...]; expected [...]".
+void check_shape(const pt_tensor* t, const char* name, std::initializer_list<int64_t> dims,
+                 const char* prefix = "");
+// Non-null, 0 to PT_MAX_DIMS dimensions, no negative size.
+void check_descriptor(const pt_tensor* t, const char* name);
 
 }  // namespace primus_turbo

@@ -12,8 +12,11 @@
 // Several threads may ask at once; each distinct module is built once per process.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 
 namespace primus_turbo::jit {
 
@@ -51,6 +54,31 @@ std::string cutlass_include();
 // $PRIMUS_TURBO_KERNEL_INCLUDE, else <directory of this library>/../kernels.
 std::string kernel_include();
 std::string jit_cache_dir();
+
+// What an operator loaded from its modules (entry points), by key: after the first call for a key,
+// one map lookup under a mutex. make() may compile, so it runs outside the lock and other keys
+// build in parallel; threads that race on a new key each call make() (get_module builds a module
+// once) and the first value stored is kept.
+template <class Key, class Value>
+class LoadedCache {
+ public:
+  template <class Make>
+  Value get(const Key& key, Make&& make) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = values_.find(key);
+      if (it != values_.end()) return it->second;
+    }
+    Value value = std::forward<Make>(make)();
+    std::lock_guard<std::mutex> lock(mutex_);
+    values_.emplace(key, value);
+    return value;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<Key, Value> values_;
+};
 
 struct Stats {
   int64_t compiled = 0;

@@ -13,12 +13,8 @@ namespace primus_turbo::gated {
 namespace {
 
 const char* cuda_type(int32_t dt) {
-  switch (dt) {
-    case PT_FLOAT32: return "float";
-    case PT_FLOAT16: return "__half";
-    case PT_BFLOAT16: return "__nv_bfloat16";
-    default: PT_THROW(PT_ERROR_NOT_SUPPORTED, "gated activation: unsupported dtype code ", dt);
-  }
+  if (const char* t = cuda_float_type(dt)) return t;
+  PT_THROW(PT_ERROR_NOT_SUPPORTED, "gated activation: unsupported dtype code ", dt);
 }
 
 jit::ModuleRequest module_request(const Problem& p, const std::string& arch) {

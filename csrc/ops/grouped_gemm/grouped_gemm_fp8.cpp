@@ -3,8 +3,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -55,18 +53,11 @@ struct Problem {
   bool aligned16 = false;
 };
 
+constexpr const char* kWho = "grouped_gemm_fp8: ";  // starts the messages of shape checks
+
 bool is_fp8(int32_t dt) { return dt == PT_FLOAT8_E4M3 || dt == PT_FLOAT8_E5M2; }
 bool is_out(int32_t dt) { return dt == PT_BFLOAT16 || dt == PT_FLOAT16 || dt == PT_FLOAT32; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-bool is_packed(const pt_tensor& t) {
-  int64_t expected = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] > 1 && t.strides[i] != expected) return false;
-    expected *= t.shape[i];
-  }
-  return true;
-}
 
 void check_tensor(const pt_tensor* t, const char* name, int ndim) {
   PT_CHECK_ARG(t != nullptr, "grouped_gemm_fp8: argument '", name, "' is null");
@@ -81,19 +72,33 @@ void check_tensor(const pt_tensor* t, const char* name, int ndim) {
                "' must be contiguous (row-major, no padding); got shape ", shape_string(*t));
 }
 
-void check_shape(const pt_tensor* t, const char* name, std::initializer_list<int64_t> dims) {
-  int i = 0;
-  bool same = true;
-  for (int64_t d : dims) same = same && t->shape[i++] == d;
-  if (same) return;
-  std::string want = "[";
-  i = 0;
-  for (int64_t d : dims) want += str_cat(i++ ? ", " : "", d);
-  PT_THROW(PT_ERROR_INVALID_ARGUMENT, "grouped_gemm_fp8: argument '", name, "' has shape ",
-           shape_string(*t), "; expected ", want, "]");
+void take_num_sms(Problem& p, const pt_grouped_gemm_fp8_args* args) {
+  p.num_sms = args->num_sms;
+  PT_CHECK_ARG(p.num_sms >= 0, "grouped_gemm_fp8: num_sms must be >= 0 (0: all SMs), got ", p.num_sms);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// Both scale tensors: contiguous float32 of the given shapes (a_scale 2-D, b_scale of b_dims' rank).
+void check_scales(const pt_grouped_gemm_fp8_args* args, std::initializer_list<int64_t> a_dims,
+                  std::initializer_list<int64_t> b_dims) {
+  check_tensor(args->a_scale, "a_scale", 2);
+  check_tensor(args->b_scale, "b_scale", static_cast<int>(b_dims.size()));
+  PT_CHECK_ARG(args->a_scale->dtype == PT_FLOAT32 && args->b_scale->dtype == PT_FLOAT32,
+               "grouped_gemm_fp8: scales must be float32");
+  check_shape(args->a_scale, "a_scale", a_dims, kWho);
+  check_shape(args->b_scale, "b_scale", b_dims, kWho);
+}
+
+// The device pointers of a checked problem.
+void take_pointers(Problem& p, const pt_grouped_gemm_fp8_args* args) {
+  p.group_lens = static_cast<const int64_t*>(args->group_lens->data);
+  p.group_offs = args->group_offs ? static_cast<const int64_t*>(args->group_offs->data) : nullptr;
+  p.a = args->a->data;
+  p.sfa = static_cast<const float*>(args->a_scale->data);
+  p.b = args->b->data;
+  p.sfb = static_cast<const float*>(args->b_scale->data);
+  p.d = args->d->data;
+  p.aligned16 = aligned16(p.a) && aligned16(p.b) && aligned16(p.d);
+}
 
 Problem make_problem(const pt_grouped_gemm_fp8_args* args) {
   PT_CHECK_ARG(args != nullptr, "grouped_gemm_fp8: arguments are null");
@@ -107,7 +112,7 @@ Problem make_problem(const pt_grouped_gemm_fp8_args* args) {
     check_tensor(args->group_offs, "group_offs", 1);
     PT_CHECK_ARG(args->group_offs->dtype == PT_INT64, "grouped_gemm_fp8: argument 'group_offs' has dtype ",
                  dtype_name(args->group_offs->dtype), "; expected int64");
-    check_shape(args->group_offs, "group_offs", {p.groups + 1});
+    check_shape(args->group_offs, "group_offs", {p.groups + 1}, kWho);
   }
   p.wgrad = args->wgrad != 0;
   check_tensor(args->a, "a", 2);
@@ -130,27 +135,14 @@ Problem make_problem(const pt_grouped_gemm_fp8_args* args) {
     PT_CHECK_ARG(p.rows >= 0, "grouped_gemm_fp8: tokens must be >= 0, got ", p.rows);
     PT_CHECK_ARG(p.ld % 128 == 0, "grouped_gemm_fp8 wgrad: the padded token dimension of 'a' (", p.ld,
                  ") must be a multiple of 128");
-    check_shape(args->b, "b", {p.n, p.ld});
-    check_shape(args->d, "out", {p.groups, p.m, p.n});
+    check_shape(args->b, "b", {p.n, p.ld}, kWho);
+    check_shape(args->d, "out", {p.groups, p.m, p.n}, kWho);
     PT_CHECK_ARG(args->b_scale_rows == 1, "grouped_gemm_fp8 wgrad: b_scale_rows must be 1, got ",
                  args->b_scale_rows);
     p.b_scale_rows = 1;
-    p.num_sms = args->num_sms;
-    PT_CHECK_ARG(p.num_sms >= 0, "grouped_gemm_fp8: num_sms must be >= 0 (0: all SMs), got ", p.num_sms);
-    check_tensor(args->a_scale, "a_scale", 2);
-    check_tensor(args->b_scale, "b_scale", 2);
-    PT_CHECK_ARG(args->a_scale->dtype == PT_FLOAT32 && args->b_scale->dtype == PT_FLOAT32,
-                 "grouped_gemm_fp8: scales must be float32");
-    check_shape(args->a_scale, "a_scale", {p.ld / 128, p.m});
-    check_shape(args->b_scale, "b_scale", {p.ld / 128, p.n});
-    p.group_lens = static_cast<const int64_t*>(args->group_lens->data);
-    p.group_offs = args->group_offs ? static_cast<const int64_t*>(args->group_offs->data) : nullptr;
-    p.a = args->a->data;
-    p.sfa = static_cast<const float*>(args->a_scale->data);
-    p.b = args->b->data;
-    p.sfb = static_cast<const float*>(args->b_scale->data);
-    p.d = args->d->data;
-    p.aligned16 = aligned16(p.a) && aligned16(p.b) && aligned16(p.d);
+    take_num_sms(p, args);
+    check_scales(args, {p.ld / 128, p.m}, {p.ld / 128, p.n});
+    take_pointers(p, args);
     return p;
   }
   p.rows = args->a->shape[0];
@@ -160,27 +152,14 @@ Problem make_problem(const pt_grouped_gemm_fp8_args* args) {
   p.n = args->b->shape[1];
   PT_CHECK_ARG(args->b->shape[2] == p.k, "grouped_gemm_fp8: inner dimensions do not match: 'a' is [",
                p.rows, ", ", p.k, "] but 'b' ", shape_string(*args->b), " has K = ", args->b->shape[2]);
-  check_shape(args->d, "out", {p.rows, p.n});
+  check_shape(args->d, "out", {p.rows, p.n}, kWho);
   p.b_scale_rows = args->b_scale_rows;
-  p.num_sms = args->num_sms;
-  PT_CHECK_ARG(p.num_sms >= 0, "grouped_gemm_fp8: num_sms must be >= 0 (0: all SMs), got ", p.num_sms);
+  take_num_sms(p, args);
   PT_CHECK_ARG(p.b_scale_rows == 1 || p.b_scale_rows == 128,
                "grouped_gemm_fp8: b_scale_rows must be 1 or 128, got ", p.b_scale_rows);
   const int64_t kb = ceil_div(p.k, 128);
-  check_tensor(args->a_scale, "a_scale", 2);
-  check_tensor(args->b_scale, "b_scale", 3);
-  PT_CHECK_ARG(args->a_scale->dtype == PT_FLOAT32 && args->b_scale->dtype == PT_FLOAT32,
-               "grouped_gemm_fp8: scales must be float32");
-  check_shape(args->a_scale, "a_scale", {p.rows, kb});
-  check_shape(args->b_scale, "b_scale", {p.groups, ceil_div(p.n, p.b_scale_rows), kb});
-  p.group_lens = static_cast<const int64_t*>(args->group_lens->data);
-  p.group_offs = args->group_offs ? static_cast<const int64_t*>(args->group_offs->data) : nullptr;
-  p.a = args->a->data;
-  p.sfa = static_cast<const float*>(args->a_scale->data);
-  p.b = args->b->data;
-  p.sfb = static_cast<const float*>(args->b_scale->data);
-  p.d = args->d->data;
-  p.aligned16 = aligned16(p.a) && aligned16(p.b) && aligned16(p.d);
+  check_scales(args, {p.rows, kb}, {p.groups, ceil_div(p.n, p.b_scale_rows), kb});
+  take_pointers(p, args);
   return p;
 }
 
@@ -269,19 +248,12 @@ Loaded load(const KernelKey& key) {
   PT_CHECK_ARG(key.b_scale_rows == 1 || key.b_scale_rows == 128,
                "grouped_gemm_fp8: b_scale_rows must be 1 or 128, got ", key.b_scale_rows);
   PT_CHECK_ARG(!key.wgrad || key.b_scale_rows == 1, "grouped_gemm_fp8 wgrad: b_scale_rows must be 1");
-  static std::mutex mutex;
-  static std::map<KernelKey, Loaded> loaded;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = loaded.find(key);
-    if (it != loaded.end()) return it->second;
-  }
-  auto module = jit::get_module(module_request(key));  // may compile: outside the lock
-  Loaded k{module->function<PtGroupedGemmFp8RunFn>("pt_grouped_gemm_fp8_run"),
-           module->function<PtGroupedGemmFp8WorkspaceFn>("pt_grouped_gemm_fp8_workspace")};
-  std::lock_guard<std::mutex> lock(mutex);
-  loaded.emplace(key, k);
-  return k;
+  static jit::LoadedCache<KernelKey, Loaded> loaded;
+  return loaded.get(key, [&] {
+    auto module = jit::get_module(module_request(key));  // may compile: outside the lock
+    return Loaded{module->function<PtGroupedGemmFp8RunFn>("pt_grouped_gemm_fp8_run"),
+                  module->function<PtGroupedGemmFp8WorkspaceFn>("pt_grouped_gemm_fp8_workspace")};
+  });
 }
 
 KernelKey kernel_key(const Problem& p, int config) {

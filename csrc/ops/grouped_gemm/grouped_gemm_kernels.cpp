@@ -1,7 +1,5 @@
 #include "ops/grouped_gemm/grouped_gemm_kernels.h"
 
-#include <map>
-#include <mutex>
 #include <tuple>
 
 #include "core/error.h"
@@ -74,21 +72,13 @@ void check_config(int config) {
 Loaded load(const Problem& p, int config) {
   check_config(config);
   using Key = std::tuple<int32_t, std::string, int>;
-  static std::mutex mutex;
-  static std::map<Key, Loaded> loaded;
-  const Key key{p.dtype, p.layout_code(), config};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = loaded.find(key);
-    if (it != loaded.end()) return it->second;
-  }
-  // May compile: outside the lock, so other configs build in parallel.
-  auto module = jit::get_module(module_request(p, candidates()[config]));
-  Loaded k{module->function<PtGroupedGemmRunFn>("pt_grouped_gemm_run"),
-           module->function<PtGroupedGemmWorkspaceFn>("pt_grouped_gemm_workspace")};
-  std::lock_guard<std::mutex> lock(mutex);
-  loaded.emplace(key, k);
-  return k;
+  static jit::LoadedCache<Key, Loaded> loaded;
+  return loaded.get(Key{p.dtype, p.layout_code(), config}, [&] {
+    // May compile: outside the lock, so other configs build in parallel.
+    auto module = jit::get_module(module_request(p, candidates()[config]));
+    return Loaded{module->function<PtGroupedGemmRunFn>("pt_grouped_gemm_run"),
+                  module->function<PtGroupedGemmWorkspaceFn>("pt_grouped_gemm_workspace")};
+  });
 }
 
 PtGroupedGemmParams make_params(const Problem& p, int device) {

@@ -9,16 +9,6 @@ namespace primus_turbo::grouped_gemm {
 
 namespace {
 
-// Row-major with no padding (what the kernels' per-group pointer arithmetic assumes).
-bool is_packed(const pt_tensor& t) {
-  int64_t expected = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] > 1 && t.strides[i] != expected) return false;
-    expected *= t.shape[i];
-  }
-  return true;
-}
-
 bool has_zero_dim(const pt_tensor& t) {
   for (int i = 0; i < t.ndim; ++i) {
     if (t.shape[i] == 0) return true;
@@ -38,20 +28,6 @@ void check_tensor(const pt_tensor* t, const char* name, int ndim) {
   PT_CHECK_ARG(has_zero_dim(*t) || is_packed(*t), "argument '", name,
                "' must be contiguous (row-major, no padding); got shape ", shape_string(*t));
 }
-
-void check_shape(const pt_tensor* t, const char* name, std::initializer_list<int64_t> dims) {
-  int i = 0;
-  bool same = true;
-  for (int64_t d : dims) same = same && t->shape[i++] == d;
-  if (same) return;
-  std::string want = "[";
-  i = 0;
-  for (int64_t d : dims) want += str_cat(i++ ? ", " : "", d);
-  PT_THROW(PT_ERROR_INVALID_ARGUMENT, "argument '", name, "' has shape ", shape_string(*t),
-           "; expected ", want, "]");
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

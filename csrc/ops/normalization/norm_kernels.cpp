@@ -14,12 +14,8 @@ namespace primus_turbo::norm {
 namespace {
 
 const char* cuda_type(int32_t dt) {
-  switch (dt) {
-    case PT_FLOAT32: return "float";
-    case PT_FLOAT16: return "__half";
-    case PT_BFLOAT16: return "__nv_bfloat16";
-    default: PT_THROW(PT_ERROR_NOT_SUPPORTED, "normalization: unsupported dtype code ", dt);
-  }
+  if (const char* t = cuda_float_type(dt)) return t;
+  PT_THROW(PT_ERROR_NOT_SUPPORTED, "normalization: unsupported dtype code ", dt);
 }
 
 // FP8 forward modules: "_fp8row_e4m3" etc. in the name, the mode and format as template arguments.

@@ -1,7 +1,5 @@
 #include "ops/quantization/quant_kernels.h"
 
-#include <map>
-#include <mutex>
 #include <tuple>
 
 #include "core/error.h"
@@ -13,12 +11,8 @@ namespace primus_turbo::quant {
 namespace {
 
 const char* cuda_type(int32_t dt) {
-  switch (dt) {
-    case PT_FLOAT32: return "float";
-    case PT_FLOAT16: return "__half";
-    case PT_BFLOAT16: return "__nv_bfloat16";
-    default: PT_THROW(PT_ERROR_NOT_SUPPORTED, "quantization: unsupported input dtype ", dtype_name(dt));
-  }
+  if (const char* t = cuda_float_type(dt)) return t;
+  PT_THROW(PT_ERROR_NOT_SUPPORTED, "quantization: unsupported input dtype ", dtype_name(dt));
 }
 
 const char* format_type(int32_t dt) {
@@ -34,30 +28,23 @@ const char* format_type(int32_t dt) {
 
 Kernels load_kernels(int32_t x_dtype, int32_t q_dtype, const std::string& arch) {
   using Key = std::tuple<int32_t, int32_t, std::string>;
-  static std::mutex mutex;
-  static std::map<Key, Kernels> loaded;
-  const Key key{x_dtype, q_dtype, arch};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = loaded.find(key);
-    if (it != loaded.end()) return it->second;
-  }
-  jit::ModuleRequest r;
-  const char* fmt = format_type(q_dtype);
-  r.name = str_cat("quant_", dtype_short_name(x_dtype), "_", fmt);
-  r.needs_cutlass = false;
-  r.arch = arch;
-  r.source = str_cat(
-      "#include \"primus_turbo/kernels/quantization/quantizer.cuh\"\n"
-      "using Kernel = primus_turbo::kernels::quant::Quantizer<",
-      cuda_type(x_dtype), ", primus_turbo::kernels::quant::", fmt, ">;\nPT_JIT_EXPORT_QUANTIZER(Kernel)\n");
-  // May compile: not under the lock, so other modules can build in parallel.
-  auto module = jit::get_module(r);
-  Kernels k{module->function<PtQuantFn>("pt_quantize_run"), module->function<PtQuantAmaxFn>("pt_quant_amax_run"),
-            module->function<PtDequantFn>("pt_dequantize_run")};
-  std::lock_guard<std::mutex> lock(mutex);
-  loaded.emplace(key, k);
-  return k;
+  static jit::LoadedCache<Key, Kernels> loaded;
+  return loaded.get(Key{x_dtype, q_dtype, arch}, [&] {
+    jit::ModuleRequest r;
+    const char* fmt = format_type(q_dtype);
+    r.name = str_cat("quant_", dtype_short_name(x_dtype), "_", fmt);
+    r.needs_cutlass = false;
+    r.arch = arch;
+    r.source = str_cat(
+        "#include \"primus_turbo/kernels/quantization/quantizer.cuh\"\n"
+        "using Kernel = primus_turbo::kernels::quant::Quantizer<",
+        cuda_type(x_dtype), ", primus_turbo::kernels::quant::", fmt, ">;\nPT_JIT_EXPORT_QUANTIZER(Kernel)\n");
+    // May compile: not under the lock, so other modules can build in parallel.
+    auto module = jit::get_module(r);
+    Kernels k{module->function<PtQuantFn>("pt_quantize_run"), module->function<PtQuantAmaxFn>("pt_quant_amax_run"),
+              module->function<PtDequantFn>("pt_dequantize_run")};
+    return k;
+  });
 }
 
 }  // namespace primus_turbo::quant

@@ -9,23 +9,7 @@ namespace primus_turbo::quant {
 
 namespace {
 
-int64_t numel(const pt_tensor& t) {
-  int64_t n = 1;
-  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
-  return n;
-}
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-bool is_contiguous(const pt_tensor& t) {
-  if (numel(t) == 0) return true;
-  int64_t expected = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expected) return false;
-    expected *= t.shape[i];
-  }
-  return true;
-}
 
 bool is_float_dtype(int32_t dt) { return dt == PT_FLOAT32 || dt == PT_FLOAT16 || dt == PT_BFLOAT16; }
 

@@ -1,7 +1,5 @@
 #include "ops/rope/rope_kernels.h"
 
-#include <map>
-#include <mutex>
 #include <tuple>
 
 #include "core/error.h"
@@ -13,12 +11,8 @@ namespace primus_turbo::rope {
 namespace {
 
 const char* cuda_type(int32_t dt) {
-  switch (dt) {
-    case PT_FLOAT32: return "float";
-    case PT_FLOAT16: return "__half";
-    case PT_BFLOAT16: return "__nv_bfloat16";
-    default: PT_THROW(PT_ERROR_NOT_SUPPORTED, "RoPE: unsupported dtype code ", dt);
-  }
+  if (const char* t = cuda_float_type(dt)) return t;
+  PT_THROW(PT_ERROR_NOT_SUPPORTED, "RoPE: unsupported dtype code ", dt);
 }
 
 jit::ModuleRequest module_request(const Problem& p, const std::string& arch) {
@@ -39,20 +33,10 @@ jit::ModuleRequest module_request(const Problem& p, const std::string& arch) {
 
 PtRopeFn load_kernel(const Problem& p, const std::string& arch) {
   using Key = std::tuple<int32_t, bool, bool, bool, std::string>;
-  static std::mutex mutex;
-  static std::map<Key, PtRopeFn> loaded;
-  const Key key{p.dtype, p.vectorized, p.interleaved, p.table, arch};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = loaded.find(key);
-    if (it != loaded.end()) return it->second;
-  }
-  // May compile: not under the lock, so other modules can build in parallel.
-  auto module = jit::get_module(module_request(p, arch));
-  PtRopeFn fn = module->function<PtRopeFn>("pt_rope_run");
-  std::lock_guard<std::mutex> lock(mutex);
-  loaded.emplace(key, fn);
-  return fn;
+  static jit::LoadedCache<Key, PtRopeFn> loaded;
+  return loaded.get(Key{p.dtype, p.vectorized, p.interleaved, p.table, arch}, [&] {
+    return jit::get_module(module_request(p, arch))->function<PtRopeFn>("pt_rope_run");
+  });
 }
 
 }  // namespace primus_turbo::rope

@@ -10,28 +10,8 @@ namespace primus_turbo::rope {
 
 namespace {
 
-int64_t numel(const pt_tensor& t) {
-  int64_t n = 1;
-  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
-  return n;
-}
-
-bool is_contiguous(const pt_tensor& t) {
-  if (numel(t) == 0) return true;
-  int64_t expected = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expected) return false;
-    expected *= t.shape[i];
-  }
-  return true;
-}
-
 void check_basic(const pt_tensor* t, const char* name) {
-  PT_CHECK_ARG(t != nullptr, "argument '", name, "' is null");
-  PT_CHECK_ARG(t->ndim >= 0 && t->ndim <= PT_MAX_DIMS, "argument '", name, "' has ", t->ndim, " dimensions");
-  for (int i = 0; i < t->ndim; ++i) {
-    PT_CHECK_ARG(t->shape[i] >= 0, "argument '", name, "' has a negative dimension ", shape_string(*t));
-  }
+  check_descriptor(t, name);
   const int bits = dtype_bits(t->dtype);  // validates the code
   if (numel(*t) == 0) return;
   PT_CHECK_ARG(t->data != nullptr, "argument '", name, "' has a null data pointer");

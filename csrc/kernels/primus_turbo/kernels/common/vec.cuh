@@ -1,5 +1,6 @@
 // Device helpers shared by the memory-bound kernels (normalization, gated activations): packed
-// 16-byte accesses, conversions to and from fp32, warp and block sums, launch error reporting.
+// 16-byte accesses, conversions to and from fp32 (convert.cuh), warp (warp.cuh) and block sums,
+// launch error reporting (warp.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,30 +10,12 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "primus_turbo/kernels/common/convert.cuh"
+#include "primus_turbo/kernels/common/warp.cuh"
+
 namespace primus_turbo::kernels {
 
 constexpr int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
-
-// N contiguous elements moved as one access (two 16-byte accesses for 8 floats).
-template <class E, int N>
-struct alignas(sizeof(E) * N >= 16 ? 16 : sizeof(E) * N) Pack {
-  E v[N];
-};
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <class E>
-__device__ __forceinline__ E from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // Read-only, streamed once: do not keep it in L1 (leaves L1 to the per-column vectors).
 template <class P>
@@ -55,13 +38,6 @@ __device__ __forceinline__ void store_stream(P* p, const P& v) {
   } else {
     *p = v;
   }
-}
-
-// Butterfly: every lane ends with the same bits (each step adds the same two values).
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
 }
 
 // Sums of two values over a block whose size is a multiple of 32; every thread gets the same
@@ -88,13 +64,6 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
   }
   __syncthreads();
   return make_float2(scratch[64], scratch[65]);
-}
-
-inline int report_launch(const char* what, char* err, size_t err_len) {
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return 0;
-  snprintf(err, err_len, "%s launch failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
-  return 1;
 }
 
 }  // namespace primus_turbo::kernels

@@ -8,20 +8,9 @@
 // blocks (weights).
 #pragma once
 
-#include <cstdio>
-
-#include "cute/tensor.hpp"
-#include "cutlass/cutlass.h"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/dispatch_policy.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "cutlass/kernel_hardware_info.h"
+#include "primus_turbo/kernels/gemm/cutlass_gemm_common.cuh"
 #include "primus_turbo/kernels/gemm/gemm_fp8_abi.h"
-#include "primus_turbo/kernels/jit_abi.h"
-#include "primus_turbo/kernels/jit_export.cuh"
 
 namespace primus_turbo::kernels {
 
@@ -103,18 +92,14 @@ struct CutlassGemmFp8Sm90 {
     using StrideA = typename Gemm::GemmKernel::StrideA;
     using StrideB = typename Gemm::GemmKernel::StrideB;
     using StrideD = typename Gemm::GemmKernel::StrideD;
-    cutlass::KernelHardwareInfo hw_info;
-    hw_info.device_id = p.device;
-    hw_info.sm_count = p.num_sms > 0
-                           ? p.num_sms
-                           : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(p.device);
     const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
-    StrideA sa{};
-    cute::get<0>(sa) = p.lda;
-    StrideB sb{};
-    cute::get<0>(sb) = p.ldb;
-    StrideD sd{};
-    cute::get<0>(sd) = p.ldd;
+    // A, B K-major and D row-major: the dynamic mode of each stride is its row stride.
+    static_assert(!cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(StrideA{}))>>::value &&
+                  !cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(StrideB{}))>>::value &&
+                  !cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(StrideD{}))>>::value);
+    const StrideA sa = leading_stride<StrideA>(p.lda);
+    const StrideB sb = leading_stride<StrideB>(p.ldb);
+    const StrideD sd = leading_stride<StrideD>(p.ldd);
     auto* d = static_cast<ElementD*>(p.d);
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
@@ -123,27 +108,16 @@ struct CutlassGemmFp8Sm90 {
          scale_layout<LayoutSFA, kScaleRowsA, kScaleRowsA == 1>(m, k, p.sfa_ld), p.sfb,
          scale_layout<LayoutSFB, kScaleRowsB, kScaleRowsB == 1>(n, k, p.sfb_ld)},
         {{1.0f, p.beta}, d, sd, d, sd},
-        hw_info};
+        hardware_info(p.device, p.num_sms)};
     return args;
   }
 
   static int run(const PtGemmFp8Params* p, char* err, size_t err_len) {
     Gemm gemm;
     auto args = make_arguments(*p);
-    cutlass::Status status = gemm.can_implement(args);
-    if (status != cutlass::Status::kSuccess) {
-      std::snprintf(err, err_len, "CUTLASS cannot implement this FP8 GEMM: %s",
-                    cutlassGetStatusString(status));
-      return 1;
-    }
-    const size_t needed = Gemm::get_workspace_size(args);
-    if (needed > p->workspace_bytes) {
-      std::snprintf(err, err_len, "workspace too small: need %zu bytes, have %zu", needed,
-                    p->workspace_bytes);
-      return 1;
-    }
+    if (check_gemm(gemm, args, p->workspace_bytes, "FP8 GEMM", err, err_len)) return 1;
     auto stream = static_cast<cudaStream_t>(p->stream);
-    status = gemm.initialize(args, p->workspace, stream);
+    cutlass::Status status = gemm.initialize(args, p->workspace, stream);
     if (status == cutlass::Status::kSuccess) status = gemm.run(stream);
     const cudaError_t launch = cudaGetLastError();
     if (status != cutlass::Status::kSuccess || launch != cudaSuccess) {

@@ -6,18 +6,7 @@
 // exactly the points the dispatcher asks for, so nothing here is compiled at install time.
 #pragma once
 
-#include <cstdio>
-
-#include "cute/tensor.hpp"
-#include "cutlass/cutlass.h"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/dispatch_policy.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "cutlass/kernel_hardware_info.h"
-#include "primus_turbo/kernels/jit_abi.h"
-#include "primus_turbo/kernels/jit_export.cuh"
+#include "primus_turbo/kernels/gemm/cutlass_gemm_common.cuh"
 
 namespace primus_turbo::kernels {
 
@@ -31,18 +20,6 @@ struct Pingpong {
   using Kernel = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
 };
-
-// Sets the one dynamic (leading-dimension) mode of a packed 2-D CuTe stride; the batch mode is 0.
-template <class Stride>
-Stride make_leading_stride(int64_t ld) {
-  Stride s{};
-  if constexpr (cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(s))>>::value) {
-    cute::get<1>(s) = ld;
-  } else {
-    cute::get<0>(s) = ld;
-  }
-  return s;
-}
 
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int kTileM, int kTileN,
           int kTileK, int kClusterM, int kClusterN, class Schedule>
@@ -78,20 +55,15 @@ struct CutlassGemmSm90 {
     using StrideA = typename Gemm::GemmKernel::StrideA;
     using StrideB = typename Gemm::GemmKernel::StrideB;
     using StrideD = typename Gemm::GemmKernel::StrideD;
-    cutlass::KernelHardwareInfo hw_info;
-    hw_info.device_id = p.device;
-    hw_info.sm_count = p.num_sms > 0
-                           ? p.num_sms
-                           : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(p.device);
     auto* d = static_cast<ElementD*>(p.d);
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1},
-        {static_cast<const ElementAB*>(p.a), make_leading_stride<StrideA>(p.lda),
-         static_cast<const ElementAB*>(p.b), make_leading_stride<StrideB>(p.ldb)},
-        {{p.alpha, p.beta}, d, make_leading_stride<StrideD>(p.ldd), d,
-         make_leading_stride<StrideD>(p.ldd)},
-        hw_info};
+        {static_cast<const ElementAB*>(p.a), leading_stride<StrideA>(p.lda),
+         static_cast<const ElementAB*>(p.b), leading_stride<StrideB>(p.ldb)},
+        {{p.alpha, p.beta}, d, leading_stride<StrideD>(p.ldd), d,
+         leading_stride<StrideD>(p.ldd)},
+        hardware_info(p.device, p.num_sms)};
     if (p.swizzle > 1) args.scheduler.max_swizzle_size = p.swizzle;
     return args;
   }
@@ -106,20 +78,9 @@ struct CutlassGemmSm90 {
   static int run(const PtGemmParams* p, char* err, size_t err_len) {
     Gemm gemm;
     auto args = make_arguments(*p);
-    cutlass::Status status = gemm.can_implement(args);
-    if (status != cutlass::Status::kSuccess) {
-      std::snprintf(err, err_len, "CUTLASS cannot implement this problem: %s",
-                    cutlassGetStatusString(status));
-      return 1;
-    }
-    size_t needed = Gemm::get_workspace_size(args);
-    if (needed > p->workspace_bytes) {
-      std::snprintf(err, err_len, "workspace too small: need %zu bytes, have %zu", needed,
-                    p->workspace_bytes);
-      return 1;
-    }
+    if (check_gemm(gemm, args, p->workspace_bytes, "problem", err, err_len)) return 1;
     auto stream = static_cast<cudaStream_t>(p->stream);
-    status = gemm.initialize(args, p->workspace, stream);
+    cutlass::Status status = gemm.initialize(args, p->workspace, stream);
     if (status == cutlass::Status::kSuccess) status = gemm.run(stream);
     if (status != cutlass::Status::kSuccess) {
       cudaError_t last = cudaGetLastError();

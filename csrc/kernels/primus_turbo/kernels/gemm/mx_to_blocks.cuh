@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "primus_turbo/kernels/common/warp.cuh"
 #include "primus_turbo/kernels/gemm/mx_blocks_abi.h"
 #include "primus_turbo/kernels/jit_export.cuh"
 
@@ -109,12 +110,7 @@ struct MxToBlocks {
       return 1;
     }
     mx_to_blocks_kernel<kFmt><<<static_cast<unsigned>(grid), kThreads, 0, static_cast<cudaStream_t>(p->stream)>>>(*p);
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) {
-      snprintf(err, err_len, "MX restatement launch failed: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
-      return 1;
-    }
-    return 0;
+    return report_launch("MX restatement", err, err_len);
   }
 };
 

@@ -16,11 +16,6 @@
 // Tensorwise and rowwise scalings are restated in these layouts by the caller.
 #pragma once
 
-#include <algorithm>
-#include <cstdio>
-
-#include <cub/block/block_scan.cuh>
-
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
@@ -32,95 +27,44 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/kernel_hardware_info.h"
 #include "primus_turbo/kernels/grouped_gemm/grouped_gemm_fp8_abi.h"
+#include "primus_turbo/kernels/grouped_gemm/grouped_setup.cuh"
 
 namespace primus_turbo::kernels::grouped_fp8 {
 
+using grouped::group_span;
+using grouped::GroupScan;
+using grouped::GroupSpan;
+using grouped::kSetupThreads;
+
 constexpr int kBlockK = 128;     // K depth of one scale
-constexpr int kSetupThreads = 256;
 
-// Per-group arguments written by the setup kernel (arrays of num_groups entries).
-template <class Shape, class ElementA, class ElementB, class ElementD, class StrideA,
-          class StrideB, class StrideD>
-struct Fp8GroupArrays {
-  Shape* shapes;
-  const ElementA** ptr_a;
-  const ElementB** ptr_b;
-  ElementD** ptr_d;
-  const float** ptr_sfa;
-  const float** ptr_sfb;
-  StrideA* stride_a;
-  StrideB* stride_b;
-  StrideD* stride_d;
-
-  static size_t align(size_t x) { return (x + 255) & ~size_t(255); }
-  static size_t bytes(int64_t g) {
-    return align(g * sizeof(Shape)) + 5 * align(g * sizeof(void*)) + align(g * sizeof(StrideA)) +
-           align(g * sizeof(StrideB)) + align(g * sizeof(StrideD));
-  }
-  static Fp8GroupArrays carve(void* base, int64_t g) {
-    auto* p = static_cast<char*>(base);
-    auto take = [&](size_t n) {
-      char* r = p;
-      p += align(n);
-      return r;
-    };
-    Fp8GroupArrays r;
-    r.shapes = reinterpret_cast<Shape*>(take(g * sizeof(Shape)));
-    r.ptr_a = reinterpret_cast<const ElementA**>(take(g * sizeof(void*)));
-    r.ptr_b = reinterpret_cast<const ElementB**>(take(g * sizeof(void*)));
-    r.ptr_d = reinterpret_cast<ElementD**>(take(g * sizeof(void*)));
-    r.ptr_sfa = reinterpret_cast<const float**>(take(g * sizeof(void*)));
-    r.ptr_sfb = reinterpret_cast<const float**>(take(g * sizeof(void*)));
-    r.stride_a = reinterpret_cast<StrideA*>(take(g * sizeof(StrideA)));
-    r.stride_b = reinterpret_cast<StrideB*>(take(g * sizeof(StrideB)));
-    r.stride_d = reinterpret_cast<StrideD*>(take(g * sizeof(StrideD)));
-    return r;
-  }
-};
-
-// A rank-3 CuTe stride (M|N, K, L) of a K-major operand: its one dynamic mode is the row stride.
-template <class Stride>
-__host__ __device__ Stride row_stride(int64_t ld) {
-  Stride s{};
-  cute::get<0>(s) = ld;
-  return s;
-}
-
-// One block. Starts from group_offs, else an exclusive prefix sum of the (negative -> 0) lengths;
-// every group clamped into [0, rows) so that sizes that do not add up never address memory
-// outside the operands. b_scale_rows: scale rows per expert in sfb.
+// One block: the forward / dgrad (row split) arguments from the clamped spans (group_span), with
+// each group's scale pointers. b_scale_rows: scale rows per expert in sfb.
 template <class Arrays, class ElementA, class ElementB, class ElementD>
 __global__ void __launch_bounds__(kSetupThreads)
     setup_fp8_groups(Arrays out, const int64_t* __restrict__ group_lens,
                      const int64_t* __restrict__ group_offs, int64_t num_groups, int64_t rows,
                      int n, int k, int64_t b_scale_rows, const ElementA* a, const float* sfa,
                      const ElementB* b, const float* sfb, ElementD* d) {
-  using Scan = cub::BlockScan<int64_t, kSetupThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ GroupScan::TempStorage scan_storage;
   const int64_t kb = (k + kBlockK - 1) / kBlockK;
   int64_t carry = 0;
   for (int64_t base = 0; base < num_groups; base += kSetupThreads) {
     const int64_t g = base + threadIdx.x;
-    const int64_t raw = g < num_groups ? group_lens[g] : 0;
-    const int64_t len_in = raw > 0 ? raw : 0;
-    int64_t prefix, total;
-    Scan(scan_storage).ExclusiveSum(len_in, prefix, total);
-    __syncthreads();  // scan_storage is reused by the next chunk
+    const GroupSpan span =
+        group_span(scan_storage, group_lens, group_offs, num_groups, rows, g, carry);
     if (g < num_groups) {
-      int64_t start = group_offs ? group_offs[g] : carry + prefix;
-      start = start < 0 ? 0 : (start > rows ? rows : start);
-      const int64_t len = len_in < rows - start ? len_in : rows - start;
+      const int64_t start = span.start, len = span.len;
       out.shapes[g] = {static_cast<int>(len), n, k};
       out.ptr_a[g] = a + start * k;
       out.ptr_b[g] = b + g * int64_t(n) * k;
       out.ptr_d[g] = d + start * n;
       out.ptr_sfa[g] = sfa + start * kb;
       out.ptr_sfb[g] = sfb + g * b_scale_rows * kb;
-      out.stride_a[g] = row_stride<cute::remove_cvref_t<decltype(out.stride_a[g])>>(k);
-      out.stride_b[g] = row_stride<cute::remove_cvref_t<decltype(out.stride_b[g])>>(k);
-      out.stride_d[g] = row_stride<cute::remove_cvref_t<decltype(out.stride_d[g])>>(n);
+      out.stride_a[g] = leading_stride<cute::remove_cvref_t<decltype(out.stride_a[g])>>(k);
+      out.stride_b[g] = leading_stride<cute::remove_cvref_t<decltype(out.stride_b[g])>>(k);
+      out.stride_d[g] = leading_stride<cute::remove_cvref_t<decltype(out.stride_d[g])>>(n);
     }
-    carry += total;
   }
 }
 
@@ -132,25 +76,15 @@ __global__ void __launch_bounds__(kSetupThreads)
                            const int64_t* __restrict__ group_offs, int64_t num_groups,
                            int64_t rows, int m, int n, int64_t ld, const ElementA* a,
                            const float* sfa, const ElementB* b, const float* sfb, ElementD* d) {
-  using Scan = cub::BlockScan<int64_t, kSetupThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ GroupScan::TempStorage scan_storage;
   int64_t carry = 0, padded_carry = 0;
   for (int64_t base = 0; base < num_groups; base += kSetupThreads) {
     const int64_t g = base + threadIdx.x;
-    const int64_t raw = g < num_groups ? group_lens[g] : 0;
-    const int64_t len_in = raw > 0 ? raw : 0;
-    int64_t prefix, total;
-    Scan(scan_storage).ExclusiveSum(len_in, prefix, total);
-    __syncthreads();
-    int64_t len = 0;
-    if (g < num_groups) {
-      int64_t start = group_offs ? group_offs[g] : carry + prefix;
-      start = start < 0 ? 0 : (start > rows ? rows : start);
-      len = len_in < rows - start ? len_in : rows - start;
-    }
+    const int64_t len =
+        group_span(scan_storage, group_lens, group_offs, num_groups, rows, g, carry).len;
     const int64_t plen = (len + kBlockK - 1) / kBlockK * kBlockK;
     int64_t pprefix, ptotal;
-    Scan(scan_storage).ExclusiveSum(plen, pprefix, ptotal);
+    GroupScan(scan_storage).ExclusiveSum(plen, pprefix, ptotal);
     __syncthreads();
     if (g < num_groups) {
       int64_t pstart = padded_carry + pprefix;
@@ -163,24 +97,11 @@ __global__ void __launch_bounds__(kSetupThreads)
       out.ptr_d[g] = d + g * int64_t(m) * n;
       out.ptr_sfa[g] = sfa + pstart / kBlockK * m;
       out.ptr_sfb[g] = sfb + pstart / kBlockK * n;
-      out.stride_a[g] = row_stride<cute::remove_cvref_t<decltype(out.stride_a[g])>>(ld);
-      out.stride_b[g] = row_stride<cute::remove_cvref_t<decltype(out.stride_b[g])>>(ld);
-      out.stride_d[g] = row_stride<cute::remove_cvref_t<decltype(out.stride_d[g])>>(n);
+      out.stride_a[g] = leading_stride<cute::remove_cvref_t<decltype(out.stride_a[g])>>(ld);
+      out.stride_b[g] = leading_stride<cute::remove_cvref_t<decltype(out.stride_b[g])>>(ld);
+      out.stride_d[g] = leading_stride<cute::remove_cvref_t<decltype(out.stride_d[g])>>(n);
     }
-    carry += total;
     padded_carry += ptotal;
-  }
-}
-
-// d[g] = 0 for every group whose reduction is empty, in 16-byte stores. Grid (chunks, groups).
-template <class Shape>
-__global__ void zero_empty_fp8_groups(const Shape* __restrict__ shapes, uint4* d, int64_t group_vecs) {
-  const int64_t g = blockIdx.y;
-  if (cute::get<2>(shapes[g]) != 0) return;
-  uint4* dst = d + g * group_vecs;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < group_vecs;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    dst[i] = make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -188,7 +109,11 @@ __global__ void zero_empty_fp8_groups(const Shape* __restrict__ shapes, uint4* d
 // group's slice of them is a valid layout whatever its length); kScaleRowsB must be 1.
 template <class ElementA_, class ElementB_, class ElementD_, int kScaleRowsB, int kTileM,
           int kTileN, int kClusterM, int kClusterN, bool kWgrad = false>
-struct CutlassGroupedGemmFp8Sm90 {
+struct CutlassGroupedGemmFp8Sm90
+    : grouped::GroupedRunner<CutlassGroupedGemmFp8Sm90<ElementA_, ElementB_, ElementD_, kScaleRowsB,
+                                                       kTileM, kTileN, kClusterM, kClusterN, kWgrad>,
+                             PtGroupedGemmFp8Params> {
+  static constexpr const char* kName = "FP8 grouped";
   static_assert(!kWgrad || kScaleRowsB == 1, "wgrad takes 1x128 scales on both operands");
   using ElementA = ElementA_;
   using ElementB = ElementB_;
@@ -236,93 +161,46 @@ struct CutlassGroupedGemmFp8Sm90 {
   using StrideA = typename GemmKernel::InternalStrideA;
   using StrideB = typename GemmKernel::InternalStrideB;
   using StrideD = typename GemmKernel::InternalStrideD;
-  using Arrays = Fp8GroupArrays<typename ProblemShape::UnderlyingProblemShape, ElementA, ElementB,
-                                ElementD, StrideA, StrideB, StrideD>;
+  using Arrays = grouped::ScaledGroupArrays<typename ProblemShape::UnderlyingProblemShape, ElementA,
+                                            ElementB, ElementD, StrideA, StrideB, StrideD>;
+  // The setup kernels write every stride's one dynamic mode, the row stride of a K-major operand.
+  static_assert(!cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(StrideA{}))>>::value &&
+                !cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(StrideB{}))>>::value &&
+                !cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(StrideD{}))>>::value);
 
   static typename Gemm::Arguments make_arguments(const PtGroupedGemmFp8Params& p,
                                                  const Arrays& arr) {
-    cutlass::KernelHardwareInfo hw_info;
-    hw_info.device_id = p.device;
-    hw_info.sm_count = p.num_sms > 0
-                           ? p.num_sms
-                           : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(p.device);
     // The collective derives each group's scale layouts from its problem shape; the layout
     // arguments are not read in grouped mode.
-    typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGrouped,
-        {static_cast<int>(p.num_groups), arr.shapes, nullptr},  // sizes: device only
+    return grouped::grouped_arguments<Gemm>(
+        p, arr,
         {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b, arr.ptr_sfa, nullptr, arr.ptr_sfb,
-         nullptr},
-        {{}, nullptr, arr.stride_d, arr.ptr_d, arr.stride_d},
-        hw_info};
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
-    return args;
+         nullptr});
   }
 
-  static size_t cutlass_workspace(const PtGroupedGemmFp8Params& p) {
-    Arrays none{};
-    return Gemm::get_workspace_size(make_arguments(p, none));
-  }
-  static int workspace(const PtGroupedGemmFp8Params* p, size_t* bytes, char*, size_t) {
-    *bytes = Arrays::bytes(p->num_groups) + Arrays::align(cutlass_workspace(*p));
-    return 0;
-  }
-
-  static int run(const PtGroupedGemmFp8Params* p, char* err, size_t err_len) {
-    const size_t array_bytes = Arrays::bytes(p->num_groups);
-    const size_t needed = array_bytes + Arrays::align(cutlass_workspace(*p));
-    if (needed > p->workspace_bytes) {
-      std::snprintf(err, err_len, "workspace too small: need %zu bytes, have %zu", needed,
-                    p->workspace_bytes);
-      return 1;
-    }
-    auto stream = static_cast<cudaStream_t>(p->stream);
-    Arrays arr = Arrays::carve(p->workspace, p->num_groups);
+  static int setup(const PtGroupedGemmFp8Params& p, const Arrays& arr, cudaStream_t stream,
+                   char* err, size_t err_len) {
     if constexpr (kWgrad) {
-      if (!p->wgrad) {
+      if (!p.wgrad) {
         std::snprintf(err, err_len, "this module is the wgrad (reduction split) kernel");
         return 1;
       }
       setup_fp8_wgrad_groups<<<1, kSetupThreads, 0, stream>>>(
-          arr, p->group_lens, p->group_offs, p->num_groups, p->rows, int(p->m), int(p->n), p->ld,
-          static_cast<const ElementA*>(p->a), p->sfa, static_cast<const ElementB*>(p->b), p->sfb,
-          static_cast<ElementD*>(p->d));
-      const int64_t vecs = p->m * p->n * int64_t(sizeof(ElementD)) / 16;
-      const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(128, (vecs + 255) / 256));
-      zero_empty_fp8_groups<<<dim3(unsigned(chunks), unsigned(p->num_groups)), 256, 0, stream>>>(
-          arr.shapes, static_cast<uint4*>(p->d), vecs);
+          arr, p.group_lens, p.group_offs, p.num_groups, p.rows, int(p.m), int(p.n), p.ld,
+          static_cast<const ElementA*>(p.a), p.sfa, static_cast<const ElementB*>(p.b), p.sfb,
+          static_cast<ElementD*>(p.d));
+      grouped::launch_zero_empty_groups<ElementD>(arr.shapes, p.d, p.num_groups, p.m, p.n,
+                                                  stream);
     } else {
-      if (p->wgrad) {
+      if (p.wgrad) {
         std::snprintf(err, err_len, "this module is the forward (row split) kernel");
         return 1;
       }
-      const int64_t b_scale_rows = (p->n + kScaleRowsB - 1) / kScaleRowsB;
+      const int64_t b_scale_rows = (p.n + kScaleRowsB - 1) / kScaleRowsB;
       setup_fp8_groups<<<1, kSetupThreads, 0, stream>>>(
-          arr, p->group_lens, p->group_offs, p->num_groups, p->rows, int(p->n), int(p->k),
-          b_scale_rows, static_cast<const ElementA*>(p->a), p->sfa,
-          static_cast<const ElementB*>(p->b), p->sfb, static_cast<ElementD*>(p->d));
-    }
-    cudaError_t setup = cudaGetLastError();
-    if (setup != cudaSuccess) {
-      std::snprintf(err, err_len, "group setup launch failed: %s", cudaGetErrorString(setup));
-      return 1;
-    }
-    Gemm gemm;
-    auto args = make_arguments(*p, arr);
-    cutlass::Status status = gemm.can_implement(args);
-    if (status != cutlass::Status::kSuccess) {
-      std::snprintf(err, err_len, "CUTLASS cannot implement this FP8 grouped problem: %s",
-                    cutlassGetStatusString(status));
-      return 1;
-    }
-    status = gemm.initialize(args, static_cast<char*>(p->workspace) + array_bytes, stream);
-    if (status == cutlass::Status::kSuccess) status = gemm.run(stream);
-    cudaError_t launch = cudaGetLastError();
-    if (status != cutlass::Status::kSuccess || launch != cudaSuccess) {
-      std::snprintf(err, err_len, "CUTLASS FP8 grouped launch failed: %s (%s)",
-                    cutlassGetStatusString(status), cudaGetErrorString(launch));
-      return 1;
+          arr, p.group_lens, p.group_offs, p.num_groups, p.rows, int(p.n), int(p.k),
+          b_scale_rows, static_cast<const ElementA*>(p.a), p.sfa,
+          static_cast<const ElementB*>(p.b), p.sfb, static_cast<ElementD*>(p.d));
     }
     return 0;
   }

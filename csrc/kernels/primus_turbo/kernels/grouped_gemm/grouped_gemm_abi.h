@@ -2,7 +2,7 @@
 // adding this operator leaves other modules' cache keys unchanged).
 #pragma once
 
-#include "primus_turbo/kernels/jit_abi.h"
+#include "primus_turbo/kernels/grouped_gemm/grouped_gemm_common_abi.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -16,21 +16,8 @@ extern "C" {
 #define PT_GROUPED_SPLIT_ROWS 0
 #define PT_GROUPED_SPLIT_REDUCTION 1
 
-typedef struct PtGroupedGemmParams {
-  int32_t split;
-  int64_t num_groups;
-  int64_t rows;               // the packed extent the host knows
-  int64_t m, n, k;            // fixed sizes (m: REDUCTION only; k: ROWS only)
-  const int64_t* group_lens;  // [num_groups], device
-  const int64_t* group_offs;  // [num_groups + 1] start offsets, device; NULL: prefix sum of lens
-  const void* a;
-  const void* b;
-  void* d;
-  void* workspace;
-  size_t workspace_bytes;
-  void* stream;  // cudaStream_t
-  int device;
-  int num_sms;
+typedef struct PtGroupedGemmParams : PtGroupedGemmCommon {
+  int32_t split;  // PT_GROUPED_SPLIT_*; m: REDUCTION only, k: ROWS only
 } PtGroupedGemmParams;
 
 typedef int (*PtGroupedGemmRunFn)(const PtGroupedGemmParams* params, char* err, size_t err_len);
@@ -41,16 +28,7 @@ typedef int (*PtGroupedGemmWorkspaceFn)(const PtGroupedGemmParams* params, size_
 }
 
 // Exports Kernel::run and Kernel::workspace as pt_grouped_gemm_run / pt_grouped_gemm_workspace.
-#define PT_JIT_EXPORT_GROUPED_GEMM(Kernel)                                                  \
-  extern "C" __attribute__((visibility("default"))) int pt_jit_abi_version() {              \
-    return PT_JIT_ABI_VERSION;                                                              \
-  }                                                                                         \
-  extern "C" __attribute__((visibility("default"))) int pt_grouped_gemm_run(                \
-      const PtGroupedGemmParams* params, char* err, size_t err_len) {                       \
-    return Kernel::run(params, err, err_len);                                               \
-  }                                                                                         \
-  extern "C" __attribute__((visibility("default"))) int pt_grouped_gemm_workspace(          \
-      const PtGroupedGemmParams* params, size_t* bytes, char* err, size_t err_len) {        \
-    return Kernel::workspace(params, bytes, err, err_len);                                  \
-  }
+#define PT_JIT_EXPORT_GROUPED_GEMM(Kernel)                                              \
+  PT_JIT_EXPORT_GROUPED_FUNCTIONS(Kernel, PtGroupedGemmParams, pt_grouped_gemm_run,      \
+                                  pt_grouped_gemm_workspace)
 #endif

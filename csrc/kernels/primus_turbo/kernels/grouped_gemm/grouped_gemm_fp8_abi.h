@@ -2,7 +2,7 @@
 // A header of its own, so the bf16 grouped modules' cache keys do not depend on it.
 #pragma once
 
-#include "primus_turbo/kernels/jit_abi.h"
+#include "primus_turbo/kernels/grouped_gemm/grouped_gemm_common_abi.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,25 +25,12 @@ extern "C" {
 //   a    [m, ld] FP8 row-major (the tokens are its K), sfa [ld/128, m] fp32 (1x128 blocks along
 //        the tokens, MN-major); b [n, ld], sfb [ld/128, n]; d [G, m, n]. The padding columns must
 //        hold zeros. A group with no tokens gets an exact zero d[g].
-typedef struct PtGroupedGemmFp8Params {
+// Common fields: rows is the packed token count the host knows; m: wgrad only; k: forward only.
+typedef struct PtGroupedGemmFp8Params : PtGroupedGemmCommon {
   int32_t wgrad;
-  int64_t num_groups;
-  int64_t rows;               // the packed token count the host knows
-  int64_t m;                  // wgrad only
-  int64_t ld;                 // wgrad only: row length of a and b (a multiple of 128)
-  int64_t n, k;               // k: forward only
-  const int64_t* group_lens;  // [num_groups], device
-  const int64_t* group_offs;  // [num_groups + 1] or NULL (exclusive prefix sum of group_lens)
-  const void* a;
+  int64_t ld;  // wgrad only: row length of a and b (a multiple of 128)
   const float* sfa;
-  const void* b;
   const float* sfb;
-  void* d;
-  void* workspace;
-  size_t workspace_bytes;
-  void* stream;  // cudaStream_t
-  int device;
-  int num_sms;
 } PtGroupedGemmFp8Params;
 
 typedef int (*PtGroupedGemmFp8RunFn)(const PtGroupedGemmFp8Params* params, char* err, size_t err_len);
@@ -54,16 +41,7 @@ typedef int (*PtGroupedGemmFp8WorkspaceFn)(const PtGroupedGemmFp8Params* params,
 }
 
 // Exports Kernel::run and Kernel::workspace as pt_grouped_gemm_fp8_run / _workspace.
-#define PT_JIT_EXPORT_GROUPED_GEMM_FP8(Kernel)                                              \
-  extern "C" __attribute__((visibility("default"))) int pt_jit_abi_version() {              \
-    return PT_JIT_ABI_VERSION;                                                              \
-  }                                                                                         \
-  extern "C" __attribute__((visibility("default"))) int pt_grouped_gemm_fp8_run(            \
-      const PtGroupedGemmFp8Params* params, char* err, size_t err_len) {                    \
-    return Kernel::run(params, err, err_len);                                               \
-  }                                                                                         \
-  extern "C" __attribute__((visibility("default"))) int pt_grouped_gemm_fp8_workspace(      \
-      const PtGroupedGemmFp8Params* params, size_t* bytes, char* err, size_t err_len) {     \
-    return Kernel::workspace(params, bytes, err, err_len);                                  \
-  }
+#define PT_JIT_EXPORT_GROUPED_GEMM_FP8(Kernel)                                           \
+  PT_JIT_EXPORT_GROUPED_FUNCTIONS(Kernel, PtGroupedGemmFp8Params, pt_grouped_gemm_fp8_run, \
+                                  pt_grouped_gemm_fp8_workspace)
 #endif

@@ -1,5 +1,5 @@
-// Shared pieces of the MoE permutation kernels: limits, 16-byte packs, float conversions and
-// probability loads of any of the three float dtypes.
+// Shared pieces of the MoE permutation kernels: limits and probability loads of any of the three
+// float dtypes (16-byte packs and float conversions: common/convert.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,27 +8,13 @@
 
 #include <cstdint>
 
+#include "primus_turbo/kernels/common/convert.cuh"
+#include "primus_turbo/kernels/common/warp.cuh"
+
 namespace primus_turbo::kernels::moe {
 
 constexpr int kMaxExperts = 1024;
 constexpr int kThreads = 256;
-
-template <class E, int N>
-struct alignas(sizeof(E) * N >= 16 ? 16 : sizeof(E) * N) Pack {
-  E v[N];
-};
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class E>
-__device__ __forceinline__ E from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // pt_dtype codes of the probabilities: 0 float32, 1 float16, 2 bfloat16.
 __device__ __forceinline__ float load_prob(const void* p, int dtype, int64_t i) {

@@ -193,13 +193,6 @@ __global__ void __launch_bounds__(kThreads) gather_bwd_kernel(PtMoePermuteParams
   }
 }
 
-inline int report_launch(const char* what, char* err, size_t err_len) {
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return 0;
-  snprintf(err, err_len, "%s launch failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
-  return 1;
-}
-
 // T: the token dtype; kVectorized: rows move as 16-byte vectors (the host checked H and pointers).
 template <class T, bool kVectorized>
 struct MoePermute {

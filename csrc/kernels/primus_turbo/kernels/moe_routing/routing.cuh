@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "primus_turbo/kernels/common/convert.cuh"
+#include "primus_turbo/kernels/common/warp.cuh"
 #include "primus_turbo/kernels/jit_export.cuh"
 #include "primus_turbo/kernels/moe_routing/routing_abi.h"
 
@@ -35,29 +37,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxVpt = 32;  // experts <= 1024
 constexpr int kMaxGroups = 64;
 constexpr float kEps = 1e-20f;
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class E>
-__device__ __forceinline__ E from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 // Ranking key of a non-negative score v (every score and group score is >= 0) at index i: the
 // float's bits above ~i, so that a larger key means a larger value, then a lower index. 0 is below
@@ -79,6 +58,25 @@ __device__ __forceinline__ uint64_t warp_max_key(uint64_t k) {
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// Softmax of a warp's row held in registers (lane l holds experts l, l + 32, ...; E experts), in
+// place; entries past the row become 0.
+template <int kVpt>
+__device__ __forceinline__ void warp_softmax(float (&s)[kVpt], int lane, int E) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kVpt; ++i) m = fmaxf(m, s[i]);
+  m = warp_max(m);
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kVpt; ++i) {
+    s[i] = lane + 32 * i < E ? expf(s[i] - m) : 0.f;
+    sum += s[i];
+  }
+  const float inv = 1.0f / warp_sum(sum);
+#pragma unroll
+  for (int i = 0; i < kVpt; ++i) s[i] *= inv;
+}
+
 // ---- forward -----------------------------------------------------------------------------------
 
 template <class T, int kVpt>
@@ -98,19 +96,7 @@ __global__ void __launch_bounds__(kThreads) routing_fwd_kernel(PtRoutingFwdParam
     s[i] = e < E ? to_float(x[e]) : -INFINITY;
   }
   if (p.softmax) {
-    float m = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kVpt; ++i) m = fmaxf(m, s[i]);
-    m = warp_max(m);
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < kVpt; ++i) {
-      s[i] = lane + 32 * i < E ? expf(s[i] - m) : 0.f;
-      sum += s[i];
-    }
-    const float inv = 1.0f / warp_sum(sum);
-#pragma unroll
-    for (int i = 0; i < kVpt; ++i) s[i] *= inv;
+    warp_softmax(s, lane, E);
   } else {
 #pragma unroll
     for (int i = 0; i < kVpt; ++i) s[i] = lane + 32 * i < E ? sigmoidf(s[i]) : 0.f;
@@ -254,23 +240,10 @@ __global__ void __launch_bounds__(kThreads) routing_bwd_kernel(PtRoutingBwdParam
   }
   T* dx = static_cast<T*>(p.grad_logits) + base;
   if (p.softmax) {
-    float m = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kVpt; ++i) m = fmaxf(m, s[i]);
-    m = warp_max(m);
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < kVpt; ++i) {
-      s[i] = lane + 32 * i < E ? expf(s[i] - m) : 0.f;
-      sum += s[i];
-    }
-    const float inv = 1.0f / warp_sum(sum);
+    warp_softmax(s, lane, E);
     float dot = 0.f;
 #pragma unroll
-    for (int i = 0; i < kVpt; ++i) {
-      s[i] *= inv;
-      dot += (a[i] + b[i]) * s[i];
-    }
+    for (int i = 0; i < kVpt; ++i) dot += (a[i] + b[i]) * s[i];
     dot = warp_sum(dot);
 #pragma unroll
     for (int i = 0; i < kVpt; ++i) {
@@ -305,13 +278,6 @@ __global__ void __launch_bounds__(kThreads) routing_bwd_kernel(PtRoutingBwdParam
     const int e = lane + 32 * i;
     if (e < E) dx[e] = from_float<T>(ds[i] * s[i] * (1.f - s[i]));
   }
-}
-
-inline int report_launch(const char* what, char* err, size_t err_len) {
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return 0;
-  snprintf(err, err_len, "%s launch failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
-  return 1;
 }
 
 inline unsigned routing_grid(int64_t tokens) { return static_cast<unsigned>((tokens + kWarps - 1) / kWarps); }

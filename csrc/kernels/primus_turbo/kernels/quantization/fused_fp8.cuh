@@ -49,11 +49,7 @@ __device__ __forceinline__ float block128_max(float a) {
   return a;
 }
 
-__device__ __forceinline__ float warp_max(float a) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-  return a;
-}
+using kernels::warp_max;  // also named quant::warp_max by its users
 
 // Max over a block whose size is a multiple of 32; every thread gets it. scratch: 33 floats. Two
 // barriers make back-to-back calls (and reuse of scratch by other reductions) safe.

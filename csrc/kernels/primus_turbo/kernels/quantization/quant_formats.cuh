@@ -10,24 +10,13 @@
 
 #include <cstdint>
 
+#include "primus_turbo/kernels/common/convert.cuh"
+
 namespace primus_turbo::kernels::quant {
 
 // An all-zero block still gets a finite scale (FP8_MAX / 1e-30 fits in fp32), so q is 0 and
 // scale_inv is a tiny positive number: no inf or nan anywhere.
 constexpr float kAmaxEps = 1e-30f;
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <class E>
-__device__ __forceinline__ E from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // 2^e as a float for e in [-149, 127] (exact, denormals included).
 __device__ __forceinline__ float pow2f(int e) {

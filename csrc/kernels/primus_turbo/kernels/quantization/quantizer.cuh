@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "primus_turbo/kernels/common/warp.cuh"
 #include "primus_turbo/kernels/jit_export.cuh"
 #include "primus_turbo/kernels/quantization/quant_abi.h"
 #include "primus_turbo/kernels/quantization/quant_formats.cuh"
@@ -38,13 +39,6 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const PtDequantPar
       out[r * p.k + c] = from_float<O>(F::decode(b) * decode_scale(p.s, srow + c / p.block_k, p.e8m0));
     }
   }
-}
-
-inline int report_launch(const char* what, char* err, size_t err_len) {
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return 0;
-  snprintf(err, err_len, "%s launch failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
-  return 1;
 }
 
 inline dim3 tile_grid(int64_t m, int64_t k) {

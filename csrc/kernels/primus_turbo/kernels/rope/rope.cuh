@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "primus_turbo/kernels/common/convert.cuh"
+#include "primus_turbo/kernels/common/warp.cuh"
 #include "primus_turbo/kernels/jit_export.cuh"
 #include "primus_turbo/kernels/rope/rope_abi.h"
 
@@ -39,19 +41,6 @@ template <class E, int N, int kAlign>
 struct alignas(kAlign) Pack {
   E v[N];
 };
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <class E>
-__device__ __forceinline__ E from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 template <class I>
 __device__ __forceinline__ int64_t load_index(const void* p, int64_t i) {
@@ -222,13 +211,6 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm) rope_kernel(Pt
       }
     }
   }
-}
-
-inline int report_launch(const char* what, char* err, size_t err_len) {
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return 0;
-  snprintf(err, err_len, "%s launch failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
-  return 1;
 }
 
 template <class T, bool kVectorized, bool kInterleaved, bool kTable>

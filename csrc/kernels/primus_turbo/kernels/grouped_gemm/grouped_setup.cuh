@@ -1,0 +1,215 @@
+// What the grouped GEMM kernels (cutlass_grouped_gemm_sm90.cuh, cutlass_grouped_gemm_fp8_sm90.cuh)
+// share around their CUTLASS pointer-array mainloops:
+//   - the device-side group split: a one-block scan of group_lens (or group_offs) that clamps
+//     every group into the packed extent (group_span);
+//   - the per-group argument arrays the setup kernels write into the workspace (GroupArrays);
+//   - zeroing the output of groups with an empty reduction (zero_empty_groups);
+//   - the host side of a call: workspace size and check, the setup launch, CUTLASS's
+//     can_implement / initialize / run and their error messages (GroupedRunner).
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+
+#include <cub/block/block_scan.cuh>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/gemm/gemm.h"
+#include "cutlass/kernel_hardware_info.h"
+#include "primus_turbo/kernels/common/cute_stride.cuh"
+
+namespace primus_turbo::kernels::grouped {
+
+constexpr int kSetupThreads = 256;
+using GroupScan = cub::BlockScan<int64_t, kSetupThreads>;
+
+struct GroupSpan {
+  int64_t start;
+  int64_t len;
+};
+
+// The rows [start, start + len) of group g = base + threadIdx.x in one chunk of kSetupThreads
+// groups. Starts come from group_offs when given, else from an exclusive prefix sum of the
+// (negative -> 0) lengths; every group is clamped into [0, rows) so that lengths that do not add
+// up to the packed extent can never address memory outside the operands. A thread past the last
+// group gets {0, 0}. Every thread of the block calls it once per chunk, in order (a block scan and
+// a barrier inside, after which storage may be reused); carry is the length total of the earlier
+// chunks and is advanced past this one.
+__device__ inline GroupSpan group_span(GroupScan::TempStorage& storage,
+                                       const int64_t* __restrict__ group_lens,
+                                       const int64_t* __restrict__ group_offs,
+                                       int64_t num_groups, int64_t rows, int64_t g,
+                                       int64_t& carry) {
+  const int64_t raw = g < num_groups ? group_lens[g] : 0;
+  const int64_t len_in = raw > 0 ? raw : 0;
+  int64_t prefix, total;
+  GroupScan(storage).ExclusiveSum(len_in, prefix, total);
+  __syncthreads();  // storage is reused by the next scan
+  GroupSpan span{0, 0};
+  if (g < num_groups) {
+    int64_t start = group_offs ? group_offs[g] : carry + prefix;
+    start = start < 0 ? 0 : (start > rows ? rows : start);
+    span.start = start;
+    span.len = len_in < rows - start ? len_in : rows - start;
+  }
+  carry += total;
+  return span;
+}
+
+// Where the setup kernel writes the per-group arguments (all arrays of num_groups entries), carved
+// from the start of the workspace in 256-byte aligned pieces.
+template <class Shape, class ElementA, class ElementB, class ElementD, class StrideA,
+          class StrideB, class StrideD>
+struct GroupArrays {
+  Shape* shapes;
+  const ElementA** ptr_a;
+  const ElementB** ptr_b;
+  ElementD** ptr_d;
+  StrideA* stride_a;
+  StrideB* stride_b;
+  StrideD* stride_d;
+
+  static size_t align(size_t x) { return (x + 255) & ~size_t(255); }
+  static size_t bytes(int64_t g) {
+    return align(g * sizeof(Shape)) + 3 * align(g * sizeof(void*)) + align(g * sizeof(StrideA)) +
+           align(g * sizeof(StrideB)) + align(g * sizeof(StrideD));
+  }
+  static GroupArrays carve(void* base, int64_t g) {
+    auto* p = static_cast<char*>(base);
+    auto take = [&](size_t n) {
+      char* r = p;
+      p += align(n);
+      return r;
+    };
+    GroupArrays r;
+    r.shapes = reinterpret_cast<Shape*>(take(g * sizeof(Shape)));
+    r.ptr_a = reinterpret_cast<const ElementA**>(take(g * sizeof(void*)));
+    r.ptr_b = reinterpret_cast<const ElementB**>(take(g * sizeof(void*)));
+    r.ptr_d = reinterpret_cast<ElementD**>(take(g * sizeof(void*)));
+    r.stride_a = reinterpret_cast<StrideA*>(take(g * sizeof(StrideA)));
+    r.stride_b = reinterpret_cast<StrideB*>(take(g * sizeof(StrideB)));
+    r.stride_d = reinterpret_cast<StrideD*>(take(g * sizeof(StrideD)));
+    return r;
+  }
+};
+
+// GroupArrays plus one A and one B scale pointer per group (block-scaled FP8), carved after them.
+template <class Shape, class ElementA, class ElementB, class ElementD, class StrideA,
+          class StrideB, class StrideD>
+struct ScaledGroupArrays
+    : GroupArrays<Shape, ElementA, ElementB, ElementD, StrideA, StrideB, StrideD> {
+  using Base = GroupArrays<Shape, ElementA, ElementB, ElementD, StrideA, StrideB, StrideD>;
+  const float** ptr_sfa;
+  const float** ptr_sfb;
+
+  static size_t bytes(int64_t g) { return Base::bytes(g) + 2 * Base::align(g * sizeof(void*)); }
+  static ScaledGroupArrays carve(void* base, int64_t g) {
+    ScaledGroupArrays r;
+    static_cast<Base&>(r) = Base::carve(base, g);
+    char* p = static_cast<char*>(base) + Base::bytes(g);
+    r.ptr_sfa = reinterpret_cast<const float**>(p);
+    r.ptr_sfb = reinterpret_cast<const float**>(p + Base::align(g * sizeof(void*)));
+    return r;
+  }
+};
+
+// d[g] = 0 for every group whose reduction is empty (a K = 0 tile would leave garbage
+// accumulators), in 16-byte stores (a group is m * n elements with n a multiple of 16 bytes).
+// Grid (chunks, groups); a block of a non-empty group returns at once.
+template <class Shape>
+__global__ void zero_empty_groups(const Shape* __restrict__ shapes, uint4* d, int64_t group_vecs) {
+  const int64_t g = blockIdx.y;
+  if (cute::get<2>(shapes[g]) != 0) return;
+  uint4* dst = d + g * group_vecs;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < group_vecs;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    dst[i] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Launches zero_empty_groups over num_groups outputs of m * n ElementD each.
+template <class ElementD, class Shape>
+void launch_zero_empty_groups(const Shape* shapes, void* d, int64_t num_groups, int64_t m,
+                              int64_t n, cudaStream_t stream) {
+  const int64_t vecs = m * n * int64_t(sizeof(ElementD)) / 16;
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(128, (vecs + 255) / 256));
+  zero_empty_groups<<<dim3(unsigned(chunks), unsigned(num_groups)), 256, 0, stream>>>(
+      shapes, static_cast<uint4*>(d), vecs);
+}
+
+// The GEMM arguments of a grouped call whose sizes stay on the device: D = acc (no source).
+template <class Gemm, class Params, class Arrays>
+typename Gemm::Arguments grouped_arguments(
+    const Params& p, const Arrays& arr,
+    const typename Gemm::GemmKernel::CollectiveMainloop::Arguments& mainloop) {
+  cutlass::KernelHardwareInfo hw_info;
+  hw_info.device_id = p.device;
+  hw_info.sm_count = p.num_sms > 0
+                         ? p.num_sms
+                         : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(p.device);
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGrouped,
+      {static_cast<int>(p.num_groups), arr.shapes, nullptr},  // sizes: device only
+      mainloop,
+      {{}, nullptr, arr.stride_d, arr.ptr_d, arr.stride_d},
+      hw_info};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  return args;
+}
+
+// The host side of a grouped kernel K, which provides Gemm, Arrays,
+// make_arguments(const Params&, const Arrays&), kName ("grouped", "FP8 grouped": used in error
+// messages) and setup(const Params&, const Arrays&, cudaStream_t, char* err, size_t err_len),
+// which launches the setup kernels (returns nonzero with err filled to refuse the call).
+// Workspace: the per-group arrays, then CUTLASS's own (device-side TMA descriptors per SM).
+template <class K, class Params>
+struct GroupedRunner {
+  static size_t cutlass_workspace(const Params& p) {
+    typename K::Arrays none{};
+    return K::Gemm::get_workspace_size(K::make_arguments(p, none));
+  }
+  static int workspace(const Params* p, size_t* bytes, char*, size_t) {
+    *bytes = K::Arrays::bytes(p->num_groups) + K::Arrays::align(cutlass_workspace(*p));
+    return 0;
+  }
+
+  static int run(const Params* p, char* err, size_t err_len) {
+    using Arrays = typename K::Arrays;
+    const size_t array_bytes = Arrays::bytes(p->num_groups);
+    const size_t needed = array_bytes + Arrays::align(cutlass_workspace(*p));
+    if (needed > p->workspace_bytes) {
+      std::snprintf(err, err_len, "workspace too small: need %zu bytes, have %zu", needed,
+                    p->workspace_bytes);
+      return 1;
+    }
+    auto stream = static_cast<cudaStream_t>(p->stream);
+    Arrays arr = Arrays::carve(p->workspace, p->num_groups);
+    if (int refused = K::setup(*p, arr, stream, err, err_len)) return refused;
+    cudaError_t setup = cudaGetLastError();
+    if (setup != cudaSuccess) {
+      std::snprintf(err, err_len, "group setup launch failed: %s", cudaGetErrorString(setup));
+      return 1;
+    }
+    typename K::Gemm gemm;
+    auto args = K::make_arguments(*p, arr);
+    cutlass::Status status = gemm.can_implement(args);
+    if (status != cutlass::Status::kSuccess) {
+      std::snprintf(err, err_len, "CUTLASS cannot implement this %s problem: %s", K::kName,
+                    cutlassGetStatusString(status));
+      return 1;
+    }
+    status = gemm.initialize(args, static_cast<char*>(p->workspace) + array_bytes, stream);
+    if (status == cutlass::Status::kSuccess) status = gemm.run(stream);
+    cudaError_t launch = cudaGetLastError();
+    if (status != cutlass::Status::kSuccess || launch != cudaSuccess) {
+      std::snprintf(err, err_len, "CUTLASS %s launch failed: %s (%s)", K::kName,
+                    cutlassGetStatusString(status), cudaGetErrorString(launch));
+      return 1;
+    }
+    return 0;
+  }
+};
+
+}  // namespace primus_turbo::kernels::grouped
