@@ -44,7 +44,8 @@ else:
 GRANULARITIES = ("tensorwise", "rowwise", "blockwise", "mx_blockwise", "fp4")
 KINDS = ("gemm_only", "e2e")
 COLUMNS = ["TestID", "GPU", "Case", "MBS", "M", "N", "K", "Granularity", "Check", "SNR (dB)", "Ours ms",
-           "Ours TFLOPS", "Baseline", "Baseline ms", "Baseline TFLOPS", "Ratio", "Note"]
+           "Ours TFLOPS", "Baseline", "Baseline ms", "Baseline TFLOPS", "Ratio", "Torch FP8 ms", "Torch FP8 TFLOPS",
+           "Note"]
 
 
 def parse_args(argv=None):
@@ -209,6 +210,32 @@ def gemm_only_case(row, m, n, k, gran, args):
 # ---- end to end ----------------------------------------------------------------------------
 
 
+def _torch_quantize(x, gran):
+    """torch eager E4M3 quantization along the last dim: (q, scale_inv) as torch._scaled_mm takes
+    them (0-dim for tensorwise, [rows, 1] for rowwise)."""
+    fmax = torch.finfo(torch.float8_e4m3fn).max
+    xf = x.float()
+    amax = xf.abs().amax() if gran == "tensorwise" else xf.abs().amax(dim=-1, keepdim=True)
+    scale = fmax / amax.clamp(min=1e-12)
+    return (xf * scale).clamp(-fmax, fmax).to(torch.float8_e4m3fn), scale.reciprocal()
+
+
+def _torch_fp8_mm(x, y, gran):
+    """x [R, C] @ y [S, C]^T in FP8 with torch's own quantization and torch._scaled_mm."""
+    qx, sx = _torch_quantize(x, gran)
+    qy, sy = _torch_quantize(y, gran)
+    return torch._scaled_mm(qx, qy.t(), sx, sy if gran == "tensorwise" else sy.reshape(1, -1), out_dtype=torch.bfloat16)
+
+
+def torch_fp8_step(a, b, g, gran):
+    """The training step the way users stitch it today (tensorwise / rowwise): quantize with torch
+    ops, then torch._scaled_mm for the forward, dgrad and wgrad."""
+    out = _torch_fp8_mm(a, b, gran)
+    da = _torch_fp8_mm(g, b.t().contiguous(), gran)
+    db = _torch_fp8_mm(g.t().contiguous(), a.t().contiguous(), gran)
+    return out, da, db
+
+
 def e2e_case(row, m, n, k, gran, args):
     config = _config(gran)
     gemm = _gemm(gran)
@@ -242,6 +269,12 @@ def e2e_case(row, m, n, k, gran, args):
         row["Ours ms"] = bu.time_cuda(ours, rotate=sets, warmup=args.warmup, iters=args.iters)
     row["Baseline"] = "torch.matmul bf16"
     row["Baseline ms"] = bu.time_cuda(baseline, rotate=sets, warmup=args.warmup, iters=args.iters)
+    if gran in ("tensorwise", "rowwise"):  # torch's own quantize + _scaled_mm, reported beside
+        try:
+            step = lambda a, b, g: torch_fp8_step(a.detach(), b.detach(), g, gran)
+            row["Torch FP8 ms"] = bu.time_cuda(step, rotate=sets, warmup=args.warmup, iters=args.iters)
+        except Exception as e:  # noqa: BLE001 -- a missing baseline must not void our row
+            row["Note"] += f" | torch FP8 step: {type(e).__name__}: {str(e)[:120]}"
     return 6.0 * m * n * k
 
 
@@ -262,6 +295,8 @@ def run_entry(kind, gran, cases, args, gpu_name, out_dir, stem):
             flops = case_fn(row, c.M, c.N, c.K, gran, args)
             row["Ours TFLOPS"] = bu.tflops(flops, row.get("Ours ms", float("nan")))
             row["Baseline TFLOPS"] = bu.tflops(flops, row.get("Baseline ms", float("nan")))
+            if "Torch FP8 ms" in row:
+                row["Torch FP8 TFLOPS"] = bu.tflops(flops, row["Torch FP8 ms"])
             o, b = row["Ours TFLOPS"], row["Baseline TFLOPS"]
             row["Ratio"] = o / b if math.isfinite(o) and math.isfinite(b) and b > 0 else float("nan")
         except Exception as e:  # noqa: BLE001 -- one bad case must not end the run
@@ -286,6 +321,9 @@ def run_entry(kind, gran, cases, args, gpu_name, out_dir, stem):
         backend=args.backend or "default", models=cfg.resolve_dense_models(args.models), mbs=list(args.mbs),
         torch=torch.__version__, csv=csv_path.name,
     )
+    torch_fp8 = [r["Torch FP8 TFLOPS"] for r, p in zip(rows, passed) if p and "Torch FP8 TFLOPS" in r]
+    if torch_fp8:
+        entry["torch_fp8_step_geomean"] = bu.geomean(torch_fp8)
     bu.plot_comparison(out_dir / f"{stem}.png", [f"{r['Case']} x{r['MBS']}" for r in rows],
                        [r.get("Ours TFLOPS", nan) for r in rows], [r.get("Baseline TFLOPS", nan) for r in rows],
                        metric=metric, title=f"{stem} on {gpu_name}",
