@@ -3,6 +3,8 @@ reference, group-size distributions, CUDA graphs with sizes changed between repl
 
 import pytest
 import torch
+from grouped_test_utils import group_lens as _lens
+from grouped_test_utils import grouped_inputs as _inputs
 from turbo_test_utils import assert_gate, poison_allocator
 
 import primus_turbo.pytorch as turbo
@@ -10,29 +12,6 @@ import primus_turbo.pytorch as turbo
 pytestmark = pytest.mark.gpu
 
 
-def _lens(dist: str, g: int, m_per: int, seed: int = 0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    if dist == "balanced":
-        lens = torch.full((g,), m_per, dtype=torch.int64)
-    elif dist == "skewed":  # Dirichlet-like, with empty experts
-        w = torch.distributions.Dirichlet(torch.full((g,), 0.3)).sample()
-        lens = (w * m_per * g).floor().to(torch.int64)
-        lens[:: max(1, g // 3)] = 0
-    elif dist == "zeros":  # first and last empty, the rest random
-        lens = torch.randint(1, 2 * m_per, (g,), generator=gen)
-        lens[0] = lens[-1] = 0
-    else:  # random, including some empty
-        lens = torch.randint(0, 2 * m_per, (g,), generator=gen)
-    return lens.cuda()
-
-
-def _inputs(lens, k, n, g, dtype, trans_b, seed=0):
-    torch.manual_seed(seed)
-    m = int(lens.sum().item())
-    a = torch.randn(m, k, dtype=dtype, device="cuda")
-    shape = (g, n, k) if trans_b else (g, k, n)
-    b = (torch.randn(shape, device="cuda") / k**0.5).to(dtype)
-    return a, b
 
 
 def _reference(a, b, lens, grad_out, trans_b):

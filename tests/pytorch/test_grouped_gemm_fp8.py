@@ -13,6 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from grouped_test_utils import group_lens as _lens
+from grouped_test_utils import group_offsets as _offsets
+from grouped_test_utils import grouped64 as _grouped64
+from grouped_test_utils import grouped_inputs as _inputs
 from turbo_test_utils import poison_allocator, snr_db
 
 import primus_turbo.pytorch as turbo
@@ -36,7 +40,7 @@ def warm_modules():
     """Builds the kernel modules these tests use in parallel (one nvcc each) before the first call."""
     e4, e5, bf16, f16, f32 = 3, 4, 2, 1, 0
     jobs = [(x, y, d, rows, 0) for (x, y) in ((e4, e4), (e5, e5), (e5, e4)) for rows in (1, 128) for d in (bf16,)]
-    jobs += [(e4, e4, f16, 1, 0), (e4, e4, f32, 128, 0)]
+    jobs += [(e4, e4, f16, 128, 0), (e4, e4, f32, 128, 0)]  # TENSORWISE states B's scale per 128 rows
     wjobs = [(e5, e4, bf16, 0), (e4, e5, bf16, 0), (e4, e4, bf16, 0), (e5, e5, bf16, 0)]
     with ThreadPoolExecutor(max_workers=8) as pool:
         futures = [pool.submit(lib.pt_grouped_gemm_fp8_prepare, *j) for j in jobs]
@@ -45,43 +49,8 @@ def warm_modules():
             check(f.result())
 
 
-def _lens(dist: str, g: int, m_per: int, seed: int = 0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    if dist == "balanced":
-        lens = torch.full((g,), m_per, dtype=torch.int64)
-    elif dist == "skewed":  # a few experts take most tokens, some none
-        w = torch.rand(g, generator=gen) ** 4
-        lens = (w / w.sum() * m_per * g).floor().to(torch.int64)
-        lens[:: max(1, g // 3)] = 0
-    elif dist == "zeros":  # first and last empty
-        lens = torch.randint(1, 2 * m_per, (g,), generator=gen)
-        lens[0] = lens[-1] = 0
-    else:  # random lengths, some empty, none aligned to anything
-        lens = torch.randint(0, 2 * m_per, (g,), generator=gen)
-    return lens.cuda()
 
 
-def _inputs(lens, k, n, g, dtype, trans_b, seed=0):
-    torch.manual_seed(seed)
-    m = int(lens.sum().item())
-    a = torch.randn(m, k, dtype=dtype, device="cuda")
-    shape = (g, n, k) if trans_b else (g, k, n)
-    b = (torch.randn(shape, device="cuda") / k**0.5).to(dtype)
-    return a, b
-
-
-def _offsets(lens):
-    return [0] + torch.cumsum(lens.cpu(), 0).tolist()
-
-
-def _grouped64(x, w_nk, lens):
-    """Per group x[rows] @ w_nk[g]^T in float64; w_nk [G, N, K]."""
-    offs = _offsets(lens)
-    out = torch.zeros(x.shape[0], w_nk.shape[1], dtype=torch.float64, device=x.device)
-    for g in range(w_nk.shape[0]):
-        s, e = offs[g], offs[g + 1]
-        out[s:e] = x[s:e].double() @ w_nk[g].double().t()
-    return out
 
 
 def _deq_rows(q, s):
