@@ -38,14 +38,12 @@ from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
 from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 from primus_turbo.pytorch.ops.gemm_fp4 import _check_config, _q, recipe_of
-from primus_turbo.pytorch.ops.grouped_gemm import _check_groups, _grouped_gemm_wgrad_op, grouped_gemm
-from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_fp8_mm
+from primus_turbo.pytorch.ops.grouped_gemm import _grouped_gemm_wgrad_op, grouped_gemm
+from primus_turbo.pytorch.ops.grouped_gemm_fp8 import check_hp_operands, check_num_cu, grouped_fp8_mm
 
 __all__ = ["grouped_gemm_fp4"]
 
 _OP = "grouped_gemm_fp4"
-_IN_DTYPES = (torch.bfloat16, torch.float16)
-_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _MX = _mx_blocks.MX_BLOCK
 _ROWWISE_B_SCALES = 1  # grouped_fp8_mm's b_scale_rows: one 1x128 scale per row of B
 
@@ -146,28 +144,8 @@ def grouped_gemm_fp4(
     raise ``ValueError`` before any work.
     """
     config = _check_config(config, _OP)
-    if num_cu is not None and (isinstance(num_cu, bool) or not isinstance(num_cu, int) or num_cu < 1):
-        raise ValueError(f"{_OP}: num_cu must be a positive int or None, got {num_cu!r}")
-    for name, t, nd in (("a", a, 2), ("b", b, 3)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{_OP}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != nd:
-            raise ValueError(f"{_OP}: argument '{name}' must be {nd}-D, got shape {tuple(t.shape)}")
-        if t.dtype not in _IN_DTYPES:
-            raise TypeError(f"{_OP}: argument '{name}' has dtype {t.dtype}; expected bfloat16 or float16")
-    if b.dtype != a.dtype:
-        raise TypeError(f"{_OP}: argument 'b' has dtype {b.dtype}; expected the dtype of 'a' ({a.dtype})")
-    out_dtype = a.dtype if out_dtype is None else out_dtype
-    if out_dtype not in _OUT_DTYPES:
-        raise TypeError(f"{_OP}: out_dtype {out_dtype} is not supported; expected bfloat16, float16 or float32")
-    _check_groups(group_lens, group_offs, b.shape[0])
-    k = a.shape[1]
-    kb, n = (b.shape[2], b.shape[1]) if trans_b else (b.shape[1], b.shape[2])
-    if kb != k:
-        raise ValueError(
-            f"{_OP}: inner dimensions do not match: 'a' is {tuple(a.shape)} but 'b' {tuple(b.shape)} "
-            f"has K = {kb} (trans_b={trans_b})"
-        )
+    num_sms = check_num_cu(_OP, num_cu)
+    out_dtype, k, n = check_hp_operands(_OP, a, b, group_lens, group_offs, trans_b, out_dtype)
     if k % _MX or n % _MX:
         raise ValueError(
             f"{_OP}: K={k} and N={n} must be multiples of 32 (MXFP4 blocks of 32, and 32x32 weight blocks "
@@ -185,5 +163,5 @@ def grouped_gemm_fp4(
     r = recipe_of(config)
     return GroupedGemmFp4Function.apply(
         a.contiguous(), b.contiguous(), group_lens, group_offs, bool(trans_b), out_dtype,
-        bool(r.use_2d_block), bool(r.use_sr), int(num_cu or 0),
+        bool(r.use_2d_block), bool(r.use_sr), num_sms,
     )

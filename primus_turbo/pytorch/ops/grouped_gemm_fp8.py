@@ -462,6 +462,39 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, n
 Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
+def check_num_cu(op: str, num_cu) -> int:
+    """num_cu as the kernels take it (0: all SMs); ValueError unless None or a positive int."""
+    if num_cu is not None and (isinstance(num_cu, bool) or not isinstance(num_cu, int) or num_cu < 1):
+        raise ValueError(f"{op}: num_cu must be a positive int or None, got {num_cu!r}")
+    return int(num_cu or 0)
+
+
+def check_hp_operands(op: str, a, b, group_lens, group_offs, trans_b: bool, out_dtype):
+    """Checks bf16/fp16 operands of a low-precision grouped GEMM (a [M, K], b [G, N, K] with
+    trans_b, else [G, K, N]) and the group tensors; returns (out_dtype, K, N)."""
+    for name, t, nd in (("a", a, 2), ("b", b, 3)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != nd:
+            raise ValueError(f"{op}: argument '{name}' must be {nd}-D, got shape {tuple(t.shape)}")
+        if t.dtype not in _IN_DTYPES:
+            raise TypeError(f"{op}: argument '{name}' has dtype {t.dtype}; expected bfloat16 or float16")
+    if b.dtype != a.dtype:
+        raise TypeError(f"{op}: argument 'b' has dtype {b.dtype}; expected the dtype of 'a' ({a.dtype})")
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"{op}: out_dtype {out_dtype} is not supported; expected bfloat16, float16 or float32")
+    _check_groups(group_lens, group_offs, b.shape[0])
+    k = a.shape[1]
+    kb, n = (b.shape[2], b.shape[1]) if trans_b else (b.shape[1], b.shape[2])
+    if kb != k:
+        raise ValueError(
+            f"{op}: inner dimensions do not match: 'a' is {tuple(a.shape)} but 'b' {tuple(b.shape)} "
+            f"has K = {kb} (trans_b={trans_b})"
+        )
+    return out_dtype, k, n
+
+
 def grouped_gemm_fp8(
     a: Operand,
     b: Operand,
@@ -497,35 +530,12 @@ def grouped_gemm_fp8(
     """
     config = _check_config(config)
     g = config.granularity
-    if num_cu is not None and (isinstance(num_cu, bool) or not isinstance(num_cu, int) or num_cu < 1):
-        raise ValueError(f"grouped_gemm_fp8: num_cu must be a positive int or None, got {num_cu!r}")
-    num_sms = int(num_cu or 0)
+    num_sms = check_num_cu("grouped_gemm_fp8", num_cu)
     if isinstance(a, tuple) or isinstance(b, tuple):
         if not (isinstance(a, tuple) and isinstance(b, tuple)):
             raise TypeError("grouped_gemm_fp8: pass both 'a' and 'b' pre-quantized, or neither")
         return _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, num_sms)
-    for name, t, nd in (("a", a, 2), ("b", b, 3)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"grouped_gemm_fp8: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != nd:
-            raise ValueError(f"grouped_gemm_fp8: argument '{name}' must be {nd}-D, got shape {tuple(t.shape)}")
-        if t.dtype not in _IN_DTYPES:
-            raise TypeError(f"grouped_gemm_fp8: argument '{name}' has dtype {t.dtype}; expected bfloat16 or float16")
-    if b.dtype != a.dtype:
-        raise TypeError(f"grouped_gemm_fp8: argument 'b' has dtype {b.dtype}; expected the dtype of 'a' ({a.dtype})")
-    out_dtype = a.dtype if out_dtype is None else out_dtype
-    if out_dtype not in _OUT_DTYPES:
-        raise TypeError(
-            f"grouped_gemm_fp8: out_dtype {out_dtype} is not supported; expected bfloat16, float16 or float32"
-        )
-    _check_groups(group_lens, group_offs, b.shape[0])
-    k = a.shape[1]
-    kb, n = (b.shape[2], b.shape[1]) if trans_b else (b.shape[1], b.shape[2])
-    if kb != k:
-        raise ValueError(
-            f"grouped_gemm_fp8: inner dimensions do not match: 'a' is {tuple(a.shape)} but 'b' {tuple(b.shape)} "
-            f"has K = {kb} (trans_b={trans_b})"
-        )
+    out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype)
     if k % 16 or n % 16:
         raise ValueError(
             f"grouped_gemm_fp8: K={k} and N={n} must be multiples of 16 (FP8 operands are read in 16-byte rows, "
