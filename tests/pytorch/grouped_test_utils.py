@@ -44,3 +44,22 @@ def grouped64(x, w_nk, lens):
         s, e = offs[g], offs[g + 1]
         out[s:e] = x[s:e].double() @ w_nk[g].double().t()
     return out
+
+
+def capture_training_step(call, a, b, grad_out):
+    """Warms ``call()`` (forward, then backward with grad_out) twice on a side stream, as torch
+    recommends before capture, then captures one step; returns (graph, out). a.grad and b.grad
+    are the graph's gradients."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # builds plans and modules outside the capture
+        for _ in range(2):
+            a.grad = b.grad = None
+            call().backward(grad_out)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    a.grad = b.grad = None
+    with torch.cuda.graph(graph):
+        out = call()
+        out.backward(grad_out)
+    return graph, out

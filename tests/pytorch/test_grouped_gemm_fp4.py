@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from grouped_test_utils import capture_training_step
 from grouped_test_utils import group_lens as _lens
 from grouped_test_utils import group_offsets as _offsets
 from grouped_test_utils import grouped64 as _grouped64
@@ -212,18 +213,7 @@ def test_cuda_graph_replay_with_new_group_sizes(recipe):
     b.requires_grad_(True)
     c = cfg(recipe)
     grad_out = torch.randn(a.shape[0], n, device="cuda", dtype=torch.bfloat16)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up: builds plans and modules outside the capture
-        for _ in range(2):
-            a.grad = b.grad = None
-            turbo.ops.grouped_gemm_fp4(a, b, lens, config=c).backward(grad_out)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    a.grad = b.grad = None
-    with torch.cuda.graph(graph):
-        out = turbo.ops.grouped_gemm_fp4(a, b, lens, config=c)
-        out.backward(grad_out)
+    graph, out = capture_training_step(lambda: turbo.ops.grouped_gemm_fp4(a, b, lens, config=c), a, b, grad_out)
     for new in ([64, 32, 96, 64], [0, 128, 0, 128], [256, 0, 0, 0], [1, 2, 3, 250]):
         lens.copy_(torch.tensor(new, device="cuda"))
         graph.replay()
