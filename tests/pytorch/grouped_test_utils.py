@@ -46,6 +46,21 @@ def grouped64(x, w_nk, lens):
     return out
 
 
+def grouped_e2e_references(a, b, lens, grad_out, trans_b):
+    """Per-group float64 forward, dgrad and wgrad of a @ op(b[g]) from the high-precision
+    operands (b [G, N, K] with trans_b, else [G, K, N])."""
+    w_nk = b if trans_b else b.transpose(1, 2)  # op(b)^T per expert
+    out = grouped64(a, w_nk, lens)
+    da = grouped64(grad_out, w_nk.transpose(1, 2), lens)
+    offs = group_offsets(lens)
+    db = torch.zeros(b.shape, dtype=torch.float64, device=b.device)
+    for g in range(b.shape[0]):
+        s, e = offs[g], offs[g + 1]
+        dw = a[s:e].double().t() @ grad_out[s:e].double()  # [K, N]
+        db[g] = dw.t() if trans_b else dw
+    return out, da, db
+
+
 def capture_training_step(call, a, b, grad_out):
     """Warms ``call()`` (forward, then backward with grad_out) twice on a side stream, as torch
     recommends before capture, then captures one step; returns (graph, out). a.grad and b.grad

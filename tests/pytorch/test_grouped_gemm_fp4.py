@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from grouped_test_utils import capture_training_step
+from grouped_test_utils import grouped_e2e_references as _e2e_references
 from grouped_test_utils import group_lens as _lens
-from grouped_test_utils import group_offsets as _offsets
 from grouped_test_utils import grouped64 as _grouped64
 from grouped_test_utils import grouped_inputs as _inputs
 from turbo_test_utils import poison_allocator, snr_db
@@ -63,19 +63,6 @@ def warm_modules():
 def _deq(q8, s8):
     """Restated E4M3 with 1x128 fp32 scales along the last dim -> float64."""
     return q8.double() * s8.double().repeat_interleave(128, dim=-1)[..., : q8.shape[-1]]
-
-
-def _e2e_references(a, b, lens, grad_out, trans_b):
-    w_nk = b if trans_b else b.transpose(1, 2)  # op(b)^T per expert
-    out = _grouped64(a, w_nk, lens)
-    da = _grouped64(grad_out, w_nk.transpose(1, 2), lens)
-    offs = _offsets(lens)
-    db = torch.zeros(b.shape, dtype=torch.float64, device=b.device)
-    for g in range(b.shape[0]):
-        s, e = offs[g], offs[g + 1]
-        dw = a[s:e].double().t() @ grad_out[s:e].double()  # [K, N]
-        db[g] = dw.t() if trans_b else dw
-    return out, da, db
 
 
 def _run_and_check(lens, k, n, g, trans_b, recipe="paper", dtype=torch.bfloat16, out_dtype=None):

@@ -131,6 +131,19 @@ class GroupedGemmProblem(autotune.TunableProblem):
 _plans = {}
 
 
+def run_planned(plans: dict, key, problem) -> None:
+    """Runs problem with the (backend, config, workspace bytes) cached under key in plans, choosing
+    it (autotune or default) on the first call; a choice made during capture is not cached (it may
+    be provisional). Shared by the bf16 and FP8 grouped GEMMs."""
+    plan = plans.get(key)
+    if plan is None:
+        backend, config = autotune.select(problem, problem.out.device)
+        plan = (backend, config, problem.workspace_bytes(backend, config))
+        if not torch.cuda.is_current_stream_capturing():
+            plans[key] = plan
+    problem.run(plan[0], plan[1], ws_bytes=plan[2])
+
+
 def _run(a, b, group_lens, group_offs, out, wgrad: bool, trans_b: bool) -> None:
     if out.numel() == 0:
         return
@@ -143,13 +156,7 @@ def _run(a, b, group_lens, group_offs, out, wgrad: bool, trans_b: bool) -> None:
             a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
             settings_token(OpFamily.GROUPED_GEMM),
         )
-        plan = _plans.get(key)
-        if plan is None:
-            backend, config = autotune.select(problem, out.device)
-            plan = (backend, config, problem.workspace_bytes(backend, config))
-            if not torch.cuda.is_current_stream_capturing():  # a capture-time choice may be provisional
-                _plans[key] = plan
-        problem.run(plan[0], plan[1], ws_bytes=plan[2])
+        run_planned(_plans, key, problem)
 
 
 def _grouped_gemm_cuda(a, b, group_lens, group_offs, trans_b: bool) -> torch.Tensor:

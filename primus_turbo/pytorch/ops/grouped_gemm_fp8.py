@@ -41,7 +41,7 @@ from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionTy
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity, ScalingRecipe
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
-from primus_turbo.pytorch.ops.grouped_gemm import _check_groups, _grouped_gemm_wgrad_op, grouped_gemm
+from primus_turbo.pytorch.ops.grouped_gemm import _check_groups, _grouped_gemm_wgrad_op, grouped_gemm, run_planned
 from primus_turbo.pytorch.ops.quantization import quantize_fp8, quantize_fp8_with_trans
 
 __all__ = ["grouped_gemm_fp8"]
@@ -150,13 +150,7 @@ def _mm_cuda(a, a_scale, b, b_scale, group_lens, group_offs, b_scale_rows: int, 
             out.data_ptr() % 16 == 0,
             settings_token(OpFamily.GROUPED_GEMM),
         )
-        plan = _plans.get(key)
-        if plan is None:
-            backend, config = autotune.select(problem, out.device)
-            plan = (backend, config, problem.workspace_bytes(backend, config))
-            if not torch.cuda.is_current_stream_capturing():
-                _plans[key] = plan
-        problem.run(plan[0], plan[1], ws_bytes=plan[2])
+        run_planned(_plans, key, problem)
     return out
 
 
@@ -195,13 +189,7 @@ def _wgrad_mm_cuda(a, a_scale, b, b_scale, group_lens, group_offs, tokens: int, 
             out.device.index,
             settings_token(OpFamily.GROUPED_GEMM),
         )
-        plan = _plans.get(key)
-        if plan is None:
-            backend, config = autotune.select(problem, out.device)
-            plan = (backend, config, problem.workspace_bytes(backend, config))
-            if not torch.cuda.is_current_stream_capturing():
-                _plans[key] = plan
-        problem.run(plan[0], plan[1], ws_bytes=plan[2])
+        run_planned(_plans, key, problem)
     return out
 
 
