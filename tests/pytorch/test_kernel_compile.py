@@ -9,10 +9,12 @@ import glob
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from primus_turbo import precompile
+from primus_turbo._core.lib import check, lib, string_out
 
 pytestmark = pytest.mark.compile_check
 
@@ -38,6 +40,49 @@ def _cuobjdump():
         return None
 
 
+def _jit_modules(dir_glob):
+    """module.so of every compiled module whose folder matches dir_glob, at any depth of the JIT
+    cache (modules have lived both directly in it and in a jit/ subfolder)."""
+    cache = string_out(lib.pt_jit_cache_dir)
+    return glob.glob(os.path.join(cache, "**", dir_glob, "module.so"), recursive=True)
+
+
+def _assert_compiled(*names):
+    for name in names:
+        assert _jit_modules(f"{name}-*"), f"no compiled module {name} in {string_out(lib.pt_jit_cache_dir)}"
+
+
+def _prepare_all(jobs, prepare, label):
+    """prepare(job) for every job, in parallel (each is an nvcc run); fails listing every job that
+    did not compile, not just the first."""
+
+    def build(job):
+        try:
+            prepare(job)
+            return None
+        except Exception as e:
+            return f"{label} {job}: {e}"
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        errors = [e for e in pool.map(build, jobs) if e]
+    assert not errors, "\n".join(errors)
+
+
+def _assert_sass_contains(instruction, dir_glob, min_modules=1, every_module=False):
+    """The disassembly of the first (or every) compiled module matching dir_glob contains
+    instruction; skips where cuobjdump is missing."""
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not available")
+    modules = _jit_modules(dir_glob)
+    assert len(modules) >= min_modules, (
+        f"no compiled module {dir_glob} in {string_out(lib.pt_jit_cache_dir)} (the compile tests run first)"
+    )
+    for module in modules if every_module else modules[:1]:
+        sass = subprocess.run([tool, "--dump-sass", module], capture_output=True, text=True).stdout
+        assert instruction in sass, module
+
+
 def test_cutlass_gemm_configs_compile_for_sm90a():
     assert precompile.num_cutlass_configs() >= 4
     errors = precompile.compile_all(_jobs(), workers=os.cpu_count() or 1, quiet=True)
@@ -45,16 +90,7 @@ def test_cutlass_gemm_configs_compile_for_sm90a():
 
 
 def test_compiled_modules_use_hgmma():
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not available")
-    from primus_turbo._core.lib import lib, string_out
-
-    cache = string_out(lib.pt_jit_cache_dir)
-    modules = glob.glob(os.path.join(cache, "gemm_cutlass_bf16_bf16_AkBk_*", "module.so"))
-    assert modules, "no compiled module found (the compile test runs first)"
-    sass = subprocess.run([tool, "--dump-sass", modules[0]], capture_output=True, text=True).stdout
-    assert "HGMMA" in sass
+    _assert_sass_contains("HGMMA", "gemm_cutlass_bf16_bf16_AkBk_*")
 
 
 # RMSNorm: per dtype, the three module kinds a call can need (specialized hidden with 16-byte
@@ -65,27 +101,13 @@ _RMSNORM_JOBS += [("bf16", "fp32", 7168), ("fp16", "fp32", 1000), ("bf16", "bf16
 
 
 def test_rmsnorm_modules_compile_for_sm90a():
-    from concurrent.futures import ThreadPoolExecutor
-
-    from primus_turbo._core.lib import check, lib, string_out
-
-    def build(job):
+    def prepare(job):
         dt, gdt, hidden = job
-        try:
-            check(lib.pt_rmsnorm_prepare(_RMSNORM_DTYPES[dt], _RMSNORM_DTYPES[gdt], hidden))
-            return None
-        except Exception as e:  # report every failure
-            return f"rmsnorm {dt}/{gdt} hidden={hidden}: {e}"
+        check(lib.pt_rmsnorm_prepare(_RMSNORM_DTYPES[dt], _RMSNORM_DTYPES[gdt], hidden))
 
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        errors = [e for e in pool.map(build, _RMSNORM_JOBS) if e]
-    assert not errors, "\n".join(errors)
-    cache = string_out(lib.pt_jit_cache_dir)
-    for name in ("rmsnorm_bf16_bf16_vec_h4096", "rmsnorm_f32_f32_vec_hany", "rmsnorm_f16_f16_scalar_hany",
-                 "rmsnorm_bf16_f32_vec_h7168"):
-        assert glob.glob(os.path.join(cache, "jit", f"{name}-*", "module.so")) or glob.glob(
-            os.path.join(cache, f"{name}-*", "module.so")
-        ), f"no compiled module {name} in {cache}"
+    _prepare_all(_RMSNORM_JOBS, prepare, "rmsnorm (dtype, gamma dtype, hidden) =")
+    _assert_compiled("rmsnorm_bf16_bf16_vec_h4096", "rmsnorm_f32_f32_vec_hany", "rmsnorm_f16_f16_scalar_hany",
+                     "rmsnorm_bf16_f32_vec_h7168")
 
 
 # RMSNorm + residual and LayerNorm: both module kinds of a common and an odd hidden size, float32
@@ -96,25 +118,15 @@ _GATED_JOBS = [(act, dt, cols) for act in (0, 1) for dt in _RMSNORM_DTYPES for c
 
 
 def test_norm_and_gated_modules_compile_for_sm90a():
-    from concurrent.futures import ThreadPoolExecutor
+    def prepare(job):
+        if len(job) == 4:
+            kind, dt, gdt, hidden = job
+            check(lib.pt_norm_prepare(kind, _RMSNORM_DTYPES[dt], _RMSNORM_DTYPES[gdt], hidden))
+        else:
+            act, dt, cols = job
+            check(lib.pt_gated_act_prepare(act, _RMSNORM_DTYPES[dt], cols))
 
-    from primus_turbo._core.lib import check, lib
-
-    def build(job):
-        try:
-            if len(job) == 4:
-                kind, dt, gdt, hidden = job
-                check(lib.pt_norm_prepare(kind, _RMSNORM_DTYPES[dt], _RMSNORM_DTYPES[gdt], hidden))
-            else:
-                act, dt, cols = job
-                check(lib.pt_gated_act_prepare(act, _RMSNORM_DTYPES[dt], cols))
-            return None
-        except Exception as e:  # report every failure
-            return f"{job}: {e}"
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        errors = [e for e in pool.map(build, _NORM_JOBS + _GATED_JOBS) if e]
-    assert not errors, "\n".join(errors)
+    _prepare_all(_NORM_JOBS + _GATED_JOBS, prepare, "norm / gated")
 
 
 # RoPE: every module a call can choose (dtype x 16-byte/scalar accesses x pair layout x cos/sin source).
@@ -122,27 +134,13 @@ _ROPE_JOBS = [(dt, vec, inter, table) for dt in (0, 1, 2) for vec in (0, 1) for 
 
 
 def test_rope_modules_compile_for_sm90a():
-    from concurrent.futures import ThreadPoolExecutor
-
-    from primus_turbo._core.lib import check, lib
-
-    def build(job):
-        try:
-            check(lib.pt_rope_prepare(*job))
-            return None
-        except Exception as e:  # report every failure
-            return f"rope (dtype, vectorized, interleaved, table) = {job}: {e}"
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        errors = [e for e in pool.map(build, _ROPE_JOBS) if e]
-    assert not errors, "\n".join(errors)
+    label = "rope (dtype, vectorized, interleaved, table) ="
+    _prepare_all(_ROPE_JOBS, lambda job: check(lib.pt_rope_prepare(*job)), label)
 
 
 def test_moe_permute_modules_compile_for_sm90a():
     """token_permute's and moe_permute's kernels (one module per dtype and access width; loading a
     module resolves every entry point, the routing-map builder and the index row movers included)."""
-    from primus_turbo._core.lib import check, lib
-
     for dtype in (0, 1, 2):
         for vectorized in (0, 1):
             check(lib.pt_moe_permute_prepare(dtype, vectorized))
@@ -153,28 +151,9 @@ _QUANT_OUT = {"E4M3": 3, "E5M2": 4, "E2M1": 6}
 
 
 def test_quantization_modules_compile_for_sm90a():
-    from concurrent.futures import ThreadPoolExecutor
-
-    from primus_turbo._core.lib import check, lib, string_out
-
     jobs = [(i, o) for i in _QUANT_IN for o in _QUANT_OUT]
-
-    def build(job):
-        try:
-            check(lib.pt_quantize_prepare(_QUANT_IN[job[0]], _QUANT_OUT[job[1]]))
-            return None
-        except Exception as e:  # report every failure
-            return f"quantization {job}: {e}"
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        errors = [e for e in pool.map(build, jobs) if e]
-    assert not errors, "\n".join(errors)
-    cache = string_out(lib.pt_jit_cache_dir)
-    for i, o in jobs:
-        name = f"quant_{i}_{o}"
-        assert glob.glob(os.path.join(cache, "jit", f"{name}-*", "module.so")) or glob.glob(
-            os.path.join(cache, f"{name}-*", "module.so")
-        ), f"no compiled module {name} in {cache}"
+    _prepare_all(jobs, lambda io: check(lib.pt_quantize_prepare(_QUANT_IN[io[0]], _QUANT_OUT[io[1]])), "quantization")
+    _assert_compiled(*(f"quant_{i}_{o}" for i, o in jobs))
 # Grouped GEMM: every config on the forward layout, the other two layouts (trans_b forward/dgrad
 # and wgrad) on their usual configs, and float16.
 def _grouped_jobs():
@@ -192,19 +171,7 @@ def test_cutlass_grouped_gemm_configs_compile_for_sm90a():
 
 
 def test_grouped_gemm_modules_use_hgmma():
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not available")
-    from primus_turbo._core.lib import lib, string_out
-
-    cache = string_out(lib.pt_jit_cache_dir)
-    pattern = "grouped_gemm_cutlass_bf16_AmBn_*"
-    modules = glob.glob(os.path.join(cache, pattern, "module.so")) + glob.glob(
-        os.path.join(cache, "jit", pattern, "module.so")
-    )
-    assert modules, "no compiled module found (the compile test runs first)"
-    sass = subprocess.run([tool, "--dump-sass", modules[0]], capture_output=True, text=True).stdout
-    assert "HGMMA" in sass
+    _assert_sass_contains("HGMMA", "grouped_gemm_cutlass_bf16_AmBn_*")
 
 
 # FP8 GEMM (CUTLASS, block-scaled): every config on the forward point (1x128 activations x 128x128
@@ -215,58 +182,23 @@ _B1, _B128 = 2, 3
 
 
 def _fp8_jobs():
-    from primus_turbo._core.lib import lib
-
     jobs = [(_E4M3, _E4M3, _BF16, _B1, _B128, c) for c in range(lib.pt_gemm_fp8_num_configs(2))]
     jobs += [(_E4M3, _E5M2, _BF16, _B1, _B1, 0), (_E5M2, _E5M2, _F32, _B1, _B128, 0)]
     return jobs
 
 
 def test_cutlass_fp8_gemm_compiles_for_sm90a_with_fp8_wgmma():
-    from concurrent.futures import ThreadPoolExecutor
-
-    from primus_turbo._core.lib import check, lib, string_out
-
-    def build(job):
-        try:
-            check(lib.pt_gemm_fp8_prepare(*job))
-            return None
-        except Exception as e:  # report every failure
-            return f"gemm_fp8 {job}: {e}"
-
     jobs = _fp8_jobs()
     assert len(jobs) >= 4
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        errors = [e for e in pool.map(build, jobs) if e]
-    assert not errors, "\n".join(errors)
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not available")
-    cache = string_out(lib.pt_jit_cache_dir)
-    modules = glob.glob(os.path.join(cache, "**", "gemm_fp8_cutlass_*", "module.so"), recursive=True)
-    assert modules, f"no compiled FP8 module in {cache}"
-    sass = subprocess.run([tool, "--dump-sass", modules[0]], capture_output=True, text=True).stdout
+    _prepare_all(jobs, lambda job: check(lib.pt_gemm_fp8_prepare(*job)), "gemm_fp8")
     # FP8 warpgroup MMA disassembles as QGMMA (HGMMA is the 16-bit one).
-    assert "QGMMA" in sass
+    _assert_sass_contains("QGMMA", "gemm_fp8_cutlass_*")
 
 
 def test_moe_routing_modules_compile_for_sm90a():
     """The routing module of every logits dtype (forward + backward, all expert widths) and the
     dtype-generic helpers' module (indices <-> multihot, tokens mask)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from primus_turbo._core.lib import check, lib
-
-    def build(dtype):
-        try:
-            check(lib.pt_moe_routing_prepare(dtype))
-            return None
-        except Exception as e:  # report every failure
-            return f"moe routing (dtype {dtype}): {e}"
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        errors = [e for e in pool.map(build, (-1, 0, 1, 2)) if e]
-    assert not errors, "\n".join(errors)
+    _prepare_all((-1, 0, 1, 2), lambda dtype: check(lib.pt_moe_routing_prepare(dtype)), "moe routing dtype")
 # FP8-output fusions (kernels/quantization/fused_fp8.cuh in the norm and gated modules): both
 # granularities and formats, each input dtype, a specialized and an any-hidden RMSNorm module, the
 # residual variant; (kind, dtype, gamma dtype, hidden, granularity, fp8 dtype), kind 0/1 = plain/residual.
@@ -279,32 +211,18 @@ _GATED_FP8_JOBS += [(1, "fp16", 4096, 2, _E5M2), (0, "fp32", 4096, 1, _E4M3)]
 
 
 def test_fp8_fusion_modules_compile_for_sm90a():
-    from concurrent.futures import ThreadPoolExecutor
+    def prepare(job):
+        if len(job) == 6:
+            res, dt, gdt, hidden, g, f8 = job
+            check(lib.pt_rmsnorm_fp8_prepare(res, _RMSNORM_DTYPES[dt], _RMSNORM_DTYPES[gdt], hidden, g, f8))
+        else:
+            act, dt, cols, g, f8 = job
+            check(lib.pt_gated_act_fp8_prepare(act, _RMSNORM_DTYPES[dt], cols, g, f8))
 
-    from primus_turbo._core.lib import check, lib, string_out
-
-    def build(job):
-        try:
-            if len(job) == 6:
-                res, dt, gdt, hidden, g, f8 = job
-                check(lib.pt_rmsnorm_fp8_prepare(res, _RMSNORM_DTYPES[dt], _RMSNORM_DTYPES[gdt], hidden, g, f8))
-            else:
-                act, dt, cols, g, f8 = job
-                check(lib.pt_gated_act_fp8_prepare(act, _RMSNORM_DTYPES[dt], cols, g, f8))
-            return None
-        except Exception as e:  # report every failure
-            return f"{job}: {e}"
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        errors = [e for e in pool.map(build, _NORM_FP8_JOBS + _GATED_FP8_JOBS) if e]
-    assert not errors, "\n".join(errors)
-    cache = string_out(lib.pt_jit_cache_dir)
-    for name in ("rmsnorm_bf16_bf16_vec_h4096_fp8row_e4m3", "rmsnorm_bf16_f32_vec_hany_fp8blk128_e5m2",
-                 "rmsnorm_residual_bf16_bf16_vec_h4096_fp8blk128_e4m3", "gated_silu_bf16_vec_fp8row_e4m3",
-                 "gated_gelu_f16_vec_fp8blk128_e5m2"):
-        assert glob.glob(os.path.join(cache, "jit", f"{name}-*", "module.so")) or glob.glob(
-            os.path.join(cache, f"{name}-*", "module.so")
-        ), f"no compiled module {name} in {cache}"
+    _prepare_all(_NORM_FP8_JOBS + _GATED_FP8_JOBS, prepare, "fp8 fusion")
+    _assert_compiled("rmsnorm_bf16_bf16_vec_h4096_fp8row_e4m3", "rmsnorm_bf16_f32_vec_hany_fp8blk128_e5m2",
+                     "rmsnorm_residual_bf16_bf16_vec_h4096_fp8blk128_e4m3", "gated_silu_bf16_vec_fp8row_e4m3",
+                     "gated_gelu_f16_vec_fp8blk128_e5m2")
 # FP8 grouped GEMM (CUTLASS ptr-array, block-scaled): the forward point of BLOCKWISE (1x128 x
 # 128x128, 128x128 tile) and the HYBRID dgrad point of TENSORWISE/ROWWISE (E5M2 x E4M3, 1x128 x
 # 1x128, 256x128 tile). Codes: pt_dtype; the fourth field is b_scale_rows.
@@ -313,47 +231,15 @@ def _grouped_fp8_jobs():
 
 
 def test_cutlass_grouped_gemm_fp8_compiles_for_sm90a_with_fp8_wgmma():
-    from primus_turbo._core.lib import check, lib, string_out
-
-    errors = []
-    for job in _grouped_fp8_jobs():
-        try:
-            check(lib.pt_grouped_gemm_fp8_prepare(*job))
-        except Exception as e:  # report every failure
-            errors.append(f"grouped_gemm_fp8 {job}: {e}")
-    assert not errors, "\n".join(errors)
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not available")
-    cache = string_out(lib.pt_jit_cache_dir)
-    modules = glob.glob(os.path.join(cache, "**", "grouped_gemm_fp8_cutlass_*", "module.so"), recursive=True)
-    assert len(modules) >= 2, f"no compiled FP8 grouped module in {cache}"
-    for module in modules:
-        sass = subprocess.run([tool, "--dump-sass", module], capture_output=True, text=True).stdout
-        assert "QGMMA" in sass, module
+    _prepare_all(_grouped_fp8_jobs(), lambda job: check(lib.pt_grouped_gemm_fp8_prepare(*job)), "grouped_gemm_fp8")
+    _assert_sass_contains("QGMMA", "grouped_gemm_fp8_cutlass_*", min_modules=2, every_module=True)
 
 
 def test_cutlass_grouped_gemm_fp8_wgrad_compiles_for_sm90a_with_fp8_wgmma():
     """The reduction-split (variable-K) FP8 grouped kernel: HYBRID wgrad point, E5M2 x E4M3."""
-    from primus_turbo._core.lib import check, lib, string_out
-
     check(lib.pt_grouped_gemm_fp8_wgrad_prepare(_E5M2, _E4M3, _BF16, 0))
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not available")
-    cache = string_out(lib.pt_jit_cache_dir)
-    modules = glob.glob(os.path.join(cache, "**", "grouped_gemm_fp8_cutlass_*_wgrad_*", "module.so"), recursive=True)
-    assert modules, f"no compiled FP8 grouped wgrad module in {cache}"
-    sass = subprocess.run([tool, "--dump-sass", modules[0]], capture_output=True, text=True).stdout
-    assert "QGMMA" in sass
+    _assert_sass_contains("QGMMA", "grouped_gemm_fp8_cutlass_*_wgrad_*")
 # MX -> 1x128 restatement (MX gemm_fp8, gemm_fp4): one module per input format (E4M3, E5M2, FP4).
 def test_mx_to_blocks_modules_compile_for_sm90a():
-    from primus_turbo._core.lib import check, lib
-
-    errors = []
-    for dtype in (3, 4, 6):  # PT_FLOAT8_E4M3, PT_FLOAT8_E5M2, PT_FLOAT4_E2M1_X2
-        try:
-            check(lib.pt_mx_to_blocks_prepare(dtype))
-        except Exception as e:  # report every failure
-            errors.append(f"mx_to_blocks (dtype {dtype}): {e}")
-    assert not errors, "\n".join(errors)
+    dtypes = (3, 4, 6)  # PT_FLOAT8_E4M3, PT_FLOAT8_E5M2, PT_FLOAT4_E2M1_X2
+    _prepare_all(dtypes, lambda dtype: check(lib.pt_mx_to_blocks_prepare(dtype)), "mx_to_blocks dtype")
