@@ -1,6 +1,7 @@
 """Helpers shared by the host-side (no GPU) check tests, test_*_checks.py: meta tensors, core tensor
-descriptors at a fake address, and the argument-error cases every 2-D GEMM with high-precision
-inputs (gemm_fp8, gemm_fp4) rejects the same way."""
+descriptors at a fake address, and the argument-error cases every 2-D GEMM (gemm_fp8, gemm_fp4) and
+every grouped GEMM (grouped_gemm_fp8, grouped_gemm_fp4) with high-precision inputs rejects the same
+way."""
 
 import torch
 
@@ -12,6 +13,11 @@ FAKE_PTR = 1 << 20
 
 def meta(*shape, dtype=torch.bfloat16, grad=False):
     return torch.empty(shape, device="meta", dtype=dtype, requires_grad=grad)
+
+
+def meta_lens(groups, dtype=torch.int64):
+    """A grouped GEMM's group_lens (or group_offs) as a meta tensor of ``groups`` entries."""
+    return torch.empty(groups, device="meta", dtype=dtype)
 
 
 def desc(shape, dtype=2, strides=None, ptr=FAKE_PTR):
@@ -43,6 +49,19 @@ def check_gemm_step_on_meta(op, trans_a: bool, trans_b: bool, **kwargs) -> None:
     assert a.grad.dtype == a.dtype and b.grad.dtype == b.dtype
 
 
+def check_grouped_gemm_step_on_meta(op, trans_b: bool, k: int, n: int, **kwargs) -> None:
+    """``op(a, b, group_lens, trans_b=trans_b, **kwargs)`` forward and backward on bf16 meta tensors
+    (3 groups, M=40): a bf16 [M, n] output, and gradients of each input's shape and dtype."""
+    groups, m = 3, 40
+    a = meta(m, k, grad=True)
+    b = meta(*((groups, n, k) if trans_b else (groups, k, n)), grad=True)
+    out = op(a, b, meta_lens(groups), trans_b=trans_b, **kwargs)
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16
+    out.sum().backward()
+    assert a.grad.shape == a.shape and a.grad.dtype == a.dtype
+    assert b.grad.shape == b.shape and b.grad.dtype == b.dtype
+
+
 def hp_gemm_bad_arguments():
     """(a, b, kwargs, exception, match) cases of gemm_fp8 / gemm_fp4 with high-precision inputs,
     for ``@pytest.mark.parametrize("a,b,kwargs,exc,match", ...)``."""
@@ -57,4 +76,44 @@ def hp_gemm_bad_arguments():
         (meta(16, 32, grad=True), meta(32, 24), {}, ValueError, r"N=24 to be multiples of 16"),
         (meta(24, 32, grad=True), meta(32, 16), {}, ValueError, r"M=24 and N=16 to be multiples of 16"),
         ("not a tensor", meta(32, 16), {}, TypeError, "must be a torch.Tensor"),
+    ]
+
+
+def hp_grouped_gemm_bad_arguments(n, k):
+    """(args, kwargs, exception, match) cases of grouped_gemm_fp8 / grouped_gemm_fp4 with
+    high-precision inputs, each a single fault in a valid problem a [4, k] x b [2, n, k] (trans_b),
+    for ``@pytest.mark.parametrize("args,kwargs,exc,match", ...)``."""
+    ok = (meta(4, k), meta(2, n, k), meta_lens(2))
+    return [
+        (
+            (torch.randn(4, k).bfloat16(), torch.randn(2, n, k).bfloat16(), torch.tensor([2, 2])),
+            {},
+            ValueError,
+            "argument 'a' is on cpu; expected a CUDA device",
+        ),
+        ((meta(4, k), meta(2, n, 2 * k), meta_lens(2)), {}, ValueError, "inner dimensions do not match"),
+        (
+            (meta(4, k), meta(2, n, k, dtype=torch.float16), meta_lens(2)),
+            {},
+            TypeError,
+            "argument 'b' has dtype torch.float16",
+        ),
+        (
+            (meta(4, k, dtype=torch.float32), meta(2, n, k, dtype=torch.float32), meta_lens(2)),
+            {},
+            TypeError,
+            "argument 'a' has dtype torch.float32; expected bfloat16 or float16",
+        ),
+        ((meta(4, k), meta(n, k), meta_lens(2)), {}, ValueError, "argument 'b' must be 3-D"),
+        ((meta(4, k), meta(2, n, k), meta_lens(3)), {}, ValueError, "'group_lens' has 3 groups but 'b' has 2"),
+        (
+            (meta(4, k), meta(2, n, k), meta_lens(2, torch.int32)),
+            {},
+            TypeError,
+            "'group_lens' has dtype torch.int32",
+        ),
+        ((*ok, meta_lens(2)), {}, ValueError, r"'group_offs' has shape \(2,\); expected \[3\]"),
+        (ok, {"out_dtype": torch.int8}, TypeError, "out_dtype"),
+        (ok, {"num_cu": 0}, ValueError, "num_cu must be a positive int"),
+        (("x", meta(2, n, k), meta_lens(2)), {}, TypeError, "argument 'a' must be a torch.Tensor"),
     ]
