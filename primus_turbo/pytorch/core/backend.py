@@ -146,6 +146,23 @@ def _bump_epoch() -> None:
     _epoch += 1
 
 
+def _family_accessors(op: OpFamily):
+    """GlobalBackendManager's set_<family>_backend and get_<family>_backend for one operator family
+    (the original library's per-family names), as classmethods over _set and get_backend."""
+    family = op.name.lower()
+
+    def set_backend(cls, backend=None, precision=None, auto_tune: bool = False) -> None:
+        cls._set(op, backend, precision, auto_tune)
+
+    def get_backend(cls, precision) -> Optional[BackendChoice]:
+        return cls.get_backend(op, precision)
+
+    for fn, verb in ((set_backend, "set"), (get_backend, "get")):
+        fn.__name__ = f"{verb}_{family}_backend"
+        fn.__qualname__ = f"GlobalBackendManager.{fn.__name__}"
+    return classmethod(set_backend), classmethod(get_backend)
+
+
 class GlobalBackendManager:
     """Process-wide backend settings for every operator family."""
 
@@ -153,22 +170,6 @@ class GlobalBackendManager:
     def _set(op: OpFamily, backend, precision, auto_tune: bool) -> None:
         check(lib.pt_backend_set(op.value, _to_precision(precision), _to_backend(backend), int(auto_tune)))
         _bump_epoch()
-
-    @classmethod
-    def set_gemm_backend(cls, backend=None, precision=None, auto_tune: bool = False) -> None:
-        cls._set(OpFamily.GEMM, backend, precision, auto_tune)
-
-    @classmethod
-    def set_grouped_gemm_backend(cls, backend=None, precision=None, auto_tune: bool = False) -> None:
-        cls._set(OpFamily.GROUPED_GEMM, backend, precision, auto_tune)
-
-    @classmethod
-    def set_attn_backend(cls, backend=None, precision=None, auto_tune: bool = False) -> None:
-        cls._set(OpFamily.ATTN, backend, precision, auto_tune)
-
-    @classmethod
-    def set_moe_dispatch_combine_backend(cls, backend=None, precision=None, auto_tune: bool = False) -> None:
-        cls._set(OpFamily.MOE_DISPATCH_COMBINE, backend, precision, auto_tune)
 
     @staticmethod
     def get_backend(op: OpFamily, precision) -> Optional[BackendChoice]:
@@ -179,21 +180,12 @@ class GlobalBackendManager:
             lib.pt_backend_get_env, op, precision
         )
 
-    @classmethod
-    def get_gemm_backend(cls, precision) -> Optional[BackendChoice]:
-        return cls.get_backend(OpFamily.GEMM, precision)
-
-    @classmethod
-    def get_grouped_gemm_backend(cls, precision) -> Optional[BackendChoice]:
-        return cls.get_backend(OpFamily.GROUPED_GEMM, precision)
-
-    @classmethod
-    def get_attn_backend(cls, precision) -> Optional[BackendChoice]:
-        return cls.get_backend(OpFamily.ATTN, precision)
-
-    @classmethod
-    def get_moe_dispatch_combine_backend(cls, precision) -> Optional[BackendChoice]:
-        return cls.get_backend(OpFamily.MOE_DISPATCH_COMBINE, precision)
+    set_gemm_backend, get_gemm_backend = _family_accessors(OpFamily.GEMM)
+    set_grouped_gemm_backend, get_grouped_gemm_backend = _family_accessors(OpFamily.GROUPED_GEMM)
+    set_attn_backend, get_attn_backend = _family_accessors(OpFamily.ATTN)
+    set_moe_dispatch_combine_backend, get_moe_dispatch_combine_backend = _family_accessors(
+        OpFamily.MOE_DISPATCH_COMBINE
+    )
 
     @staticmethod
     def set_auto_tune(enabled: Optional[bool]) -> None:
