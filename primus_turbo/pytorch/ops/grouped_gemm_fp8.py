@@ -430,8 +430,8 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, n
         want_a, want_b, rows = (m, kb), (n_groups, _cdiv(n, _BLOCK), kb), 128
     elif g == ScalingGranularity.ROWWISE:
         want_a, want_b, rows = (m, 1), (n_groups, n, 1), 1
-    else:
-        want_a, want_b, rows = (), (), 1
+    else:  # the weight's one scale is stated per 128x128 block, as quantize_weight states it
+        want_a, want_b, rows = (), (), 128
     if sa.numel() != (1 if not want_a else int(torch.Size(want_a).numel())) or (want_a and tuple(sa.shape) != want_a):
         raise ValueError(
             f"grouped_gemm_fp8: pre-quantized 'a' scale_inv has shape {tuple(sa.shape)}; expected {list(want_a)}"
@@ -443,7 +443,10 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, n
     check_cuda_tensors("grouped_gemm_fp8", a=qa, b=qb, group_lens=group_lens)
     if g != ScalingGranularity.BLOCKWISE:
         sa = sa.float().reshape(-1, 1).expand(m, kb)
+    if g == ScalingGranularity.ROWWISE:
         sb = sb.float().reshape(-1, 1).expand(n_groups * n, kb).reshape(n_groups, n, kb)
+    elif g == ScalingGranularity.TENSORWISE:
+        sb = sb.float().reshape(1, 1, 1).expand(n_groups, _cdiv(n, _BLOCK), kb)
     return grouped_fp8_mm(qa, sa.contiguous(), qb, sb.contiguous(), group_lens, group_offs, rows, out_dtype, num_sms)
 
 

@@ -7,13 +7,17 @@
 // loads, FP8 WGMMA (QGMMA) accumulating one 128-deep K block, promoted into FP32 registers times
 // that block's A and B scales; persistent cooperative schedule; D = acc in bf16/fp16/fp32.
 //
-// Both operands are K-major (what FP8 WGMMA reads): A = a [rows, k], B = b[g] [n, k]. Scales:
-//   A: one per row and K block (1x128), K-major [rows, kb] - the quantizer's own layout, so a
-//      group's scales start at sfa + start * kb. (The collective derives each group's scale layout
-//      from the group's shape and the K-major stride depends on k only, which is what makes a
-//      slice of the packed tensor a valid per-group layout.)
-//   B: per expert, 1x128 ([n, kb]) or 128x128 ([ceil(n/128), kb]) blocks, K-major.
-// Tensorwise and rowwise scalings are restated in these layouts by the caller.
+// Both operands are K-major (what FP8 WGMMA reads): A = a [rows, k], B = b[g] [n, k]. The caller's
+// scales are K-major too: A one per row and K block (1x128) [rows, kb]; B per expert, 1x128
+// ([n, kb]) or 128x128 ([ceil(n/128), kb]) blocks. Tensorwise and rowwise scalings are restated in
+// these layouts by the caller.
+//
+// The mainloop reads a tile's 1x128 scales for one K block per stage: 128 rows' worth. K-major,
+// that is 128 loads 4*kb bytes apart; MN-major, 512 contiguous bytes. So the forward rewrites the
+// 1x128 scales MN-major into workspace scratch first (scales_to_mn_major): group g's A scales as
+// [kb, len_g] at scratch + start_g * kb (the collective derives a group's layout from its shape,
+// and an MN-major stride is the group's own row count), 1x128 B scales as [kb, n] per expert. The
+// 128x128 B scales are one load per tile and stay K-major.
 #pragma once
 
 #include "cute/tensor.hpp"
@@ -66,6 +70,50 @@ __global__ void __launch_bounds__(kSetupThreads)
       out.stride_d[g] = leading_stride<cute::remove_cvref_t<decltype(out.stride_d[g])>>(n);
     }
   }
+}
+
+// Group g's 1x128 scales, K-major [len, kb] at src + start * kb, rewritten MN-major [kb, len] at
+// dst + start * kb. Grid (chunks, groups); span_of(g) gives {start, len}. Writes are coalesced;
+// the strided reads are a few MB at most, from L2.
+template <class SpanOf>
+__global__ void __launch_bounds__(256)
+    scales_to_mn_major(SpanOf span_of, const float* __restrict__ src, float* __restrict__ dst,
+                       int64_t kb) {
+  const GroupSpan span = span_of(blockIdx.y);
+  const int64_t total = span.len * kb;
+  const float* from = src + span.start * kb;
+  float* to = dst + span.start * kb;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i / span.len, r = i - j * span.len;
+    to[i] = from[r * kb + j];
+  }
+}
+
+// Spans for scales_to_mn_major. A: where setup_fp8_groups put the group (its scale pointer into
+// the MN-major copy, its row count). B: expert g's n rows.
+template <class Shape>
+struct ActivationScaleSpans {
+  const Shape* shapes;
+  const float* const* ptr_sfa;
+  const float* base;
+  int64_t kb;
+  __device__ GroupSpan operator()(int64_t g) const {
+    return {(ptr_sfa[g] - base) / kb, cute::get<0>(shapes[g])};
+  }
+};
+struct WeightScaleSpans {
+  int64_t n;
+  __device__ GroupSpan operator()(int64_t g) const { return {g * n, n}; }
+};
+
+// Launches scales_to_mn_major over num_groups groups of about avg_len rows each.
+template <class SpanOf>
+void launch_scales_to_mn_major(SpanOf span_of, const float* src, float* dst, int64_t kb,
+                               int64_t num_groups, int64_t avg_len, cudaStream_t stream) {
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(64, (avg_len * kb + 1023) / 1024));
+  scales_to_mn_major<<<dim3(unsigned(chunks), unsigned(num_groups)), 256, 0, stream>>>(
+      span_of, src, dst, kb);
 }
 
 // Wgrad: the groups split the reduction over padded token columns (see grouped_gemm_fp8_abi.h).
@@ -131,12 +179,12 @@ struct CutlassGroupedGemmFp8Sm90
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
   using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::Int<kClusterN>, cute::_1>;
 
-  // Forward/dgrad: K-major scales on both sides (see the file comment for why A's must be).
-  // Wgrad: MN-major, [ld/128, rows]: the per-group stride along K blocks is then the fixed row
-  // count, and a group's scales start at (pstart / 128) * rows.
-  static constexpr auto kScaleMajor = kWgrad ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
+  // 1x128 scales are MN-major: the forward's rewritten ones (see the file comment) and the wgrad's,
+  // [ld/128, rows] (the per-group stride along K blocks is then the fixed row count, and a group's
+  // scales start at (pstart / 128) * rows). 128x128 B scales stay K-major.
+  static constexpr auto kMajorB = kScaleRowsB == 1 ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
   using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleRowsB, kBlockK,
-                                                                 kScaleMajor, kScaleMajor>;
+                                                                 cute::GMMA::Major::MN, kMajorB>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
@@ -178,8 +226,16 @@ struct CutlassGroupedGemmFp8Sm90
          nullptr});
   }
 
-  static int setup(const PtGroupedGemmFp8Params& p, const Arrays& arr, cudaStream_t stream,
-                   char* err, size_t err_len) {
+  static int64_t scale_blocks(const PtGroupedGemmFp8Params& p) { return (p.k + kBlockK - 1) / kBlockK; }
+  // The forward's MN-major scale copies: A's, then (1x128 only) B's.
+  static size_t scratch_bytes(const PtGroupedGemmFp8Params& p) {
+    if (p.wgrad) return 0;
+    const int64_t b_rows = kScaleRowsB == 1 ? p.num_groups * p.n : 0;
+    return size_t(p.rows + b_rows) * size_t(scale_blocks(p)) * sizeof(float);
+  }
+
+  static int setup(const PtGroupedGemmFp8Params& p, const Arrays& arr, void* scratch,
+                   cudaStream_t stream, char* err, size_t err_len) {
     if constexpr (kWgrad) {
       if (!p.wgrad) {
         std::snprintf(err, err_len, "this module is the wgrad (reduction split) kernel");
@@ -197,10 +253,22 @@ struct CutlassGroupedGemmFp8Sm90
         return 1;
       }
       const int64_t b_scale_rows = (p.n + kScaleRowsB - 1) / kScaleRowsB;
+      const int64_t kb = scale_blocks(p);
+      float* sfa_mn = static_cast<float*>(scratch);
+      float* sfb_mn = sfa_mn + p.rows * kb;
       setup_fp8_groups<<<1, kSetupThreads, 0, stream>>>(
           arr, p.group_lens, p.group_offs, p.num_groups, p.rows, int(p.n), int(p.k),
-          b_scale_rows, static_cast<const ElementA*>(p.a), p.sfa,
-          static_cast<const ElementB*>(p.b), p.sfb, static_cast<ElementD*>(p.d));
+          b_scale_rows, static_cast<const ElementA*>(p.a), sfa_mn,
+          static_cast<const ElementB*>(p.b), kScaleRowsB == 1 ? sfb_mn : p.sfb,
+          static_cast<ElementD*>(p.d));
+      using Shape = cute::remove_cvref_t<decltype(*arr.shapes)>;
+      launch_scales_to_mn_major(ActivationScaleSpans<Shape>{arr.shapes, arr.ptr_sfa, sfa_mn, kb},
+                                p.sfa, sfa_mn, kb, p.num_groups,
+                                (p.rows + p.num_groups - 1) / p.num_groups, stream);
+      if constexpr (kScaleRowsB == 1) {
+        launch_scales_to_mn_major(WeightScaleSpans{p.n}, p.sfb, sfb_mn, kb, p.num_groups, p.n,
+                                  stream);
+      }
     }
     return 0;
   }

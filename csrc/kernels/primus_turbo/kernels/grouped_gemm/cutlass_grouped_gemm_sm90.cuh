@@ -132,8 +132,8 @@ struct CutlassGroupedGemmSm90
     return grouped_arguments<Gemm>(p, arr, {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b});
   }
 
-  static int setup(const PtGroupedGemmParams& p, const Arrays& arr, cudaStream_t stream, char*,
-                   size_t) {
+  static int setup(const PtGroupedGemmParams& p, const Arrays& arr, void*, cudaStream_t stream,
+                   char*, size_t) {
     if (p.split == PT_GROUPED_SPLIT_REDUCTION) {
       setup_groups<true, kAKMajor, kBKMajor><<<1, kSetupThreads, 0, stream>>>(
           arr, p.group_lens, p.group_offs, p.num_groups, p.rows, int(p.m), int(p.n), int(p.k),

@@ -161,32 +161,40 @@ typename Gemm::Arguments grouped_arguments(
 
 // The host side of a grouped kernel K, which provides Gemm, Arrays,
 // make_arguments(const Params&, const Arrays&), kName ("grouped", "FP8 grouped": used in error
-// messages) and setup(const Params&, const Arrays&, cudaStream_t, char* err, size_t err_len),
-// which launches the setup kernels (returns nonzero with err filled to refuse the call).
-// Workspace: the per-group arrays, then CUTLASS's own (device-side TMA descriptors per SM).
+// messages) and setup(const Params&, const Arrays&, void* scratch, cudaStream_t, char* err,
+// size_t err_len), which launches the setup kernels (returns nonzero with err filled to refuse the
+// call). K may hide scratch_bytes(const Params&) to get scratch device memory for its setup.
+// Workspace: the per-group arrays, K's scratch, then CUTLASS's own (TMA descriptors per SM).
 template <class K, class Params>
 struct GroupedRunner {
+  static size_t scratch_bytes(const Params&) { return 0; }
   static size_t cutlass_workspace(const Params& p) {
     typename K::Arrays none{};
     return K::Gemm::get_workspace_size(K::make_arguments(p, none));
   }
+  // Bytes before CUTLASS's workspace: the arrays and the scratch.
+  static size_t own_bytes(const Params& p) {
+    return K::Arrays::bytes(p.num_groups) + K::Arrays::align(K::scratch_bytes(p));
+  }
   static int workspace(const Params* p, size_t* bytes, char*, size_t) {
-    *bytes = K::Arrays::bytes(p->num_groups) + K::Arrays::align(cutlass_workspace(*p));
+    *bytes = own_bytes(*p) + K::Arrays::align(cutlass_workspace(*p));
     return 0;
   }
 
   static int run(const Params* p, char* err, size_t err_len) {
     using Arrays = typename K::Arrays;
-    const size_t array_bytes = Arrays::bytes(p->num_groups);
-    const size_t needed = array_bytes + Arrays::align(cutlass_workspace(*p));
+    const size_t before_cutlass = own_bytes(*p);
+    const size_t needed = before_cutlass + Arrays::align(cutlass_workspace(*p));
     if (needed > p->workspace_bytes) {
       std::snprintf(err, err_len, "workspace too small: need %zu bytes, have %zu", needed,
                     p->workspace_bytes);
       return 1;
     }
     auto stream = static_cast<cudaStream_t>(p->stream);
-    Arrays arr = Arrays::carve(p->workspace, p->num_groups);
-    if (int refused = K::setup(*p, arr, stream, err, err_len)) return refused;
+    char* base = static_cast<char*>(p->workspace);
+    Arrays arr = Arrays::carve(base, p->num_groups);
+    void* scratch = base + Arrays::bytes(p->num_groups);
+    if (int refused = K::setup(*p, arr, scratch, stream, err, err_len)) return refused;
     cudaError_t setup = cudaGetLastError();
     if (setup != cudaSuccess) {
       std::snprintf(err, err_len, "group setup launch failed: %s", cudaGetErrorString(setup));
@@ -200,7 +208,7 @@ struct GroupedRunner {
                     cutlassGetStatusString(status));
       return 1;
     }
-    status = gemm.initialize(args, static_cast<char*>(p->workspace) + array_bytes, stream);
+    status = gemm.initialize(args, base + before_cutlass, stream);
     if (status == cutlass::Status::kSuccess) status = gemm.run(stream);
     cudaError_t launch = cudaGetLastError();
     if (status != cutlass::Status::kSuccess || launch != cudaSuccess) {
