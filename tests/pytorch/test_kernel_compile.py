@@ -83,6 +83,23 @@ def _assert_sass_contains(instruction, dir_glob, min_modules=1, every_module=Fal
         assert instruction in sass, module
 
 
+def _assert_no_register_spills(dir_glob, kernel_marker="device_kernel"):
+    """Every kernel whose name contains kernel_marker, in every compiled module matching dir_glob,
+    uses no stack or local memory (a spilled accumulator costs more than half the speed)."""
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not available")
+    modules = _jit_modules(dir_glob)
+    assert modules, f"no compiled module {dir_glob} (the compile tests run first)"
+    for module in modules:
+        usage = subprocess.run([tool, "-res-usage", module], capture_output=True, text=True).stdout
+        lines = usage.splitlines()
+        kernels = [(name, lines[i + 1]) for i, name in enumerate(lines[:-1]) if kernel_marker in name]
+        assert kernels, f"no {kernel_marker} in {module}"
+        for name, res in kernels:
+            assert "STACK:0 " in res + " " and "LOCAL:0 " in res + " ", f"{module}: {res.strip()}"
+
+
 def test_cutlass_gemm_configs_compile_for_sm90a():
     assert precompile.num_cutlass_configs() >= 4
     errors = precompile.compile_all(_jobs(), workers=os.cpu_count() or 1, quiet=True)
@@ -224,8 +241,8 @@ def test_fp8_fusion_modules_compile_for_sm90a():
                      "rmsnorm_residual_bf16_bf16_vec_h4096_fp8blk128_e4m3", "gated_silu_bf16_vec_fp8row_e4m3",
                      "gated_gelu_f16_vec_fp8blk128_e5m2")
 # FP8 grouped GEMM (CUTLASS ptr-array, block-scaled): the forward point of BLOCKWISE (1x128 x
-# 128x128, 128x128 tile) and the HYBRID dgrad point of TENSORWISE/ROWWISE (E5M2 x E4M3, 1x128 x
-# 1x128, 256x128 tile). Codes: pt_dtype; the fourth field is b_scale_rows.
+# 128x128, 1x2 cluster) and the HYBRID dgrad point of ROWWISE (E5M2 x E4M3, 1x128 x 1x128, 1x1
+# cluster). Codes: pt_dtype; the fourth field is b_scale_rows.
 def _grouped_fp8_jobs():
     return [(_E4M3, _E4M3, _BF16, 128, 0), (_E5M2, _E4M3, _BF16, 1, 1)]
 
@@ -233,6 +250,7 @@ def _grouped_fp8_jobs():
 def test_cutlass_grouped_gemm_fp8_compiles_for_sm90a_with_fp8_wgmma():
     _prepare_all(_grouped_fp8_jobs(), lambda job: check(lib.pt_grouped_gemm_fp8_prepare(*job)), "grouped_gemm_fp8")
     _assert_sass_contains("QGMMA", "grouped_gemm_fp8_cutlass_*", min_modules=2, every_module=True)
+    _assert_no_register_spills("grouped_gemm_fp8_cutlass_*_128x128x128_*")
 
 
 def test_cutlass_grouped_gemm_fp8_wgrad_compiles_for_sm90a_with_fp8_wgmma():

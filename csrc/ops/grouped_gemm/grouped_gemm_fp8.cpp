@@ -27,11 +27,14 @@ struct Config {
 };
 
 // Bounded on purpose: every point is one module per (dtypes, scale granularity), minutes of nvcc.
-// The tile's N side is 128 because a 128x128-scaled B needs exactly one scale per tile side.
+// The tile's N side is 128 because a 128x128-scaled B needs exactly one scale per tile side. The
+// tile is 128x128: the block-scaled mainloop keeps two accumulators (one K block's and the
+// promoted sum), so a 256-row tile (128x128 per consumer warpgroup) spills registers and runs at
+// half the speed of the bf16 kernel.
 const std::vector<Config>& candidates() {
   static const std::vector<Config> configs = {
+      {128, 128, 1, 2},
       {128, 128, 1, 1},
-      {256, 128, 2, 1},
   };
   return configs;
 }
@@ -260,11 +263,12 @@ KernelKey kernel_key(const Problem& p, int config) {
   return {p.a_dtype, p.b_dtype, p.d_dtype, p.b_scale_rows, config, p.wgrad};
 }
 
+// The 1x2 cluster (two N tiles of one M tile share A's loads) unless there are too few tiles to
+// pair. Group sizes are unknown on the host: estimate the tiles from the packed extent.
 int default_config(const Problem& p, int sm_count) {
-  // Group sizes are unknown on the host: estimate the 256x128 tiles from the packed extent.
-  const int64_t big_tiles = p.wgrad ? p.groups * ceil_div(p.m, 256) * ceil_div(p.n, 128)
-                                    : (ceil_div(p.rows, 256) + p.groups / 2) * ceil_div(p.n, 128);
-  return big_tiles >= 2 * sm_count ? 1 : 0;
+  const int64_t tiles = p.wgrad ? p.groups * ceil_div(p.m, 128) * ceil_div(p.n, 128)
+                                : (ceil_div(p.rows, 128) + p.groups / 2) * ceil_div(p.n, 128);
+  return tiles >= sm_count && p.n > 128 ? 0 : 1;
 }
 
 int resolve_config(const Problem& p, int32_t config) {
