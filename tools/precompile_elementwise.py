@@ -1,4 +1,4 @@
-"""Warms the JIT cache with the normalization, gated-activation MoE routing and MoE permutation modules that the GPU
+"""Warms the JIT cache with the normalization, gated-activation, MoE routing, MoE permutation and transpose modules that the GPU
 tests and the quick benchmarks use, compiling in parallel (one nvcc per worker). Needs no GPU.
 
     python3 -P tools/precompile_elementwise.py [-j JOBS]
@@ -62,6 +62,10 @@ for g in (1, 2):
             FP8.add(("fp8gated", act, dt, 128, g, E5M2))
 
 
+# Batched transpose (grouped FP8 / FP4 weights): one module per element size.
+TRANSPOSE = [("transpose", size) for size in (1, 2, 4)]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
@@ -77,6 +81,8 @@ def main() -> int:
                 check(lib.pt_gated_act_fp8_prepare(*job[1:]))
             elif len(job) == 4:
                 check(lib.pt_norm_prepare(*job))
+            elif job[0] == "transpose":
+                check(lib.pt_transpose_prepare(job[1]))
             elif job[0] == "moe_permute":
                 check(lib.pt_moe_permute_prepare(*job[1:]))
             else:
@@ -86,7 +92,7 @@ def main() -> int:
             return f"{job}: {e}"
 
     t0 = time.time()
-    jobs = sorted(JOBS) + GATED + ROUTING + MOE_PERMUTE + sorted(FP8)
+    jobs = sorted(JOBS) + GATED + ROUTING + MOE_PERMUTE + sorted(FP8) + TRANSPOSE
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         errors = [e for e in pool.map(build, jobs) if e]
     print(f"precompile_elementwise: {len(jobs)} requests in {time.time() - t0:.0f}s, {len(errors)} errors")

@@ -137,6 +137,9 @@ _PROTOTYPES = {
     # gemm_mx.h
     "pt_mx_to_blocks": (_i32, [_T, _T, _T, _T, _vp]),
     "pt_mx_to_blocks_prepare": (_i32, [_i32]),
+    # layout.h
+    "pt_transpose_last2": (_i32, [_T, _T, _vp]),
+    "pt_transpose_prepare": (_i32, [_i32]),
     "pt_rmsnorm_fwd": (_i32, [_T, _T, _T, _T, _f32, _i32, _vp]),
     "pt_rmsnorm_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _vp, _sz, _i32, _vp]),
     "pt_rmsnorm_bwd_workspace_bytes": (_sz, [_i64, _i64]),

@@ -50,10 +50,6 @@ def warm_modules():
             check(f.result())
 
 
-
-
-
-
 def _deq_rows(q, s):
     """q [R, C] FP8, s [R, ceil(C/128)] -> float64."""
     c = q.shape[-1]

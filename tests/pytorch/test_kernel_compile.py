@@ -257,6 +257,12 @@ def test_cutlass_grouped_gemm_fp8_wgrad_compiles_for_sm90a_with_fp8_wgmma():
     """The reduction-split (variable-K) FP8 grouped kernel: HYBRID wgrad point, E5M2 x E4M3."""
     check(lib.pt_grouped_gemm_fp8_wgrad_prepare(_E5M2, _E4M3, _BF16, 0))
     _assert_sass_contains("QGMMA", "grouped_gemm_fp8_cutlass_*_wgrad_*")
+# Batched transpose (grouped FP8 dgrad weights): one module per element size.
+def test_transpose_modules_compile_for_sm90a():
+    _prepare_all((1, 2, 4), lambda size: check(lib.pt_transpose_prepare(size)), "transpose element bytes")
+    _assert_compiled("transpose_1byte", "transpose_2byte", "transpose_4byte")
+
+
 # MX -> 1x128 restatement (MX gemm_fp8, gemm_fp4): one module per input format (E4M3, E5M2, FP4).
 def test_mx_to_blocks_modules_compile_for_sm90a():
     dtypes = (3, 4, 6)  # PT_FLOAT8_E4M3, PT_FLOAT8_E5M2, PT_FLOAT4_E2M1_X2

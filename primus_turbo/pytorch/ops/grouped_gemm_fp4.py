@@ -37,6 +37,7 @@ import torch
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
 from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+from primus_turbo.pytorch.ops._transpose import transpose_last2
 from primus_turbo.pytorch.ops.gemm_fp4 import _check_config, _q, recipe_of
 from primus_turbo.pytorch.ops.grouped_gemm import _grouped_gemm_wgrad_op, grouped_gemm
 from primus_turbo.pytorch.ops.grouped_gemm_fp8 import check_hp_operands, check_num_cu, grouped_fp8_mm
@@ -71,7 +72,7 @@ def weight_operand(w: torch.Tensor, along_last: bool, two_d: bool):
     # quantize_fp4(axis=0) over [G*X, Y] followed by moving the expert index on the packed bytes:
     # that reordering needs dtype views of float4_e2m1fn_x2, which torch.compile's inductor does
     # not lower on every backend.
-    src = w if along_last else w.transpose(1, 2).contiguous()
+    src = w if along_last else transpose_last2(w)
     g, rows, k = src.shape
     # [G*R, K/2] and scales [G*R, K/32] (or [G*R/32, K/32]): R % 32 == 0, so no block spans experts.
     q, s = _q(src.reshape(g * rows, k), -1, two_d=two_d)

@@ -41,6 +41,7 @@ from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionTy
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity, ScalingRecipe
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+from primus_turbo.pytorch.ops._transpose import transpose_last2
 from primus_turbo.pytorch.ops.grouped_gemm import _check_groups, _grouped_gemm_wgrad_op, grouped_gemm, run_planned
 from primus_turbo.pytorch.ops.quantization import quantize_fp8, quantize_fp8_with_trans
 
@@ -292,33 +293,40 @@ def _quantize_2d_batched(w: torch.Tensor, dtype: torch.dtype):
     return q.view(g, xb * _BLOCK, yb * _BLOCK)[:, :x, :y].contiguous(), s
 
 
+def quantize_weight_blocks(w: torch.Tensor, dtype: torch.dtype, g: ScalingGranularity):
+    """BLOCKWISE / TENSORWISE: w ``[G, X, Y]`` quantized as it lies -> ``(q [G, X, Y], scale
+    [G, ceil(X/128), ceil(Y/128)])``, one scale per 128x128 block (TENSORWISE: the one value in
+    every block, the kernel's cheaper B-scale form). A block keeps its scale when transposed, so both
+    orientations of the kernel's B (forward and dgrad) come from this one quantization
+    (``orient_weight``)."""
+    n_groups, x, y = w.shape
+    if g == ScalingGranularity.TENSORWISE:
+        q, s = quantize_fp8(w.reshape(n_groups * x, y), dtype, g)
+        return q.view(n_groups, x, y), s.float().reshape(1, 1, 1).expand(n_groups, _cdiv(x, _BLOCK), _cdiv(y, _BLOCK))
+    if x % _BLOCK == 0:  # 128x128 blocks of [G*X, Y] never cross experts
+        q, s = quantize_fp8(
+            w.reshape(n_groups * x, y), dtype, g, block_size=_BLOCK, scaling_recipe=ScalingRecipe(use_2d_block=True)
+        )
+        return q.view(n_groups, x, y), s.view(n_groups, x // _BLOCK, _cdiv(y, _BLOCK))
+    return _quantize_2d_batched(w, dtype)
+
+
+def orient_weight(q: torch.Tensor, s: torch.Tensor, transpose: bool):
+    """``quantize_weight_blocks``' result as the kernel's K-major B (K = Y, or X with
+    ``transpose``): ``(q, scale, b_scale_rows=128)``."""
+    if transpose:
+        return transpose_last2(q), s.transpose(1, 2).contiguous(), 128
+    return q.contiguous(), s.contiguous(), 128
+
+
 def quantize_weight(w: torch.Tensor, dtype: torch.dtype, g: ScalingGranularity, transpose: bool):
     """w ``[G, X, Y]`` -> the kernel's K-major B: ``[G, X, Y]`` (K = Y) or, with ``transpose``,
     ``[G, Y, X]`` (K = X); returns ``(q, scale, b_scale_rows)``."""
-    n_groups, x, y = w.shape
-    if g == ScalingGranularity.BLOCKWISE:
-        if x % _BLOCK == 0:  # 128x128 blocks of [G*X, Y] never cross experts
-            q, s = quantize_fp8(
-                w.reshape(n_groups * x, y), dtype, g, block_size=_BLOCK, scaling_recipe=ScalingRecipe(use_2d_block=True)
-            )
-            q, s = q.view(n_groups, x, y), s.view(n_groups, x // _BLOCK, _cdiv(y, _BLOCK))
-        else:
-            q, s = _quantize_2d_batched(w, dtype)
-        if transpose:  # the transposed blocks keep their scales
-            q, s = q.transpose(1, 2).contiguous(), s.transpose(1, 2).contiguous()
-        return q, s, 128
-    if g == ScalingGranularity.TENSORWISE:
-        q, s = quantize_fp8(w.reshape(n_groups * x, y), dtype, g)
-        q = q.view(n_groups, x, y)
-        if transpose:
-            q = q.transpose(1, 2).contiguous()
-        n, k = q.shape[1], q.shape[2]
-        # One value for every block: stated per 128x128 block, the kernel's cheaper B-scale form
-        # (one scale per 128-row tile instead of one per row).
-        s = s.float().reshape(1, 1, 1).expand(n_groups, _cdiv(n, _BLOCK), _cdiv(k, _BLOCK)).contiguous()
-        return q, s, 128
+    if g != ScalingGranularity.ROWWISE:
+        return orient_weight(*quantize_weight_blocks(w, dtype, g), transpose)
     # ROWWISE: one scale per row of the K-major operand (per output channel and expert).
-    src = w.transpose(1, 2).contiguous() if transpose else w.contiguous()
+    n_groups = w.shape[0]
+    src = transpose_last2(w) if transpose else w.contiguous()
     n, k = src.shape[1], src.shape[2]
     q, s = quantize_rows(src.reshape(n_groups * n, k), dtype, g)
     return q.view(n_groups, n, k), s.view(n_groups, n, _cdiv(k, _BLOCK)), 1
@@ -343,10 +351,16 @@ class GroupedGemmFp8Function(torch.autograd.Function):
     ):
         fwd_dtype, grad_dtype = _dtypes(fmt)
         qa, sa = quantize_rows(a, fwd_dtype, g)
-        # The forward's B is op(b)^T [G, N, K]: b itself with trans_b, else its transpose.
-        qb, sb, rows = quantize_weight(b, fwd_dtype, g, transpose=not trans_b)
+        # The forward's B is op(b)^T [G, N, K]: b itself with trans_b, else its transpose. Block
+        # scales serve the dgrad's orientation too: kept, so the weight is quantized once a step.
+        wq = ws = None
+        if g == ScalingGranularity.ROWWISE:
+            qb, sb, rows = quantize_weight(b, fwd_dtype, g, transpose=not trans_b)
+        else:
+            wq, ws = quantize_weight_blocks(b, fwd_dtype, g)
+            qb, sb, rows = orient_weight(wq, ws, transpose=not trans_b)
         out = grouped_fp8_mm(qa, sa, qb, sb, group_lens, group_offs, rows, out_dtype, num_sms)
-        ctx.save_for_backward(a, b, group_lens, group_offs)
+        ctx.save_for_backward(a, b, group_lens, group_offs, wq, ws)
         ctx.num_sms = num_sms
         ctx.fp8_wgrad = FP8_WGRAD
         ctx.trans_b, ctx.g, ctx.fwd_dtype, ctx.grad_dtype = trans_b, g, fwd_dtype, grad_dtype
@@ -354,12 +368,15 @@ class GroupedGemmFp8Function(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        a, b, group_lens, group_offs = ctx.saved_tensors
+        a, b, group_lens, group_offs, wq, ws = ctx.saved_tensors
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
             qg, sg = quantize_rows(grad_out.contiguous(), ctx.grad_dtype, ctx.g)
             # dgrad's B is op(b) [G, K, N]: b's transpose with trans_b, else b itself.
-            qb, sb, rows = quantize_weight(b, ctx.fwd_dtype, ctx.g, transpose=ctx.trans_b)
+            if wq is None:
+                qb, sb, rows = quantize_weight(b, ctx.fwd_dtype, ctx.g, transpose=ctx.trans_b)
+            else:
+                qb, sb, rows = orient_weight(wq, ws, transpose=ctx.trans_b)
             grad_a = grouped_fp8_mm(qg, sg, qb, sb, group_lens, group_offs, rows, a.dtype, ctx.num_sms)
         if ctx.needs_input_grad[1] and ctx.fp8_wgrad:
             grad_b = grouped_fp8_wgrad(
