@@ -293,6 +293,12 @@ def _quantize_2d_batched(w: torch.Tensor, dtype: torch.dtype):
     return q.view(g, xb * _BLOCK, yb * _BLOCK)[:, :x, :y].contiguous(), s
 
 
+def _stated_per_block(scale: torch.Tensor, n_groups: int, x: int, y: int) -> torch.Tensor:
+    """TENSORWISE's one weight scale as the kernel's cheaper B-scale form: the same value for every
+    128x128 block of each expert's ``[X, Y]``, ``[G, ceil(X/128), ceil(Y/128)]`` (a broadcast view)."""
+    return scale.float().reshape(1, 1, 1).expand(n_groups, _cdiv(x, _BLOCK), _cdiv(y, _BLOCK))
+
+
 def quantize_weight_blocks(w: torch.Tensor, dtype: torch.dtype, g: ScalingGranularity):
     """BLOCKWISE / TENSORWISE: w ``[G, X, Y]`` quantized as it lies -> ``(q [G, X, Y], scale
     [G, ceil(X/128), ceil(Y/128)])``, one scale per 128x128 block (TENSORWISE: the one value in
@@ -302,7 +308,7 @@ def quantize_weight_blocks(w: torch.Tensor, dtype: torch.dtype, g: ScalingGranul
     n_groups, x, y = w.shape
     if g == ScalingGranularity.TENSORWISE:
         q, s = quantize_fp8(w.reshape(n_groups * x, y), dtype, g)
-        return q.view(n_groups, x, y), s.float().reshape(1, 1, 1).expand(n_groups, _cdiv(x, _BLOCK), _cdiv(y, _BLOCK))
+        return q.view(n_groups, x, y), _stated_per_block(s, n_groups, x, y)
     if x % _BLOCK == 0:  # 128x128 blocks of [G*X, Y] never cross experts
         q, s = quantize_fp8(
             w.reshape(n_groups * x, y), dtype, g, block_size=_BLOCK, scaling_recipe=ScalingRecipe(use_2d_block=True)
@@ -463,7 +469,7 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, n
     if g == ScalingGranularity.ROWWISE:
         sb = sb.float().reshape(-1, 1).expand(n_groups * n, kb).reshape(n_groups, n, kb)
     elif g == ScalingGranularity.TENSORWISE:
-        sb = sb.float().reshape(1, 1, 1).expand(n_groups, _cdiv(n, _BLOCK), kb)
+        sb = _stated_per_block(sb, n_groups, n, k)
     return grouped_fp8_mm(qa, sa.contiguous(), qb, sb.contiguous(), group_lens, group_offs, rows, out_dtype, num_sms)
 
 
