@@ -7,6 +7,7 @@ accumulation. The disassembly must contain Hopper warpgroup MMA (HGMMA) instruct
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -68,9 +69,9 @@ def _prepare_all(jobs, prepare, label):
     assert not errors, "\n".join(errors)
 
 
-def _assert_sass_contains(instruction, dir_glob, min_modules=1, every_module=False):
-    """The disassembly of the first (or every) compiled module matching dir_glob contains
-    instruction; skips where cuobjdump is missing."""
+def _cuobjdump_each(flag, dir_glob, min_modules=1, every_module=True):
+    """(module, cuobjdump flag output) for the first (or every) compiled module matching dir_glob;
+    skips where cuobjdump is missing."""
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not available")
@@ -79,25 +80,26 @@ def _assert_sass_contains(instruction, dir_glob, min_modules=1, every_module=Fal
         f"no compiled module {dir_glob} in {string_out(lib.pt_jit_cache_dir)} (the compile tests run first)"
     )
     for module in modules if every_module else modules[:1]:
-        sass = subprocess.run([tool, "--dump-sass", module], capture_output=True, text=True).stdout
+        yield module, subprocess.run([tool, flag, module], capture_output=True, text=True).stdout
+
+
+def _assert_sass_contains(instruction, dir_glob, min_modules=1, every_module=False):
+    """The disassembly of the first (or every) compiled module matching dir_glob contains
+    instruction; skips where cuobjdump is missing."""
+    for module, sass in _cuobjdump_each("--dump-sass", dir_glob, min_modules, every_module):
         assert instruction in sass, module
 
 
 def _assert_no_register_spills(dir_glob, kernel_marker="device_kernel"):
     """Every kernel whose name contains kernel_marker, in every compiled module matching dir_glob,
     uses no stack or local memory (a spilled accumulator costs more than half the speed)."""
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not available")
-    modules = _jit_modules(dir_glob)
-    assert modules, f"no compiled module {dir_glob} (the compile tests run first)"
-    for module in modules:
-        usage = subprocess.run([tool, "-res-usage", module], capture_output=True, text=True).stdout
+    for module, usage in _cuobjdump_each("-res-usage", dir_glob):
         lines = usage.splitlines()
-        kernels = [(name, lines[i + 1]) for i, name in enumerate(lines[:-1]) if kernel_marker in name]
+        kernels = [lines[i + 1] for i, name in enumerate(lines[:-1]) if kernel_marker in name]
         assert kernels, f"no {kernel_marker} in {module}"
-        for name, res in kernels:
-            assert "STACK:0 " in res + " " and "LOCAL:0 " in res + " ", f"{module}: {res.strip()}"
+        for res in kernels:
+            spills = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", res)}
+            assert spills == {"STACK": 0, "LOCAL": 0}, f"{module}: {res.strip()}"
 
 
 def test_cutlass_gemm_configs_compile_for_sm90a():
