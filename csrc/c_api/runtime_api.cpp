@@ -36,6 +36,7 @@ const char* pt_backend_name(int32_t backend) { return backend_name(backend); }
 pt_status pt_backend_set(int32_t op, int32_t precision, int32_t backend, int32_t auto_tune) {
   return api_guard([&] {
     set_code_choice(op, precision, BackendChoice{backend, auto_tune != 0});
+    touch_settings();
   });
 }
 
@@ -50,6 +51,7 @@ pt_status pt_backend_get_env(int32_t op, int32_t precision, int32_t* backend, in
 pt_status pt_autotune_set_enabled(int32_t enabled) {
   return api_guard([&] {
     set_auto_tune_code(enabled < 0 ? std::nullopt : std::optional<bool>(enabled != 0));
+    touch_settings();
   });
 }
 
@@ -65,7 +67,10 @@ pt_status pt_backend_resolve(int32_t op, int32_t precision, int32_t* backend, in
 }
 
 pt_status pt_backend_reset(void) {
-  return api_guard([&] { reset_backend_settings(); });
+  return api_guard([&] {
+    reset_backend_settings();
+    touch_settings();
+  });
 }
 
 int32_t pt_autotune_lookup(const char* key, char* value, size_t value_len) {
@@ -88,8 +93,15 @@ pt_status pt_autotune_store(const char* key, const char* value) {
 }
 
 pt_status pt_autotune_clear(int32_t also_disk) {
-  return api_guard([&] { autotune::clear(also_disk != 0); });
+  return api_guard([&] {
+    autotune::clear(also_disk != 0);
+    touch_settings();
+  });
 }
+
+uint64_t pt_settings_epoch(void) { return settings_epoch(); }
+
+void pt_settings_touch(void) { touch_settings(); }
 
 pt_status pt_autotune_cache_file(char* path, size_t path_len) {
   return api_guard([&] { copy_out(autotune::cache_file(), path, path_len, "path"); });

@@ -1,6 +1,7 @@
 #include "dispatch/backend_settings.h"
 
 #include <array>
+#include <atomic>
 #include <mutex>
 #include <sstream>
 
@@ -205,5 +206,13 @@ void reset_backend_settings() {
   for (auto& row : g_code) row.fill(BackendChoice{});
   g_auto_tune_code.reset();
 }
+
+namespace {
+std::atomic<uint64_t> g_settings_epoch{1};
+}  // namespace
+
+uint64_t settings_epoch() { return g_settings_epoch.load(std::memory_order_acquire); }
+
+void touch_settings() { g_settings_epoch.fetch_add(1, std::memory_order_acq_rel); }
 
 }  // namespace primus_turbo

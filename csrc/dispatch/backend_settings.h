@@ -39,4 +39,8 @@ bool auto_tune_enabled();
 BackendChoice resolve_choice(int32_t op, int32_t precision);
 void reset_backend_settings();
 
+// The settings epoch (pt_settings_epoch): bumped by every change of a code setting.
+uint64_t settings_epoch();
+void touch_settings();
+
 }  // namespace primus_turbo

@@ -95,6 +95,8 @@ _PROTOTYPES = {
     "pt_autotune_enabled": (_i32, []),
     "pt_backend_resolve": (_i32, [_i32, _i32, _P(_i32), _P(_i32)]),
     "pt_backend_reset": (_i32, []),
+    "pt_settings_epoch": (ctypes.c_uint64, []),
+    "pt_settings_touch": (None, []),
     "pt_autotune_lookup": (_i32, [_cp, _cp, _sz]),
     "pt_autotune_store": (_i32, [_cp, _cp]),
     "pt_autotune_clear": (_i32, [_i32]),

@@ -107,6 +107,12 @@ PT_API int32_t pt_autotune_enabled(void);
 PT_API pt_status pt_backend_resolve(int32_t op, int32_t precision, int32_t* backend,
                                     int32_t* auto_tune);
 PT_API pt_status pt_backend_reset(void);
+// A counter that changes whenever a resolved choice could change: a code setting, the autotune
+// switch, a reset or a cleared autotune memory. Bindings key their plan caches on it (with the
+// environment variables, which they read themselves). pt_settings_touch bumps it for changes the
+// core cannot see (a binding's own autotune memory cleared).
+PT_API uint64_t pt_settings_epoch(void);
+PT_API void pt_settings_touch(void);
 
 // ---- autotune cache (memory, persisted under <cache dir>/autotune) ------------------------
 // Returns 1 and copies the value when the key is known, 0 otherwise.

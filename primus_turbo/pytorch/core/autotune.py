@@ -63,6 +63,7 @@ def clear_memory() -> None:
     with _lock:
         _decided.clear()
         _warned.clear()
+    lib.pt_settings_touch()  # native plans chosen from the forgotten decisions are re-planned
 
 
 def set_process_group(group) -> None:

@@ -1,13 +1,15 @@
 """The ``primus_turbo`` torch operator namespace, shared by every op.
 
-Ops are declared with explicit schemas and given a CUDA kernel and a fake (meta) implementation.
-This is leaner per call than ``torch.library.custom_op`` (no Python autograd and aliasing layers
-around each call); autograd is each op's ``autograd.Function``, which dynamo traces.
+Native ops are declared and implemented in C++ (csrc/bindings/torch); Python gives them their fake
+implementation (``register_fake``). The ops still implemented in Python are declared with explicit
+schemas and given a CUDA kernel and a fake implementation (``define``), leaner per call than
+``torch.library.custom_op``. Autograd is each op's ``autograd.Function``, which dynamo traces.
 """
 
 import torch
 
-LIB = torch.library.Library("primus_turbo", "DEF")
+# A fragment: the native ops (csrc/bindings/torch) declare the same namespace from C++.
+LIB = torch.library.Library("primus_turbo", "FRAGMENT")
 
 
 def define(schema: str, cuda_impl, fake_impl) -> torch._ops.OpOverload:
@@ -18,6 +20,12 @@ def define(schema: str, cuda_impl, fake_impl) -> torch._ops.OpOverload:
     LIB.impl(name, cuda_impl, "CUDA")
     torch.library.register_fake(f"primus_turbo::{name}", fake_impl, lib=LIB)
     return getattr(torch.ops.primus_turbo, name).default
+
+
+def register_fake(name: str, fake_impl) -> None:
+    """Gives a native op (declared and implemented in C++) its fake implementation: shapes and the
+    argument checks under tracing, meta and fake tensors."""
+    torch.library.register_fake(f"primus_turbo::{name}", fake_impl, lib=LIB)
 
 
 def _direct_ok(args) -> bool:

@@ -24,6 +24,8 @@ if hasattr(torch, "float8_e8m0fnu"):
 if hasattr(torch, "float4_e2m1fn_x2"):
     _DTYPE_CODES[torch.float4_e2m1fn_x2] = 6
 
+_CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
+
 _Dims = ctypes.c_int64 * PT_MAX_DIMS
 
 
@@ -32,6 +34,12 @@ def to_pt(t: torch.Tensor) -> PtTensor:
     return PtTensor(
         t.data_ptr() if t.numel() > 0 else None, _DTYPE_CODES[t.dtype], len(shape), _Dims(*shape), _Dims(*t.stride())
     )
+
+
+def empty_like_pt(p: PtTensor, device: torch.device) -> torch.Tensor:
+    """An uninitialized tensor with the shape, strides and dtype a descriptor states."""
+    shape, strides = tuple(p.shape[: p.ndim]), tuple(p.strides[: p.ndim])
+    return torch.empty_strided(shape, strides, dtype=_CODE_DTYPES[p.dtype], device=device)
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)

@@ -5,22 +5,18 @@ from typing import Optional, Tuple
 
 import torch
 
-from primus_turbo._core import check, lib
+from primus_turbo._core import PtTensor, check, lib
 from primus_turbo._core.lib import string_out
-from primus_turbo.pytorch.core import autotune, library
-from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
+from primus_turbo.pytorch.core import autotune, library, native
+from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType
 from primus_turbo.pytorch.core.tensor_bridge import (
     current_stream_handle,
     device_guard,
+    empty_like_pt,
     to_pt,
     workspace,
 )
-from primus_turbo.pytorch.ops._checks import (
-    check_cuda_tensors,
-    check_main_grad,
-    check_main_grad_pattern,
-    matrix_operand,
-)
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad, check_main_grad_pattern
 
 __all__ = ["gemm"]
 
@@ -55,23 +51,25 @@ def _gemm_shape(a, b, trans_a: bool, trans_b: bool, out_dtype) -> Tuple[int, int
 
 
 class GemmProblem(autotune.TunableProblem):
+    """One GEMM problem as the planner sees it: the core's descriptors of a, b and the output."""
+
     op = OpFamily.GEMM
     precision = PrecisionType.BF16_FP16_FP32
     default_backend = BackendType.CUBLASLT
     backends = (BackendType.CUBLASLT, BackendType.CUTLASS)
 
-    def __init__(self, a, b, out, trans_a: bool, trans_b: bool, beta: float):
-        self.a, self.b, self.out = a, b, out
-        self.pa, self.pb, self.pout = to_pt(a), to_pt(b), to_pt(out)
+    def __init__(self, pa: PtTensor, pb: PtTensor, pout: PtTensor, trans_a: bool, trans_b: bool, beta: float, device):
+        self.pa, self.pb, self.pout = pa, pb, pout
         self.trans_a, self.trans_b, self.beta = int(trans_a), int(trans_b), float(beta)
-        self.stream = current_stream_handle(out.device)
+        self.device = device
+        self.stream = current_stream_handle(device)
         self._ws = None
         self._scratch = None
 
     @property
     def ws(self):
         if self._ws is None:
-            self._ws = workspace(self.out.device)
+            self._ws = workspace(self.device)
         return self._ws
 
     def _args(self):
@@ -98,7 +96,7 @@ class GemmProblem(autotune.TunableProblem):
         if for_tuning and self.beta != 0.0:
             # Profiling must not accumulate into the caller's tensor several times.
             if self._scratch is None:
-                self._scratch = self.out.clone()
+                self._scratch = empty_like_pt(self.pout, self.device).zero_()
             pout = to_pt(self._scratch)
         # Only cuBLASLt takes a workspace; the CUTLASS kernels' persistent scheduler needs none.
         ws_ptr, ws_bytes = (self.ws.data_ptr(), self.ws.numel()) if backend == BackendType.CUBLASLT else (None, 0)
@@ -110,90 +108,31 @@ class GemmProblem(autotune.TunableProblem):
             check(status, context=f"gemm on {backend.name}")
 
 
-class _Plan:
-    """A backend config bound to one problem (sizes, layouts, dtypes, alignment) in the core: a
-    call is one C call with the new pointers, with no re-validation or descriptor setup."""
-
-    __slots__ = ("handle", "needs_ws")
-
-    def __init__(self, problem: GemmProblem, backend: BackendType, config: int):
-        handle = ctypes.c_void_p()
-        check(
-            lib.pt_gemm_plan_create(
-                *problem._args(), 1.0, problem.beta, backend.value, config, ctypes.byref(handle)
-            ),
-            context=f"gemm on {backend.name}",
+@native.GEMM_PLANNER
+def _plan_gemm(pa, pb, pout, trans_a, trans_b, beta, device, backend_out, config_out, message, message_len):
+    """Called by the native op on the first call of a problem (sizes, layouts, dtypes, alignment,
+    device, settings): picks the backend and config its plan binds (settings, autotune, fallback)."""
+    try:
+        dev = torch.device("cuda", device)
+        problem = GemmProblem(
+            PtTensor.from_buffer_copy(pa.contents), PtTensor.from_buffer_copy(pb.contents),
+            PtTensor.from_buffer_copy(pout.contents), trans_a, trans_b, beta, dev,
         )
-        self.handle = handle.value
-        self.needs_ws = bool(lib.pt_gemm_plan_needs_workspace(self.handle))
-
-    def __del__(self):
-        if lib is not None and self.handle:
-            lib.pt_gemm_plan_destroy(self.handle)
-
-    def run(self, a, b, out, device) -> None:
-        ws = workspace(device) if self.needs_ws else None
-        status = lib.pt_gemm_plan_run(
-            self.handle, a.data_ptr(), b.data_ptr(), out.data_ptr(),
-            ws.data_ptr() if ws is not None else None, ws.numel() if ws is not None else 0,
-            current_stream_handle(device),
-        )
-        if status:
-            check(status, context="gemm")
+        with device_guard(dev):
+            backend, config = autotune.select(problem, dev)
+        backend_out[0], config_out[0] = backend.value, config
+        return 0
+    except BaseException as e:  # noqa: BLE001 - reported to the native caller, which raises it
+        native.write_message(message, message_len, str(e))
+        return native.planner_status(e)
 
 
-# (layout, dtypes, flags, alignment, device, settings) -> _Plan: after the first call of a problem,
-# a call skips backend resolution, the autotune lookup and the core's argument checks.
-_plans = {}
-
-
-def _alignment(ptr: int) -> int:
-    return min(ptr & -ptr, 256) if ptr else 256
-
-
-def _plan_key(a, b, out, trans_a, trans_b, beta):
-    return (
-        a.shape, a.stride(), b.shape, b.stride(), out.shape, out.stride(), a.dtype, out.dtype,
-        trans_a, trans_b, beta, out.device.index,
-        # Alignment decides what CUTLASS accepts and which cuBLASLt algorithms are valid.
-        _alignment(a.data_ptr()), _alignment(b.data_ptr()), _alignment(out.data_ptr()),
-        settings_token(OpFamily.GEMM),
-    )
-
-
-def _run_gemm(a, b, out, trans_a: bool, trans_b: bool, beta: float) -> None:
-    if out.numel() == 0 and beta == 0.0:
-        return
-    a, trans_a = matrix_operand(a, trans_a)
-    b, trans_b = matrix_operand(b, trans_b)
-    device = out.device
-    key = _plan_key(a, b, out, trans_a, trans_b, beta)
-    with device_guard(device):
-        plan = _plans.get(key)
-        if plan is None:
-            problem = GemmProblem(a, b, out, trans_a, trans_b, beta)
-            plan = _Plan(problem, *autotune.select(problem, device))
-            if not torch.cuda.is_current_stream_capturing():  # a capture-time choice may be provisional
-                _plans[key] = plan
-        plan.run(a, b, out, device)
-
-
-def _gemm_cuda(a, b, trans_a: bool, trans_b: bool, out_dtype: torch.dtype) -> torch.Tensor:
-    m = a.shape[1] if trans_a else a.shape[0]
-    n = b.shape[0] if trans_b else b.shape[1]
-    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
-    _run_gemm(a, b, out, trans_a, trans_b, 0.0)
-    return out
+native.handle.pt_torch_set_gemm_planner(_plan_gemm)
 
 
 def _gemm_fake(a, b, trans_a, trans_b, out_dtype):
     m, n, out_dtype = _gemm_shape(a, b, trans_a, trans_b, out_dtype)
     return a.new_empty((m, n), dtype=out_dtype)
-
-
-def _gemm_accum_cuda(a, b, out, trans_a: bool, trans_b: bool) -> None:
-    """out += op(a) @ op(b), in the GEMM's epilogue (out may be float32 for bf16/fp16 inputs)."""
-    _run_gemm(a, b, out, trans_a, trans_b, 1.0)
 
 
 def _gemm_accum_fake(a, b, out, trans_a, trans_b):
@@ -202,17 +141,11 @@ def _gemm_accum_fake(a, b, out, trans_a, trans_b):
         raise ValueError(f"gemm: accumulation target has shape {tuple(out.shape)}; expected [{m}, {n}]")
 
 
-_gemm_op = library.define(
-    "gemm(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype) -> Tensor", _gemm_cuda, _gemm_fake
-)
-_gemm_accum_op = library.define(
-    "gemm_accum_(Tensor a, Tensor b, Tensor(a!) out, bool trans_a, bool trans_b) -> ()",
-    _gemm_accum_cuda,
-    _gemm_accum_fake,
-)
-# What the autograd function calls: the ops themselves under tracing, their kernels in eager mode.
-_gemm_call = library.eager_call(_gemm_op, _gemm_cuda)
-_gemm_accum_call = library.eager_call(_gemm_accum_op, _gemm_accum_cuda)
+# Native ops (csrc/bindings/torch/gemm_ops.cpp): checks, plan lookup and launch in one C++ call.
+library.register_fake("gemm", _gemm_fake)
+library.register_fake("gemm_accum_", _gemm_accum_fake)
+_gemm_call = native.ops.gemm.default
+_gemm_accum_call = native.ops.gemm_accum_.default
 
 
 _dummy_wgrads = {}
@@ -261,6 +194,7 @@ class GemmFunction(torch.autograd.Function):
         return grad_a, grad_b, None, None, None, None
 
 
+@native.raises_python_errors
 def gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -280,9 +214,13 @@ def gemm(
 
     Any row- or column-major view works (other strides are copied once). Differentiable.
     """
-    _, _, out_dtype = _gemm_shape(a, b, trans_a, trans_b, out_dtype)
+    if out_dtype is None:
+        if not isinstance(a, torch.Tensor):
+            _gemm_shape(a, b, trans_a, trans_b, out_dtype)  # raises the TypeError naming 'a'
+        out_dtype = a.dtype
     if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
-        check_main_grad_pattern(fuse_bgrad_accum_pattern)  # no wgrad will be made to accumulate
+        if fuse_bgrad_accum_pattern is not None:
+            check_main_grad_pattern(fuse_bgrad_accum_pattern)  # no wgrad will be made to accumulate
         return _gemm_call(a, b, bool(trans_a), bool(trans_b), out_dtype)
     main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)
     return GemmFunction.apply(a, b, bool(trans_a), bool(trans_b), out_dtype, main_grad)

@@ -14,9 +14,7 @@ import math
 
 import torch
 
-from primus_turbo._core import check, lib
-from primus_turbo.pytorch.core import library
-from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
+from primus_turbo.pytorch.core import library, native
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
 __all__ = ["rmsnorm", "rmsnorm_residual", "layernorm"]
@@ -58,169 +56,66 @@ def _check_args(op: str, x, eps, params: dict, like_x: dict = None) -> None:
     check_cuda_tensors(op, x=x, **like_x, **params)
 
 
+# ---- native ops (csrc/bindings/torch/norm_ops.cpp): x is [..., hidden], any strides (a
+# non-contiguous x is copied once); outputs are contiguous with x's shape, statistics [rows] --------
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    """[rows, hidden] contiguous view (a copy when the input is not contiguous)."""
+    """[rows, hidden] contiguous view (a copy when the input is not contiguous); the FP8-emitting
+    norms (fused_fp8.py) still take their input in this form."""
     return t.contiguous().reshape(-1, t.shape[-1])
 
 
-def _stat(x):
-    return torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+def _like(x):
+    return x.new_empty(x.shape)
 
 
 def _fake_stat(x):
-    return x.new_empty((x.shape[0],), dtype=torch.float32)
-
-
-def _workspace(nbytes: int, device) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8, device=device)
-
-
-def _call(status_fn, context: str, device) -> None:
-    with device_guard(device):
-        status = status_fn()
-    if status:
-        check(status, context=context)
-
-
-# ---- registered ops: x is [rows, hidden] and contiguous here ------------------------------------
-
-
-def _fwd_cuda(x, gamma, eps: float, zero_centered: bool):
-    y, rstd = torch.empty_like(x), _stat(x)
-    if x.shape[0]:
-        _call(
-            lambda: lib.pt_rmsnorm_fwd(
-                to_pt(x), to_pt(gamma), to_pt(y), to_pt(rstd), float(eps), int(zero_centered), current_stream_handle(x.device)
-            ),
-            "rmsnorm forward",
-            x.device,
-        )
-    return y, rstd
+    return x.new_empty((x.numel() // x.shape[-1] if x.shape[-1] else 0,), dtype=torch.float32)
 
 
 def _fwd_fake(x, gamma, eps, zero_centered):
-    return torch.empty_like(x), _fake_stat(x)
-
-
-def _bwd_cuda(dy, x, gamma, rstd, zero_centered: bool):
-    dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
-    ws = _workspace(lib.pt_rmsnorm_bwd_workspace_bytes(*x.shape), x.device)
-    _call(
-        lambda: lib.pt_rmsnorm_bwd(
-            to_pt(dy), to_pt(x), to_pt(gamma), to_pt(rstd), to_pt(dx), to_pt(dgamma),
-            ws.data_ptr() if ws.numel() else None, ws.numel(), int(zero_centered), current_stream_handle(x.device),
-        ),
-        "rmsnorm backward",
-        x.device,
-    )
-    return dx, dgamma
+    _check_args("rmsnorm", x, eps, {"gamma": gamma})
+    return _like(x), _fake_stat(x)
 
 
 def _bwd_fake(dy, x, gamma, rstd, zero_centered):
-    return torch.empty_like(x), torch.empty_like(gamma)
-
-
-def _res_fwd_cuda(x, residual, gamma, eps: float, zero_centered: bool):
-    y, s, rstd = torch.empty_like(x), torch.empty_like(x), _stat(x)
-    if x.shape[0]:
-        _call(
-            lambda: lib.pt_rmsnorm_residual_fwd(
-                to_pt(x), to_pt(residual), to_pt(gamma), to_pt(y), to_pt(s), to_pt(rstd), float(eps), int(zero_centered),
-                current_stream_handle(x.device),
-            ),
-            "rmsnorm_residual forward",
-            x.device,
-        )
-    return y, s, rstd
+    return _like(x), torch.empty_like(gamma)
 
 
 def _res_fwd_fake(x, residual, gamma, eps, zero_centered):
-    return torch.empty_like(x), torch.empty_like(x), _fake_stat(x)
-
-
-def _res_bwd_cuda(dy, dsum, s, gamma, rstd, zero_centered: bool):
-    dx, dgamma = torch.empty_like(s), torch.empty_like(gamma)
-    ws = _workspace(lib.pt_rmsnorm_bwd_workspace_bytes(*s.shape), s.device)
-    _call(
-        lambda: lib.pt_rmsnorm_residual_bwd(
-            to_pt(dy), None if dsum is None else to_pt(dsum), to_pt(s), to_pt(gamma), to_pt(rstd), to_pt(dx),
-            to_pt(dgamma), ws.data_ptr() if ws.numel() else None, ws.numel(), int(zero_centered),
-            current_stream_handle(s.device),
-        ),
-        "rmsnorm_residual backward",
-        s.device,
-    )
-    return dx, dgamma
+    _check_args("rmsnorm_residual", x, eps, {"gamma": gamma}, {"residual": residual})
+    return _like(x), _like(x), _fake_stat(x)
 
 
 def _res_bwd_fake(dy, dsum, s, gamma, rstd, zero_centered):
-    return torch.empty_like(s), torch.empty_like(gamma)
-
-
-def _ln_fwd_cuda(x, gamma, beta, eps: float):
-    y, mean, rstd = torch.empty_like(x), _stat(x), _stat(x)
-    if x.shape[0]:
-        _call(
-            lambda: lib.pt_layernorm_fwd(
-                to_pt(x), to_pt(gamma), to_pt(beta), to_pt(y), to_pt(mean), to_pt(rstd), float(eps),
-                current_stream_handle(x.device),
-            ),
-            "layernorm forward",
-            x.device,
-        )
-    return y, mean, rstd
+    return _like(s), torch.empty_like(gamma)
 
 
 def _ln_fwd_fake(x, gamma, beta, eps):
-    return torch.empty_like(x), _fake_stat(x), _fake_stat(x)
-
-
-def _ln_bwd_cuda(dy, x, gamma, mean, rstd):
-    dx, dgamma, dbeta = torch.empty_like(x), torch.empty_like(gamma), torch.empty_like(gamma)
-    ws = _workspace(lib.pt_layernorm_bwd_workspace_bytes(*x.shape), x.device)
-    _call(
-        lambda: lib.pt_layernorm_bwd(
-            to_pt(dy), to_pt(x), to_pt(gamma), to_pt(mean), to_pt(rstd), to_pt(dx), to_pt(dgamma), to_pt(dbeta),
-            ws.data_ptr() if ws.numel() else None, ws.numel(), current_stream_handle(x.device),
-        ),
-        "layernorm backward",
-        x.device,
-    )
-    return dx, dgamma, dbeta
+    _check_args("layernorm", x, eps, {"gamma": gamma, "beta": beta})
+    return _like(x), _fake_stat(x), _fake_stat(x)
 
 
 def _ln_bwd_fake(dy, x, gamma, mean, rstd):
-    return torch.empty_like(x), torch.empty_like(gamma), torch.empty_like(gamma)
+    return _like(x), torch.empty_like(gamma), torch.empty_like(gamma)
 
 
-_fwd_op = library.define_op(
-    "rmsnorm_fwd(Tensor x, Tensor gamma, float eps, bool zero_centered) -> (Tensor, Tensor)", _fwd_cuda, _fwd_fake
-)
-_bwd_op = library.define_op(
-    "rmsnorm_bwd(Tensor dy, Tensor x, Tensor gamma, Tensor rstd, bool zero_centered) -> (Tensor, Tensor)",
-    _bwd_cuda,
-    _bwd_fake,
-)
-_res_fwd_op = library.define_op(
-    "rmsnorm_residual_fwd(Tensor x, Tensor residual, Tensor gamma, float eps, bool zero_centered)"
-    " -> (Tensor, Tensor, Tensor)",
-    _res_fwd_cuda,
-    _res_fwd_fake,
-)
-_res_bwd_op = library.define_op(
-    "rmsnorm_residual_bwd(Tensor dy, Tensor? dsum, Tensor s, Tensor gamma, Tensor rstd, bool zero_centered)"
-    " -> (Tensor, Tensor)",
-    _res_bwd_cuda,
-    _res_bwd_fake,
-)
-_ln_fwd_op = library.define_op(
-    "layernorm_fwd(Tensor x, Tensor gamma, Tensor beta, float eps) -> (Tensor, Tensor, Tensor)", _ln_fwd_cuda, _ln_fwd_fake
-)
-_ln_bwd_op = library.define_op(
-    "layernorm_bwd(Tensor dy, Tensor x, Tensor gamma, Tensor mean, Tensor rstd) -> (Tensor, Tensor, Tensor)",
-    _ln_bwd_cuda,
-    _ln_bwd_fake,
-)
+for _name, _fake in (
+    ("rmsnorm_fwd", _fwd_fake),
+    ("rmsnorm_bwd", _bwd_fake),
+    ("rmsnorm_residual_fwd", _res_fwd_fake),
+    ("rmsnorm_residual_bwd", _res_bwd_fake),
+    ("layernorm_fwd", _ln_fwd_fake),
+    ("layernorm_bwd", _ln_bwd_fake),
+):
+    library.register_fake(_name, _fake)
+_fwd_op = native.ops.rmsnorm_fwd.default
+_bwd_op = native.ops.rmsnorm_bwd.default
+_res_fwd_op = native.ops.rmsnorm_residual_fwd.default
+_res_bwd_op = native.ops.rmsnorm_residual_bwd.default
+_ln_fwd_op = native.ops.layernorm_fwd.default
+_ln_bwd_op = native.ops.layernorm_bwd.default
 
 
 class RmsNormFunction(torch.autograd.Function):
@@ -234,7 +129,7 @@ class RmsNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, gamma, rstd = ctx.saved_tensors
-        dx, dgamma = _bwd_op(dy.contiguous(), x, gamma, rstd, ctx.zero_centered)
+        dx, dgamma = _bwd_op(dy, x, gamma, rstd, ctx.zero_centered)
         return dx, dgamma, None, None
 
 
@@ -252,9 +147,7 @@ class RmsNormResidualFunction(torch.autograd.Function):
         s, gamma, rstd = ctx.saved_tensors
         if dy is None:
             dy = torch.zeros_like(s)
-        ds, dgamma = _res_bwd_op(
-            dy.contiguous(), None if dsum is None else dsum.contiguous(), s, gamma, rstd, ctx.zero_centered
-        )
+        ds, dgamma = _res_bwd_op(dy, dsum, s, gamma, rstd, ctx.zero_centered)
         # d(x + residual)/dx = d/dresidual = 1: both inputs receive ds.
         return ds, ds, dgamma, None, None
 
@@ -269,10 +162,11 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, gamma, mean, rstd = ctx.saved_tensors
-        dx, dgamma, dbeta = _ln_bwd_op(dy.contiguous(), x, gamma, mean, rstd)
+        dx, dgamma, dbeta = _ln_bwd_op(dy, x, gamma, mean, rstd)
         return dx, dgamma, dbeta, None
 
 
+@native.raises_python_errors
 def rmsnorm(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-6, zero_centered: bool = False) -> torch.Tensor:
     """``x * rsqrt(mean(x**2, -1) + eps) * w`` with ``w = gamma`` (``1 + gamma`` when ``zero_centered``).
 
@@ -284,22 +178,29 @@ def rmsnorm(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-6, zero_center
     Statistics are float32, the output has ``x``'s dtype. Differentiable in ``x`` and ``gamma``;
     ``gamma``'s gradient is reduced in a fixed order, so backward is bitwise reproducible.
     """
-    _check_args("rmsnorm", x, eps, {"gamma": gamma})
-    y = RmsNormFunction.apply(_rows(x), gamma.contiguous(), float(eps), bool(zero_centered))
-    return y.view(x.shape)
+    if type(eps) is not float or not isinstance(x, torch.Tensor) or not isinstance(gamma, torch.Tensor):
+        _check_args("rmsnorm", x, eps, {"gamma": gamma})  # names a bad argument's type or value
+    if torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad):
+        return RmsNormFunction.apply(x, gamma, eps, bool(zero_centered))
+    return _fwd_op(x, gamma, eps, bool(zero_centered))[0]
 
 
+@native.raises_python_errors
 def rmsnorm_residual(
     x: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-6, zero_centered: bool = False
 ):
     """``(rmsnorm(s, gamma, eps), s)`` with ``s = x + residual`` (rounded to ``x``'s dtype, as the
     unfused add), in one pass over memory. ``residual``: ``x``'s shape and dtype; the rest as
     :func:`rmsnorm`. Differentiable in ``x``, ``residual`` and ``gamma`` through both outputs."""
-    _check_args("rmsnorm_residual", x, eps, {"gamma": gamma}, {"residual": residual})
-    y, s = RmsNormResidualFunction.apply(_rows(x), _rows(residual), gamma.contiguous(), float(eps), bool(zero_centered))
-    return y.view(x.shape), s.view(x.shape)
+    if type(eps) is not float or not all(isinstance(t, torch.Tensor) for t in (x, residual, gamma)):
+        _check_args("rmsnorm_residual", x, eps, {"gamma": gamma}, {"residual": residual})
+    if torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad or gamma.requires_grad):
+        return RmsNormResidualFunction.apply(x, residual, gamma, eps, bool(zero_centered))
+    y, s, _ = _res_fwd_op(x, residual, gamma, eps, bool(zero_centered))
+    return y, s
 
 
+@native.raises_python_errors
 def layernorm(x: torch.Tensor, gamma=None, beta=None, eps: float = 1e-5) -> torch.Tensor:
     """``(x - mean) * rsqrt(var + eps) * gamma + beta`` over the last dimension (biased variance,
     float32 statistics), like ``torch.nn.functional.layer_norm(x, x.shape[-1:], gamma, beta, eps)``.
@@ -316,6 +217,8 @@ def layernorm(x: torch.Tensor, gamma=None, beta=None, eps: float = 1e-5) -> torc
             gamma = torch.ones(x.shape[-1], dtype=dtype, device=x.device)
         if beta is None:
             beta = torch.zeros(x.shape[-1], dtype=dtype, device=x.device)
-    _check_args("layernorm", x, eps, {"gamma": gamma, "beta": beta})
-    y = LayerNormFunction.apply(_rows(x), gamma.contiguous(), beta.contiguous(), float(eps))
-    return y.view(x.shape)
+    if type(eps) is not float or not all(isinstance(t, torch.Tensor) for t in (x, gamma, beta)):
+        _check_args("layernorm", x, eps, {"gamma": gamma, "beta": beta})
+    if torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad or beta.requires_grad):
+        return LayerNormFunction.apply(x, gamma, beta, eps)
+    return _ln_fwd_op(x, gamma, beta, eps)[0]

@@ -1,0 +1,229 @@
+// primus_turbo::gemm and primus_turbo::gemm_accum_: argument checks, the plan cache and the launch,
+// in one native call. A plan (the core's pt_gemm_plan: one backend config bound to a problem's
+// sizes, layouts, dtypes and alignment) is looked up by the problem; on a miss the planner the
+// Python layer registered (autotune, backend settings, fallbacks, distributed agreement) picks the
+// backend and config once, and the plan is kept.
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "bindings/torch/torch_binding.h"
+
+namespace primus_turbo::torch_binding {
+
+namespace {
+
+// What the Python planner returns: 0, or a pt_status-like code with a message.
+using GemmPlannerFn = int32_t (*)(const pt_tensor* a, const pt_tensor* b, const pt_tensor* d, int32_t trans_a,
+                                  int32_t trans_b, float beta, int32_t device, int32_t* backend, int32_t* config,
+                                  char* message, size_t message_len);
+GemmPlannerFn g_planner = nullptr;
+
+struct PlanKey {
+  std::array<int64_t, 24> v{};
+  std::string env;  // the backend variables: the core reads them at resolution, so they key the plan
+  bool operator==(const PlanKey& o) const { return v == o.v && env == o.env; }
+};
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& k) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t x : k.v) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+    return static_cast<size_t>(h ^ std::hash<std::string>()(k.env));
+  }
+};
+
+std::mutex g_plans_mutex;
+std::unordered_map<PlanKey, pt_gemm_plan, PlanKeyHash> g_plans;
+
+int64_t alignment(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  if (!v) return 256;
+  const uintptr_t low = v & (~v + 1);
+  return low > 256 ? 256 : static_cast<int64_t>(low);
+}
+
+std::string env_token() {
+  std::string token;
+  for (const char* var : {"PRIMUS_TURBO_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"}) {
+    const char* v = std::getenv(var);
+    token += v ? v : "\x01";
+    token += '\x02';
+  }
+  return token;
+}
+
+PlanKey plan_key(const pt_tensor& a, const pt_tensor& b, const pt_tensor& d, bool ta, bool tb, float beta,
+                 int32_t device) {
+  PlanKey k;
+  int i = 0;
+  for (const pt_tensor* t : {&a, &b, &d}) {
+    k.v[i++] = t->shape[0];
+    k.v[i++] = t->shape[1];
+    k.v[i++] = t->strides[0];
+    k.v[i++] = t->strides[1];
+    k.v[i++] = t->dtype;
+    k.v[i++] = alignment(t->data);
+  }
+  k.v[i++] = (ta ? 1 : 0) | (tb ? 2 : 0) | (beta != 0.0f ? 4 : 0);
+  k.v[i++] = device;
+  k.v[i++] = static_cast<int64_t>(pt_settings_epoch());
+  k.env = env_token();
+  return k;
+}
+
+pt_gemm_plan make_plan(const pt_tensor& a, const pt_tensor& b, const pt_tensor& d, bool ta, bool tb, float beta,
+                       int32_t device) {
+  if (!g_planner) fail(ErrorKind::Runtime, "gemm: no planner is registered (import primus_turbo.pytorch first)");
+  int32_t backend = 0, config = -1;
+  char message[2048] = {0};
+  const int32_t rc =
+      g_planner(&a, &b, &d, ta ? 1 : 0, tb ? 1 : 0, beta, device, &backend, &config, message, sizeof(message));
+  if (rc != 0) {
+    const ErrorKind kind = rc == PT_ERROR_INVALID_ARGUMENT ? ErrorKind::Value
+                           : rc == PT_ERROR_NOT_SUPPORTED  ? ErrorKind::NotImplemented
+                           : rc == 100                     ? ErrorKind::Type
+                                                           : ErrorKind::Runtime;
+    fail(kind, message);
+  }
+  pt_gemm_plan plan = nullptr;
+  check_status(pt_gemm_plan_create(&a, &b, &d, ta, tb, 1.0f, beta, backend, config, &plan), "gemm");
+  return plan;
+}
+
+// A row- or column-major view is read in place; any other strides are copied once.
+Tensor matrix_operand(const Tensor& t) {
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  if (strides[1] == 1 || strides[0] == 1 || sizes[0] <= 1 || sizes[1] <= 1) return t;
+  return contiguous(t);
+}
+
+void check_float(const char* name, ScalarType t) {
+  if (t != ScalarType::Float && t != ScalarType::Half && t != ScalarType::BFloat16)
+    fail_with(ErrorKind::Type, "gemm: argument '", name, "' has dtype ", dtype_name(t),
+              "; expected float32, float16 or bfloat16");
+}
+
+// Validates like the fake implementation (ops/gemm.py: _gemm_shape); returns (m, n).
+std::pair<int64_t, int64_t> check_gemm(const Tensor& a, const Tensor& b, bool ta, bool tb, ScalarType out_dtype) {
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"a", &a}, {"b", &b}}) {
+    if (t->dim() != 2)
+      fail_with(ErrorKind::Value, "gemm: argument '", name, "' must be 2-D, got shape ", shape_string(*t));
+    check_float(name, t->scalar_type());
+  }
+  if (b.scalar_type() != a.scalar_type())
+    fail_with(ErrorKind::Type, "gemm: argument 'b' has dtype ", dtype_name(b.scalar_type()),
+              "; expected the dtype of 'a' (", dtype_name(a.scalar_type()), ")");
+  if (out_dtype != ScalarType::Float && out_dtype != ScalarType::Half && out_dtype != ScalarType::BFloat16)
+    fail_with(ErrorKind::Type, "gemm: out_dtype ", dtype_name(out_dtype),
+              " is not supported; expected float32, float16 or bfloat16");
+  if (a.scalar_type() == ScalarType::Float && out_dtype != ScalarType::Float)
+    fail_with(ErrorKind::Type, "gemm: out_dtype ", dtype_name(out_dtype),
+              " is not supported for float32 inputs; expected float32");
+  const auto as = a.sizes();
+  const auto bs = b.sizes();
+  const int64_t m = ta ? as[1] : as[0], k = ta ? as[0] : as[1];
+  const int64_t kb = tb ? bs[1] : bs[0], n = tb ? bs[0] : bs[1];
+  if (k != kb)
+    fail_with(ErrorKind::Value, "gemm: inner dimensions do not match: op(a) is [", m, ", ", k, "] (a ",
+              shape_string(a), ", trans_a=", ta ? "True" : "False", ") but op(b) is [", kb, ", ", n, "] (b ",
+              shape_string(b), ", trans_b=", tb ? "True" : "False", ")");
+  return {m, n};
+}
+
+void run_gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& out, bool ta, bool tb, float beta,
+              int32_t device) {
+  if (out.numel() == 0 && beta == 0.0f) return;
+  const Tensor a = matrix_operand(a_in);
+  const Tensor b = matrix_operand(b_in);
+  const pt_tensor pa = to_pt(a), pb = to_pt(b), pd = to_pt(out);
+  DeviceScope scope(device);
+  void* stream = current_stream(device);
+  const PlanKey key = plan_key(pa, pb, pd, ta, tb, beta, device);
+  pt_gemm_plan plan = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_plans_mutex);
+    auto it = g_plans.find(key);
+    if (it != g_plans.end()) plan = it->second;
+  }
+  bool owned = false;
+  if (!plan) {
+    plan = make_plan(pa, pb, pd, ta, tb, beta, device);
+    if (is_capturing(stream)) {
+      owned = true;  // a choice made during capture may be provisional: used once, not kept
+    } else {
+      std::lock_guard<std::mutex> lock(g_plans_mutex);
+      auto [it, inserted] = g_plans.emplace(key, plan);
+      if (!inserted) {
+        pt_gemm_plan_destroy(plan);
+        plan = it->second;
+      }
+    }
+  }
+  // cuBLASLt's workspace comes from the caching allocator per call: a cached buffer would be an
+  // untracked allocation to CUDA-graph pools.
+  std::optional<Tensor> ws;
+  void* ws_ptr = nullptr;
+  size_t ws_bytes = 0;
+  if (pt_gemm_plan_needs_workspace(plan)) {
+    ws_bytes = pt_gemm_workspace_bytes();
+    ws = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
+    ws_ptr = ws->data_ptr();
+  }
+  const pt_status status = pt_gemm_plan_run(plan, pa.data, pb.data, pd.data, ws_ptr, ws_bytes, stream);
+  if (owned) pt_gemm_plan_destroy(plan);
+  check_status(status, "gemm");
+}
+
+Tensor gemm(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype) {
+  const auto [m, n] = check_gemm(a, b, trans_a, trans_b, out_dtype);
+  const int32_t device = check_cuda("gemm", {{"a", &a}, {"b", &b}});
+  Tensor out = empty({m, n}, out_dtype, device);
+  run_gemm(a, b, out, trans_a, trans_b, 0.0f, device);
+  return out;
+}
+
+void gemm_accum(Tensor a, Tensor b, Tensor out, bool trans_a, bool trans_b) {
+  const auto [m, n] = check_gemm(a, b, trans_a, trans_b, out.scalar_type());
+  const auto os = out.sizes();
+  if (out.dim() != 2 || os[0] != m || os[1] != n)
+    fail_with(ErrorKind::Value, "gemm: accumulation target has shape ", shape_string(out), "; expected [", m, ", ", n,
+              "]");
+  const int32_t device = check_cuda("gemm", {{"a", &a}, {"b", &b}, {"out", &out}});
+  run_gemm(a, b, out, trans_a, trans_b, 1.0f, device);
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
+  m.def("gemm(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype) -> Tensor");
+  m.def("gemm_accum_(Tensor a, Tensor b, Tensor(a!) out, bool trans_a, bool trans_b) -> ()");
+}
+
+// CPU too: a CPU tensor gets the same "expected a CUDA device" error as from the fake checks.
+STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CUDA, m) {
+  m.impl("gemm", TORCH_BOX(&gemm));
+  m.impl("gemm_accum_", TORCH_BOX(&gemm_accum));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CPU, m) {
+  m.impl("gemm", TORCH_BOX(&gemm));
+  m.impl("gemm_accum_", TORCH_BOX(&gemm_accum));
+}
+
+}  // namespace primus_turbo::torch_binding
+
+extern "C" __attribute__((visibility("default"))) void pt_torch_set_gemm_planner(
+    primus_turbo::torch_binding::GemmPlannerFn fn) {
+  primus_turbo::torch_binding::g_planner = fn;
+}
+
+extern "C" __attribute__((visibility("default"))) void pt_torch_clear_gemm_plans(void) {
+  std::lock_guard<std::mutex> lock(primus_turbo::torch_binding::g_plans_mutex);
+  // Plans are not destroyed: a captured graph may still replay one's kernel with its state.
+  primus_turbo::torch_binding::g_plans.clear();
+}

@@ -1,0 +1,194 @@
+#include "bindings/torch/torch_binding.h"
+
+#include <cuda_runtime_api.h>
+
+#include <stdexcept>
+#include <vector>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/ops.h>
+
+namespace primus_turbo::torch_binding {
+
+namespace {
+
+// aoti_torch_* codes (c10::DeviceType / c10::ScalarType numbering, stable across releases).
+constexpr int32_t kDeviceCpu = 0;
+constexpr int32_t kDeviceCuda = 1;
+constexpr int32_t kDeviceMeta = 9;
+
+void check_shim(AOTITorchError err, const char* what) {
+  if (err != AOTI_TORCH_SUCCESS) fail_with(ErrorKind::Runtime, "torch runtime call failed: ", what);
+}
+
+int32_t device_type(const Tensor& t) {
+  int32_t type = -1;
+  check_shim(aoti_torch_get_device_type(t.get(), &type), "device type");
+  return type;
+}
+
+}  // namespace
+
+void fail(ErrorKind kind, const std::string& message) {
+  const char* tag = "RuntimeError";
+  switch (kind) {
+    case ErrorKind::Value: tag = "ValueError"; break;
+    case ErrorKind::Type: tag = "TypeError"; break;
+    case ErrorKind::NotImplemented: tag = "NotImplementedError"; break;
+    case ErrorKind::Runtime: break;
+  }
+  throw std::runtime_error(std::string("[primus_turbo:") + tag + "] " + message);
+}
+
+void check_status(pt_status status, const char* context) {
+  if (status == PT_SUCCESS) return;
+  const std::string message = std::string(context) + ": " + pt_last_error();
+  switch (status) {
+    case PT_ERROR_INVALID_ARGUMENT: fail(ErrorKind::Value, message);
+    case PT_ERROR_NOT_SUPPORTED: fail(ErrorKind::NotImplemented, message);
+    default: fail(ErrorKind::Runtime, message);
+  }
+}
+
+const char* dtype_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return "torch.float32";
+    case ScalarType::Half: return "torch.float16";
+    case ScalarType::BFloat16: return "torch.bfloat16";
+    case ScalarType::Double: return "torch.float64";
+    case ScalarType::Float8_e4m3fn: return "torch.float8_e4m3fn";
+    case ScalarType::Float8_e5m2: return "torch.float8_e5m2";
+    case ScalarType::Float8_e8m0fnu: return "torch.float8_e8m0fnu";
+    case ScalarType::Float4_e2m1fn_x2: return "torch.float4_e2m1fn_x2";
+    case ScalarType::Int: return "torch.int32";
+    case ScalarType::Long: return "torch.int64";
+    case ScalarType::Byte: return "torch.uint8";
+    case ScalarType::Char: return "torch.int8";
+    case ScalarType::Short: return "torch.int16";
+    case ScalarType::Bool: return "torch.bool";
+    default: return "an unsupported dtype";
+  }
+}
+
+int32_t pt_dtype_of(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return PT_FLOAT32;
+    case ScalarType::Half: return PT_FLOAT16;
+    case ScalarType::BFloat16: return PT_BFLOAT16;
+    case ScalarType::Float8_e4m3fn: return PT_FLOAT8_E4M3;
+    case ScalarType::Float8_e5m2: return PT_FLOAT8_E5M2;
+    case ScalarType::Float8_e8m0fnu: return PT_FLOAT8_E8M0;
+    case ScalarType::Float4_e2m1fn_x2: return PT_FLOAT4_E2M1_X2;
+    case ScalarType::Int: return PT_INT32;
+    case ScalarType::Long: return PT_INT64;
+    case ScalarType::Byte: return PT_UINT8;
+    default: return -1;
+  }
+}
+
+pt_tensor to_pt(const Tensor& t) {
+  pt_tensor p{};
+  const int64_t ndim = t.dim();
+  if (ndim > PT_MAX_DIMS) fail_with(ErrorKind::Value, "tensors of more than ", PT_MAX_DIMS, " dimensions are not supported");
+  const int32_t dtype = pt_dtype_of(t.scalar_type());
+  if (dtype < 0) fail_with(ErrorKind::Type, "dtype ", dtype_name(t.scalar_type()), " is not supported");
+  p.dtype = dtype;
+  p.ndim = static_cast<int32_t>(ndim);
+  int64_t* sizes = nullptr;
+  int64_t* strides = nullptr;
+  check_shim(aoti_torch_get_sizes(t.get(), &sizes), "sizes");
+  check_shim(aoti_torch_get_strides(t.get(), &strides), "strides");
+  int64_t numel = 1;
+  for (int64_t i = 0; i < ndim; ++i) {
+    p.shape[i] = sizes[i];
+    p.strides[i] = strides[i];
+    numel *= sizes[i];
+  }
+  p.data = numel > 0 ? t.data_ptr() : nullptr;
+  return p;
+}
+
+std::string device_string(const Tensor& t) {
+  const int32_t type = device_type(t);
+  if (type == kDeviceCpu) return "cpu";
+  if (type == kDeviceMeta) return "meta";
+  if (type == kDeviceCuda) return "cuda:" + std::to_string(t.get_device());
+  return "device type " + std::to_string(type);
+}
+
+int32_t check_cuda(const char* op, const NamedTensors& tensors) {
+  int32_t device = -1;
+  for (const auto& [name, t] : tensors) {
+    if (device_type(*t) != kDeviceCuda)
+      fail_with(ErrorKind::Value, op, ": argument '", name, "' is on ", device_string(*t), "; expected a CUDA device");
+    const int32_t index = t->get_device();
+    if (device < 0) {
+      device = index;
+    } else if (index != device) {
+      fail_with(ErrorKind::Value, op, ": argument '", name, "' is on cuda:", index, " but the other inputs are on cuda:",
+                device);
+    }
+  }
+  return device;
+}
+
+std::string shape_string(const Tensor& t) {
+  std::ostringstream os;
+  os << "(";
+  const auto sizes = t.sizes();
+  for (size_t i = 0; i < sizes.size(); ++i) os << (i ? ", " : "") << sizes[i];
+  if (sizes.size() == 1) os << ",";
+  os << ")";
+  return os.str();
+}
+
+Tensor empty(const int64_t* sizes, int64_t ndim, ScalarType dtype, int32_t device) {
+  int64_t strides[PT_MAX_DIMS];
+  int64_t s = 1;
+  for (int64_t i = ndim - 1; i >= 0; --i) {
+    strides[i] = s;
+    s *= sizes[i] > 1 ? sizes[i] : 1;
+  }
+  AtenTensorHandle h = nullptr;
+  check_shim(aoti_torch_empty_strided(ndim, sizes, strides, static_cast<int32_t>(dtype), kDeviceCuda, device, &h),
+             "empty_strided");
+  return Tensor(h);
+}
+
+Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype, int32_t device) {
+  return empty(sizes.begin(), static_cast<int64_t>(sizes.size()), dtype, device);
+}
+
+Tensor empty_like(const Tensor& t) {
+  const auto sizes = t.sizes();
+  return empty(sizes.data(), static_cast<int64_t>(sizes.size()), t.scalar_type(), t.get_device());
+}
+
+Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
+
+void* current_stream(int32_t device) {
+  void* stream = nullptr;
+  check_shim(aoti_torch_get_current_cuda_stream(device, &stream), "current CUDA stream");
+  return stream;
+}
+
+DeviceScope::DeviceScope(int32_t device) {
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess) fail(ErrorKind::Runtime, "cudaGetDevice failed");
+  if (current != device) {
+    if (cudaSetDevice(device) != cudaSuccess) fail_with(ErrorKind::Runtime, "cudaSetDevice(", device, ") failed");
+    previous_ = current;
+  }
+}
+
+DeviceScope::~DeviceScope() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
+}
+
+bool is_capturing(void* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) != cudaSuccess) return false;
+  return status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace primus_turbo::torch_binding

@@ -1,0 +1,82 @@
+// The PyTorch binding's native layer: operators registered with torch's dispatcher through the
+// stable C ABI (torch/csrc/stable), one call per op from Python. Each op checks its arguments,
+// allocates outputs from torch's caching allocator, finds its plan and calls the core's C API on
+// torch's current stream. Nothing here includes ATen or pybind: only the stable headers, so the
+// built library serves every torch release from TORCH_TARGET_VERSION on.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include "primus_turbo/primus_turbo.h"
+
+namespace primus_turbo::torch_binding {
+
+using torch::stable::Tensor;
+using ScalarType = torch::headeronly::ScalarType;
+
+// Python exception class an error maps to. The Python layer (primus_turbo/pytorch/core/native.py)
+// turns the tag that opens the message back into the class, so a C++ check raises exactly what
+// the fake (meta) implementation raises for the same input.
+enum class ErrorKind { Value, Type, NotImplemented, Runtime };
+
+[[noreturn]] void fail(ErrorKind kind, const std::string& message);
+
+template <typename... Args>
+[[noreturn]] void fail_with(ErrorKind kind, const Args&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  fail(kind, os.str());
+}
+
+// A non-zero status of the core becomes the matching error, carrying pt_last_error().
+void check_status(pt_status status, const char* context);
+
+// "torch.bfloat16", as Python prints dtypes (messages match the fake implementations').
+const char* dtype_name(ScalarType t);
+// The core's pt_dtype of a torch dtype, or -1.
+int32_t pt_dtype_of(ScalarType t);
+pt_tensor to_pt(const Tensor& t);
+
+// "cuda:0", "cpu", "meta": how Python prints a tensor's device.
+std::string device_string(const Tensor& t);
+// Every tensor is on one CUDA device; returns its index. Messages as _checks.check_cuda_tensors.
+using NamedTensors = std::vector<std::pair<const char*, const Tensor*>>;
+int32_t check_cuda(const char* op, const NamedTensors& tensors);
+
+std::string shape_string(const Tensor& t);
+
+// Row-major [sizes] of dtype on a CUDA device, from torch's caching allocator (graph-safe).
+Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype, int32_t device);
+Tensor empty(const int64_t* sizes, int64_t ndim, ScalarType dtype, int32_t device);
+Tensor empty_like(const Tensor& t);
+// t itself when contiguous, else a contiguous copy.
+Tensor contiguous(const Tensor& t);
+
+// torch's current stream on device.
+void* current_stream(int32_t device);
+
+// Makes device current for the scope when it is not already (no guard object otherwise).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int32_t device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int32_t previous_ = -1;
+};
+
+// Whether stream is being captured into a CUDA graph.
+bool is_capturing(void* stream);
+
+}  // namespace primus_turbo::torch_binding
