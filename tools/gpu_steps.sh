@@ -42,7 +42,7 @@ run_step() {  # name seconds command
   > "$LOGS/machine.log" 2>&1
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >> "$LOGS/setup.log" 2>&1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
 fi
 mkdir -p "$PRIMUS_TURBO_CACHE_DIR"
 [ -f .carry/jitcache.tgz ] && tar xzf .carry/jitcache.tgz -C "$PRIMUS_TURBO_CACHE_DIR"
