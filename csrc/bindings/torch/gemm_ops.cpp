@@ -3,94 +3,23 @@
 // sizes, layouts, dtypes and alignment) is looked up by the problem; on a miss the planner the
 // Python layer registered (autotune, backend settings, fallbacks, distributed agreement) picks the
 // backend and config once, and the plan is kept.
-#include <array>
-#include <cstdlib>
-#include <cstring>
-#include <mutex>
-#include <string>
-#include <unordered_map>
+#include <vector>
 
+#include "bindings/torch/plan_cache.h"
 #include "bindings/torch/torch_binding.h"
 
 namespace primus_turbo::torch_binding {
 
 namespace {
 
-// What the Python planner returns: 0, or a pt_status-like code with a message.
-using GemmPlannerFn = int32_t (*)(const pt_tensor* a, const pt_tensor* b, const pt_tensor* d, int32_t trans_a,
-                                  int32_t trans_b, float beta, int32_t device, int32_t* backend, int32_t* config,
-                                  char* message, size_t message_len);
-GemmPlannerFn g_planner = nullptr;
-
-struct PlanKey {
-  std::array<int64_t, 24> v{};
-  std::string env;  // the backend variables: the core reads them at resolution, so they key the plan
-  bool operator==(const PlanKey& o) const { return v == o.v && env == o.env; }
-};
-
-struct PlanKeyHash {
-  size_t operator()(const PlanKey& k) const {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t x : k.v) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
-    return static_cast<size_t>(h ^ std::hash<std::string>()(k.env));
-  }
-};
-
-std::mutex g_plans_mutex;
-std::unordered_map<PlanKey, pt_gemm_plan, PlanKeyHash> g_plans;
-
-int64_t alignment(const void* p) {
-  const auto v = reinterpret_cast<uintptr_t>(p);
-  if (!v) return 256;
-  const uintptr_t low = v & (~v + 1);
-  return low > 256 ? 256 : static_cast<int64_t>(low);
-}
-
-std::string env_token() {
-  std::string token;
-  for (const char* var : {"PRIMUS_TURBO_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"}) {
-    const char* v = std::getenv(var);
-    token += v ? v : "\x01";
-    token += '\x02';
-  }
-  return token;
-}
-
-PlanKey plan_key(const pt_tensor& a, const pt_tensor& b, const pt_tensor& d, bool ta, bool tb, float beta,
-                 int32_t device) {
-  PlanKey k;
-  int i = 0;
-  for (const pt_tensor* t : {&a, &b, &d}) {
-    k.v[i++] = t->shape[0];
-    k.v[i++] = t->shape[1];
-    k.v[i++] = t->strides[0];
-    k.v[i++] = t->strides[1];
-    k.v[i++] = t->dtype;
-    k.v[i++] = alignment(t->data);
-  }
-  k.v[i++] = (ta ? 1 : 0) | (tb ? 2 : 0) | (beta != 0.0f ? 4 : 0);
-  k.v[i++] = device;
-  k.v[i++] = static_cast<int64_t>(pt_settings_epoch());
-  k.env = env_token();
-  return k;
-}
+PlanCache<pt_gemm_plan> g_plans;
 
 pt_gemm_plan make_plan(const pt_tensor& a, const pt_tensor& b, const pt_tensor& d, bool ta, bool tb, float beta,
                        int32_t device) {
-  if (!g_planner) fail(ErrorKind::Runtime, "gemm: no planner is registered (import primus_turbo.pytorch first)");
-  int32_t backend = 0, config = -1;
-  char message[2048] = {0};
-  const int32_t rc =
-      g_planner(&a, &b, &d, ta ? 1 : 0, tb ? 1 : 0, beta, device, &backend, &config, message, sizeof(message));
-  if (rc != 0) {
-    const ErrorKind kind = rc == PT_ERROR_INVALID_ARGUMENT ? ErrorKind::Value
-                           : rc == PT_ERROR_NOT_SUPPORTED  ? ErrorKind::NotImplemented
-                           : rc == 100                     ? ErrorKind::Type
-                                                           : ErrorKind::Runtime;
-    fail(kind, message);
-  }
+  const GemmPlanRequest request{&a, &b, &d, ta ? 1 : 0, tb ? 1 : 0, beta};
+  const Choice c = plan_with_python(kPlanGemm, &request, device, "gemm");
   pt_gemm_plan plan = nullptr;
-  check_status(pt_gemm_plan_create(&a, &b, &d, ta, tb, 1.0f, beta, backend, config, &plan), "gemm");
+  check_status(pt_gemm_plan_create(&a, &b, &d, ta, tb, 1.0f, beta, c.backend, c.config, &plan), "gemm");
   return plan;
 }
 
@@ -143,25 +72,22 @@ void run_gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& out, bool ta
   const pt_tensor pa = to_pt(a), pb = to_pt(b), pd = to_pt(out);
   DeviceScope scope(device);
   void* stream = current_stream(device);
-  const PlanKey key = plan_key(pa, pb, pd, ta, tb, beta, device);
+  std::vector<int64_t> values;
+  values.reserve(24);
+  for (const pt_tensor* t : {&pa, &pb, &pd})
+    values.insert(values.end(), {t->shape[0], t->shape[1], t->strides[0], t->strides[1], t->dtype, alignment(t->data)});
+  values.insert(values.end(), {(ta ? 1 : 0) | (tb ? 2 : 0) | (beta != 0.0f ? 4 : 0), device});
+  const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
   pt_gemm_plan plan = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(g_plans_mutex);
-    auto it = g_plans.find(key);
-    if (it != g_plans.end()) plan = it->second;
-  }
   bool owned = false;
-  if (!plan) {
+  if (!g_plans.find(key, &plan)) {
     plan = make_plan(pa, pb, pd, ta, tb, beta, device);
     if (is_capturing(stream)) {
       owned = true;  // a choice made during capture may be provisional: used once, not kept
     } else {
-      std::lock_guard<std::mutex> lock(g_plans_mutex);
-      auto [it, inserted] = g_plans.emplace(key, plan);
-      if (!inserted) {
-        pt_gemm_plan_destroy(plan);
-        plan = it->second;
-      }
+      pt_gemm_plan kept = g_plans.insert(key, plan);
+      if (kept != plan) pt_gemm_plan_destroy(plan);
+      plan = kept;
     }
   }
   // cuBLASLt's workspace comes from the caching allocator per call: a cached buffer would be an
@@ -217,13 +143,7 @@ STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CPU, m) {
 
 }  // namespace primus_turbo::torch_binding
 
-extern "C" __attribute__((visibility("default"))) void pt_torch_set_gemm_planner(
-    primus_turbo::torch_binding::GemmPlannerFn fn) {
-  primus_turbo::torch_binding::g_planner = fn;
-}
-
 extern "C" __attribute__((visibility("default"))) void pt_torch_clear_gemm_plans(void) {
-  std::lock_guard<std::mutex> lock(primus_turbo::torch_binding::g_plans_mutex);
   // Plans are not destroyed: a captured graph may still replay one's kernel with its state.
   primus_turbo::torch_binding::g_plans.clear();
 }

@@ -64,29 +64,46 @@ def raises_python_errors(fn):
     return wrapper
 
 
-# int32 (const pt_tensor* a, const pt_tensor* b, const pt_tensor* d, int32 trans_a, int32 trans_b,
-#        float beta, int32 device, int32* backend, int32* config, char* message, size_t len)
+# The planner: on the first call of a problem, a native op with backends asks Python for the
+# (backend, config) its plan binds. int32 (int32 op, const void* request, int32 device,
+# int32* backend, int32* config, char* message, size_t message_len); op as PlannerOp in
+# csrc/bindings/torch/plan_cache.h.
+PLAN_GEMM = 0
+PLAN_GROUPED_GEMM = 1
 _P = ctypes.POINTER
-GEMM_PLANNER = ctypes.CFUNCTYPE(
-    ctypes.c_int32, _P(PtTensor), _P(PtTensor), _P(PtTensor), ctypes.c_int32, ctypes.c_int32, ctypes.c_float,
-    ctypes.c_int32, _P(ctypes.c_int32), _P(ctypes.c_int32), ctypes.c_void_p, ctypes.c_size_t,
+_PLANNER = ctypes.CFUNCTYPE(
+    ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, _P(ctypes.c_int32), _P(ctypes.c_int32),
+    ctypes.c_void_p, ctypes.c_size_t,
 )
-handle.pt_torch_set_gemm_planner.argtypes = [GEMM_PLANNER]
-handle.pt_torch_set_gemm_planner.restype = None
-handle.pt_torch_clear_gemm_plans.argtypes = []
-handle.pt_torch_clear_gemm_plans.restype = None
-
-# Status codes a planner returns (pt_status, plus one for TypeError).
-PLANNER_CODES = {ValueError: 1, NotImplementedError: 2, TypeError: 100}
+_planners = {}
 
 
-def planner_status(error: BaseException) -> int:
-    for cls, code in PLANNER_CODES.items():
-        if isinstance(error, cls):
-            return code
+def register_planner(op: int, fn) -> None:
+    """fn(request_address, device_index) -> (backend value, config index) for requests of op."""
+    _planners[op] = fn
+
+
+def _status(error: BaseException) -> int:
+    if isinstance(error, TypeError):
+        return 100
+    if isinstance(error, NotImplementedError):
+        return 2  # PT_ERROR_NOT_SUPPORTED
+    if isinstance(error, ValueError):
+        return 1  # PT_ERROR_INVALID_ARGUMENT
     return 6  # PT_ERROR_INTERNAL
 
 
-def write_message(buf: int, size: int, message: str) -> None:
-    data = message.encode(errors="replace")[: max(size - 1, 0)]
-    ctypes.memmove(buf, data + b"\0", len(data) + 1)
+@_PLANNER
+def _plan(op, request, device, backend_out, config_out, message, message_len):
+    try:
+        backend_out[0], config_out[0] = _planners[op](request, device)
+        return 0
+    except BaseException as e:  # noqa: BLE001 - reported to the native caller, which raises it
+        data = str(e).encode(errors="replace")[: max(message_len - 1, 0)]
+        ctypes.memmove(message, data + b"\0", len(data) + 1)
+        return _status(e)
+
+
+handle.pt_torch_set_planner.argtypes = [_PLANNER]
+handle.pt_torch_set_planner.restype = None
+handle.pt_torch_set_planner(_plan)

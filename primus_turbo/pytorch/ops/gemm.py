@@ -108,26 +108,32 @@ class GemmProblem(autotune.TunableProblem):
             check(status, context=f"gemm on {backend.name}")
 
 
-@native.GEMM_PLANNER
-def _plan_gemm(pa, pb, pout, trans_a, trans_b, beta, device, backend_out, config_out, message, message_len):
-    """Called by the native op on the first call of a problem (sizes, layouts, dtypes, alignment,
-    device, settings): picks the backend and config its plan binds (settings, autotune, fallback)."""
-    try:
-        dev = torch.device("cuda", device)
-        problem = GemmProblem(
-            PtTensor.from_buffer_copy(pa.contents), PtTensor.from_buffer_copy(pb.contents),
-            PtTensor.from_buffer_copy(pout.contents), trans_a, trans_b, beta, dev,
-        )
-        with device_guard(dev):
-            backend, config = autotune.select(problem, dev)
-        backend_out[0], config_out[0] = backend.value, config
-        return 0
-    except BaseException as e:  # noqa: BLE001 - reported to the native caller, which raises it
-        native.write_message(message, message_len, str(e))
-        return native.planner_status(e)
+class _GemmPlanRequest(ctypes.Structure):
+    """GemmPlanRequest (csrc/bindings/torch/plan_cache.h)."""
+
+    _fields_ = [
+        ("a", ctypes.POINTER(PtTensor)),
+        ("b", ctypes.POINTER(PtTensor)),
+        ("d", ctypes.POINTER(PtTensor)),
+        ("trans_a", ctypes.c_int32),
+        ("trans_b", ctypes.c_int32),
+        ("beta", ctypes.c_float),
+    ]
 
 
-native.handle.pt_torch_set_gemm_planner(_plan_gemm)
+def _plan_gemm(request: int, device: int):
+    """The native op's planner, on the first call of a problem (sizes, layouts, dtypes, alignment,
+    device, settings): the backend and config its plan binds (settings, autotune, fallback)."""
+    r = _GemmPlanRequest.from_address(request)
+    dev = torch.device("cuda", device)
+    copy = PtTensor.from_buffer_copy  # the request's descriptors live only during this call
+    problem = GemmProblem(copy(r.a.contents), copy(r.b.contents), copy(r.d.contents), r.trans_a, r.trans_b, r.beta, dev)
+    with device_guard(dev):
+        backend, config = autotune.select(problem, dev)
+    return backend.value, config
+
+
+native.register_planner(native.PLAN_GEMM, _plan_gemm)
 
 
 def _gemm_fake(a, b, trans_a, trans_b, out_dtype):

@@ -6,11 +6,11 @@ from typing import Optional
 
 import torch
 
-from primus_turbo._core import check, lib
+from primus_turbo._core import PtTensor, check, lib
 from primus_turbo._core.lib import PtGroupedGemmArgs, string_out
-from primus_turbo.pytorch.core import autotune, library
-from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
-from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
+from primus_turbo.pytorch.core import autotune, library, native
+from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType
+from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
 __all__ = ["grouped_gemm"]
@@ -89,16 +89,25 @@ class GroupedGemmProblem(autotune.TunableProblem):
     default_backend = BackendType.CUTLASS
     backends = (BackendType.CUTLASS,)
 
-    def __init__(self, a, b, group_lens, group_offs, out, wgrad: bool, trans_b: bool):
-        self.out = out
-        # Keep the descriptors alive as long as the struct that points at them.
-        self._pts = [to_pt(t) for t in (a, b, group_lens, out)]
-        self._offs = to_pt(group_offs) if group_offs is not None else None
+    def __init__(self, pts, offs: Optional[PtTensor], wgrad: bool, trans_b: bool, device: torch.device):
+        """pts: the descriptors of a, b, group_lens and the output (owned here: the args struct
+        points at them)."""
+        self._pts, self._offs = pts, offs
         pa, pb, pl, pd = (ctypes.pointer(t) for t in self._pts)
         po = ctypes.pointer(self._offs) if self._offs is not None else None
         self.args = PtGroupedGemmArgs(pa, pb, pl, po, pd, int(wgrad), int(trans_b))
         self.ref = ctypes.byref(self.args)
-        self.stream = current_stream_handle(out.device)
+        self.device = device
+        self.stream = current_stream_handle(device)
+
+    @classmethod
+    def from_request(cls, request: int, device: int) -> "GroupedGemmProblem":
+        """From the native op's planner request (a pt_grouped_gemm_args alive during the call)."""
+        args = PtGroupedGemmArgs.from_address(request)
+        copy = PtTensor.from_buffer_copy
+        pts = [copy(p.contents) for p in (args.a, args.b, args.group_lens, args.d)]
+        offs = copy(args.group_offs.contents) if args.group_offs else None
+        return cls(pts, offs, bool(args.wgrad), bool(args.trans_b), torch.device("cuda", device))
 
     def key(self) -> str:
         return string_out(lib.pt_grouped_gemm_problem_key, self.ref, size=512)
@@ -121,20 +130,16 @@ class GroupedGemmProblem(autotune.TunableProblem):
         if ws_bytes is None:
             ws_bytes = self.workspace_bytes(backend, config)
         # From torch's caching allocator: graph-safe, and freed (stream-ordered) after the launch.
-        ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=self.out.device)
+        ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=self.device)
         status = lib.pt_grouped_gemm(self.ref, backend.value, config, ws.data_ptr(), ws_bytes, self.stream)
         if status:
             check(status, context=f"grouped_gemm on {backend.name}")
 
 
-# (shapes, dtype, direction, device, settings) -> (backend, config, workspace bytes).
-_plans = {}
-
-
 def run_planned(plans: dict, key, problem) -> None:
     """Runs problem with the (backend, config, workspace bytes) cached under key in plans, choosing
     it (autotune or default) on the first call; a choice made during capture is not cached (it may
-    be provisional). Shared by the bf16 and FP8 grouped GEMMs."""
+    be provisional). Used by the FP8 grouped GEMM (the bf16 one plans natively)."""
     plan = plans.get(key)
     if plan is None:
         backend, config = autotune.select(problem, problem.out.device)
@@ -144,26 +149,15 @@ def run_planned(plans: dict, key, problem) -> None:
     problem.run(plan[0], plan[1], ws_bytes=plan[2])
 
 
-def _run(a, b, group_lens, group_offs, out, wgrad: bool, trans_b: bool) -> None:
-    if out.numel() == 0:
-        return
-    a, b, group_lens = a.contiguous(), b.contiguous(), group_lens.contiguous()
-    group_offs = group_offs.contiguous() if group_offs is not None else None
-    with device_guard(out.device):
-        problem = GroupedGemmProblem(a, b, group_lens, group_offs, out, wgrad, trans_b)
-        key = (
-            a.shape, b.shape, group_lens.shape[0], group_offs is None, a.dtype, wgrad, trans_b, out.device.index,
-            a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
-            settings_token(OpFamily.GROUPED_GEMM),
-        )
-        run_planned(_plans, key, problem)
+def _plan_grouped_gemm(request: int, device: int):
+    """The native op's planner: the backend and config of a new problem (settings, autotune)."""
+    problem = GroupedGemmProblem.from_request(request, device)
+    with device_guard(problem.device):
+        backend, config = autotune.select(problem, problem.device)
+    return backend.value, config
 
 
-def _grouped_gemm_cuda(a, b, group_lens, group_offs, trans_b: bool) -> torch.Tensor:
-    m, n = a.shape[0], (b.shape[1] if trans_b else b.shape[2])
-    out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    _run(a, b, group_lens, group_offs, out, False, trans_b)
-    return out
+native.register_planner(native.PLAN_GROUPED_GEMM, _plan_grouped_gemm)
 
 
 def _grouped_gemm_fake(a, b, group_lens, group_offs, trans_b):
@@ -171,28 +165,15 @@ def _grouped_gemm_fake(a, b, group_lens, group_offs, trans_b):
     return a.new_empty((m, n))
 
 
-def _grouped_gemm_wgrad_cuda(a, grad_out, group_lens, group_offs, trans_b: bool) -> torch.Tensor:
-    g = group_lens.shape[0]
-    shape = (g, grad_out.shape[1], a.shape[1]) if trans_b else (g, a.shape[1], grad_out.shape[1])
-    out = torch.empty(shape, dtype=a.dtype, device=a.device)
-    _run(a, grad_out, group_lens, group_offs, out, True, trans_b)
-    return out
-
-
 def _grouped_gemm_wgrad_fake(a, grad_out, group_lens, group_offs, trans_b):
     return a.new_empty(_wgrad_shape(a, grad_out, group_lens, group_offs, trans_b))
 
 
-_grouped_gemm_op = library.define_op(
-    "grouped_gemm(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b) -> Tensor",
-    _grouped_gemm_cuda,
-    _grouped_gemm_fake,
-)
-_grouped_gemm_wgrad_op = library.define_op(
-    "grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, Tensor? group_offs, bool trans_b) -> Tensor",
-    _grouped_gemm_wgrad_cuda,
-    _grouped_gemm_wgrad_fake,
-)
+# Native ops (csrc/bindings/torch/grouped_gemm_ops.cpp): checks, plan lookup and launch in one call.
+library.register_fake("grouped_gemm", _grouped_gemm_fake)
+library.register_fake("grouped_gemm_wgrad", _grouped_gemm_wgrad_fake)
+_grouped_gemm_op = native.ops.grouped_gemm.default
+_grouped_gemm_wgrad_op = native.ops.grouped_gemm_wgrad.default
 
 
 class GroupedGemmFunction(torch.autograd.Function):
@@ -206,7 +187,6 @@ class GroupedGemmFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         a, b, group_lens, group_offs = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
             # dgrad: grad_out @ op(b[g])^T is the same kernel reading b the other way round.
@@ -217,6 +197,7 @@ class GroupedGemmFunction(torch.autograd.Function):
         return grad_a, grad_b, None, None, None
 
 
+@native.raises_python_errors
 def grouped_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -239,5 +220,8 @@ def grouped_gemm(
     a sync), each group is clamped to rows ``[0, M)``: nothing out of bounds is read or written,
     and output rows that no group covers are left unwritten.
     """
-    _forward_shape(a, b, group_lens, group_offs, trans_b)
-    return GroupedGemmFunction.apply(a, b, group_lens, group_offs, bool(trans_b))
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(group_lens, torch.Tensor)):
+        _forward_shape(a, b, group_lens, group_offs, trans_b)  # raises the TypeError naming the argument
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return GroupedGemmFunction.apply(a, b, group_lens, group_offs, bool(trans_b))
+    return _grouped_gemm_op(a, b, group_lens, group_offs, bool(trans_b))

@@ -1,0 +1,144 @@
+// primus_turbo::grouped_gemm (forward and dgrad) and primus_turbo::grouped_gemm_wgrad, bf16/fp16:
+// argument checks, the plan cache (backend, config, workspace size) and the launch in one native
+// call. Group sizes stay on the device: nothing here reads them, so no call synchronizes.
+#include <vector>
+
+#include "bindings/torch/plan_cache.h"
+#include "bindings/torch/torch_binding.h"
+#include "primus_turbo/grouped_gemm.h"
+
+namespace primus_turbo::torch_binding {
+
+namespace {
+
+struct GroupedPlan {
+  Choice choice;
+  size_t workspace_bytes = 0;
+};
+
+PlanCache<GroupedPlan> g_plans;
+
+constexpr const char* kOp = "grouped_gemm";
+
+void check_matrix(const char* name, const Tensor& t, int64_t ndim, const Tensor* like) {
+  if (t.dim() != ndim)
+    fail_with(ErrorKind::Value, kOp, ": argument '", name, "' must be ", ndim, "-D, got shape ", shape_string(t));
+  const ScalarType dt = t.scalar_type();
+  if (!like && dt != ScalarType::BFloat16 && dt != ScalarType::Half)
+    fail_with(ErrorKind::Type, kOp, ": argument '", name, "' has dtype ", dtype_name(dt),
+              "; expected bfloat16 or float16");
+  if (like && dt != like->scalar_type())
+    fail_with(ErrorKind::Type, kOp, ": argument '", name, "' has dtype ", dtype_name(dt), "; expected the dtype of 'a' (",
+              dtype_name(like->scalar_type()), ")");
+}
+
+// Messages as ops/grouped_gemm.py: _check_groups. Returns G.
+int64_t check_groups(const Tensor& lens, const std::optional<Tensor>& offs, int64_t num_groups) {
+  if (lens.scalar_type() != ScalarType::Long)
+    fail_with(ErrorKind::Type, kOp, ": argument 'group_lens' has dtype ", dtype_name(lens.scalar_type()),
+              "; expected torch.int64");
+  if (lens.dim() != 1 || lens.sizes()[0] < 1)
+    fail_with(ErrorKind::Value, kOp, ": argument 'group_lens' must be 1-D with at least one group, got shape ",
+              shape_string(lens));
+  const int64_t g = lens.sizes()[0];
+  if (num_groups >= 0 && g != num_groups)
+    fail_with(ErrorKind::Value, kOp, ": argument 'group_lens' has ", g, " groups but 'b' has ", num_groups);
+  if (offs) {
+    if (offs->scalar_type() != ScalarType::Long)
+      fail_with(ErrorKind::Type, kOp, ": argument 'group_offs' has dtype ", dtype_name(offs->scalar_type()),
+                "; expected torch.int64");
+    if (offs->dim() != 1 || offs->sizes()[0] != g + 1)
+      fail_with(ErrorKind::Value, kOp, ": argument 'group_offs' has shape ", shape_string(*offs), "; expected [", g + 1,
+                "] (G + 1 offsets)");
+  }
+  return g;
+}
+
+int32_t check_devices(const Tensor& a, const Tensor& b, const char* b_name, const Tensor& lens,
+                      const std::optional<Tensor>& offs) {
+  NamedTensors all{{"a", &a}, {b_name, &b}, {"group_lens", &lens}};
+  if (offs) all.push_back({"group_offs", &*offs});
+  return check_cuda(kOp, all);
+}
+
+void run(const Tensor& a_in, const Tensor& b_in, const Tensor& lens_in, const std::optional<Tensor>& offs_in,
+         const Tensor& out, bool wgrad, bool trans_b, int32_t device) {
+  if (out.numel() == 0) return;
+  const Tensor a = contiguous(a_in), b = contiguous(b_in), lens = contiguous(lens_in);
+  std::optional<Tensor> offs;
+  if (offs_in) offs = contiguous(*offs_in);
+  const pt_tensor pa = to_pt(a), pb = to_pt(b), pl = to_pt(lens), pd = to_pt(out);
+  pt_tensor po{};
+  if (offs) po = to_pt(*offs);
+  const pt_grouped_gemm_args args{&pa, &pb, &pl, offs ? &po : nullptr, &pd, wgrad ? 1 : 0, trans_b ? 1 : 0};
+  DeviceScope scope(device);
+  void* stream = current_stream(device);
+
+  std::vector<int64_t> values{pa.shape[0], pa.shape[1], pb.shape[0], pb.shape[1], pb.ndim > 2 ? pb.shape[2] : -1,
+                              pl.shape[0], offs ? 1 : 0, pa.dtype, (wgrad ? 1 : 0) | (trans_b ? 2 : 0), device,
+                              alignment(pa.data) >= 16, alignment(pb.data) >= 16, alignment(pd.data) >= 16};
+  const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GROUPED_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
+  GroupedPlan plan;
+  if (!g_plans.find(key, &plan)) {
+    plan.choice = plan_with_python(kPlanGroupedGemm, &args, device, kOp);
+    check_status(pt_grouped_gemm_workspace_size(&args, plan.choice.backend, plan.choice.config, &plan.workspace_bytes),
+                 kOp);
+    if (!is_capturing(stream)) plan = g_plans.insert(key, plan);  // a capture-time choice may be provisional
+  }
+  // From torch's caching allocator: graph-safe, and freed (stream-ordered) after the launch.
+  const Tensor ws = empty({static_cast<int64_t>(plan.workspace_bytes ? plan.workspace_bytes : 1)}, ScalarType::Byte,
+                          device);
+  check_status(pt_grouped_gemm(&args, plan.choice.backend, plan.choice.config, ws.data_ptr(), plan.workspace_bytes,
+                               stream),
+               kOp);
+}
+
+Tensor grouped_gemm(Tensor a, Tensor b, Tensor group_lens, std::optional<Tensor> group_offs, bool trans_b) {
+  check_matrix("a", a, 2, nullptr);
+  check_matrix("b", b, 3, &a);
+  check_groups(group_lens, group_offs, b.sizes()[0]);
+  const auto bs = b.sizes();
+  const int64_t kb = trans_b ? bs[2] : bs[1], n = trans_b ? bs[1] : bs[2];
+  if (kb != a.sizes()[1])
+    fail_with(ErrorKind::Value, kOp, ": inner dimensions do not match: 'a' is ", shape_string(a), " but 'b' ",
+              shape_string(b), " has K = ", kb, " (trans_b=", trans_b ? "True" : "False", ")");
+  const int32_t device = check_devices(a, b, "b", group_lens, group_offs);
+  Tensor out = empty({a.sizes()[0], n}, a.scalar_type(), device);
+  run(a, b, group_lens, group_offs, out, false, trans_b, device);
+  return out;
+}
+
+Tensor grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, std::optional<Tensor> group_offs,
+                          bool trans_b) {
+  check_matrix("a", a, 2, nullptr);
+  check_matrix("grad_out", grad_out, 2, &a);
+  const int64_t g = check_groups(group_lens, group_offs, -1);
+  if (grad_out.sizes()[0] != a.sizes()[0])
+    fail_with(ErrorKind::Value, kOp, ": argument 'grad_out' has shape ", shape_string(grad_out), "; expected ",
+              a.sizes()[0], " rows like 'a'");
+  const int64_t k = a.sizes()[1], n = grad_out.sizes()[1];
+  const int32_t device = check_devices(a, grad_out, "grad_out", group_lens, group_offs);
+  Tensor out = trans_b ? empty({g, n, k}, a.scalar_type(), device) : empty({g, k, n}, a.scalar_type(), device);
+  run(a, grad_out, group_lens, group_offs, out, true, trans_b, device);
+  return out;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
+  m.def("grouped_gemm(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b) -> Tensor");
+  m.def("grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, Tensor? group_offs, bool trans_b) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CUDA, m) {
+  m.impl("grouped_gemm", TORCH_BOX(&grouped_gemm));
+  m.impl("grouped_gemm_wgrad", TORCH_BOX(&grouped_gemm_wgrad));
+}
+
+// CPU too: a CPU tensor gets the same "expected a CUDA device" error as from the fake checks.
+STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CPU, m) {
+  m.impl("grouped_gemm", TORCH_BOX(&grouped_gemm));
+  m.impl("grouped_gemm_wgrad", TORCH_BOX(&grouped_gemm_wgrad));
+}
+
+}  // namespace primus_turbo::torch_binding

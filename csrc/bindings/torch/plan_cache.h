@@ -1,0 +1,83 @@
+// What the native ops with backends (GEMM, grouped GEMM) share: a thread-safe cache of per-problem
+// plans, the key pieces that make a plan stale (settings epoch, backend environment variables,
+// pointer alignment), and the call into the planner the Python layer registers (backend settings,
+// autotune and its distributed agreement stay in Python and run once per new problem).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "primus_turbo/primus_turbo.h"
+
+namespace primus_turbo::torch_binding {
+
+// Which problem a planner request describes (the Python planner dispatches on it).
+enum PlannerOp : int32_t { kPlanGemm = 0, kPlanGroupedGemm = 1 };
+
+// kPlanGemm's request; kPlanGroupedGemm's is pt_grouped_gemm_args.
+struct GemmPlanRequest {
+  const pt_tensor* a;
+  const pt_tensor* b;
+  const pt_tensor* d;
+  int32_t trans_a;
+  int32_t trans_b;
+  float beta;
+};
+
+// 0, or a pt_status (100: TypeError) with a message.
+using PlannerFn = int32_t (*)(int32_t op, const void* request, int32_t device, int32_t* backend, int32_t* config,
+                              char* message, size_t message_len);
+
+struct Choice {
+  int32_t backend = 0;
+  int32_t config = -1;
+};
+
+// Asks the registered planner; raises its error (or that none is registered).
+Choice plan_with_python(PlannerOp op, const void* request, int32_t device, const char* context);
+
+// Largest power of two (up to 256) dividing the address: what decides which kernels accept it.
+int64_t alignment(const void* p);
+
+struct PlanKey {
+  std::vector<int64_t> v;
+  std::string env;
+  bool operator==(const PlanKey& o) const { return v == o.v && env == o.env; }
+};
+
+// A key with the settings epoch and the values of the environment variables that choose backends.
+PlanKey plan_key(std::vector<int64_t> values, std::initializer_list<const char*> env_vars);
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& k) const;
+};
+
+template <typename Plan>
+class PlanCache {
+ public:
+  bool find(const PlanKey& key, Plan* plan) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = plans_.find(key);
+    if (it == plans_.end()) return false;
+    *plan = it->second;
+    return true;
+  }
+  // Keeps plan under key unless another thread got there first; returns the one kept.
+  Plan insert(const PlanKey& key, const Plan& plan) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return plans_.emplace(key, plan).first->second;
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    plans_.clear();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;
+};
+
+}  // namespace primus_turbo::torch_binding
