@@ -166,6 +166,11 @@ Tensor empty_like(const Tensor& t) {
 
 Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
 
+Tensor contiguous_as(const Tensor& t, ScalarType dtype) {
+  if (t.scalar_type() == dtype) return torch_binding::contiguous(t);
+  return torch_binding::contiguous(torch::stable::to(t, dtype));
+}
+
 void* current_stream(int32_t device) {
   void* stream = nullptr;
   check_shim(aoti_torch_get_current_cuda_stream(device, &stream), "current CUDA stream");

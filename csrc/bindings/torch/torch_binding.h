@@ -60,6 +60,8 @@ Tensor empty(const int64_t* sizes, int64_t ndim, ScalarType dtype, int32_t devic
 Tensor empty_like(const Tensor& t);
 // t itself when contiguous, else a contiguous copy.
 Tensor contiguous(const Tensor& t);
+// t itself when it has dtype and is contiguous, else a contiguous copy converted to dtype.
+Tensor contiguous_as(const Tensor& t, ScalarType dtype);
 
 // torch's current stream on device.
 void* current_stream(int32_t device);

@@ -5,9 +5,7 @@ import math
 
 import torch
 
-from primus_turbo._core import check, lib
-from primus_turbo.pytorch.core import library
-from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
+from primus_turbo.pytorch.core import library, native
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
 __all__ = ["rope", "rope_cos_sin"]
@@ -100,54 +98,16 @@ def _check_args(q, k, cos, sin, positions, cu_seqlens, theta, rotary_dim, layout
     return rotary_dim
 
 
-# ---- registered op: one for both directions (the backward is the inverse rotation) ------------
-
-
-def _rope_cuda(
-    q, k, cos, sin, positions, cu_seqlens, rotary_dim: int, theta: float, interleaved: bool, layout: int, backward: bool
-):
-    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    if q.numel() == 0 and k.numel() == 0:
-        return q_out, k_out
-    opt = lambda t: to_pt(t) if t is not None else None
-    with device_guard(q.device):
-        status = lib.pt_rope(
-            to_pt(q),
-            to_pt(k),
-            opt(cos),
-            opt(sin),
-            opt(positions),
-            opt(cu_seqlens),
-            to_pt(q_out),
-            to_pt(k_out),
-            int(rotary_dim),
-            float(theta),
-            int(interleaved),
-            int(layout),
-            int(backward),
-            current_stream_handle(q.device),
-        )
-    if status:
-        check(status, context="rope backward" if backward else "rope forward")
-    return q_out, k_out
+# ---- native op (csrc/bindings/torch/rope_ops.cpp): one for both directions (the backward is the
+# inverse rotation); it reads any strides with a unit last one and converts tables itself --------
 
 
 def _rope_fake(q, k, cos, sin, positions, cu_seqlens, rotary_dim, theta, interleaved, layout, backward):
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
-_rope_op = library.define_op(
-    "rope(Tensor q, Tensor k, Tensor? cos, Tensor? sin, Tensor? positions, Tensor? cu_seqlens, int rotary_dim, "
-    "float theta, bool interleaved, int layout, bool backward) -> (Tensor, Tensor)",
-    _rope_cuda,
-    _rope_fake,
-)
-
-
-def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
-    """The kernel reads any strides but the last; only a strided last dimension is copied."""
-    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+library.register_fake("rope", _rope_fake)
+_rope_op = native.ops.rope.default
 
 
 class RopeFunction(torch.autograd.Function):
@@ -163,12 +123,11 @@ class RopeFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dq_out, dk_out):
         cos, sin, positions, cu_seqlens = ctx.saved_tensors
-        dq, dk = _rope_op(
-            _unit_last_stride(dq_out), _unit_last_stride(dk_out), cos, sin, positions, cu_seqlens, *ctx.args, True
-        )
+        dq, dk = _rope_op(dq_out, dk_out, cos, sin, positions, cu_seqlens, *ctx.args, True)
         return dq, dk, None, None, None, None, None, None, None, None
 
 
+@native.raises_python_errors
 def rope(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -203,25 +162,22 @@ def rope(
     Math in float32, outputs contiguous in the input dtype. Differentiable in ``q`` and ``k`` (the
     gradient is the inverse rotation); no host synchronization, CUDA-graph capturable.
     """
-    rotary_dim = _check_args(q, k, cos, sin, positions, cu_seqlens, theta, rotary_dim, layout)
-    if cos is not None:
-        cos, sin = cos.float().contiguous(), sin.float().contiguous()
-    if positions is not None:
-        positions = positions.contiguous()
-    if cu_seqlens is not None:
-        cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
-    return RopeFunction.apply(
-        _unit_last_stride(q),
-        _unit_last_stride(k),
-        cos,
-        sin,
-        positions,
-        cu_seqlens,
-        int(rotary_dim),
-        float(theta),
-        bool(interleaved),
-        _LAYOUTS[layout],
-    )
+    lay = _LAYOUTS.get(layout) if isinstance(layout, str) else None
+    if (
+        lay is None
+        or not isinstance(q, torch.Tensor)
+        or not isinstance(k, torch.Tensor)
+        or q.device.type != "cuda"  # meta / fake tensors: the fake implementation's checks
+        or type(theta) not in (float, int)
+        or (rotary_dim is not None and type(rotary_dim) is not int)
+    ):
+        rotary_dim = _check_args(q, k, cos, sin, positions, cu_seqlens, theta, rotary_dim, layout)
+    elif rotary_dim is None:
+        rotary_dim = 2 * cos.shape[1] if cos is not None else q.shape[-1]
+    args = (q, k, cos, sin, positions, cu_seqlens, rotary_dim, float(theta), bool(interleaved), _LAYOUTS[layout])
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return RopeFunction.apply(*args)
+    return _rope_op(*args, False)
 
 
 def rope_cos_sin(
