@@ -28,7 +28,7 @@ Tensor matrix_operand(const Tensor& t) {
   const auto sizes = t.sizes();
   const auto strides = t.strides();
   if (strides[1] == 1 || strides[0] == 1 || sizes[0] <= 1 || sizes[1] <= 1) return t;
-  return contiguous(t);
+  return as_contiguous(t);
 }
 
 void check_float(const char* name, ScalarType t) {

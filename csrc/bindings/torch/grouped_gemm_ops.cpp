@@ -64,9 +64,9 @@ int32_t check_devices(const Tensor& a, const Tensor& b, const char* b_name, cons
 void run(const Tensor& a_in, const Tensor& b_in, const Tensor& lens_in, const std::optional<Tensor>& offs_in,
          const Tensor& out, bool wgrad, bool trans_b, int32_t device) {
   if (out.numel() == 0) return;
-  const Tensor a = contiguous(a_in), b = contiguous(b_in), lens = contiguous(lens_in);
+  const Tensor a = as_contiguous(a_in), b = as_contiguous(b_in), lens = as_contiguous(lens_in);
   std::optional<Tensor> offs;
-  if (offs_in) offs = contiguous(*offs_in);
+  if (offs_in) offs = as_contiguous(*offs_in);
   const pt_tensor pa = to_pt(a), pb = to_pt(b), pl = to_pt(lens), pd = to_pt(out);
   pt_tensor po{};
   if (offs) po = to_pt(*offs);

@@ -84,7 +84,7 @@ void* ptr_or_null(const Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; 
 
 std::tuple<Tensor, Tensor> rmsnorm_fwd(Tensor x_in, Tensor gamma_in, double eps, bool zero_centered) {
   const int32_t device = check_norm("rmsnorm", x_in, {}, {{"gamma", &gamma_in}}, eps);
-  const Tensor x = contiguous(x_in), gamma = contiguous(gamma_in);
+  const Tensor x = as_contiguous(x_in), gamma = as_contiguous(gamma_in);
   Tensor y = empty_like(x), rstd = stat(x, device);
   if (rows_of(x) == 0) return {y, rstd};
   DeviceScope scope(device);
@@ -96,7 +96,7 @@ std::tuple<Tensor, Tensor> rmsnorm_fwd(Tensor x_in, Tensor gamma_in, double eps,
 
 std::tuple<Tensor, Tensor> rmsnorm_bwd(Tensor dy_in, Tensor x_in, Tensor gamma, Tensor rstd, bool zero_centered) {
   const int32_t device = check_norm("rmsnorm", x_in, {{"dy", &dy_in}}, {{"gamma", &gamma}}, 0.0);
-  const Tensor dy = contiguous(dy_in), x = contiguous(x_in);
+  const Tensor dy = as_contiguous(dy_in), x = as_contiguous(x_in);
   Tensor dx = empty_like(x), dgamma = empty_like(gamma);
   DeviceScope scope(device);
   const Tensor ws = workspace(pt_rmsnorm_bwd_workspace_bytes(rows_of(x), hidden_of(x)), device);
@@ -112,7 +112,7 @@ std::tuple<Tensor, Tensor, Tensor> rmsnorm_residual_fwd(Tensor x_in, Tensor resi
                                                         bool zero_centered) {
   const int32_t device =
       check_norm("rmsnorm_residual", x_in, {{"residual", &residual_in}}, {{"gamma", &gamma_in}}, eps);
-  const Tensor x = contiguous(x_in), residual = contiguous(residual_in), gamma = contiguous(gamma_in);
+  const Tensor x = as_contiguous(x_in), residual = as_contiguous(residual_in), gamma = as_contiguous(gamma_in);
   Tensor y = empty_like(x), s = empty_like(x), rstd = stat(x, device);
   if (rows_of(x) == 0) return {y, s, rstd};
   DeviceScope scope(device);
@@ -127,9 +127,9 @@ std::tuple<Tensor, Tensor, Tensor> rmsnorm_residual_fwd(Tensor x_in, Tensor resi
 std::tuple<Tensor, Tensor> rmsnorm_residual_bwd(Tensor dy_in, std::optional<Tensor> dsum_in, Tensor s, Tensor gamma,
                                                 Tensor rstd, bool zero_centered) {
   const int32_t device = check_norm("rmsnorm_residual", s, {{"dy", &dy_in}}, {{"gamma", &gamma}}, 0.0);
-  const Tensor dy = contiguous(dy_in);
+  const Tensor dy = as_contiguous(dy_in);
   std::optional<Tensor> dsum;
-  if (dsum_in) dsum = contiguous(*dsum_in);
+  if (dsum_in) dsum = as_contiguous(*dsum_in);
   Tensor dx = empty_like(s), dgamma = empty_like(gamma);
   DeviceScope scope(device);
   const Tensor ws = workspace(pt_rmsnorm_bwd_workspace_bytes(rows_of(s), hidden_of(s)), device);
@@ -145,7 +145,7 @@ std::tuple<Tensor, Tensor> rmsnorm_residual_bwd(Tensor dy_in, std::optional<Tens
 
 std::tuple<Tensor, Tensor, Tensor> layernorm_fwd(Tensor x_in, Tensor gamma_in, Tensor beta_in, double eps) {
   const int32_t device = check_norm("layernorm", x_in, {}, {{"gamma", &gamma_in}, {"beta", &beta_in}}, eps);
-  const Tensor x = contiguous(x_in), gamma = contiguous(gamma_in), beta = contiguous(beta_in);
+  const Tensor x = as_contiguous(x_in), gamma = as_contiguous(gamma_in), beta = as_contiguous(beta_in);
   Tensor y = empty_like(x), mean = stat(x, device), rstd = stat(x, device);
   if (rows_of(x) == 0) return {y, mean, rstd};
   DeviceScope scope(device);
@@ -158,7 +158,7 @@ std::tuple<Tensor, Tensor, Tensor> layernorm_fwd(Tensor x_in, Tensor gamma_in, T
 
 std::tuple<Tensor, Tensor, Tensor> layernorm_bwd(Tensor dy_in, Tensor x_in, Tensor gamma, Tensor mean, Tensor rstd) {
   const int32_t device = check_norm("layernorm", x_in, {{"dy", &dy_in}}, {{"gamma", &gamma}}, 0.0);
-  const Tensor dy = contiguous(dy_in), x = contiguous(x_in);
+  const Tensor dy = as_contiguous(dy_in), x = as_contiguous(x_in);
   Tensor dx = empty_like(x), dgamma = empty_like(gamma), dbeta = empty_like(gamma);
   DeviceScope scope(device);
   const Tensor ws = workspace(pt_layernorm_bwd_workspace_bytes(rows_of(x), hidden_of(x)), device);

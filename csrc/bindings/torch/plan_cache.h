@@ -15,7 +15,7 @@
 namespace primus_turbo::torch_binding {
 
 // Which problem a planner request describes (the Python planner dispatches on it).
-enum PlannerOp : int32_t { kPlanGemm = 0, kPlanGroupedGemm = 1 };
+enum PlannerOp : int32_t { kPlanGemm = 0, kPlanGroupedGemm = 1, kPlanGemmFp8 = 2 };
 
 // kPlanGemm's request; kPlanGroupedGemm's is pt_grouped_gemm_args.
 struct GemmPlanRequest {
@@ -24,6 +24,18 @@ struct GemmPlanRequest {
   const pt_tensor* d;
   int32_t trans_a;
   int32_t trans_b;
+  float beta;
+};
+
+// kPlanGemmFp8's request: pt_gemm_fp8's arguments.
+struct GemmFp8PlanRequest {
+  const pt_tensor* a;
+  const pt_tensor* a_scale;
+  int32_t a_scaling;
+  const pt_tensor* b;
+  const pt_tensor* b_scale;
+  int32_t b_scaling;
+  const pt_tensor* d;
   float beta;
 };
 

@@ -13,7 +13,7 @@ namespace {
 // The kernel reads any strides but the last: only a strided last dimension is copied.
 Tensor unit_last_stride(const Tensor& t) {
   if (t.dim() == 0 || t.stride(t.dim() - 1) == 1 || t.sizes()[t.dim() - 1] <= 1) return t;
-  return contiguous(t);
+  return as_contiguous(t);
 }
 
 std::tuple<Tensor, Tensor> rope(Tensor q_in, Tensor k_in, std::optional<Tensor> cos_in, std::optional<Tensor> sin_in,
@@ -30,7 +30,7 @@ std::tuple<Tensor, Tensor> rope(Tensor q_in, Tensor k_in, std::optional<Tensor> 
   std::optional<Tensor> cos, sin, positions, cu_seqlens;
   if (cos_in) cos = contiguous_as(*cos_in, ScalarType::Float);
   if (sin_in) sin = contiguous_as(*sin_in, ScalarType::Float);
-  if (positions_in) positions = contiguous(*positions_in);
+  if (positions_in) positions = as_contiguous(*positions_in);
   if (cu_seqlens_in) cu_seqlens = contiguous_as(*cu_seqlens_in, ScalarType::Int);
   Tensor q_out = empty_like(q), k_out = empty_like(k);
   if (q.numel() == 0 && k.numel() == 0) return {q_out, k_out};

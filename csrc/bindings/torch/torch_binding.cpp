@@ -164,11 +164,11 @@ Tensor empty_like(const Tensor& t) {
   return empty(sizes.data(), static_cast<int64_t>(sizes.size()), t.scalar_type(), t.get_device());
 }
 
-Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
+Tensor as_contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
 
 Tensor contiguous_as(const Tensor& t, ScalarType dtype) {
-  if (t.scalar_type() == dtype) return torch_binding::contiguous(t);
-  return torch_binding::contiguous(torch::stable::to(t, dtype));
+  if (t.scalar_type() == dtype) return torch_binding::as_contiguous(t);
+  return torch_binding::as_contiguous(torch::stable::to(t, dtype));
 }
 
 void* current_stream(int32_t device) {

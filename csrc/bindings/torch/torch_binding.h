@@ -59,7 +59,7 @@ Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype, int32_t dev
 Tensor empty(const int64_t* sizes, int64_t ndim, ScalarType dtype, int32_t device);
 Tensor empty_like(const Tensor& t);
 // t itself when contiguous, else a contiguous copy.
-Tensor contiguous(const Tensor& t);
+Tensor as_contiguous(const Tensor& t);
 // t itself when it has dtype and is contiguous, else a contiguous copy converted to dtype.
 Tensor contiguous_as(const Tensor& t, ScalarType dtype);
 

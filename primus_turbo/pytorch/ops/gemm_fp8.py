@@ -16,14 +16,20 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from primus_turbo._core import check, lib
+from primus_turbo._core import PtTensor, check, lib
 from primus_turbo._core.lib import string_out
-from primus_turbo.pytorch.core import autotune, library
+from primus_turbo.pytorch.core import autotune, library, native
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
-from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt, workspace
+from primus_turbo.pytorch.core.tensor_bridge import (
+    current_stream_handle,
+    device_guard,
+    empty_like_pt,
+    to_pt,
+    workspace,
+)
 from primus_turbo.pytorch.ops import _fp8_quant, _mx_blocks
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad, check_main_grad_pattern
 
 __all__ = ["gemm_fp8"]
 
@@ -58,17 +64,47 @@ def kernel_scale(scale_inv: torch.Tensor, scaling: int, rows: int, k: int) -> to
     return F.pad(s.reshape(_cdiv(rows, 128), kb), (0, (-kb) % 4)).contiguous()
 
 
+class _GemmFp8PlanRequest(ctypes.Structure):
+    """GemmFp8PlanRequest (csrc/bindings/torch/plan_cache.h)."""
+
+    _fields_ = [
+        ("a", ctypes.POINTER(PtTensor)),
+        ("a_scale", ctypes.POINTER(PtTensor)),
+        ("a_scaling", ctypes.c_int32),
+        ("b", ctypes.POINTER(PtTensor)),
+        ("b_scale", ctypes.POINTER(PtTensor)),
+        ("b_scaling", ctypes.c_int32),
+        ("d", ctypes.POINTER(PtTensor)),
+        ("beta", ctypes.c_float),
+    ]
+
+
 class Fp8GemmProblem(autotune.TunableProblem):
     op = OpFamily.GEMM
     precision = PrecisionType.FP8
     default_backend = BackendType.CUBLASLT
     backends = (BackendType.CUBLASLT, BackendType.CUTLASS)
 
-    def __init__(self, a, sa, a_scaling, b, sb, b_scaling, out, beta):
-        self.out, self.beta = out, float(beta)
-        self._args = (to_pt(a), to_pt(sa), a_scaling, to_pt(b), to_pt(sb), b_scaling, to_pt(out), self.beta)
-        self.stream = current_stream_handle(out.device)
+    def __init__(self, args: tuple, device: torch.device):
+        """args: pt_gemm_fp8's (a, a_scale, a_scaling, b, b_scale, b_scaling, d, beta) descriptors."""
+        self._args, self.beta, self.device = args, float(args[7]), device
+        self.stream = current_stream_handle(device)
         self._scratch = None
+
+    @classmethod
+    def from_tensors(cls, a, sa, a_scaling, b, sb, b_scaling, out, beta) -> "Fp8GemmProblem":
+        return cls((to_pt(a), to_pt(sa), a_scaling, to_pt(b), to_pt(sb), b_scaling, to_pt(out), float(beta)), out.device)
+
+    @classmethod
+    def from_request(cls, request: int, device: int) -> "Fp8GemmProblem":
+        """From the native op's planner request (GemmFp8PlanRequest, alive during the call)."""
+        r = _GemmFp8PlanRequest.from_address(request)
+        copy = PtTensor.from_buffer_copy
+        args = (
+            copy(r.a.contents), copy(r.a_scale.contents), r.a_scaling, copy(r.b.contents),
+            copy(r.b_scale.contents), r.b_scaling, copy(r.d.contents), r.beta,
+        )
+        return cls(args, torch.device("cuda", device))
 
     def key(self) -> str:
         return "fp8|" + string_out(lib.pt_gemm_fp8_problem_key, *self._args, size=512)
@@ -83,9 +119,9 @@ class Fp8GemmProblem(autotune.TunableProblem):
         args = self._args
         if for_tuning and self.beta != 0.0:  # profiling must not accumulate into the caller's tensor
             if self._scratch is None:
-                self._scratch = self.out.clone()
+                self._scratch = empty_like_pt(args[6], self.device).zero_()
             args = args[:6] + (to_pt(self._scratch), self.beta)
-        ws = workspace(self.out.device)
+        ws = workspace(self.device)
         status = lib.pt_gemm_fp8(*args, backend.value, config, ws.data_ptr(), ws.numel(), self.stream)
         if status:
             check(status, context=f"gemm_fp8 on {backend.name}")
@@ -105,7 +141,7 @@ def _run(a, sa, a_scaling, b, sb, b_scaling, out, beta) -> None:
         settings_token(OpFamily.GEMM),
     )
     with device_guard(out.device):
-        problem = Fp8GemmProblem(a, sa, a_scaling, b, sb, b_scaling, out, beta)
+        problem = Fp8GemmProblem.from_tensors(a, sa, a_scaling, b, sb, b_scaling, out, beta)
         choice = _plans.get(key)
         if choice is None:
             choice = autotune.select(problem, out.device)
@@ -294,6 +330,88 @@ class GemmFp8Function(torch.autograd.Function):
         return grad_a, grad_b, None, None, None, None, None, None
 
 
+# ---- the native training path (csrc/bindings/torch/gemm_fp8_ops.cpp) ----------------------------
+# TENSORWISE, ROWWISE and BLOCKWISE with E4M3 or HYBRID: quantization, scale layouts and the GEMM of
+# each direction in one C++ call. MX_BLOCKWISE, E5M2 and pre-quantized operands use the composite
+# path above.
+
+
+def _plan_gemm_fp8(request: int, device: int):
+    problem = Fp8GemmProblem.from_request(request, device)
+    with device_guard(problem.device):
+        backend, config = autotune.select(problem, problem.device)
+    return backend.value, config
+
+
+native.register_planner(native.PLAN_GEMM_FP8, _plan_gemm_fp8)
+
+# pt_quant_granularity codes of the granularities the native path takes.
+_NATIVE_GRANULARITY = {
+    ScalingGranularity.TENSORWISE: 0,
+    ScalingGranularity.ROWWISE: 1,
+    ScalingGranularity.BLOCKWISE: 2,
+}
+
+
+def _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward):
+    out_dtype_, m, k, n = check_hp_operands(
+        "gemm_fp8", a, b, trans_a, trans_b, out_dtype, "FP8 GEMM operands are read in 16-byte rows",
+        "its transposed FP8 operands have rows of length M and N",
+    )
+    placeholder = lambda: a.new_empty((0,), dtype=torch.uint8)
+    out = a.new_empty((m, n), dtype=out_dtype)
+    if not for_backward:
+        return out, placeholder(), placeholder(), placeholder(), placeholder()
+    s_a = {0: (), 1: (k, 1), 2: (k, _cdiv(m, 128))}[granularity]
+    s_b = {0: (), 1: (k, 1), 2: (_cdiv(k, 128), _cdiv(n, 128))}[granularity]
+    f32 = torch.float32
+    return (
+        out, a.new_empty((k, m), dtype=fwd_dtype), a.new_empty(s_a, dtype=f32),
+        a.new_empty((k, n), dtype=fwd_dtype), a.new_empty(s_b, dtype=f32),
+    )
+
+
+def _bwd_fake(grad, a_bwd, sa_bwd, b_bwd, sb_bwd, trans_a, trans_b, grad_dtype, granularity, a_dtype, b_dtype,
+              need_a, need_b, main_grad):
+    m, n, k = grad.shape[0], grad.shape[1], a_bwd.shape[0]
+    placeholder = lambda: grad.new_empty((0,), dtype=torch.uint8)
+    grad_a = grad.new_empty((k, m) if trans_a else (m, k), dtype=a_dtype) if need_a else placeholder()
+    wants_b = need_b and main_grad is None
+    grad_b = grad.new_empty((n, k) if trans_b else (k, n), dtype=b_dtype) if wants_b else placeholder()
+    return grad_a, grad_b
+
+
+library.register_fake("gemm_fp8_fwd", _fwd_fake)
+library.register_fake("gemm_fp8_bwd", _bwd_fake)
+_native_fwd = native.ops.gemm_fp8_fwd.default
+_native_bwd = native.ops.gemm_fp8_bwd.default
+
+
+class NativeGemmFp8Function(torch.autograd.Function):
+    """GemmFp8Function's math with each direction one native call."""
+
+    @staticmethod
+    def forward(ctx, a, b, trans_a: bool, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity, main_grad):
+        fwd_dtype, grad_dtype = _dtypes(fmt)
+        code = _NATIVE_GRANULARITY[g]
+        out, a_bwd, sa_bwd, b_bwd, sb_bwd = _native_fwd(a, b, trans_a, trans_b, out_dtype, fwd_dtype, code, True)
+        ctx.save_for_backward(a_bwd, sa_bwd, b_bwd, sb_bwd)
+        ctx.args = (trans_a, trans_b, grad_dtype, code, a.dtype, b.dtype)
+        ctx.b_shape, ctx.main_grad = b.shape, main_grad
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        main_grad = ctx.main_grad
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_a, grad_b = _native_bwd(grad_out, *ctx.saved_tensors, *ctx.args, need_a, need_b, main_grad)
+        if main_grad is not None:
+            grad_b = _dummy_wgrad(ctx.b_shape, ctx.args[5], main_grad.device)
+        elif not need_b:
+            grad_b = None
+        return (grad_a if need_a else None), grad_b, None, None, None, None, None, None
+
+
 # ---- argument checks -----------------------------------------------------------------------------
 
 
@@ -460,6 +578,7 @@ def _forward_prequantized_a_hp(a, b, trans_a, trans_b, out_dtype, config, fuse_b
 Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+@native.raises_python_errors
 def gemm_fp8(
     a: Operand,
     b: Operand,
@@ -504,6 +623,31 @@ def gemm_fp8(
     are fine. Violations raise ``ValueError`` before any work.
     """
     config = _check_config(config)
+    code = _NATIVE_GRANULARITY.get(config.granularity)
+    if (
+        code is not None
+        and config.format != Format.E5M2
+        and isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.numel()
+        and b.numel()
+        and a.device.type == "cuda"
+    ):
+        if out_dtype is None:
+            out_dtype = a.dtype
+        if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+            if fuse_bgrad_accum_pattern is not None:
+                check_main_grad_pattern(fuse_bgrad_accum_pattern)
+            fwd_dtype = torch.float8_e4m3fn
+            return _native_fwd(a, b, bool(trans_a), bool(trans_b), out_dtype, fwd_dtype, code, False)[0]
+        main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)
+        if main_grad is not None and config.granularity == ScalingGranularity.BLOCKWISE:
+            raise ValueError(
+                "gemm_fp8: fuse_bgrad_accum_pattern='megatron' supports TENSORWISE, ROWWISE and MX_BLOCKWISE, not BLOCKWISE"
+            )
+        return NativeGemmFp8Function.apply(
+            a, b, bool(trans_a), bool(trans_b), out_dtype, config.format, config.granularity, main_grad
+        )
     if isinstance(a, tuple) and len(a) == 3 and not isinstance(b, tuple):
         return _forward_prequantized_a_hp(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern)
     if isinstance(a, tuple) or isinstance(b, tuple):

@@ -1,0 +1,273 @@
+// primus_turbo::gemm_fp8_fwd / gemm_fp8_bwd: the FP8 training GEMM (TENSORWISE, ROWWISE,
+// BLOCKWISE; E4M3 or HYBRID) composed in one native call per direction: quantize both inputs
+// (each read once, both copies written), restate the scales in the layout the GEMM reads, pick
+// the plan, launch. The forward returns the copies the backward reads (quantized along M and N),
+// so nothing is quantized twice. Layouts, with op(a) [M, K] and op(b) [K, N]:
+//   forward  out     = op(a)   [M,K] x op(b)^T [N,K]   (both along K)
+//   dgrad    d op(a) = grad    [M,N] x op(b)   [K,N]   (both along N)
+//   wgrad    d op(b) = op(a)^T [K,M] x grad^T  [N,M]   (both along M)
+// MX_BLOCKWISE, E5M2 x E5M2, pre-quantized operands and FP4 stay on the Python path.
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include <torch/csrc/stable/ops.h>
+
+#include "bindings/torch/plan_cache.h"
+#include "bindings/torch/torch_binding.h"
+#include "primus_turbo/quantization.h"
+
+namespace primus_turbo::torch_binding {
+
+namespace {
+
+constexpr const char* kOp = "gemm_fp8";
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// An FP8 operand quantized along its last dimension, with its scales as the quantizer wrote them.
+struct Quantized {
+  Tensor q;
+  Tensor s;
+  int32_t scaling;  // pt_fp8_scaling
+};
+
+// (activation / gradient scaling, weight scaling) of a pt_quant_granularity.
+std::pair<int32_t, int32_t> scalings(int64_t granularity) {
+  switch (granularity) {
+    case PT_QUANT_TENSORWISE: return {PT_FP8_SCALING_TENSOR, PT_FP8_SCALING_TENSOR};
+    case PT_QUANT_ROWWISE: return {PT_FP8_SCALING_ROW, PT_FP8_SCALING_ROW};
+    case PT_QUANT_BLOCKWISE: return {PT_FP8_SCALING_BLOCK_1x128, PT_FP8_SCALING_BLOCK_128x128};
+    default: fail_with(ErrorKind::NotImplemented, kOp, ": granularity code ", granularity, " has no native path");
+  }
+}
+
+// Scale shape of one output of pt_quantize (x [m, k]); mirrors quantization.py: _scale_shape.
+std::vector<int64_t> scale_shape(int64_t g, int64_t m, int64_t k, bool along_k, bool two_d) {
+  if (g == PT_QUANT_TENSORWISE) return {};
+  if (g == PT_QUANT_ROWWISE) return along_k ? std::vector<int64_t>{m, 1} : std::vector<int64_t>{k, 1};
+  if (two_d) return along_k ? std::vector<int64_t>{cdiv(m, 128), cdiv(k, 128)} : std::vector<int64_t>{cdiv(k, 128), cdiv(m, 128)};
+  return along_k ? std::vector<int64_t>{m, cdiv(k, 128)} : std::vector<int64_t>{k, cdiv(m, 128)};
+}
+
+// x [m, k] (contiguous) quantized along k (row) and along m stored transposed [k, m] (col); either
+// may be skipped. 2-D 128x128 blocks for a BLOCKWISE weight.
+std::pair<std::optional<Quantized>, std::optional<Quantized>> quantize(const Tensor& x, ScalarType dtype, int64_t g,
+                                                                       bool weight, bool want_row, bool want_col,
+                                                                       int32_t device, void* stream) {
+  const int64_t m = x.sizes()[0], k = x.sizes()[1];
+  const bool two_d = weight && g == PT_QUANT_BLOCKWISE;
+  const auto [act, wgt] = scalings(g);
+  const int32_t scaling = weight ? wgt : act;
+  std::optional<Quantized> row, col;
+  pt_tensor px = to_pt(x), pqr{}, psr{}, pqc{}, psc{};
+  if (want_row) {
+    const auto ss = scale_shape(g, m, k, true, two_d);
+    row = Quantized{empty({m, k}, dtype, device), empty(ss.data(), ss.size(), ScalarType::Float, device), scaling};
+    pqr = to_pt(row->q);
+    psr = to_pt(row->s);
+  }
+  if (want_col) {
+    const auto ss = scale_shape(g, m, k, false, two_d);
+    col = Quantized{empty({k, m}, dtype, device), empty(ss.data(), ss.size(), ScalarType::Float, device), scaling};
+    pqc = to_pt(col->q);
+    psc = to_pt(col->s);
+  }
+  const size_t ws_bytes = pt_quantize_workspace_bytes(m, k, static_cast<int32_t>(g));
+  std::optional<Tensor> ws;
+  if (ws_bytes) ws = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
+  check_status(pt_quantize(&px, row ? &pqr : nullptr, row ? &psr : nullptr, col ? &pqc : nullptr,
+                           col ? &psc : nullptr, static_cast<int32_t>(g), g == PT_QUANT_BLOCKWISE ? 128 : 0, 1,
+                           two_d ? PT_QUANT_2D_BLOCK : 0, 0, ws ? ws->data_ptr() : nullptr, ws_bytes, stream),
+               "gemm_fp8 quantize");
+  return {row, col};
+}
+
+// The quantizer's scales in the layout the GEMM reads (gemm_fp8.h): tensor -> 0-dim, row ->
+// [rows] (views of the same memory); 1x128 -> [kb, round_up(rows, 4)], rows contiguous, and
+// 128x128 -> [ceil(rows/128), round_up(kb, 4)] (small copies).
+Tensor kernel_scale(const Quantized& x) {
+  const int64_t rows = x.q.sizes()[0], k = x.q.sizes()[1], kb = cdiv(k, 128);
+  switch (x.scaling) {
+    case PT_FP8_SCALING_TENSOR:
+    case PT_FP8_SCALING_ROW: return x.s;  // the descriptor is reshaped in gemm_operand_scale
+    case PT_FP8_SCALING_BLOCK_1x128: {
+      const Tensor t = torch::stable::transpose(x.s, 0, 1);  // [kb, rows]
+      const std::vector<int64_t> pad{0, (4 - rows % 4) % 4};
+      return as_contiguous(torch::stable::pad(t, pad));
+    }
+    default: {
+      const int64_t extra = (4 - kb % 4) % 4;
+      if (!extra) return x.s;
+      const std::vector<int64_t> pad{0, extra};
+      return as_contiguous(torch::stable::pad(x.s, pad));
+    }
+  }
+}
+
+pt_tensor scale_descriptor(const Tensor& s, int32_t scaling) {
+  pt_tensor p = to_pt(s);
+  if (scaling == PT_FP8_SCALING_TENSOR) {
+    p.ndim = 0;
+  } else if (scaling == PT_FP8_SCALING_ROW) {
+    p.ndim = 1;
+    p.shape[0] = s.numel();
+    p.strides[0] = 1;
+  }
+  return p;
+}
+
+PlanCache<Choice> g_plans;
+
+// out (+)= (x.q * x.s) @ (y.q * y.s)^T on the plan of this problem.
+void fp8_mm(const Quantized& x, const Quantized& y, const Tensor& out, float beta, int32_t device, void* stream) {
+  if (out.numel() == 0) return;
+  const Tensor sx = kernel_scale(x), sy = kernel_scale(y);
+  const pt_tensor pa = to_pt(x.q), pb = to_pt(y.q), pd = to_pt(out);
+  const pt_tensor psa = scale_descriptor(sx, x.scaling), psb = scale_descriptor(sy, y.scaling);
+  std::vector<int64_t> values{pa.shape[0], pa.shape[1], pb.shape[0], pa.dtype,     pb.dtype,
+                              pd.dtype,    pd.strides[0], x.scaling, y.scaling, beta != 0.0f,
+                              device,      alignment(pa.data) >= 16, alignment(pb.data) >= 16,
+                              alignment(pd.data) >= 16};
+  const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
+  Choice c;
+  if (!g_plans.find(key, &c)) {
+    const GemmFp8PlanRequest request{&pa, &psa, x.scaling, &pb, &psb, y.scaling, &pd, beta};
+    c = plan_with_python(kPlanGemmFp8, &request, device, kOp);
+    if (!is_capturing(stream)) c = g_plans.insert(key, c);
+  }
+  const size_t ws_bytes = pt_gemm_workspace_bytes();
+  const Tensor ws = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
+  check_status(pt_gemm_fp8(&pa, &psa, x.scaling, &pb, &psb, y.scaling, const_cast<pt_tensor*>(&pd), beta, c.backend,
+                           c.config, ws.data_ptr(), ws_bytes, stream),
+               kOp);
+}
+
+bool is_hp(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16 || t == ScalarType::Float; }
+bool is_out(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16 || t == ScalarType::Float; }
+
+// The checks of ops/gemm_fp8.py: check_hp_operands, in the same order and words. Returns M, K, N.
+std::tuple<int64_t, int64_t, int64_t> check_operands(const Tensor& a, const Tensor& b, bool ta, bool tb,
+                                                     ScalarType out_dtype, bool backward) {
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"a", &a}, {"b", &b}}) {
+    if (t->dim() != 2)
+      fail_with(ErrorKind::Value, kOp, ": argument '", name, "' must be 2-D, got shape ", shape_string(*t));
+    if (!is_hp(t->scalar_type()))
+      fail_with(ErrorKind::Type, kOp, ": argument '", name, "' has dtype ", dtype_name(t->scalar_type()),
+                "; expected float16, bfloat16 or float32");
+  }
+  if (b.scalar_type() != a.scalar_type())
+    fail_with(ErrorKind::Type, kOp, ": argument 'b' has dtype ", dtype_name(b.scalar_type()),
+              "; expected the dtype of 'a' (", dtype_name(a.scalar_type()), ")");
+  if (!is_out(out_dtype))
+    fail_with(ErrorKind::Type, kOp, ": out_dtype ", dtype_name(out_dtype),
+              " is not supported; expected float32, float16 or bfloat16");
+  const auto as = a.sizes(), bs = b.sizes();
+  const int64_t m = ta ? as[1] : as[0], k = ta ? as[0] : as[1];
+  const int64_t kb = tb ? bs[1] : bs[0], n = tb ? bs[0] : bs[1];
+  if (k != kb)
+    fail_with(ErrorKind::Value, kOp, ": inner dimensions do not match: op(a) is [", m, ", ", k, "] (a ",
+              shape_string(a), ", trans_a=", ta ? "True" : "False", ") but op(b) is [", kb, ", ", n, "] (b ",
+              shape_string(b), ", trans_b=", tb ? "True" : "False", ")");
+  if (k % 16)
+    fail_with(ErrorKind::Value, kOp, ": K=", k, " must be a multiple of 16 (FP8 GEMM operands are read in 16-byte rows)");
+  if (backward && (m % 16 || n % 16))
+    fail_with(ErrorKind::Value, kOp, ": the backward needs M=", m, " and N=", n,
+              " to be multiples of 16 (its transposed FP8 operands have rows of length M and N)");
+  return {m, k, n};
+}
+
+Tensor empty_scalar_like(int32_t device) { return empty({0}, ScalarType::Byte, device); }
+
+// Returns (out, a_bwd, sa_bwd, b_bwd, sb_bwd): the backward's copies (along M and along N), or
+// empty placeholders when no backward follows.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> gemm_fp8_fwd(Tensor a_in, Tensor b_in, bool trans_a, bool trans_b,
+                                                                ScalarType out_dtype, ScalarType fwd_dtype,
+                                                                int64_t granularity, bool for_backward) {
+  const auto [m, k, n] = check_operands(a_in, b_in, trans_a, trans_b, out_dtype, for_backward);
+  const int32_t device = check_cuda(kOp, {{"a", &a_in}, {"b", &b_in}});
+  if (m == 0 || n == 0 || k == 0)
+    fail_with(ErrorKind::Value, kOp, ": empty problems take the composite path");  // the Python layer's job
+  DeviceScope scope(device);
+  void* stream = current_stream(device);
+  const Tensor a = as_contiguous(a_in), b = as_contiguous(b_in);
+  // a's copy along K feeds the forward, the one along M the wgrad; b's along K the forward, along
+  // N the dgrad. Which of a quantizer's two outputs is which depends on the transposes.
+  auto [a_row, a_col] = quantize(a, fwd_dtype, granularity, false, !trans_a || for_backward,
+                                 trans_a || for_backward, device, stream);
+  auto [b_row, b_col] = quantize(b, fwd_dtype, granularity, true, trans_b || for_backward,
+                                 !trans_b || for_backward, device, stream);
+  const Quantized& a_fwd = trans_a ? *a_col : *a_row;
+  const Quantized& b_fwd = trans_b ? *b_row : *b_col;
+  Tensor out = empty({m, n}, out_dtype, device);
+  fp8_mm(a_fwd, b_fwd, out, 0.0f, device, stream);
+  if (!for_backward)
+    return {out, empty_scalar_like(device), empty_scalar_like(device), empty_scalar_like(device),
+            empty_scalar_like(device)};
+  const Quantized& a_bwd = trans_a ? *a_row : *a_col;
+  const Quantized& b_bwd = trans_b ? *b_col : *b_row;
+  return {out, a_bwd.q, a_bwd.s, b_bwd.q, b_bwd.s};
+}
+
+// Returns (grad_a, grad_b); a gradient not asked for (or accumulated into main_grad) is an empty
+// placeholder.
+std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd,
+                                        bool trans_a, bool trans_b, ScalarType grad_dtype, int64_t granularity,
+                                        ScalarType a_dtype, ScalarType b_dtype, bool need_a, bool need_b,
+                                        std::optional<Tensor> main_grad) {
+  const int32_t device = check_cuda(kOp, {{"grad_out", &grad_in}, {"a_bwd", &a_bwd}, {"b_bwd", &b_bwd}});
+  DeviceScope scope(device);
+  void* stream = current_stream(device);
+  const auto [act, wgt] = scalings(granularity);
+  const Tensor grad = as_contiguous(grad_in);  // [M, N]
+  const bool wgrad = need_b || main_grad.has_value();
+  auto [g_row, g_col] = quantize(grad, grad_dtype, granularity, false, need_a, wgrad, device, stream);
+  const Quantized a_saved{a_bwd, sa_bwd, act};  // [K, M] along M
+  const Quantized b_saved{b_bwd, sb_bwd, wgt};  // [K, N] along N
+  const int64_t m = grad.sizes()[0], n = grad.sizes()[1], k = a_bwd.sizes()[0];
+  Tensor grad_a = empty_scalar_like(device), grad_b = empty_scalar_like(device);
+  if (need_a) {
+    // d op(a) [M, K] = grad [M, N] x op(b) [K, N]^T; with trans_a the operands swap and d a [K, M]
+    // comes out directly.
+    grad_a = trans_a ? empty({k, m}, a_dtype, device) : empty({m, k}, a_dtype, device);
+    if (trans_a)
+      fp8_mm(b_saved, *g_row, grad_a, 0.0f, device, stream);
+    else
+      fp8_mm(*g_row, b_saved, grad_a, 0.0f, device, stream);
+  }
+  if (wgrad) {
+    // d op(b) [K, N] = op(a)^T [K, M] x grad^T [N, M]^T; with trans_b, d b [N, K] directly.
+    const Quantized& x = trans_b ? *g_col : a_saved;
+    const Quantized& y = trans_b ? a_saved : *g_col;
+    if (main_grad) {
+      fp8_mm(x, y, *main_grad, 1.0f, device, stream);
+    } else {
+      grad_b = trans_b ? empty({n, k}, b_dtype, device) : empty({k, n}, b_dtype, device);
+      fp8_mm(x, y, grad_b, 0.0f, device, stream);
+    }
+  }
+  return {grad_a, grad_b};
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
+  m.def("gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype, "
+        "int granularity, bool for_backward) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("gemm_fp8_bwd(Tensor grad_out, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd, bool trans_a, "
+        "bool trans_b, ScalarType grad_dtype, int granularity, ScalarType a_dtype, ScalarType b_dtype, bool need_a, "
+        "bool need_b, Tensor(a!)? main_grad) -> (Tensor, Tensor)");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CUDA, m) {
+  m.impl("gemm_fp8_fwd", TORCH_BOX(&gemm_fp8_fwd));
+  m.impl("gemm_fp8_bwd", TORCH_BOX(&gemm_fp8_bwd));
+}
+
+// CPU too: a CPU tensor gets the same "expected a CUDA device" error as from the fake checks.
+STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CPU, m) {
+  m.impl("gemm_fp8_fwd", TORCH_BOX(&gemm_fp8_fwd));
+  m.impl("gemm_fp8_bwd", TORCH_BOX(&gemm_fp8_bwd));
+}
+
+}  // namespace primus_turbo::torch_binding
