@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -146,18 +148,48 @@ std::shared_ptr<const Module> load(const std::string& dir) {
   return module;
 }
 
+// An exclusive advisory lock on one module's lock file, held while that module is built: when
+// several processes (the ranks of a job) need the same module, one compiles and the others wait
+// for its entry instead of compiling it again. flock is released by the kernel when the holder
+// exits or dies, so a crashed builder never blocks the rest.
+class ModuleBuildLock {
+ public:
+  explicit ModuleBuildLock(const std::string& path) : fd_(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    if (fd_ < 0) return;  // an unwritable cache still builds, only without the cross-process wait
+    while (flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+  ~ModuleBuildLock() {
+    if (fd_ >= 0) close(fd_);  // closing releases the lock
+  }
+  ModuleBuildLock(const ModuleBuildLock&) = delete;
+  ModuleBuildLock& operator=(const ModuleBuildLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+// The published entry at final_dir if it is sound; a corrupt or half-deleted one is moved out of
+// the way atomically (and rebuilt by the caller).
+std::shared_ptr<const Module> load_published(const std::string& root, const std::string& final_dir) {
+  if (!is_dir(final_dir)) return nullptr;
+  if (entry_is_valid(final_dir)) {
+    ++g_loaded;
+    return load(final_dir);
+  }
+  const std::string trash = str_cat(root, "/.trash-", unique_suffix());
+  if (rename(final_dir.c_str(), trash.c_str()) == 0) remove_tree(trash);
+  return nullptr;
+}
+
 std::shared_ptr<const Module> build_or_load(const ModuleRequest& request, const std::string& key) {
   const std::string root = jit_cache_dir();
-  const std::string final_dir = str_cat(root, "/", request.name, "-", key.substr(0, 20));
-  if (is_dir(final_dir)) {
-    if (entry_is_valid(final_dir)) {
-      ++g_loaded;
-      return load(final_dir);
-    }
-    // Corrupt or half-deleted: move it out of the way atomically, then rebuild.
-    const std::string trash = str_cat(root, "/.trash-", unique_suffix());
-    if (rename(final_dir.c_str(), trash.c_str()) == 0) remove_tree(trash);
-  }
+  const std::string entry = str_cat(request.name, "-", key.substr(0, 20));
+  const std::string final_dir = str_cat(root, "/", entry);
+  if (auto module = load_published(root, final_dir)) return module;
+  ModuleBuildLock build_lock(str_cat(root, "/.lock-", entry));
+  // Another process may have published the entry while this one waited for the lock.
+  if (auto module = load_published(root, final_dir)) return module;
 
   const Compiler& compiler = find_compiler();
   const std::string tmp = str_cat(root, "/.tmp-", unique_suffix());

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <future>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -46,7 +47,8 @@ class JitRuntime : public ::testing::Test {
   std::vector<std::string> jit_dir_entries() {
     std::vector<std::string> names;
     for (const auto& e : std::filesystem::directory_iterator(jit_cache_dir())) {
-      names.push_back(e.path().filename().string());
+      const std::string name = e.path().filename().string();
+      if (name.rfind(".lock-", 0) != 0) names.push_back(name);  // build locks stay, by design
     }
     return names;
   }
@@ -232,6 +234,31 @@ TEST_F(JitRuntime, NewProcessReusesThePublishedModuleAndRebuildsACorruptOne) {
   expect_sound_entry(entry);
 
   EXPECT_THAT(jit_dir_entries(), ElementsAre(base_name(entry)));  // no .tmp- or .trash- left
+}
+
+// Ranks of a job starting with an empty cache: one process compiles the module, the others wait on
+// its build lock and load what it published.
+TEST_F(JitRuntime, ConcurrentProcessesCompileAModuleOnce) {
+  const std::string tag = fresh_tag("concurrent-processes");
+  const ModuleRequest r = tiny_module(tag);
+  const std::string child = shell_quote(PT_TEST_JIT_CHILD) + " " + shell_quote(tag);
+  constexpr int kProcesses = 4;
+  std::string script;
+  for (int i = 0; i < kProcesses; ++i) script += child + " & ";
+  script += "wait";
+  std::string out;
+  ASSERT_EQ(run_command(script, &out), 0) << out;
+  int compiled = 0, loaded = 0;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line == "compiled=1 loaded=0 answer=42") ++compiled;
+    else if (line == "compiled=0 loaded=1 answer=42") ++loaded;
+    else ADD_FAILURE() << "unexpected child output: " << line;
+  }
+  EXPECT_EQ(compiled, 1) << out;
+  EXPECT_EQ(loaded, kProcesses - 1) << out;
+  expect_sound_entry(entry_dir(r));
+  EXPECT_THAT(jit_dir_entries(), ElementsAre(base_name(entry_dir(r))));
 }
 
 }  // namespace
