@@ -105,6 +105,41 @@ def test_sizes_that_do_not_add_up_are_clamped():
     torch.cuda.synchronize()
 
 
+def test_rows_no_group_covers_are_zero():
+    """Lengths that add up to fewer rows than 'a' has (dropped tokens, padded buffers): the rows past
+    the last group come back as zeros, never as stale memory."""
+    a = torch.randn(100, 64, dtype=torch.bfloat16, device="cuda")
+    b = (torch.randn(3, 64, 32, device="cuda") / 8).to(torch.bfloat16)
+    lens = torch.tensor([30, 0, 20], dtype=torch.int64, device="cuda")
+    poison_allocator(100 * 32 * 2)
+    out = turbo.ops.grouped_gemm(a, b, lens)
+    assert_gate(out[:30], a[:30].double() @ b[0].double(), torch.bfloat16, "group 0")
+    assert_gate(out[30:50], a[30:50].double() @ b[2].double(), torch.bfloat16, "group 2")
+    assert (out[50:] == 0).all(), "rows no group covers must be zero"
+    # With explicit offsets: the rows past the last group's end as well.
+    offs = torch.tensor([0, 30, 30, 50], dtype=torch.int64, device="cuda")
+    poison_allocator(100 * 32 * 2)
+    out = turbo.ops.grouped_gemm(a, b, lens, offs)
+    assert (out[50:] == 0).all()
+    # All groups empty: an all-zero output.
+    poison_allocator(100 * 32 * 2)
+    assert (turbo.ops.grouped_gemm(a, b, torch.zeros(3, dtype=torch.int64, device="cuda")) == 0).all()
+
+
+def test_check_group_lens_debug_mode(monkeypatch):
+    """PRIMUS_TURBO_CHECK_GROUP_LENS=1 reads the sizes back and rejects what the default path clamps."""
+    a = torch.randn(100, 64, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(3, 64, 32, dtype=torch.bfloat16, device="cuda")
+    monkeypatch.setenv("PRIMUS_TURBO_CHECK_GROUP_LENS", "1")
+    with pytest.raises(ValueError, match=r"group_lens\[0\] = -5 is negative"):
+        turbo.ops.grouped_gemm(a, b, torch.tensor([-5, 100, 0], dtype=torch.int64, device="cuda"))
+    with pytest.raises(ValueError, match="adds up to 180, more than the 100 rows"):
+        turbo.ops.grouped_gemm(a, b, torch.tensor([60, 60, 60], dtype=torch.int64, device="cuda"))
+    turbo.ops.grouped_gemm(a, b, torch.tensor([40, 60, 0], dtype=torch.int64, device="cuda"))  # fine
+    monkeypatch.setenv("PRIMUS_TURBO_CHECK_GROUP_LENS", "0")
+    turbo.ops.grouped_gemm(a, b, torch.tensor([60, 60, 60], dtype=torch.int64, device="cuda"))  # clamped
+
+
 def test_empty_inputs():
     b = torch.randn(4, 64, 32, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     lens = torch.zeros(4, dtype=torch.int64, device="cuda")

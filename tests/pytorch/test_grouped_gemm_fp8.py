@@ -317,3 +317,20 @@ def test_fp8_wgrad_with_group_offs_and_cuda_graph(fp8_wgrad):
         for e, length in enumerate(new):
             if length == 0:
                 assert torch.count_nonzero(b.grad[e]) == 0
+
+
+def test_rows_no_group_covers_are_zero_and_debug_check(monkeypatch):
+    """As for the bf16 op: rows past the last group are zeros; PRIMUS_TURBO_CHECK_GROUP_LENS=1
+    rejects negative lengths and sums larger than the rows."""
+    a = torch.randn(100, 128, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(3, 64, 128, dtype=torch.bfloat16, device="cuda")
+    lens = torch.tensor([30, 0, 20], dtype=torch.int64, device="cuda")
+    poison_allocator(100 * 64 * 2)
+    out = turbo.ops.grouped_gemm_fp8(a, b, lens)
+    assert (out[50:] == 0).all(), "rows no group covers must be zero"
+    assert snr_db(out[:30].float(), (a[:30].double() @ b[0].double().t()).float()) > 20
+    monkeypatch.setenv("PRIMUS_TURBO_CHECK_GROUP_LENS", "1")
+    with pytest.raises(ValueError, match="is negative"):
+        turbo.ops.grouped_gemm_fp8(a, b, torch.tensor([-1, 50, 0], dtype=torch.int64, device="cuda"))
+    with pytest.raises(ValueError, match="more than the 100 rows"):
+        turbo.ops.grouped_gemm_fp8(a, b, torch.tensor([50, 50, 1], dtype=torch.int64, device="cuda"))

@@ -1,6 +1,10 @@
 // primus_turbo::grouped_gemm (forward and dgrad) and primus_turbo::grouped_gemm_wgrad, bf16/fp16:
 // argument checks, the plan cache (backend, config, workspace size) and the launch in one native
 // call. Group sizes stay on the device: nothing here reads them, so no call synchronizes.
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "bindings/torch/plan_cache.h"
@@ -54,6 +58,29 @@ int64_t check_groups(const Tensor& lens, const std::optional<Tensor>& offs, int6
   return g;
 }
 
+// PRIMUS_TURBO_CHECK_GROUP_LENS=1: read the group sizes back (a host sync, so never during a CUDA
+// graph capture) and reject negative lengths and lengths that add up to more than the rows; the
+// default path never synchronizes and instead clamps every group into the rows on the device.
+void check_group_lens_on_host(const Tensor& lens, int64_t rows, void* stream) {
+  const char* flag = std::getenv("PRIMUS_TURBO_CHECK_GROUP_LENS");
+  if (!flag || !*flag || std::string(flag) == "0" || is_capturing(stream)) return;
+  std::vector<int64_t> host(static_cast<size_t>(lens.numel()));
+  if (!host.empty()) {
+    if (cudaMemcpyAsync(host.data(), lens.data_ptr(), host.size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                        static_cast<cudaStream_t>(stream)) != cudaSuccess ||
+        cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) != cudaSuccess)
+      fail_with(ErrorKind::Runtime, kOp, ": could not read 'group_lens' back for PRIMUS_TURBO_CHECK_GROUP_LENS");
+  }
+  int64_t total = 0;
+  for (size_t g = 0; g < host.size(); ++g) {
+    if (host[g] < 0)
+      fail_with(ErrorKind::Value, kOp, ": group_lens[", g, "] = ", host[g], " is negative");
+    total += host[g];
+  }
+  if (total > rows)
+    fail_with(ErrorKind::Value, kOp, ": group_lens adds up to ", total, ", more than the ", rows, " rows of 'a'");
+}
+
 int32_t check_devices(const Tensor& a, const Tensor& b, const char* b_name, const Tensor& lens,
                       const std::optional<Tensor>& offs) {
   NamedTensors all{{"a", &a}, {b_name, &b}, {"group_lens", &lens}};
@@ -73,6 +100,7 @@ void run(const Tensor& a_in, const Tensor& b_in, const Tensor& lens_in, const st
   const pt_grouped_gemm_args args{&pa, &pb, &pl, offs ? &po : nullptr, &pd, wgrad ? 1 : 0, trans_b ? 1 : 0};
   DeviceScope scope(device);
   void* stream = current_stream(device);
+  check_group_lens_on_host(lens, pa.shape[0], stream);
 
   std::vector<int64_t> values{pa.shape[0], pa.shape[1], pb.shape[0], pb.shape[1], pb.ndim > 2 ? pb.shape[2] : -1,
                               pl.shape[0], offs ? 1 : 0, pa.dtype, (wgrad ? 1 : 0) | (trans_b ? 2 : 0), device,

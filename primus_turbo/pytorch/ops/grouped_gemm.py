@@ -2,6 +2,7 @@
 sizes kept on the device (no host sync; CUDA-graph capturable with sizes changing per replay)."""
 
 import ctypes
+import os
 from typing import Optional
 
 import torch
@@ -40,6 +41,23 @@ def _check_groups(group_lens, group_offs, num_groups: Optional[int] = None) -> i
                 f"grouped_gemm: argument 'group_offs' has shape {tuple(group_offs.shape)}; expected [{g + 1}] (G + 1 offsets)"
             )
     return g
+
+
+def check_group_lens_debug(op: str, group_lens: torch.Tensor, rows: int) -> None:
+    """With PRIMUS_TURBO_CHECK_GROUP_LENS=1: reads group_lens back (a host sync; skipped during a
+    CUDA-graph capture and for tensors that are not on a GPU) and rejects negative lengths and a
+    sum larger than the rows. Off by default: the kernels clamp every group into the rows on the
+    device and zero the rows no group covers. The native bf16 op does the same in C++."""
+    if os.environ.get("PRIMUS_TURBO_CHECK_GROUP_LENS", "0") in ("", "0"):
+        return
+    if not group_lens.is_cuda or torch.cuda.is_current_stream_capturing():
+        return
+    lens = group_lens.tolist()
+    for g, n in enumerate(lens):
+        if n < 0:
+            raise ValueError(f"{op}: group_lens[{g}] = {n} is negative")
+    if sum(lens) > rows:
+        raise ValueError(f"{op}: group_lens adds up to {sum(lens)}, more than the {rows} rows of 'a'")
 
 
 def _check_matrix(name: str, t, ndim: int, dtype=None) -> None:

@@ -42,7 +42,13 @@ from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, S
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 from primus_turbo.pytorch.ops._transpose import transpose_last2
-from primus_turbo.pytorch.ops.grouped_gemm import _check_groups, _grouped_gemm_wgrad_op, grouped_gemm, run_planned
+from primus_turbo.pytorch.ops.grouped_gemm import (
+    _check_groups,
+    _grouped_gemm_wgrad_op,
+    check_group_lens_debug,
+    grouped_gemm,
+    run_planned,
+)
 from primus_turbo.pytorch.ops.quantization import quantize_fp8, quantize_fp8_with_trans
 
 __all__ = ["grouped_gemm_fp8"]
@@ -506,6 +512,7 @@ def check_hp_operands(op: str, a, b, group_lens, group_offs, trans_b: bool, out_
             f"{op}: inner dimensions do not match: 'a' is {tuple(a.shape)} but 'b' {tuple(b.shape)} "
             f"has K = {kb} (trans_b={trans_b})"
         )
+    check_group_lens_debug(op, group_lens, a.shape[0])
     return out_dtype, k, n
 
 

@@ -269,6 +269,8 @@ struct CutlassGroupedGemmFp8Sm90
         launch_scales_to_mn_major(WeightScaleSpans{p.n}, p.sfb, sfb_mn, kb, p.num_groups, p.n,
                                   stream);
       }
+      grouped::launch_zero_uncovered_rows<ElementD>(p.group_lens, p.group_offs, p.num_groups,
+                                                    p.rows, p.n, p.d, stream);
     }
     return 0;
   }

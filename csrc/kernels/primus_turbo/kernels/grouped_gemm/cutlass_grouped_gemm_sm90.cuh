@@ -145,6 +145,8 @@ struct CutlassGroupedGemmSm90
           arr, p.group_lens, p.group_offs, p.num_groups, p.rows, int(p.m), int(p.n), int(p.k),
           static_cast<const ElementA*>(p.a), static_cast<const ElementB*>(p.b),
           static_cast<ElementD*>(p.d));
+      launch_zero_uncovered_rows<ElementD>(p.group_lens, p.group_offs, p.num_groups, p.rows, p.n,
+                                           p.d, stream);
     }
     return 0;
   }

@@ -3,7 +3,8 @@
 //   - the device-side group split: a one-block scan of group_lens (or group_offs) that clamps
 //     every group into the packed extent (group_span);
 //   - the per-group argument arrays the setup kernels write into the workspace (GroupArrays);
-//   - zeroing the output of groups with an empty reduction (zero_empty_groups);
+//   - zeroing the output of groups with an empty reduction (zero_empty_groups) and the forward
+//     rows no group covers (zero_uncovered_rows);
 //   - the host side of a call: workspace size and check, the setup launch, CUTLASS's
 //     can_implement / initialize / run and their error messages (GroupedRunner).
 #pragma once
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include "cute/tensor.hpp"
@@ -136,6 +138,62 @@ void launch_zero_empty_groups(const Shape* shapes, void* d, int64_t num_groups, 
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(128, (vecs + 255) / 256));
   zero_empty_groups<<<dim3(unsigned(chunks), unsigned(num_groups)), 256, 0, stream>>>(
       shapes, static_cast<uint4*>(d), vecs);
+}
+
+// Zeroes the forward output's rows that no group covers: rows [end, rows) with end the largest
+// group end (start + clamped length; with group_offs, gaps between groups are not zeroed). When the
+// lengths add up to the packed extent (the common case) every block returns after one short
+// reduction over the group sizes; lengths that fall short (dropped or padded tokens) leave zeros
+// instead of stale memory. Grid-stride over 16-byte units when rows are 16-byte multiples.
+struct MaxOp {
+  __device__ int64_t operator()(int64_t a, int64_t b) const { return a > b ? a : b; }
+};
+
+template <class ElementD>
+__global__ void __launch_bounds__(kSetupThreads)
+    zero_uncovered_rows(const int64_t* __restrict__ group_lens,
+                        const int64_t* __restrict__ group_offs, int64_t num_groups, int64_t rows,
+                        int64_t n, ElementD* d) {
+  using Reduce = cub::BlockReduce<int64_t, kSetupThreads>;
+  __shared__ typename Reduce::TempStorage storage;
+  __shared__ int64_t end_shared;
+  int64_t local = 0;  // sum of lengths (no offsets) or the largest group end (offsets)
+  for (int64_t g = threadIdx.x; g < num_groups; g += kSetupThreads) {
+    const int64_t len = group_lens[g] > 0 ? group_lens[g] : 0;
+    if (group_offs) {
+      int64_t start = group_offs[g];
+      start = start < 0 ? 0 : (start > rows ? rows : start);
+      const int64_t end = start + len;
+      local = end > local ? end : local;
+    } else {
+      local += len;
+    }
+  }
+  const int64_t total = group_offs ? Reduce(storage).Reduce(local, MaxOp{}) : Reduce(storage).Sum(local);
+  if (threadIdx.x == 0) end_shared = total < rows ? total : rows;
+  __syncthreads();
+  const int64_t end = end_shared;
+  if (end >= rows) return;
+  const int64_t first = end * n, count = (rows - end) * n;  // elements to zero
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  constexpr int64_t kPerVec = 16 / sizeof(ElementD);
+  if ((n * int64_t(sizeof(ElementD))) % 16 == 0 && reinterpret_cast<uintptr_t>(d) % 16 == 0) {
+    uint4* dst = reinterpret_cast<uint4*>(d + first);
+    for (int64_t i = tid; i < count / kPerVec; i += stride) dst[i] = make_uint4(0, 0, 0, 0);
+  } else {
+    for (int64_t i = tid; i < count; i += stride) d[first + i] = ElementD(0);
+  }
+}
+
+template <class ElementD>
+void launch_zero_uncovered_rows(const int64_t* group_lens, const int64_t* group_offs,
+                                int64_t num_groups, int64_t rows, int64_t n, void* d,
+                                cudaStream_t stream) {
+  const int64_t vecs = rows * n * int64_t(sizeof(ElementD)) / 16;
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(264, (vecs + kSetupThreads - 1) / kSetupThreads));
+  zero_uncovered_rows<ElementD><<<unsigned(blocks), kSetupThreads, 0, stream>>>(
+      group_lens, group_offs, num_groups, rows, n, static_cast<ElementD*>(d));
 }
 
 // The GEMM arguments of a grouped call whose sizes stay on the device: D = acc (no source).
