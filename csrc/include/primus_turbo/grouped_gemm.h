@@ -22,7 +22,7 @@ extern "C" {
 // group_offs[g] (default: the exclusive prefix sum of group_lens). Lengths below 0 count as 0.
 // Sizes that do not add up to M cannot be checked without a host sync: each group is clamped into
 // rows [0, M) on the device, so nothing outside the tensors is ever read or written; forward rows
-// that no group covers are left unwritten.
+// past the last group's end are zeroed (gaps between explicit group_offs are left as they are).
 typedef struct pt_grouped_gemm_args {
   const pt_tensor* a;
   const pt_tensor* b;

@@ -236,7 +236,9 @@ def grouped_gemm(
     Returns ``[M, N]``. Differentiable in ``a`` and ``b``; an expert with no rows gets a zero
     weight gradient. If ``group_lens`` does not add up to ``M`` (which cannot be checked without
     a sync), each group is clamped to rows ``[0, M)``: nothing out of bounds is read or written,
-    and output rows that no group covers are left unwritten.
+    and the rows past the last group come back as zeros. ``PRIMUS_TURBO_CHECK_GROUP_LENS=1``
+    checks the sizes on the host instead (a sync): negative lengths or a sum above ``M`` raise
+    ``ValueError``.
     """
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(group_lens, torch.Tensor)):
         _forward_shape(a, b, group_lens, group_offs, trans_b)  # raises the TypeError naming the argument
