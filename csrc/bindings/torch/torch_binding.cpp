@@ -133,13 +133,14 @@ int32_t check_cuda(const char* op, const NamedTensors& tensors) {
 }
 
 std::string shape_string(const Tensor& t) {
-  std::ostringstream os;
-  os << "(";
+  std::string s = "(";
   const auto sizes = t.sizes();
-  for (size_t i = 0; i < sizes.size(); ++i) os << (i ? ", " : "") << sizes[i];
-  if (sizes.size() == 1) os << ",";
-  os << ")";
-  return os.str();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(sizes[i]);
+  }
+  if (sizes.size() == 1) s += ",";
+  return s + ")";
 }
 
 Tensor empty(const int64_t* sizes, int64_t ndim, ScalarType dtype, int32_t device) {

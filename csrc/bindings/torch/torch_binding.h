@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
-#include <sstream>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,11 +30,25 @@ enum class ErrorKind { Value, Type, NotImplemented, Runtime };
 
 [[noreturn]] void fail(ErrorKind kind, const std::string& message);
 
+// Message pieces are appended with std::to_string rather than iostreams: no locale facets on the
+// error path of a kernel registered with another library's dispatcher.
+inline void append_piece(std::string& s, const char* v) { s += v; }
+inline void append_piece(std::string& s, const std::string& v) { s += v; }
+inline void append_piece(std::string& s, char v) { s += v; }
+template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
+inline void append_piece(std::string& s, T v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    s += v ? "True" : "False";
+  } else {
+    s += std::to_string(v);
+  }
+}
+
 template <typename... Args>
 [[noreturn]] void fail_with(ErrorKind kind, const Args&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  fail(kind, os.str());
+  std::string message;
+  (append_piece(message, parts), ...);
+  fail(kind, message);
 }
 
 // A non-zero status of the core becomes the matching error, carrying pt_last_error().
