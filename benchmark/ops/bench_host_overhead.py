@@ -9,6 +9,7 @@ over every op and direction (higher is better; the 1.3x host-cost target is rati
 
 import argparse
 import cProfile
+import datetime
 import pstats
 import sys
 from pathlib import Path
@@ -133,7 +134,9 @@ def main() -> None:
 
     gpu = bu.gpu_short_name()
     out_dir = bu.results_dir_for(args.output_dir, gpu)
-    columns = ["op", "fwd_us", "torch_fwd_us", "fwd_ratio", "step_us", "torch_step_us", "step_ratio", "status"]
+    stamp = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": bu.git_commit()}
+    rows = [{**stamp, **r} for r in rows]
+    columns = ["gpu", "date", "commit", "op", "fwd_us", "torch_fwd_us", "fwd_ratio", "step_us", "torch_step_us", "step_ratio", "status"]
     bu.write_csv(out_dir / "host_overhead.csv", rows, columns)
     ok = [r for r in rows if r["status"] == "OK"]
     ours = [r[k] for r in ok for k in ("fwd_us", "step_us")]
