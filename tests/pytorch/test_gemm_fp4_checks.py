@@ -116,6 +116,20 @@ def test_gemm_fp4_compiles_fullgraph_forward_and_backward():
     assert x.grad.shape == x.shape and w.grad.shape == w.shape
 
 
+@pytest.mark.parametrize("make_config", [lambda: Float4QuantConfig(), lambda: Float8QuantConfig(), lambda: None])
+def test_configs_are_constructible_inside_compiled_code(make_config):
+    """Building a quant config inside the compiled function does not break the graph."""
+
+    def fn(x, w):
+        config = make_config()
+        if isinstance(config, Float4QuantConfig):
+            return turbo.ops.gemm_fp4(x, w, trans_b=True, config=config)
+        return turbo.ops.gemm_fp8(x, w, trans_b=True, config=config)
+
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(meta(64, 128), meta(48, 128))
+    assert out.shape == (64, 48)
+
+
 def test_mx_gemm_fp8_compiles_fullgraph():
     cfg = Float8QuantConfig(
         format=Format.HYBRID, granularity=G.MX_BLOCKWISE, block_size=32, scale_dtype=ScaleDtype.E8M0

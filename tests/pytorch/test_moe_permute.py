@@ -129,6 +129,17 @@ def test_num_out_tokens_counted_on_host():
     assert out.shape == (200, 64)
 
 
+def test_capture_without_num_out_tokens_asks_for_it():
+    """Counting the routed tokens needs a host sync, which a capture cannot do: a clear error."""
+    mask, probs = make_routing(64, 8, 2, seed=6)
+    x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    turbo.ops.token_permute(x, probs, mask, num_out_tokens=128)  # warm the module outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="pass num_out_tokens"):
+        with torch.cuda.graph(graph):
+            turbo.ops.token_permute(x, probs, mask)
+
+
 def test_cuda_graph_capture():
     mask, probs = make_routing(512, 64, 8, seed=5)
     x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)

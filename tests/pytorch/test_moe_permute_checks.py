@@ -35,6 +35,42 @@ def test_compile_traces_without_graph_break():
     assert out.shape == (8, 32)
 
 
+def test_compile_without_num_out_tokens_gives_an_unbacked_row_count():
+    """num_out_tokens=-1 (count the mask): the row count is data-dependent, an unbacked size under
+    tracing, so fullgraph compile works."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        x = torch.empty(8, 32, device="cuda", dtype=torch.bfloat16)
+        p = torch.empty(8, 4, device="cuda", dtype=torch.float32)
+        m = torch.empty(8, 4, device="cuda", dtype=torch.bool)
+        out, pp, rmap = turbo.ops.token_permute(x, p, m)
+        assert isinstance(out.shape[0], torch.SymInt) and out.shape[1] == 32
+        assert pp.shape[0] is out.shape[0] or pp.shape[0] == out.shape[0]
+        assert rmap.shape == (8, 4)
+
+    def fn(x, p, m):
+        out, _, rmap = turbo.ops.token_permute(x, p, m)
+        return turbo.ops.token_unpermute(out, rmap, p)
+
+    # Traced only (the graph is not run: meta tensors have no data to count).
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    try:
+        torch.compile(fn, fullgraph=True, backend=record)(
+            meta(8, 32), meta(8, 4, dtype=torch.float32), meta(8, 4, dtype=torch.bool)
+        )
+    except RuntimeError as e:  # running the traced graph on meta tensors; tracing itself succeeded
+        assert "data-dependent shape" in str(e)
+    assert len(graphs) == 1
+    assert any("moe_token_permute_counted" in str(n.target) for n in graphs[0].graph.nodes)
+
+
 @pytest.mark.parametrize(
     "kwargs,exc,match",
     [

@@ -101,10 +101,14 @@ class Float4QuantConfig:
     strategy: ScalingStrategy = ScalingStrategy.DYNAMIC
     scale_dtype: ScaleDtype = ScaleDtype.E8M0
     block_size: int = 32
-    scaling_recipe: ScalingRecipe = field(default_factory=ScalingRecipe)
+    # None -> ScalingRecipe(), set in __post_init__ (a default_factory cannot be traced by dynamo,
+    # and a config is often built inside a compiled function).
+    scaling_recipe: Optional[ScalingRecipe] = None
     scaling_recipe_for_trans: Optional[ScalingRecipe] = None
 
     def __post_init__(self):
+        if self.scaling_recipe is None:
+            self.scaling_recipe = ScalingRecipe()
         if self.format != Format.E2M1_X2:
             raise ValueError(f"Float4QuantConfig: format must be E2M1_X2, got {self.format}")
         if self.granularity != ScalingGranularity.MX_BLOCKWISE:

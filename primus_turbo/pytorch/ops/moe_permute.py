@@ -73,6 +73,22 @@ def _permute_cuda(tokens, routing_map, probs, num_out: int):
     return out, pprobs, row_id_map
 
 
+def _permute_counted_cuda(tokens, routing_map, probs):
+    """token_permute with num_out_tokens=-1: the output has as many rows as the mask routes, which
+    takes one host sync to count."""
+    if torch.cuda.is_current_stream_capturing():
+        raise ValueError(
+            "token_permute: num_out_tokens=-1 counts the routed tokens with a host sync, which a CUDA graph "
+            "capture cannot do; pass num_out_tokens (e.g. num_tokens * topk)"
+        )
+    return _permute_cuda(tokens, routing_map, probs, int(routing_map.count_nonzero().item()))
+
+
+def _permute_counted_fake(tokens, routing_map, probs):
+    # A data-dependent row count: an unbacked size, so torch.compile traces it without a graph break.
+    return _permute_fake(tokens, routing_map, probs, torch.library.get_ctx().new_dynamic_size())
+
+
 def _permute_fake(tokens, routing_map, probs, num_out):
     pprobs = tokens.new_empty(
         (num_out if probs is not None else 0,), dtype=probs.dtype if probs is not None else torch.float32
@@ -166,6 +182,11 @@ _permute_op = library.define_op(
     _permute_cuda,
     _permute_fake,
 )
+_permute_counted_op = library.define_op(
+    "moe_token_permute_counted(Tensor tokens, Tensor routing_map, Tensor? probs) -> (Tensor, Tensor, Tensor)",
+    _permute_counted_cuda,
+    _permute_counted_fake,
+)
 _scatter_op = library.define_op(
     "moe_token_scatter(Tensor tokens, Tensor row_id_map, int num_out) -> Tensor", _scatter_cuda, _scatter_fake
 )
@@ -184,7 +205,10 @@ _unpermute_bwd_op = library.define_op(
 class _Permute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tokens, routing_map, probs, num_out: int):
-        out, pprobs, row_id_map = _permute_op(tokens, routing_map, probs, num_out)
+        if num_out < 0:
+            out, pprobs, row_id_map = _permute_counted_op(tokens, routing_map, probs)
+        else:
+            out, pprobs, row_id_map = _permute_op(tokens, routing_map, probs, num_out)
         ctx.save_for_backward(row_id_map)
         ctx.with_probs = probs is not None
         ctx.mark_non_differentiable(row_id_map)
@@ -284,8 +308,6 @@ def token_permute(
     check_cuda_tensors(op, inp=inp, routing_map=routing_map, **({"probs": probs} if probs is not None else {}))
     if routing_map.dtype == torch.int64:
         routing_map = routing_map.to(torch.int32)
-    if num_out_tokens == -1:
-        num_out_tokens = int(routing_map.count_nonzero().item())
     out, pprobs, row_id_map = _Permute.apply(
         inp.contiguous(), routing_map.contiguous(), probs.contiguous() if probs is not None else None, num_out_tokens
     )
