@@ -2,6 +2,7 @@
 
     python -m primus_turbo.precompile --dtype bf16                  # every GEMM config, all layouts
     python -m primus_turbo.precompile --dtype bf16 --layouts AkBk --configs 0 3 -j 8
+    python -m primus_turbo.precompile --gemm 8192x28672x8192 --dtype bf16 --autotune   # what these shapes use
 
 A CUTLASS GEMM module depends on dtypes, operand layouts and the tile configuration, not on
 M/N/K, so this compiles per (dtype, layout, config). Layout codes name the contiguous dimension of
@@ -103,6 +104,56 @@ def _problem(dtype: int, out_dtype: int, layout: str, size: int = 256):
     b = _matrix(size, size, dtype)
     d = _matrix(size, size, out_dtype)
     return a, b, d, trans_a, trans_b
+
+
+def _parse_shape(text: str) -> Tuple[int, int, int]:
+    try:
+        m, n, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--gemm takes MxNxK shapes, got {text!r}") from None
+    return m, n, k
+
+
+# The three GEMMs of a Linear layer y = x @ w^T with x [M, K], w [N, K]: (layout, out rows, out cols,
+# reduction) of the forward, the dgrad and the wgrad.
+def _linear_gemms(m: int, n: int, k: int):
+    return [("AkBk", m, n, k), ("AkBn", m, k, n), ("AmBn", n, k, m)]
+
+
+def shape_jobs(shapes: Sequence[str], dtypes: Sequence[str], out_dtypes, autotune: bool) -> Tuple[List[Tuple], List[str]]:
+    """The CUTLASS modules the forward and backward GEMMs of these Linear shapes can use: what the
+    resolved backend setting needs (CUTLASS: its default config), or with autotune every candidate
+    the backend accepts for the problem. cuBLASLt (the default backend) needs none. Returns (jobs,
+    notes)."""
+    b, t = ctypes.c_int32(), ctypes.c_int32()
+    check(lib.pt_backend_resolve(0, 0, ctypes.byref(b), ctypes.byref(t)))  # GEMM, bf16/fp16/fp32
+    autotune = autotune or bool(t.value)
+    jobs, notes = [], []
+    for text in shapes:
+        m, n, k = _parse_shape(text)
+        for dt in dtypes:
+            for out in out_dtypes or [dt]:
+                for layout, rows, cols, red in _linear_gemms(m, n, k):
+                    ta, tb = LAYOUTS[layout]
+                    a = _matrix(red, rows, _DTYPES[dt]) if ta else _matrix(rows, red, _DTYPES[dt])
+                    bb = _matrix(cols, red, _DTYPES[dt]) if tb else _matrix(red, cols, _DTYPES[dt])
+                    d = _matrix(rows, cols, _DTYPES[out])
+                    accepted, count = ctypes.c_int32(), ctypes.c_int32()
+                    reason = ctypes.create_string_buffer(512)
+                    status = lib.pt_gemm_query(a, bb, d, ta, tb, 0.0, BACKEND_CUTLASS, ctypes.byref(accepted),
+                                               ctypes.byref(count), reason, len(reason))
+                    if status:  # no GPU on a build host: the fixed candidate list, all of it
+                        accepted.value, count.value = 1, num_cutlass_configs()
+                    if not accepted.value:
+                        notes.append(f"{text} {layout}: CUTLASS does not take it ({reason.value.decode()})")
+                    elif autotune:
+                        jobs.extend((dt, out, layout, c) for c in range(count.value))
+                    elif b.value == BACKEND_CUTLASS:
+                        jobs.append((dt, out, layout, -1))
+    if not autotune and b.value != BACKEND_CUTLASS:
+        notes.append("the default GEMM backend (cuBLASLt) needs no kernel modules; pass --autotune to build "
+                     "the CUTLASS candidates autotune would time")
+    return sorted(set(jobs), key=str), notes
 
 
 def num_cutlass_configs() -> int:
@@ -217,12 +268,19 @@ def main(argv=None) -> int:
     p.add_argument("--layouts", nargs="+", default=None, choices=sorted(set(LAYOUTS) | set(GROUPED_LAYOUTS)),
                    help="default: every layout of the op")
     p.add_argument("--configs", nargs="+", type=int, default=None, help="config indices (default: all)")
-    p.add_argument("--gemm", nargs="*", default=None,
-                   help="MxNxK shapes (accepted for convenience; kernels do not depend on sizes)")
+    p.add_argument("--gemm", nargs="+", default=None,
+                   help="MxNxK Linear shapes (x [M, K] @ w[N, K]^T): build only the modules their forward and "
+                   "backward GEMMs use (with --autotune: every candidate autotune would time)")
+    p.add_argument("--autotune", action="store_true", help="with --gemm: the autotune candidates")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     args = p.parse_args(argv)
     jobs = []
-    if "gemm" in args.op:
+    if args.gemm:
+        shaped, notes = shape_jobs(args.gemm, args.dtype, args.out_dtype, args.autotune)
+        for note in notes:
+            print(note, flush=True)
+        jobs.extend(shaped)
+    elif "gemm" in args.op:
         configs = args.configs if args.configs is not None else list(range(num_cutlass_configs()))
         for dt in args.dtype:
             for out in args.out_dtype or [dt]:
@@ -249,6 +307,8 @@ def main(argv=None) -> int:
                 wpairs = sorted({p for (a, b) in pairs for p in ((a, b), (b, a))})
                 jobs.extend(("grouped_gemm_fp8", a, b, out, 0, c) for (a, b) in wpairs for c in configs)
     print(f"compiling {len(jobs)} kernel modules with {args.jobs} workers", flush=True)
+    if not jobs:
+        return 0
     errors = compile_all(jobs, args.jobs)
     for e in errors:
         print(e, file=sys.stderr)

@@ -7,6 +7,7 @@ ctypes releases the GIL during calls, which lets several threads compile JIT ker
 
 import ctypes
 import os
+import sys
 from pathlib import Path
 
 PT_MAX_DIMS = 8
@@ -75,7 +76,16 @@ def _library_path() -> Path:
     override = os.environ.get("PRIMUS_TURBO_LIBRARY")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parent.parent / "lib" / "libprimus_turbo.so"
+    own = Path(__file__).resolve().parent.parent / "lib" / "libprimus_turbo.so"
+    if own.exists():
+        return own
+    # Python started in a source checkout (e.g. `python -m primus_turbo.precompile` from the
+    # repository root) imports the tree, which has no built library: use the installed package's.
+    for entry in sys.path:
+        installed = Path(entry or ".").resolve() / "primus_turbo" / "lib" / "libprimus_turbo.so"
+        if installed.exists():
+            return installed
+    return own
 
 
 _P = ctypes.POINTER
@@ -188,6 +198,9 @@ _PROTOTYPES = {
 }
 
 
+LIBRARY_DIR: Path = Path(".")  # where the loaded core library lives (its siblings: the native ops)
+
+
 def _load():
     path = _library_path()
     if not path.exists():
@@ -196,6 +209,8 @@ def _load():
             "'pip install .' (or set PRIMUS_TURBO_LIBRARY to a built libprimus_turbo.so)"
         )
     handle = ctypes.CDLL(str(path))
+    global LIBRARY_DIR
+    LIBRARY_DIR = path.resolve().parent
     for name, (restype, argtypes) in _PROTOTYPES.items():
         fn = getattr(handle, name)
         fn.restype = restype

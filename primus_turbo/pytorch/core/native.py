@@ -10,14 +10,13 @@ tagged errors back into the Python exception classes the fake implementations ra
 import ctypes
 import functools
 import re
-from pathlib import Path
 
 import torch
 
 from primus_turbo._core import TurboError, TurboNotSupportedError
-from primus_turbo._core.lib import PtTensor
+from primus_turbo._core.lib import LIBRARY_DIR, PtTensor
 
-_PATH = Path(__file__).resolve().parent.parent.parent / "lib" / "libprimus_turbo_torch.so"
+_PATH = LIBRARY_DIR / "libprimus_turbo_torch.so"
 if not _PATH.exists():
     raise ImportError(
         f"Primus-Turbo's PyTorch ops are missing at {_PATH}; install the package with torch present: "
