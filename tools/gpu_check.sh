@@ -2,16 +2,19 @@
 # One command that validates a change on a machine with a GPU: install, warm the JIT kernel cache,
 # run the test suite (GPU tests included) and the benchmarks, leaving logs and results in OUT_DIR.
 #
-#   tools/gpu_check.sh OUT_DIR [all|tests|bench] [extra pytest args...]
+#   tools/gpu_check.sh OUT_DIR [fast|tests|bench|all] [extra pytest args...]
 #
+# fast (the default): the fast test tier (every test function once, its first parametrization;
+# long sweeps left to the full tier) and compute-sanitizer memcheck over one small case per op
+# family (tools/sanitize_cases.py), in a few minutes. tests: the full sweep. all: tests + bench.
 # PRECOMPILE=0 skips warming the GEMM kernels (when only other operators' tests are selected).
 #
 # Offline machines: wheels placed in .whl/ are installed first; a JIT cache tarball placed at
 # .carry/jitcache.tgz seeds the kernel cache (kernels are keyed by content, so a cache built on
 # another machine with the same compiler is reused as is).
 set -uo pipefail
-OUT=${1:?usage: tools/gpu_check.sh OUT_DIR [all|tests|bench]}
-MODE=${2:-all}
+OUT=${1:?usage: tools/gpu_check.sh OUT_DIR [fast|tests|bench|all]}
+MODE=${2:-fast}
 shift $(( $# >= 2 ? 2 : 1 ))
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
@@ -51,6 +54,17 @@ if [ "${PRECOMPILE:-1}" = 1 ] && { [ "$MODE" = all ] || [ "$MODE" = bench ]; }; 
   precompile --dtype ${BENCH_DTYPES:-bf16 fp16} --layouts AkBk AkBn AmBn
 fi
 tar czf "$OUT/jitcache.tgz" -C "$PRIMUS_TURBO_CACHE_DIR" jit 2>/dev/null
+
+if [ "$MODE" = fast ]; then
+  step "fast test tier"
+  python3 -P -m pytest tests/pytorch --tier fast -ra -q -p no:cacheprovider -n "${PYTEST_WORKERS:-8}" "$@" \
+    > "$OUT/pytest.log" 2>&1 || status=1
+  tail -n 30 "$OUT/pytest.log" | tee -a "$LOG"
+  step "compute-sanitizer memcheck, one small case per op family"
+  compute-sanitizer --tool memcheck --error-exitcode 1 python3 -P tools/sanitize_cases.py \
+    > "$OUT/sanitizer.log" 2>&1 || status=1
+  tail -n 12 "$OUT/sanitizer.log" | tee -a "$LOG"
+fi
 
 if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   step "tests"
