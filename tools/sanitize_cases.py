@@ -65,7 +65,7 @@ def activation():
 
 def quantize():
     x = t(33, 160, grad=False)
-    turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, ScalingGranularity.ROWWISE)
+    turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, ScalingGranularity.ROWWISE, axis=-1)
 
 
 CASES = {f.__name__: f for f in (gemm, norm, rope, grouped, gemm_fp8, activation, quantize)}
