@@ -1,6 +1,6 @@
 """Low-precision formats and quantization configurations (FP8 / FP4)."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
@@ -17,6 +17,7 @@ __all__ = [
     "float8_e4m3",
     "float8_e5m2",
     "float4_e2m1fn_x2",
+    "is_fp8_dtype",
 ]
 
 # The torch dtypes the formats map to on NVIDIA GPUs (OCP FP8 "fn" variants).
@@ -117,3 +118,17 @@ class Float4QuantConfig:
             raise ValueError(f"Float4QuantConfig: scale_dtype must be E8M0, got {self.scale_dtype}")
         if self.block_size != 32:
             raise ValueError(f"Float4QuantConfig: block_size must be 32, got {self.block_size}")
+
+
+# Every torch FP8 storage dtype, the AMD "fnuz" variants included (code written for the original
+# checks its own dtypes with this; none of them is FP4 or E8M0).
+_FP8_DTYPES = tuple(
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+)
+
+
+def is_fp8_dtype(dtype: torch.dtype) -> bool:
+    """Whether dtype is an FP8 storage dtype (E4M3 or E5M2, either encoding)."""
+    return dtype in _FP8_DTYPES
