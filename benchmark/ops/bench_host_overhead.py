@@ -79,7 +79,6 @@ def _cases(turbo):
     )
     q, kk = t(2, 128, 8, 64), t(2, 128, 8, 64)
     cos, sin = turbo.ops.rope_cos_sin(128, 64, device=dev)
-    gq = t(2, 128, 8, 64, grad=False)
 
     def torch_rope():  # rotate-half RoPE in two elementwise expressions per tensor
         c, s = cos_t, sin_t

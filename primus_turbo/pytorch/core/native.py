@@ -14,7 +14,7 @@ import re
 import torch
 
 from primus_turbo._core import TurboError, TurboNotSupportedError
-from primus_turbo._core.lib import LIBRARY_DIR, PtTensor
+from primus_turbo._core.lib import LIBRARY_DIR
 
 _PATH = LIBRARY_DIR / "libprimus_turbo_torch.so"
 if not _PATH.exists():
@@ -78,9 +78,21 @@ _PLANNER = ctypes.CFUNCTYPE(
 _planners = {}
 
 
-def register_planner(op: int, fn) -> None:
-    """fn(request_address, device_index) -> (backend value, config index) for requests of op."""
-    _planners[op] = fn
+def register_planner(op: int, make_problem) -> None:
+    """make_problem(request_address, device_index) -> an autotune.TunableProblem with a ``device``:
+    the op's problem built from its request (whose descriptors live only during the call). The
+    planner picks its (backend, config) by autotune.select: settings, autotune, fallbacks."""
+    _planners[op] = make_problem
+
+
+def _choose(op: int, request: int, device: int):
+    from primus_turbo.pytorch.core import autotune  # autotune imports nothing of this module
+    from primus_turbo.pytorch.core.tensor_bridge import device_guard
+
+    problem = _planners[op](request, device)
+    with device_guard(problem.device):
+        backend, config = autotune.select(problem, problem.device)
+    return backend.value, config
 
 
 def _status(error: BaseException) -> int:
@@ -96,7 +108,7 @@ def _status(error: BaseException) -> int:
 @_PLANNER
 def _plan(op, request, device, backend_out, config_out, message, message_len):
     try:
-        backend_out[0], config_out[0] = _planners[op](request, device)
+        backend_out[0], config_out[0] = _choose(op, request, device)
         return 0
     except BaseException as e:  # noqa: BLE001 - reported to the native caller, which raises it
         data = str(e).encode(errors="replace")[: max(message_len - 1, 0)]

@@ -11,7 +11,6 @@ from primus_turbo.pytorch.core import autotune, library, native
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType
 from primus_turbo.pytorch.core.tensor_bridge import (
     current_stream_handle,
-    device_guard,
     empty_like_pt,
     to_pt,
     workspace,
@@ -121,19 +120,16 @@ class _GemmPlanRequest(ctypes.Structure):
     ]
 
 
-def _plan_gemm(request: int, device: int):
-    """The native op's planner, on the first call of a problem (sizes, layouts, dtypes, alignment,
-    device, settings): the backend and config its plan binds (settings, autotune, fallback)."""
+def _gemm_problem(request: int, device: int) -> GemmProblem:
+    """The native op's planner request (the first call of a problem: sizes, layouts, dtypes,
+    alignment, device, settings) as the problem autotune sees."""
     r = _GemmPlanRequest.from_address(request)
-    dev = torch.device("cuda", device)
     copy = PtTensor.from_buffer_copy  # the request's descriptors live only during this call
-    problem = GemmProblem(copy(r.a.contents), copy(r.b.contents), copy(r.d.contents), r.trans_a, r.trans_b, r.beta, dev)
-    with device_guard(dev):
-        backend, config = autotune.select(problem, dev)
-    return backend.value, config
+    args = (copy(r.a.contents), copy(r.b.contents), copy(r.d.contents))
+    return GemmProblem(*args, r.trans_a, r.trans_b, r.beta, torch.device("cuda", device))
 
 
-native.register_planner(native.PLAN_GEMM, _plan_gemm)
+native.register_planner(native.PLAN_GEMM, _gemm_problem)
 
 
 def _gemm_fake(a, b, trans_a, trans_b, out_dtype):

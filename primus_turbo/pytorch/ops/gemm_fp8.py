@@ -336,14 +336,7 @@ class GemmFp8Function(torch.autograd.Function):
 # path above.
 
 
-def _plan_gemm_fp8(request: int, device: int):
-    problem = Fp8GemmProblem.from_request(request, device)
-    with device_guard(problem.device):
-        backend, config = autotune.select(problem, problem.device)
-    return backend.value, config
-
-
-native.register_planner(native.PLAN_GEMM_FP8, _plan_gemm_fp8)
+native.register_planner(native.PLAN_GEMM_FP8, Fp8GemmProblem.from_request)
 
 # pt_quant_granularity codes of the granularities the native path takes.
 _NATIVE_GRANULARITY = {
@@ -578,6 +571,16 @@ def _forward_prequantized_a_hp(a, b, trans_a, trans_b, out_dtype, config, fuse_b
 Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+def _training_main_grad(b, pattern, granularity):
+    """b.main_grad for fuse_bgrad_accum_pattern='megatron' (checked), or None."""
+    main_grad = check_main_grad(b, pattern)
+    if main_grad is not None and granularity == ScalingGranularity.BLOCKWISE:
+        raise ValueError(
+            "gemm_fp8: fuse_bgrad_accum_pattern='megatron' supports TENSORWISE, ROWWISE and MX_BLOCKWISE, not BLOCKWISE"
+        )
+    return main_grad
+
+
 @native.raises_python_errors
 def gemm_fp8(
     a: Operand,
@@ -640,11 +643,7 @@ def gemm_fp8(
                 check_main_grad_pattern(fuse_bgrad_accum_pattern)
             fwd_dtype = torch.float8_e4m3fn
             return _native_fwd(a, b, bool(trans_a), bool(trans_b), out_dtype, fwd_dtype, code, False)[0]
-        main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)
-        if main_grad is not None and config.granularity == ScalingGranularity.BLOCKWISE:
-            raise ValueError(
-                "gemm_fp8: fuse_bgrad_accum_pattern='megatron' supports TENSORWISE, ROWWISE and MX_BLOCKWISE, not BLOCKWISE"
-            )
+        main_grad = _training_main_grad(b, fuse_bgrad_accum_pattern, config.granularity)
         return NativeGemmFp8Function.apply(
             a, b, bool(trans_a), bool(trans_b), out_dtype, config.format, config.granularity, main_grad
         )
@@ -661,11 +660,7 @@ def gemm_fp8(
     )
     if m == 0 or n == 0 or k == 0:  # nothing to quantize; the (empty or zero) product in torch
         return ((a.t() if trans_a else a) @ (b.t() if trans_b else b)).to(out_dtype)
-    main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)
-    if main_grad is not None and config.granularity == ScalingGranularity.BLOCKWISE:
-        raise ValueError(
-            "gemm_fp8: fuse_bgrad_accum_pattern='megatron' supports TENSORWISE, ROWWISE and MX_BLOCKWISE, not BLOCKWISE"
-        )
+    main_grad = _training_main_grad(b, fuse_bgrad_accum_pattern, config.granularity)
     return GemmFp8Function.apply(
         a, b, bool(trans_a), bool(trans_b), out_dtype, config.format, config.granularity, main_grad
     )

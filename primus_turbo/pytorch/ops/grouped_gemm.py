@@ -11,7 +11,7 @@ from primus_turbo._core import PtTensor, check, lib
 from primus_turbo._core.lib import PtGroupedGemmArgs, string_out
 from primus_turbo.pytorch.core import autotune, library, native
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType
-from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard
+from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
 __all__ = ["grouped_gemm"]
@@ -167,15 +167,7 @@ def run_planned(plans: dict, key, problem) -> None:
     problem.run(plan[0], plan[1], ws_bytes=plan[2])
 
 
-def _plan_grouped_gemm(request: int, device: int):
-    """The native op's planner: the backend and config of a new problem (settings, autotune)."""
-    problem = GroupedGemmProblem.from_request(request, device)
-    with device_guard(problem.device):
-        backend, config = autotune.select(problem, problem.device)
-    return backend.value, config
-
-
-native.register_planner(native.PLAN_GROUPED_GEMM, _plan_grouped_gemm)
+native.register_planner(native.PLAN_GROUPED_GEMM, GroupedGemmProblem.from_request)
 
 
 def _grouped_gemm_fake(a, b, group_lens, group_offs, trans_b):
