@@ -133,3 +133,75 @@ def test_native_ops_trace_under_compile_without_graph_breaks():
         torch.empty(1, 4, 2, 8, **meta), torch.empty(1, 4, 2, 8, **meta),
     )
     assert out.shape == ()
+
+
+def _descriptor(shape, dtype_code):
+    from primus_turbo._core import PtTensor
+
+    t = PtTensor()
+    t.data, t.dtype, t.ndim = 1 << 20, dtype_code, len(shape)
+    stride = 1
+    for i in reversed(range(len(shape))):
+        t.shape[i], t.strides[i] = shape[i], stride
+        stride *= shape[i]
+    return t
+
+
+def test_planner_builds_each_ops_problem_and_reports_its_choice_or_error(monkeypatch):
+    """The ctypes planner the native ops call on a plan miss: each op's request becomes its
+    problem, autotune.select picks, and a failure comes back as a status with the message."""
+    import contextlib
+    import ctypes
+
+    from primus_turbo._core.lib import PtGroupedGemmArgs
+    from primus_turbo.pytorch.core import autotune, tensor_bridge
+    from primus_turbo.pytorch.core.backend import BackendType
+    import sys
+
+    # (the ops package exports functions named like these modules)
+    gemm_mod = sys.modules["primus_turbo.pytorch.ops.gemm"]
+    fp8_mod = sys.modules["primus_turbo.pytorch.ops.gemm_fp8"]
+    grouped_mod = sys.modules["primus_turbo.pytorch.ops.grouped_gemm"]
+
+    seen = []
+
+    def fake_select(problem, device):
+        seen.append((type(problem).__name__, device))
+        return BackendType.CUTLASS, 3
+
+    monkeypatch.setattr(autotune, "select", fake_select)
+    monkeypatch.setattr(tensor_bridge, "device_guard", lambda device: contextlib.nullcontext())
+    for mod in (gemm_mod, fp8_mod, grouped_mod):
+        monkeypatch.setattr(mod, "current_stream_handle", lambda device: 0)
+
+    bf16, f32, e4m3, i64 = 2, 0, 3, 8
+    a, b, d = _descriptor((64, 32), bf16), _descriptor((48, 32), bf16), _descriptor((64, 48), bf16)
+    gemm_req = gemm_mod._GemmPlanRequest(ctypes.pointer(a), ctypes.pointer(b), ctypes.pointer(d), 0, 1, 0.0)
+    qa, qb, s = _descriptor((64, 32), e4m3), _descriptor((48, 32), e4m3), _descriptor((), f32)
+    fp8_req = fp8_mod._GemmFp8PlanRequest(
+        ctypes.pointer(qa), ctypes.pointer(s), 0, ctypes.pointer(qb), ctypes.pointer(s), 0, ctypes.pointer(d), 0.0
+    )
+    ga, gb, lens, gd = (_descriptor((64, 32), bf16), _descriptor((2, 48, 32), bf16), _descriptor((2,), i64),
+                        _descriptor((64, 48), bf16))
+    grouped_req = PtGroupedGemmArgs(
+        ctypes.pointer(ga), ctypes.pointer(gb), ctypes.pointer(lens), None, ctypes.pointer(gd), 0, 1
+    )
+    backend, config = ctypes.c_int32(), ctypes.c_int32()
+    message = ctypes.create_string_buffer(256)
+    for op, req, name in (
+        (native.PLAN_GEMM, gemm_req, "GemmProblem"),
+        (native.PLAN_GEMM_FP8, fp8_req, "Fp8GemmProblem"),
+        (native.PLAN_GROUPED_GEMM, grouped_req, "GroupedGemmProblem"),
+    ):
+        rc = native._plan(op, ctypes.addressof(req), 0, ctypes.byref(backend), ctypes.byref(config), message, 256)
+        assert rc == 0, message.value
+        assert (backend.value, config.value) == (BackendType.CUTLASS.value, 3)
+        assert seen[-1] == (name, torch.device("cuda", 0))
+
+    def refuse(problem, device):
+        raise TurboNotSupportedError("no backend accepts this problem")
+
+    monkeypatch.setattr(autotune, "select", refuse)
+    rc = native._plan(native.PLAN_GEMM, ctypes.addressof(gemm_req), 0, ctypes.byref(backend), ctypes.byref(config),
+                      message, 256)
+    assert rc == 2 and message.value == b"no backend accepts this problem"
