@@ -37,14 +37,7 @@ class Float8Linear(Linear):
     @classmethod
     def from_float(cls, linear: nn.Linear, config: Float8QuantConfig | None = None) -> "Float8Linear":
         """A Float8Linear sharing ``linear``'s parameters (no copy)."""
-        if not isinstance(linear, nn.Linear) and not isinstance(linear, Linear):
-            raise TypeError(f"Float8Linear.from_float: expected an nn.Linear, got {type(linear).__name__}")
-        w = linear.weight
-        with torch.device("meta"):
-            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, config=config, dtype=w.dtype)
-        new.weight = linear.weight
-        new.bias = linear.bias
-        return new
+        return super().from_float(linear, config=config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:

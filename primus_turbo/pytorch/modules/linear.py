@@ -29,6 +29,19 @@ class Linear(nn.Module):
             self.register_parameter("bias", None)
         self.reset_parameters()
 
+    @classmethod
+    def from_float(cls, linear: nn.Module, **kwargs) -> "Linear":
+        """A module of this class sharing ``linear``'s parameters (no copy: optimizer state, state
+        dict and checkpoints stay valid). kwargs go to the constructor (e.g. Float8Linear's config)."""
+        if not isinstance(linear, (nn.Linear, Linear)):
+            raise TypeError(f"{cls.__name__}.from_float: expected an nn.Linear, got {type(linear).__name__}")
+        with torch.device("meta"):
+            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                      dtype=linear.weight.dtype, **kwargs)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        return new
+
     def reset_parameters(self) -> None:
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:

@@ -1,0 +1,114 @@
+"""``primus_turbo.pytorch.convert_model``: one call that puts a model's layers on this library's
+modules, in place and sharing the same parameter tensors (state dict, optimizer state and
+checkpoints stay valid, nothing is copied)."""
+
+import logging
+from collections import Counter
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+from primus_turbo.pytorch.modules import Float8Linear, LayerNorm, Linear, RMSNorm
+
+__all__ = ["convert_model"]
+
+log = logging.getLogger("primus_turbo")
+
+# Output projections left in high precision and on torch by default: Hugging Face's and Megatron's
+# vocabulary head, TorchTitan's final projection.
+DEFAULT_SKIP = ("lm_head", "output_layer", "output")
+
+
+def _fp8_shape_ok(linear: nn.Module) -> bool:
+    # FP8 GEMMs read 16-byte rows along K (in_features) and, in the backward, along N (out_features).
+    return linear.in_features % 16 == 0 and linear.out_features % 16 == 0
+
+
+def _hf_rmsnorm(module: nn.Module) -> Optional[RMSNorm]:
+    """Hugging Face model code's RMSNorm classes (LlamaRMSNorm, Qwen2RMSNorm, MistralRMSNorm,
+    GemmaRMSNorm, ...): a 1-D ``weight`` and ``variance_epsilon`` (or ``eps``); Gemma's apply
+    ``1 + weight``."""
+    name = type(module).__name__
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if not name.endswith("RMSNorm") or not isinstance(weight, nn.Parameter) or weight.dim() != 1 or eps is None:
+        return None
+    new = _on_meta(RMSNorm, weight.shape[0], eps=float(eps), zero_centered_gamma=name.startswith("Gemma"))
+    new.weight = weight
+    return new
+
+
+def _on_meta(cls, *args, **kwargs):
+    """A module built without allocating (its parameters are replaced by the old module's)."""
+    with torch.device("meta"):
+        return cls(*args, **kwargs)
+
+
+def _norm(module: nn.Module) -> Optional[nn.Module]:
+    if type(module) is torch.nn.LayerNorm:
+        new = _on_meta(LayerNorm, module.normalized_shape, eps=module.eps,
+                       elementwise_affine=module.elementwise_affine, bias=module.bias is not None)
+        new.weight, new.bias = module.weight, module.bias
+        return new
+    if hasattr(torch.nn, "RMSNorm") and type(module) is torch.nn.RMSNorm:
+        new = _on_meta(RMSNorm, module.normalized_shape, eps=module.eps, elementwise_affine=module.elementwise_affine)
+        new.weight = module.weight
+        return new
+    return _hf_rmsnorm(module)
+
+
+def convert_model(
+    model: nn.Module,
+    fp8_config: Optional[Float8QuantConfig] = None,
+    module_filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
+    convert_linear: bool = True,
+    convert_norms: bool = True,
+) -> nn.Module:
+    """Swaps, in place, ``torch.nn.Linear`` for ``turbo.modules.Linear`` (or ``Float8Linear`` with
+    ``fp8_config``), and ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm`` / Hugging Face's RMSNorm
+    classes for ``turbo.modules.LayerNorm`` / ``RMSNorm``. Every new module shares the old one's
+    parameter tensors. Returns ``model``.
+
+    Args:
+        fp8_config: None keeps bf16/fp16 GEMMs; a :class:`Float8QuantConfig` makes Linear layers
+            FP8 where their shape allows (in and out features multiples of 16; the others become
+            ``turbo.modules.Linear`` and are listed in the log line).
+        module_filter_fn: ``fn(module, fqn) -> bool``; False keeps a module as it is. Default:
+            skip the output heads (``lm_head``, ``output_layer``, ``output``).
+        convert_linear, convert_norms: which kinds of layer to convert.
+
+    Mixture-of-experts expert weights are not converted yet (``turbo.modules.GroupedLinear`` needs
+    the experts' weights as one [E, N, K] tensor, which model code stores in several layouts).
+    """
+    if fp8_config is not None and not isinstance(fp8_config, Float8QuantConfig):
+        raise TypeError(f"convert_model: fp8_config must be a Float8QuantConfig or None, got {type(fp8_config).__name__}")
+
+    def wanted(module, fqn):
+        if module_filter_fn is not None:
+            return module_filter_fn(module, fqn)
+        return fqn.rsplit(".", 1)[-1] not in DEFAULT_SKIP
+
+    counts, kept_bf16 = Counter(), []
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            fqn = f"{parent_name}.{name}" if parent_name else name
+            new = None
+            if convert_linear and type(child) is nn.Linear and wanted(child, fqn):
+                if fp8_config is not None and _fp8_shape_ok(child):
+                    new = Float8Linear.from_float(child, config=fp8_config)
+                else:
+                    new = Linear.from_float(child)
+                    if fp8_config is not None:
+                        kept_bf16.append(fqn)
+            elif convert_norms and wanted(child, fqn):
+                new = _norm(child)
+            if new is not None:
+                new.train(child.training)
+                setattr(parent, name, new)
+                counts[f"{type(child).__name__} -> {type(new).__name__}"] += 1
+    summary = ", ".join(f"{n} {what}" for what, n in sorted(counts.items())) or "nothing"
+    extra = f"; not FP8 (shape): {', '.join(kept_bf16)}" if kept_bf16 else ""
+    log.info("convert_model: converted %s%s", summary, extra)
+    return model
