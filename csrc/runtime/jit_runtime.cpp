@@ -149,21 +149,31 @@ std::shared_ptr<const Module> load(const std::string& dir) {
 }
 
 // An exclusive advisory lock on one module's lock file, held while that module is built: when
-// several processes (the ranks of a job) need the same module, one compiles and the others wait
+// several processes (the ranks of a job) need the same new module, one compiles and the others wait
 // for its entry instead of compiling it again. flock is released by the kernel when the holder
-// exits or dies, so a crashed builder never blocks the rest.
+// exits or dies, so a crashed builder never blocks the rest; a waiter also polls for the published
+// entry, so a lock that outlives its build (a child forked while it was held keeps it) never does.
 class ModuleBuildLock {
  public:
-  explicit ModuleBuildLock(const std::string& path) : fd_(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
-    if (fd_ < 0) return;  // an unwritable cache still builds, only without the cross-process wait
-    while (flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
-    }
-  }
+  explicit ModuleBuildLock(const std::string& path) : fd_(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {}
   ~ModuleBuildLock() {
     if (fd_ >= 0) close(fd_);  // closing releases the lock
   }
   ModuleBuildLock(const ModuleBuildLock&) = delete;
   ModuleBuildLock& operator=(const ModuleBuildLock&) = delete;
+
+  // Takes the lock (true), or returns false as soon as published() finds the entry. An unwritable
+  // cache (no lock file) builds without the cross-process wait.
+  template <class Published>
+  bool acquire_unless(Published published) {
+    if (fd_ < 0) return true;
+    while (true) {
+      if (flock(fd_, LOCK_EX | LOCK_NB) == 0) return true;
+      if (errno != EWOULDBLOCK && errno != EINTR) return true;
+      if (published()) return false;
+      usleep(50 * 1000);
+    }
+  }
 
  private:
   int fd_;
@@ -188,7 +198,11 @@ std::shared_ptr<const Module> build_or_load(const ModuleRequest& request, const 
   const std::string final_dir = str_cat(root, "/", entry);
   if (auto module = load_published(root, final_dir)) return module;
   ModuleBuildLock build_lock(str_cat(root, "/.lock-", entry));
-  // Another process may have published the entry while this one waited for the lock.
+  if (!build_lock.acquire_unless([&] { return is_dir(final_dir) && entry_is_valid(final_dir); })) {
+    ++g_loaded;
+    return load(final_dir);  // published by the process that held the lock
+  }
+  // Another process may have published the entry just before this one took the lock.
   if (auto module = load_published(root, final_dir)) return module;
 
   const Compiler& compiler = find_compiler();

@@ -205,3 +205,31 @@ def test_planner_builds_each_ops_problem_and_reports_its_choice_or_error(monkeyp
     rc = native._plan(native.PLAN_GEMM, ctypes.addressof(gemm_req), 0, ctypes.byref(backend), ctypes.byref(config),
                       message, 256)
     assert rc == 2 and message.value == b"no backend accepts this problem"
+
+
+@pytest.mark.gpu
+def test_norms_take_any_rank_and_strided_weights_forward_and_backward():
+    """Inputs of more than PT_MAX_DIMS dimensions, and a gamma that is a strided view (saved as is
+    by the autograd function, so the backward gets it too)."""
+    x = torch.randn((1,) * 10 + (3, 64), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w2 = torch.randn(64, 2, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    gamma = w2[:, 0]  # stride 2
+    y = turbo.ops.rmsnorm(x, gamma)
+    y.float().sum().backward()
+    ref = x.detach().float() * torch.rsqrt(x.detach().float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(y.float(), (ref * gamma.detach().float()).to(torch.bfloat16).float(), atol=2e-2, rtol=2e-2)
+    assert x.grad.shape == x.shape and w2.grad[:, 1].eq(0).all() and w2.grad[:, 0].abs().sum() > 0
+    beta = torch.zeros(64, 2, device="cuda", dtype=torch.bfloat16, requires_grad=True)[:, 1]
+    turbo.ops.layernorm(x, gamma, beta).float().sum().backward()
+
+
+@pytest.mark.gpu
+def test_grouped_lengths_that_overflow_when_summed_write_nothing_outside():
+    """Lengths whose sum overflows int64: group 0 is clamped to every row, group 1 to none, and the
+    uncovered-row zeroing writes nothing (run under compute-sanitizer to see no stray write)."""
+    a = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2, 32, 16, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([2**63 - 1, 2**63 - 1], device="cuda", dtype=torch.int64)
+    out = turbo.ops.grouped_gemm(a, b, lens)
+    ref = (a.double() @ b[0].double()).to(torch.bfloat16)
+    torch.testing.assert_close(out, ref, atol=5e-2, rtol=2e-2)

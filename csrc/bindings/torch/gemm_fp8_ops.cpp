@@ -215,7 +215,9 @@ std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_
                                         bool trans_a, bool trans_b, ScalarType grad_dtype, int64_t granularity,
                                         ScalarType a_dtype, ScalarType b_dtype, bool need_a, bool need_b,
                                         std::optional<Tensor> main_grad) {
-  const int32_t device = check_cuda(kOp, {{"grad_out", &grad_in}, {"a_bwd", &a_bwd}, {"b_bwd", &b_bwd}});
+  NamedTensors tensors{{"grad_out", &grad_in}, {"a_bwd", &a_bwd}, {"b_bwd", &b_bwd}};
+  if (main_grad) tensors.push_back({"main_grad", &*main_grad});
+  const int32_t device = check_cuda(kOp, tensors);
   DeviceScope scope(device);
   void* stream = current_stream(device);
   const auto [act, wgt] = scalings(granularity);

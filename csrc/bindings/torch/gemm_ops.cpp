@@ -3,6 +3,7 @@
 // sizes, layouts, dtypes and alignment) is looked up by the problem; on a miss the planner the
 // Python layer registered (autotune, backend settings, fallbacks, distributed agreement) picks the
 // backend and config once, and the plan is kept.
+#include <memory>
 #include <vector>
 
 #include "bindings/torch/plan_cache.h"
@@ -79,11 +80,12 @@ void run_gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& out, bool ta
   values.insert(values.end(), {(ta ? 1 : 0) | (tb ? 2 : 0) | (beta != 0.0f ? 4 : 0), device});
   const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
   pt_gemm_plan plan = nullptr;
-  bool owned = false;
+  // A plan made during capture may rest on a provisional choice: used once, then destroyed.
+  std::unique_ptr<pt_gemm_plan_s, void (*)(pt_gemm_plan)> owned(nullptr, pt_gemm_plan_destroy);
   if (!g_plans.find(key, &plan)) {
     plan = make_plan(pa, pb, pd, ta, tb, beta, device);
     if (is_capturing(stream)) {
-      owned = true;  // a choice made during capture may be provisional: used once, not kept
+      owned.reset(plan);
     } else {
       pt_gemm_plan kept = g_plans.insert(key, plan);
       if (kept != plan) pt_gemm_plan_destroy(plan);
@@ -101,7 +103,6 @@ void run_gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& out, bool ta
     ws_ptr = ws->data_ptr();
   }
   const pt_status status = pt_gemm_plan_run(plan, pa.data, pb.data, pd.data, ws_ptr, ws_bytes, stream);
-  if (owned) pt_gemm_plan_destroy(plan);
   check_status(status, "gemm");
 }
 

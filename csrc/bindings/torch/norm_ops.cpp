@@ -64,17 +64,8 @@ int32_t check_norm(const char* op, const Tensor& x, const NamedTensors& like_x, 
   return check_cuda(op, all);
 }
 
-// [rows, hidden] contiguous view of x (a copy when x is not contiguous), as the core expects.
-pt_tensor rows_view(const Tensor& x) {
-  pt_tensor p = to_pt(x);
-  const int64_t hidden = hidden_of(x);
-  p.ndim = 2;
-  p.shape[0] = rows_of(x);
-  p.shape[1] = hidden;
-  p.strides[0] = hidden;
-  p.strides[1] = 1;
-  return p;
-}
+// [rows, hidden] view of a contiguous tensor of any rank, as the core expects.
+pt_tensor rows_view(const Tensor& x) { return rows_descriptor(x); }
 
 Tensor stat(const Tensor& x, int32_t device) { return empty({rows_of(x)}, ScalarType::Float, device); }
 
@@ -94,9 +85,10 @@ std::tuple<Tensor, Tensor> rmsnorm_fwd(Tensor x_in, Tensor gamma_in, double eps,
   return {y, rstd};
 }
 
-std::tuple<Tensor, Tensor> rmsnorm_bwd(Tensor dy_in, Tensor x_in, Tensor gamma, Tensor rstd, bool zero_centered) {
-  const int32_t device = check_norm("rmsnorm", x_in, {{"dy", &dy_in}}, {{"gamma", &gamma}}, 0.0);
-  const Tensor dy = as_contiguous(dy_in), x = as_contiguous(x_in);
+std::tuple<Tensor, Tensor> rmsnorm_bwd(Tensor dy_in, Tensor x_in, Tensor gamma_in, Tensor rstd, bool zero_centered) {
+  const int32_t device = check_norm("rmsnorm", x_in, {{"dy", &dy_in}}, {{"gamma", &gamma_in}}, 0.0);
+  // The autograd function saves the caller's gamma, which may be a strided view.
+  const Tensor dy = as_contiguous(dy_in), x = as_contiguous(x_in), gamma = as_contiguous(gamma_in);
   Tensor dx = empty_like(x), dgamma = empty_like(gamma);
   DeviceScope scope(device);
   const Tensor ws = workspace(pt_rmsnorm_bwd_workspace_bytes(rows_of(x), hidden_of(x)), device);
@@ -124,10 +116,10 @@ std::tuple<Tensor, Tensor, Tensor> rmsnorm_residual_fwd(Tensor x_in, Tensor resi
   return {y, s, rstd};
 }
 
-std::tuple<Tensor, Tensor> rmsnorm_residual_bwd(Tensor dy_in, std::optional<Tensor> dsum_in, Tensor s, Tensor gamma,
-                                                Tensor rstd, bool zero_centered) {
-  const int32_t device = check_norm("rmsnorm_residual", s, {{"dy", &dy_in}}, {{"gamma", &gamma}}, 0.0);
-  const Tensor dy = as_contiguous(dy_in);
+std::tuple<Tensor, Tensor> rmsnorm_residual_bwd(Tensor dy_in, std::optional<Tensor> dsum_in, Tensor s_in,
+                                                Tensor gamma_in, Tensor rstd, bool zero_centered) {
+  const int32_t device = check_norm("rmsnorm_residual", s_in, {{"dy", &dy_in}}, {{"gamma", &gamma_in}}, 0.0);
+  const Tensor dy = as_contiguous(dy_in), s = as_contiguous(s_in), gamma = as_contiguous(gamma_in);
   std::optional<Tensor> dsum;
   if (dsum_in) dsum = as_contiguous(*dsum_in);
   Tensor dx = empty_like(s), dgamma = empty_like(gamma);
@@ -156,9 +148,10 @@ std::tuple<Tensor, Tensor, Tensor> layernorm_fwd(Tensor x_in, Tensor gamma_in, T
   return {y, mean, rstd};
 }
 
-std::tuple<Tensor, Tensor, Tensor> layernorm_bwd(Tensor dy_in, Tensor x_in, Tensor gamma, Tensor mean, Tensor rstd) {
-  const int32_t device = check_norm("layernorm", x_in, {{"dy", &dy_in}}, {{"gamma", &gamma}}, 0.0);
-  const Tensor dy = as_contiguous(dy_in), x = as_contiguous(x_in);
+std::tuple<Tensor, Tensor, Tensor> layernorm_bwd(Tensor dy_in, Tensor x_in, Tensor gamma_in, Tensor mean,
+                                                  Tensor rstd) {
+  const int32_t device = check_norm("layernorm", x_in, {{"dy", &dy_in}}, {{"gamma", &gamma_in}}, 0.0);
+  const Tensor dy = as_contiguous(dy_in), x = as_contiguous(x_in), gamma = as_contiguous(gamma_in);
   Tensor dx = empty_like(x), dgamma = empty_like(gamma), dbeta = empty_like(gamma);
   DeviceScope scope(device);
   const Tensor ws = workspace(pt_layernorm_bwd_workspace_bytes(rows_of(x), hidden_of(x)), device);

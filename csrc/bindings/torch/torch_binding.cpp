@@ -86,6 +86,22 @@ int32_t pt_dtype_of(ScalarType t) {
   }
 }
 
+pt_tensor rows_descriptor(const Tensor& t) {
+  pt_tensor p{};
+  const int32_t dtype = pt_dtype_of(t.scalar_type());
+  if (dtype < 0) fail_with(ErrorKind::Type, "dtype ", dtype_name(t.scalar_type()), " is not supported");
+  const int64_t numel = t.numel();
+  const int64_t hidden = t.dim() ? t.sizes()[t.dim() - 1] : 1;
+  p.dtype = dtype;
+  p.ndim = 2;
+  p.shape[0] = hidden ? numel / hidden : 0;
+  p.shape[1] = hidden;
+  p.strides[0] = hidden;
+  p.strides[1] = 1;
+  p.data = numel > 0 ? t.data_ptr() : nullptr;
+  return p;
+}
+
 pt_tensor to_pt(const Tensor& t) {
   pt_tensor p{};
   const int64_t ndim = t.dim();
@@ -144,14 +160,14 @@ std::string shape_string(const Tensor& t) {
 }
 
 Tensor empty(const int64_t* sizes, int64_t ndim, ScalarType dtype, int32_t device) {
-  int64_t strides[PT_MAX_DIMS];
+  std::vector<int64_t> strides(static_cast<size_t>(ndim));  // any rank: norms take [..., hidden]
   int64_t s = 1;
   for (int64_t i = ndim - 1; i >= 0; --i) {
     strides[i] = s;
     s *= sizes[i] > 1 ? sizes[i] : 1;
   }
   AtenTensorHandle h = nullptr;
-  check_shim(aoti_torch_empty_strided(ndim, sizes, strides, static_cast<int32_t>(dtype), kDeviceCuda, device, &h),
+  check_shim(aoti_torch_empty_strided(ndim, sizes, strides.data(), static_cast<int32_t>(dtype), kDeviceCuda, device, &h),
              "empty_strided");
   return Tensor(h);
 }

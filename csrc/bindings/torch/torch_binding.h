@@ -59,6 +59,8 @@ const char* dtype_name(ScalarType t);
 // The core's pt_dtype of a torch dtype, or -1.
 int32_t pt_dtype_of(ScalarType t);
 pt_tensor to_pt(const Tensor& t);
+// A contiguous t of any rank seen as [rows, hidden] (hidden: its last dimension).
+pt_tensor rows_descriptor(const Tensor& t);
 
 // "cuda:0", "cpu", "meta": how Python prints a tensor's device.
 std::string device_string(const Tensor& t);

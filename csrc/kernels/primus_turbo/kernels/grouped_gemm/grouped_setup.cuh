@@ -159,7 +159,9 @@ __global__ void __launch_bounds__(kSetupThreads)
   __shared__ int64_t end_shared;
   int64_t local = 0;  // sum of lengths (no offsets) or the largest group end (offsets)
   for (int64_t g = threadIdx.x; g < num_groups; g += kSetupThreads) {
-    const int64_t len = group_lens[g] > 0 ? group_lens[g] : 0;
+    // Each length clamped into [0, rows]: a sum of G of them cannot overflow.
+    const int64_t raw = group_lens[g];
+    const int64_t len = raw > 0 ? (raw < rows ? raw : rows) : 0;
     if (group_offs) {
       int64_t start = group_offs[g];
       start = start < 0 ? 0 : (start > rows ? rows : start);
@@ -170,7 +172,7 @@ __global__ void __launch_bounds__(kSetupThreads)
     }
   }
   const int64_t total = group_offs ? Reduce(storage).Reduce(local, MaxOp{}) : Reduce(storage).Sum(local);
-  if (threadIdx.x == 0) end_shared = total < rows ? total : rows;
+  if (threadIdx.x == 0) end_shared = total < 0 ? 0 : (total < rows ? total : rows);
   __syncthreads();
   const int64_t end = end_shared;
   if (end >= rows) return;
