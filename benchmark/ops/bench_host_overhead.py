@@ -9,7 +9,6 @@ over every op and direction (higher is better; the 1.3x host-cost target is rati
 
 import argparse
 import cProfile
-import datetime
 import pstats
 import sys
 from pathlib import Path
@@ -133,8 +132,7 @@ def main() -> None:
 
     gpu = bu.gpu_short_name()
     out_dir = bu.results_dir_for(args.output_dir, gpu)
-    stamp = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": bu.git_commit()}
-    rows = [{**stamp, **r} for r in rows]
+    rows = [{**bu.run_stamp(gpu), **r} for r in rows]
     columns = ["gpu", "date", "commit", "op", "fwd_us", "torch_fwd_us", "fwd_ratio", "step_us", "torch_step_us", "step_ratio", "status"]
     bu.write_csv(out_dir / "host_overhead.csv", rows, columns)
     ok = [r for r in rows if r["status"] == "OK"]

@@ -774,6 +774,11 @@ def update_summary(results_dir, gpu_short: str, entry_name: str, entry_dict: dic
     return path
 
 
+def run_stamp(gpu_short: str) -> dict[str, str]:
+    """The GPU, date and commit columns every results CSV row carries."""
+    return {"gpu": gpu_short, "date": _dt.date.today().isoformat(), "commit": git_commit()}
+
+
 def results_dir_for(output_dir, gpu_short: str) -> Path:
     d = Path(output_dir) / gpu_short
     d.mkdir(parents=True, exist_ok=True)
