@@ -192,11 +192,43 @@ std::shared_ptr<const Module> load_published(const std::string& root, const std:
   return nullptr;
 }
 
+// Read-only caches searched after the user's: the modules built ahead of time at install
+// (<lib>/../prebuilt/jit) and the folders in $PRIMUS_TURBO_PREBUILT_DIR (':'-separated, each holding
+// entries as a jit cache does). Entries are checked against their digest like the user's, but a
+// bad one is skipped, never moved or rebuilt there.
+std::vector<std::string> prebuilt_dirs() {
+  std::vector<std::string> dirs;
+  if (auto v = env_value("PRIMUS_TURBO_PREBUILT_DIR")) {
+    size_t start = 0;
+    while (start <= v->size()) {
+      const size_t end = v->find(':', start);
+      const std::string dir = v->substr(start, end == std::string::npos ? std::string::npos : end - start);
+      if (!dir.empty()) dirs.push_back(dir);
+      if (end == std::string::npos) break;
+      start = end + 1;
+    }
+  }
+  dirs.push_back(library_dir() + "/../prebuilt/jit");
+  return dirs;
+}
+
+std::shared_ptr<const Module> load_prebuilt(const std::string& entry) {
+  for (const auto& dir : prebuilt_dirs()) {
+    const std::string candidate = str_cat(dir, "/", entry);
+    if (is_dir(candidate) && entry_is_valid(candidate)) {
+      ++g_loaded;
+      return load(candidate);
+    }
+  }
+  return nullptr;
+}
+
 std::shared_ptr<const Module> build_or_load(const ModuleRequest& request, const std::string& key) {
   const std::string root = jit_cache_dir();
   const std::string entry = str_cat(request.name, "-", key.substr(0, 20));
   const std::string final_dir = str_cat(root, "/", entry);
   if (auto module = load_published(root, final_dir)) return module;
+  if (auto module = load_prebuilt(entry)) return module;
   ModuleBuildLock build_lock(str_cat(root, "/.lock-", entry));
   if (!build_lock.acquire_unless([&] { return is_dir(final_dir) && entry_is_valid(final_dir); })) {
     ++g_loaded;

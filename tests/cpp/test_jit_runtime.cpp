@@ -261,4 +261,31 @@ TEST_F(JitRuntime, ConcurrentProcessesCompileAModuleOnce) {
   EXPECT_THAT(jit_dir_entries(), ElementsAre(base_name(entry_dir(r))));
 }
 
+// Modules built ahead of time (at install, or carried from a build host) are loaded from a
+// read-only folder without compiling; a corrupt one there is skipped (and built in the user's
+// cache), never touched.
+TEST_F(JitRuntime, PrebuiltModulesLoadWithoutCompiling) {
+  const std::string tag = fresh_tag("prebuilt");
+  const ModuleRequest r = tiny_module(tag);
+  const std::string child = shell_quote(PT_TEST_JIT_CHILD) + " " + shell_quote(tag);
+  std::string out;
+  ASSERT_EQ(run_command(child, &out), 0) << out;  // builds into this test's cache
+  const std::string built = entry_dir(r);
+
+  TempDir prebuilt;
+  const std::string entry = prebuilt.path() + "/" + base_name(built);
+  std::filesystem::rename(built, entry);  // now only the prebuilt folder has it
+  {
+    ScopedEnv dirs("PRIMUS_TURBO_PREBUILT_DIR", "/nonexistent:" + prebuilt.path());
+    ASSERT_EQ(run_command(child, &out), 0) << out;
+    EXPECT_EQ(out, "compiled=0 loaded=1 answer=42\n");
+    EXPECT_FALSE(std::filesystem::exists(built)) << "a prebuilt module is used in place";
+
+    write_text(entry + "/module.so", "not a shared object");
+    ASSERT_EQ(run_command(child, &out), 0) << out;
+    EXPECT_EQ(out, "compiled=1 loaded=0 answer=42\n");
+    EXPECT_EQ(read_text(entry + "/module.so"), "not a shared object") << "the prebuilt folder is read-only";
+  }
+}
+
 }  // namespace
