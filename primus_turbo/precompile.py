@@ -3,6 +3,7 @@
     python -m primus_turbo.precompile --dtype bf16                  # every GEMM config, all layouts
     python -m primus_turbo.precompile --dtype bf16 --layouts AkBk --configs 0 3 -j 8
     python -m primus_turbo.precompile --gemm 8192x28672x8192 --dtype bf16 --autotune   # what these shapes use
+    python -m primus_turbo.precompile --defaults            # every op's default modules (what install builds)
 
 A CUTLASS GEMM module depends on dtypes, operand layouts and the tile configuration, not on
 M/N/K, so this compiles per (dtype, layout, config). Layout codes name the contiguous dimension of
@@ -26,6 +27,7 @@ bf16 grouped GEMM's AmBn modules.
 """
 
 import argparse
+import glob
 import os
 import sys
 import time
@@ -219,9 +221,94 @@ def compile_gemm_fp8_one(a: str, b: str, out_dtype: str, sa: str, sb: str, confi
     return time.time() - start
 
 
+# ---- the default modules: what each op uses without autotune, built ahead of time -------------
+# Codes of the C API (primus_turbo.h): dtypes, norm kinds, quantized dtypes.
+_F32, _F16, _BF16, _E4M3, _E5M2, _FP4 = 0, 1, 2, 3, 4, 6
+_RMS, _RES, _LN = 0, 1, 2
+# Hidden sizes of the model tables (shared/MODELS.md) get specialized norm modules; 1000 stands for
+# every other 16-byte-aligned size (one runtime-hidden module), 4097 for unaligned rows.
+DEFAULT_HIDDEN = (1000, 2048, 2880, 3584, 4096, 4097, 5120, 6144, 7168, 8192, 16384)
+DEFAULT_FAMILIES = ("norm", "activation", "rope", "quantization", "moe", "fp8_fusion", "gemm_fp8", "grouped_gemm",
+                    "grouped_gemm_fp8")
+
+
+def _prepare_jobs(family: str) -> List[Tuple]:
+    """("prepare", label, C function, args) jobs of the elementwise families."""
+    jobs = []
+    if family == "norm":
+        for dt in (_BF16, _F16):
+            for h in DEFAULT_HIDDEN:
+                for kind, name in ((_RMS, "rmsnorm"), (_RES, "rmsnorm_residual"), (_LN, "layernorm")):
+                    jobs.append(("prepare", f"{name} dtype {dt} hidden {h}", "pt_norm_prepare", (kind, dt, dt, h)))
+            jobs.append(("prepare", f"rmsnorm dtype {dt}, fp32 gamma", "pt_norm_prepare", (_RMS, dt, _F32, 4096)))
+    elif family == "activation":
+        for act in (0, 1):  # SwiGLU, GeGLU
+            for dt in (_BF16, _F16):
+                for cols in (128, 127):  # vectorized rows, unaligned rows
+                    jobs.append(("prepare", f"gated act {act} dtype {dt} cols {cols}", "pt_gated_act_prepare",
+                                 (act, dt, cols)))
+    elif family == "rope":
+        for dt in (_BF16, _F16):
+            for interleaved in (0, 1):
+                for table in (0, 1):
+                    jobs.append(("prepare", f"rope dtype {dt} interleaved {interleaved} table {table}",
+                                 "pt_rope_prepare", (dt, 1, interleaved, table)))
+    elif family == "quantization":
+        for dt in (_BF16, _F16, _F32):
+            for q in (_E4M3, _E5M2, _FP4):
+                jobs.append(("prepare", f"quantize dtype {dt} -> {q}", "pt_quantize_prepare", (dt, q)))
+        jobs += [("prepare", f"transpose {n}-byte", "pt_transpose_prepare", (n,)) for n in (1, 2, 4)]
+    elif family == "moe":
+        jobs += [("prepare", f"moe routing dtype {dt}", "pt_moe_routing_prepare", (dt,)) for dt in (-1, _BF16, _F32)]
+        jobs += [("prepare", f"moe permute dtype {dt} vec {v}", "pt_moe_permute_prepare", (dt, v))
+                 for dt in (_BF16, _F16) for v in (1, 0)]
+    elif family == "fp8_fusion":
+        for g in (1, 2):  # rowwise, 1x128 blocks
+            for h in (2048, 4096, 7168, 8192):
+                jobs.append(("prepare", f"rmsnorm_fp8 hidden {h} granularity {g}", "pt_rmsnorm_fp8_prepare",
+                             (0, _BF16, _BF16, h, g, _E4M3)))
+            for act in (0, 1):
+                jobs.append(("prepare", f"gated_fp8 act {act} granularity {g}", "pt_gated_act_fp8_prepare",
+                             (act, _BF16, 128, g, _E4M3)))
+    return jobs
+
+
+def default_jobs(families: Sequence[str] = DEFAULT_FAMILIES) -> List[Tuple]:
+    """The modules the ops use without autotune on bf16/fp16 models: norms at the model tables'
+    hidden sizes, gated activations, RoPE, quantizers, MoE routing and permutation, the FP8-emitting
+    fusions, the dense FP8 block-scaled GEMMs (E4M3 and HYBRID), and the grouped GEMMs' default
+    configs (bf16/fp16, FP8). The dense bf16/fp16 GEMM's default, cuBLASLt, needs none."""
+    unknown = sorted(set(families) - set(DEFAULT_FAMILIES))
+    if unknown:
+        raise SystemExit(f"unknown default families {unknown}; choose from {list(DEFAULT_FAMILIES)}")
+    jobs = []
+    for family in families:
+        jobs += _prepare_jobs(family)
+    if "gemm_fp8" in families:
+        pairs = sorted({pair for fmt in ("e4m3", "hybrid") for pair in FP8_DENSE_PAIRS[fmt]})
+        jobs += [("gemm_fp8", a, b, "bf16", sa, sb, 0) for a, b in pairs for sa, sb in FP8_DENSE_SCALINGS]
+    # The grouped defaults depend on the problem and the SM count (grouped_gemm_configs.cpp,
+    # grouped_gemm_fp8.cpp: default_config): both configs either heuristic can pick.
+    if "grouped_gemm" in families:
+        jobs += [("grouped_gemm", dt, layout, c) for dt in ("bf16", "fp16") for layout in GROUPED_LAYOUTS for c in (0, 3)]
+    if "grouped_gemm_fp8" in families:
+        jobs += [("grouped_gemm_fp8", a, b, "bf16", rows, c)
+                 for a, b in FP8_GROUPED_PAIRS["hybrid"] for rows in (1, 128) for c in (0, 1)]
+    return jobs
+
+
+def _compile_prepared(label: str, fn: str, args: Tuple) -> float:
+    start = time.time()
+    check(getattr(lib, fn)(*args))
+    return time.time() - start
+
+
 def _job_fns(job: Tuple):
     """GEMM jobs are (dtype, out_dtype, layout, config); grouped ones ("grouped_gemm", dtype,
-    layout, config); FP8 grouped ones ("grouped_gemm_fp8", a, b, out_dtype, b_scale_rows, config)."""
+    layout, config); FP8 grouped ones ("grouped_gemm_fp8", a, b, out_dtype, b_scale_rows, config);
+    elementwise ones ("prepare", label, C function, args)."""
+    if job[0] == "prepare":
+        return _compile_prepared, lambda label, fn, args: label, job[1:]
     if job[0] == "grouped_gemm_fp8":
         return compile_grouped_fp8_one, grouped_fp8_name, job[1:]
     if job[0] == "gemm_fp8":
@@ -272,10 +359,21 @@ def main(argv=None) -> int:
                    help="MxNxK Linear shapes (x [M, K] @ w[N, K]^T): build only the modules their forward and "
                    "backward GEMMs use (with --autotune: every candidate autotune would time)")
     p.add_argument("--autotune", action="store_true", help="with --gemm: the autotune candidates")
+    p.add_argument("--defaults", nargs="*", default=None, metavar="FAMILY",
+                   help="the modules every op uses without autotune (all families, or the ones named: "
+                   + ", ".join(DEFAULT_FAMILIES) + ")")
+    p.add_argument("--cache-dir", default=None,
+                   help="write the modules here (a folder the runtime reads as PRIMUS_TURBO_CACHE_DIR or "
+                   "PRIMUS_TURBO_PREBUILT_DIR) instead of the user's cache")
+    p.add_argument("--list", action="store_true", help="print the modules that would be built, build none")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     args = p.parse_args(argv)
+    if args.cache_dir:
+        os.environ["PRIMUS_TURBO_CACHE_DIR"] = os.path.abspath(args.cache_dir)  # read at each build
     jobs = []
-    if args.gemm:
+    if args.defaults is not None:
+        jobs.extend(default_jobs(args.defaults or DEFAULT_FAMILIES))
+    elif args.gemm:
         shaped, notes = shape_jobs(args.gemm, args.dtype, args.out_dtype, args.autotune)
         for note in notes:
             print(note, flush=True)
@@ -306,10 +404,19 @@ def main(argv=None) -> int:
             if args.fp8_wgrad:  # (grad, input) for trans_b=True and (input, grad) otherwise
                 wpairs = sorted({p for (a, b) in pairs for p in ((a, b), (b, a))})
                 jobs.extend(("grouped_gemm_fp8", a, b, out, 0, c) for (a, b) in wpairs for c in configs)
+    if args.list:
+        for job in jobs:
+            _, namer, job_args = _job_fns(job)
+            print(namer(*job_args))
+        print(f"{len(jobs)} kernel modules")
+        return 0
     print(f"compiling {len(jobs)} kernel modules with {args.jobs} workers", flush=True)
     if not jobs:
         return 0
     errors = compile_all(jobs, args.jobs)
+    if args.cache_dir:  # a folder to ship or read as prebuilt: no build locks left in it
+        for lock in glob.glob(os.path.join(args.cache_dir, "jit", ".lock-*")):
+            os.remove(lock)
     for e in errors:
         print(e, file=sys.stderr)
     return 1 if errors else 0

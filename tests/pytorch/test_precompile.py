@@ -1,5 +1,6 @@
 """python -m primus_turbo.precompile: what it is asked to build (no compile runs here)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,41 @@ def test_runs_from_the_repository_root():
     )
     assert out.returncode == 0, out.stderr
     assert "compiling 0 kernel modules" in out.stdout
+
+
+def test_default_modules_cover_every_family_and_name_unknown_ones():
+    jobs = precompile.default_jobs()
+    kinds = {job[0] for job in jobs}
+    assert {"prepare", "gemm_fp8", "grouped_gemm", "grouped_gemm_fp8"} <= kinds
+    labels = " ".join(job[1] for job in jobs if job[0] == "prepare")
+    for word in ("rmsnorm", "layernorm", "gated act", "rope", "quantize", "moe routing", "moe permute", "rmsnorm_fp8"):
+        assert word in labels
+    assert len(jobs) == len(set(jobs))
+    assert precompile.default_jobs(["rope"]) and all(j[0] == "prepare" for j in precompile.default_jobs(["rope"]))
+    with pytest.raises(SystemExit, match="unknown default families"):
+        precompile.default_jobs(["attention"])
+
+
+@pytest.mark.compile_check
+def test_prebuilt_folder_is_loaded_without_compiling(tmp_path):
+    """What PRIMUS_TURBO_PREBUILD does at install, on one family: build into a folder, then a process
+    with an empty cache loads from it instead of compiling."""
+    env = dict(os.environ, PYTHONPATH="")
+    build = subprocess.run(
+        [sys.executable, "-P", "-m", "primus_turbo.precompile", "--defaults", "rope", "--cache-dir", str(tmp_path / "pb")],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    assert not list((tmp_path / "pb" / "jit").glob(".lock-*"))
+    probe = (
+        "import ctypes\n"
+        "from primus_turbo._core.lib import lib, check\n"
+        "check(lib.pt_rope_prepare(2, 1, 0, 1))\n"
+        "c, l = ctypes.c_int64(), ctypes.c_int64()\n"
+        "check(lib.pt_jit_stats(ctypes.byref(c), ctypes.byref(l)))\n"
+        "print(c.value, l.value)\n"
+    )
+    env.update(PRIMUS_TURBO_CACHE_DIR=str(tmp_path / "empty"), PRIMUS_TURBO_PREBUILT_DIR=str(tmp_path / "pb" / "jit"))
+    out = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "1"]  # compiled none, loaded one
