@@ -151,7 +151,9 @@ def shape_jobs(shapes: Sequence[str], dtypes: Sequence[str], out_dtypes, autotun
                     elif autotune:
                         jobs.extend((dt, out, layout, c) for c in range(count.value))
                     elif b.value == BACKEND_CUTLASS:
-                        jobs.append((dt, out, layout, -1))
+                        # The default depends on the SM count (gemm_cutlass_configs.cpp:
+                        # cutlass_default_config): both configs it can pick.
+                        jobs.extend((dt, out, layout, c) for c in (0, 3))
     if not autotune and b.value != BACKEND_CUTLASS:
         notes.append("the default GEMM backend (cuBLASLt) needs no kernel modules; pass --autotune to build "
                      "the CUTLASS candidates autotune would time")
@@ -370,6 +372,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.cache_dir:
         os.environ["PRIMUS_TURBO_CACHE_DIR"] = os.path.abspath(args.cache_dir)  # read at each build
+        # Build into it even what a prebuilt folder (the installed package's) already holds.
+        os.environ["PRIMUS_TURBO_NO_PREBUILT"] = "1"
     jobs = []
     if args.defaults is not None:
         jobs.extend(default_jobs(args.defaults or DEFAULT_FAMILIES))

@@ -198,6 +198,8 @@ std::shared_ptr<const Module> load_published(const std::string& root, const std:
 // bad one is skipped, never moved or rebuilt there.
 std::vector<std::string> prebuilt_dirs() {
   std::vector<std::string> dirs;
+  // Set while building modules into a folder (precompile --cache-dir): nothing is taken from here.
+  if (auto off = env_value("PRIMUS_TURBO_NO_PREBUILT"); off && *off != "0") return dirs;
   if (auto v = env_value("PRIMUS_TURBO_PREBUILT_DIR")) {
     size_t start = 0;
     while (start <= v->size()) {
@@ -224,8 +226,15 @@ std::shared_ptr<const Module> load_prebuilt(const std::string& entry) {
 }
 
 std::shared_ptr<const Module> build_or_load(const ModuleRequest& request, const std::string& key) {
-  const std::string root = jit_cache_dir();
   const std::string entry = str_cat(request.name, "-", key.substr(0, 20));
+  std::string root;
+  try {
+    root = jit_cache_dir();
+  } catch (const Error&) {
+    // No writable cache (a read-only home, say): a prebuilt module still serves.
+    if (auto module = load_prebuilt(entry)) return module;
+    throw;
+  }
   const std::string final_dir = str_cat(root, "/", entry);
   if (auto module = load_published(root, final_dir)) return module;
   if (auto module = load_prebuilt(entry)) return module;

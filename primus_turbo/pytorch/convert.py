@@ -26,16 +26,35 @@ def _fp8_shape_ok(linear: nn.Module) -> bool:
     return linear.in_features % 16 == 0 and linear.out_features % 16 == 0
 
 
+# Model code's RMSNorm classes that apply ``1 + weight`` (weights initialized to zero).
+_ZERO_CENTERED_PREFIXES = ("Gemma", "Qwen3Next")
+
+
+def _applies_one_plus_weight(module: nn.Module, weight: torch.Tensor, eps: float, by_name: bool) -> bool:
+    """Whether an RMSNorm class scales by ``1 + weight``: its output on a probe row against both
+    forms (the class name decides where the module cannot run: meta tensors)."""
+    if weight.device.type == "meta":
+        return by_name
+    probe = torch.linspace(-1.0, 1.0, weight.shape[0], device=weight.device, dtype=torch.float32)[None]
+    normed = probe * torch.rsqrt(probe.pow(2).mean(-1, keepdim=True) + eps)
+    w = weight.detach().float()
+    with torch.no_grad():
+        out = module(probe.to(weight.dtype)).float()
+    plain, centered = (out - normed * w).abs().max(), (out - normed * (1.0 + w)).abs().max()
+    return bool(centered < plain)
+
+
 def _hf_rmsnorm(module: nn.Module) -> Optional[RMSNorm]:
-    """Hugging Face model code's RMSNorm classes (LlamaRMSNorm, Qwen2RMSNorm, MistralRMSNorm,
-    GemmaRMSNorm, ...): a 1-D ``weight`` and ``variance_epsilon`` (or ``eps``); Gemma's apply
-    ``1 + weight``."""
+    """Model code's RMSNorm classes (Hugging Face's LlamaRMSNorm, Qwen2RMSNorm, MistralRMSNorm,
+    GemmaRMSNorm, ...): a 1-D ``weight`` and ``variance_epsilon`` (or ``eps``). Whether the class
+    applies ``weight`` or ``1 + weight`` is read off its output on a probe row."""
     name = type(module).__name__
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if not name.endswith("RMSNorm") or not isinstance(weight, nn.Parameter) or weight.dim() != 1 or eps is None:
         return None
-    new = _on_meta(RMSNorm, weight.shape[0], eps=float(eps), zero_centered_gamma=name.startswith("Gemma"))
+    zero_centered = _applies_one_plus_weight(module, weight, float(eps), name.startswith(_ZERO_CENTERED_PREFIXES))
+    new = _on_meta(RMSNorm, weight.shape[0], eps=float(eps), zero_centered_gamma=zero_centered)
     new.weight = weight
     return new
 
@@ -46,7 +65,13 @@ def _on_meta(cls, *args, **kwargs):
         return cls(*args, **kwargs)
 
 
+# This library's modules: never converted again (a second convert_model call is a no-op for them).
+_OURS = (Linear, Float8Linear, RMSNorm, LayerNorm)
+
+
 def _norm(module: nn.Module) -> Optional[nn.Module]:
+    if isinstance(module, _OURS):
+        return None
     if type(module) is torch.nn.LayerNorm:
         new = _on_meta(LayerNorm, module.normalized_shape, eps=module.eps,
                        elementwise_affine=module.elementwise_affine, bias=module.bias is not None)
@@ -57,6 +82,13 @@ def _norm(module: nn.Module) -> Optional[nn.Module]:
         new.weight = module.weight
         return new
     return _hf_rmsnorm(module)
+
+
+def _keeps_hooks(old: nn.Module, new: nn.Module) -> None:
+    """The new module runs the hooks registered on the old one."""
+    for attr in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks"):
+        if getattr(old, attr, None):
+            getattr(new, attr).update(getattr(old, attr))
 
 
 def convert_model(
@@ -91,11 +123,20 @@ def convert_model(
         return fqn.rsplit(".", 1)[-1] not in DEFAULT_SKIP
 
     counts, kept_bf16 = Counter(), []
-    for parent_name, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
+    replaced = {}  # id(old module) -> new: a module shared by several parents stays shared
+    for parent_name, parent in list(model.named_modules(remove_duplicate=False)):
+        for name, child in list(parent._modules.items()):
+            if child is None:
+                continue
             fqn = f"{parent_name}.{name}" if parent_name else name
+            if id(child) in replaced:
+                setattr(parent, name, replaced[id(child)])
+                continue
             new = None
-            if convert_linear and type(child) is nn.Linear and wanted(child, fqn):
+            # Only plain nn.Linear (subclasses have their own forward) with a real weight Parameter
+            # (not a parametrization or an old-style weight_norm).
+            linear_ok = type(child) is nn.Linear and isinstance(child.__dict__.get("_parameters", {}).get("weight"), nn.Parameter)
+            if convert_linear and linear_ok and wanted(child, fqn):
                 if fp8_config is not None and _fp8_shape_ok(child):
                     new = Float8Linear.from_float(child, config=fp8_config)
                 else:
@@ -106,6 +147,8 @@ def convert_model(
                 new = _norm(child)
             if new is not None:
                 new.train(child.training)
+                _keeps_hooks(child, new)
+                replaced[id(child)] = new
                 setattr(parent, name, new)
                 counts[f"{type(child).__name__} -> {type(new).__name__}"] += 1
     summary = ", ".join(f"{n} {what}" for what, n in sorted(counts.items())) or "nothing"

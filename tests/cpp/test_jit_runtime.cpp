@@ -280,6 +280,12 @@ TEST_F(JitRuntime, PrebuiltModulesLoadWithoutCompiling) {
     ASSERT_EQ(run_command(child, &out), 0) << out;
     EXPECT_EQ(out, "compiled=0 loaded=1 answer=42\n");
     EXPECT_FALSE(std::filesystem::exists(built)) << "a prebuilt module is used in place";
+    {
+      ScopedEnv off("PRIMUS_TURBO_NO_PREBUILT", "1");  // building into a folder: compile anyway
+      ASSERT_EQ(run_command(child, &out), 0) << out;
+      EXPECT_EQ(out, "compiled=1 loaded=0 answer=42\n");
+      std::filesystem::remove_all(built);
+    }
 
     write_text(entry + "/module.so", "not a shared object");
     ASSERT_EQ(run_command(child, &out), 0) << out;

@@ -117,6 +117,37 @@ def test_training_mode_is_kept_and_shapes_flow_on_meta():
     assert model(x).shape == (2, 5, 96)
 
 
+class Qwen3NextRMSNorm(GemmaRMSNorm):
+    """A zero-centered norm whose class name does not say so."""
+
+
+def test_zero_centered_norms_are_recognized_by_their_output():
+    for cls, centered in ((Qwen3NextRMSNorm, True), (GemmaRMSNorm, True), (LlamaRMSNorm, False)):
+        holder = nn.Sequential(cls(64))
+        with torch.no_grad():
+            holder[0].weight.uniform_(-0.5, 0.5)
+        turbo.convert_model(holder)
+        assert type(holder[0]) is turbo.modules.RMSNorm and holder[0].zero_centered_gamma is centered, cls.__name__
+
+
+def test_converting_twice_shared_modules_hooks_and_odd_linears():
+    model = TinyModel()
+    shared = model.layers[0].q_proj
+    model.layers[1].q_proj = shared  # one module under two parents
+    calls = []
+    shared.register_forward_hook(lambda m, i, o: calls.append(1))
+    wn = nn.Linear(64, 64)
+    torch.nn.utils.weight_norm(wn)  # weight is computed by a hook, not a Parameter
+    model.layers[1].odd = wn
+    turbo.convert_model(model)
+    assert model.layers[0].q_proj is model.layers[1].q_proj and type(shared) is nn.Linear
+    assert type(model.layers[1].odd) is nn.Linear  # left as it is
+    gemma = model.layers[0].post_attention_layernorm
+    turbo.convert_model(model)  # a second call converts nothing again
+    assert model.layers[0].post_attention_layernorm is gemma and gemma.zero_centered_gamma
+    assert model.layers[0].q_proj._forward_hooks, "the old module's hooks run on the new one"
+
+
 def test_linear_from_float_shares_parameters():
     lin = nn.Linear(32, 16)
     new = turbo.modules.Linear.from_float(lin)
