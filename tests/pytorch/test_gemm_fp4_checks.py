@@ -152,6 +152,21 @@ def test_recipe_selection():
     assert recipe_of(Float4QuantConfig(scaling_recipe=only_rht)) is only_rht
 
 
+
+def test_gradient_sr_and_preshuffle_arguments():
+    """use_gradient_sr overrides the recipe's stochastic rounding of the gradient; use_preshuffle is
+    accepted (no layout to prepare on Hopper) and validated."""
+    assert recipe_of(Float4QuantConfig(use_gradient_sr=False)) == ScalingRecipe(use_2d_block=True, use_rht=True)
+    assert recipe_of(Float4QuantConfig(use_gradient_sr=True)) is FP4_TRAINING_RECIPE
+    plain = ScalingRecipe()
+    assert recipe_of(Float4QuantConfig(scaling_recipe_for_trans=plain, use_gradient_sr=True)).use_sr is True
+    assert Float4QuantConfig(use_preshuffle=True).use_preshuffle is True
+    with pytest.raises(ValueError, match="use_gradient_sr"):
+        Float4QuantConfig(use_gradient_sr="yes")
+    with pytest.raises(ValueError, match="use_preshuffle"):
+        Float4QuantConfig(use_preshuffle=1)
+
+
 @pytest.mark.parametrize(
     "a,b,kwargs,exc,match",
     [

@@ -97,6 +97,12 @@ class Float8QuantConfig:
 
 @dataclass
 class Float4QuantConfig:
+    """MXFP4 configuration. ``use_gradient_sr``: stochastic rounding of the output gradient's
+    quantization (None follows the recipe, see ``turbo.ops.gemm_fp4``; True/False overrides its
+    ``use_sr``). ``use_preshuffle``: the original library's pre-shuffled weight layout for its AMD
+    kernels; accepted for code written against it and without effect here, since the Hopper path
+    restates every MXFP4 operand for the FP8 block-scaled kernel when it quantizes it."""
+
     format: Format = Format.E2M1_X2
     granularity: ScalingGranularity = ScalingGranularity.MX_BLOCKWISE
     strategy: ScalingStrategy = ScalingStrategy.DYNAMIC
@@ -106,8 +112,14 @@ class Float4QuantConfig:
     # and a config is often built inside a compiled function).
     scaling_recipe: Optional[ScalingRecipe] = None
     scaling_recipe_for_trans: Optional[ScalingRecipe] = None
+    use_gradient_sr: Optional[bool] = None
+    use_preshuffle: bool = False
 
     def __post_init__(self):
+        if self.use_gradient_sr is not None and not isinstance(self.use_gradient_sr, bool):
+            raise ValueError(f"Float4QuantConfig: use_gradient_sr must be a bool or None, got {self.use_gradient_sr!r}")
+        if not isinstance(self.use_preshuffle, bool):
+            raise ValueError(f"Float4QuantConfig: use_preshuffle must be a bool, got {self.use_preshuffle!r}")
         if self.scaling_recipe is None:
             self.scaling_recipe = ScalingRecipe()
         if self.format != Format.E2M1_X2:

@@ -20,6 +20,7 @@ to both wgrad operands along the reduction dim, so it cancels in the product) sp
 before the 32-element scaling; stochastic rounding makes the gradient quantization unbiased.
 """
 
+import dataclasses
 import torch
 
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, ScalingGranularity, ScalingRecipe
@@ -126,13 +127,20 @@ def _check_config(config, op: str = "gemm_fp4") -> Float4QuantConfig:
 
 
 def recipe_of(config: Float4QuantConfig) -> ScalingRecipe:
-    """The recipe switches gemm_fp4 applies for a config (see gemm_fp4's docstring)."""
+    """The recipe switches gemm_fp4 applies for a config (see gemm_fp4's docstring); a set
+    ``config.use_gradient_sr`` overrides the recipe's stochastic rounding of the gradient."""
     if config.scaling_recipe_for_trans is not None:
-        return config.scaling_recipe_for_trans
-    r = config.scaling_recipe
-    if r is not None and (r.use_2d_block or r.use_rht or r.use_sr):
-        return r
-    return FP4_TRAINING_RECIPE
+        recipe = config.scaling_recipe_for_trans
+    elif config.scaling_recipe is not None and (
+        config.scaling_recipe.use_2d_block or config.scaling_recipe.use_rht or config.scaling_recipe.use_sr
+    ):
+        recipe = config.scaling_recipe
+    else:
+        recipe = FP4_TRAINING_RECIPE
+    sr = getattr(config, "use_gradient_sr", None)
+    if sr is None or sr == recipe.use_sr:
+        return recipe
+    return dataclasses.replace(recipe, use_sr=sr)
 
 
 def _prequantized(x, name: str, trans: bool, must_trans: bool):
