@@ -261,15 +261,11 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
         "bool need_b, Tensor(a!)? main_grad) -> (Tensor, Tensor)");
 }
 
-STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CUDA, m) {
+static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("gemm_fp8_fwd", TORCH_BOX(&gemm_fp8_fwd));
   m.impl("gemm_fp8_bwd", TORCH_BOX(&gemm_fp8_bwd));
 }
 
-// CPU too: a CPU tensor gets the same "expected a CUDA device" error as from the fake checks.
-STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CPU, m) {
-  m.impl("gemm_fp8_fwd", TORCH_BOX(&gemm_fp8_fwd));
-  m.impl("gemm_fp8_bwd", TORCH_BOX(&gemm_fp8_bwd));
-}
+PT_REGISTER_CUDA_AND_CPU(register_kernels)
 
 }  // namespace primus_turbo::torch_binding

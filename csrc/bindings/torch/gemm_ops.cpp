@@ -131,16 +131,12 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("gemm_accum_(Tensor a, Tensor b, Tensor(a!) out, bool trans_a, bool trans_b) -> ()");
 }
 
-// CPU too: a CPU tensor gets the same "expected a CUDA device" error as from the fake checks.
-STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CUDA, m) {
+static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("gemm", TORCH_BOX(&gemm));
   m.impl("gemm_accum_", TORCH_BOX(&gemm_accum));
 }
 
-STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CPU, m) {
-  m.impl("gemm", TORCH_BOX(&gemm));
-  m.impl("gemm_accum_", TORCH_BOX(&gemm_accum));
-}
+PT_REGISTER_CUDA_AND_CPU(register_kernels)
 
 }  // namespace primus_turbo::torch_binding
 

@@ -158,15 +158,11 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, Tensor? group_offs, bool trans_b) -> Tensor");
 }
 
-STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CUDA, m) {
+static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("grouped_gemm", TORCH_BOX(&grouped_gemm));
   m.impl("grouped_gemm_wgrad", TORCH_BOX(&grouped_gemm_wgrad));
 }
 
-// CPU too: a CPU tensor gets the same "expected a CUDA device" error as from the fake checks.
-STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CPU, m) {
-  m.impl("grouped_gemm", TORCH_BOX(&grouped_gemm));
-  m.impl("grouped_gemm_wgrad", TORCH_BOX(&grouped_gemm_wgrad));
-}
+PT_REGISTER_CUDA_AND_CPU(register_kernels)
 
 }  // namespace primus_turbo::torch_binding

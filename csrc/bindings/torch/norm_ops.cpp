@@ -176,16 +176,15 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("layernorm_bwd(Tensor dy, Tensor x, Tensor gamma, Tensor mean, Tensor rstd) -> (Tensor, Tensor, Tensor)");
 }
 
-#define PT_NORM_IMPLS(m)                                          \
-  m.impl("rmsnorm_fwd", TORCH_BOX(&rmsnorm_fwd));                 \
-  m.impl("rmsnorm_bwd", TORCH_BOX(&rmsnorm_bwd));                 \
-  m.impl("rmsnorm_residual_fwd", TORCH_BOX(&rmsnorm_residual_fwd)); \
-  m.impl("rmsnorm_residual_bwd", TORCH_BOX(&rmsnorm_residual_bwd)); \
-  m.impl("layernorm_fwd", TORCH_BOX(&layernorm_fwd));             \
-  m.impl("layernorm_bwd", TORCH_BOX(&layernorm_bwd))
+static void register_kernels(torch::stable::detail::StableLibrary& m) {
+  m.impl("rmsnorm_fwd", TORCH_BOX(&rmsnorm_fwd));
+  m.impl("rmsnorm_bwd", TORCH_BOX(&rmsnorm_bwd));
+  m.impl("rmsnorm_residual_fwd", TORCH_BOX(&rmsnorm_residual_fwd));
+  m.impl("rmsnorm_residual_bwd", TORCH_BOX(&rmsnorm_residual_bwd));
+  m.impl("layernorm_fwd", TORCH_BOX(&layernorm_fwd));
+  m.impl("layernorm_bwd", TORCH_BOX(&layernorm_bwd));
+}
 
-STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CUDA, m) { PT_NORM_IMPLS(m); }
-// CPU too: a CPU tensor gets the same "expected a CUDA device" error as from the fake checks.
-STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CPU, m) { PT_NORM_IMPLS(m); }
+PT_REGISTER_CUDA_AND_CPU(register_kernels)
 
 }  // namespace primus_turbo::torch_binding

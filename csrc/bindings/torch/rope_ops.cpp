@@ -55,8 +55,10 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
         "float theta, bool interleaved, int layout, bool backward) -> (Tensor, Tensor)");
 }
 
-STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CUDA, m) { m.impl("rope", TORCH_BOX(&rope)); }
-// CPU too: a CPU tensor gets the same "expected a CUDA device" error as from the fake checks.
-STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CPU, m) { m.impl("rope", TORCH_BOX(&rope)); }
+static void register_kernels(torch::stable::detail::StableLibrary& m) {
+  m.impl("rope", TORCH_BOX(&rope));
+}
+
+PT_REGISTER_CUDA_AND_CPU(register_kernels)
 
 }  // namespace primus_turbo::torch_binding

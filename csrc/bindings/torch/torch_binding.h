@@ -98,3 +98,11 @@ class DeviceScope {
 bool is_capturing(void* stream);
 
 }  // namespace primus_turbo::torch_binding
+
+// Registers an op file's kernels, `register_kernels(m)` (a function of the file that calls m.impl for
+// each of its ops), for CUDA and for CPU: a CPU tensor then gets the op's own "expected a CUDA
+// device" error, as the fake implementation gives it, instead of the dispatcher's.
+#define PT_REGISTER_CUDA_AND_CPU(register_kernels)                              \
+  STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CUDA, m) { register_kernels(m); } \
+  STABLE_TORCH_LIBRARY_IMPL(primus_turbo, CPU, m) { register_kernels(m); }
+
