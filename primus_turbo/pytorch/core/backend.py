@@ -131,19 +131,12 @@ def _choice(fn, op: OpFamily, precision) -> Optional[BackendChoice]:
     return BackendChoice(BackendType(b.value) if b.value else None, bool(t.value))
 
 
-_epoch = 0  # bumped by every change of a code setting; part of the ops' plan-cache keys
-
-
 def settings_token(op: OpFamily) -> tuple:
-    """Changes whenever the resolved choice for op could change: a code setting, the op's backend
-    variable or PRIMUS_TURBO_AUTO_TUNE."""
+    """Changes whenever the resolved choice for op could change: the core's settings epoch (a code
+    setting, the autotune switch, a reset, a cleared autotune memory: the same counter the native
+    ops key their plans on), the op's backend variable or PRIMUS_TURBO_AUTO_TUNE."""
     env = os.environ
-    return (_epoch, env.get(_ENV_VARS[op]), env.get("PRIMUS_TURBO_AUTO_TUNE"))
-
-
-def _bump_epoch() -> None:
-    global _epoch
-    _epoch += 1
+    return (lib.pt_settings_epoch(), env.get(_ENV_VARS[op]), env.get("PRIMUS_TURBO_AUTO_TUNE"))
 
 
 def _family_accessors(op: OpFamily):
@@ -169,7 +162,6 @@ class GlobalBackendManager:
     @staticmethod
     def _set(op: OpFamily, backend, precision, auto_tune: bool) -> None:
         check(lib.pt_backend_set(op.value, _to_precision(precision), _to_backend(backend), int(auto_tune)))
-        _bump_epoch()
 
     @staticmethod
     def get_backend(op: OpFamily, precision) -> Optional[BackendChoice]:
@@ -191,7 +183,6 @@ class GlobalBackendManager:
     def set_auto_tune(enabled: Optional[bool]) -> None:
         """True/False overrides PRIMUS_TURBO_AUTO_TUNE; None returns control to it."""
         check(lib.pt_autotune_set_enabled(-1 if enabled is None else int(bool(enabled))))
-        _bump_epoch()
 
     @staticmethod
     def auto_tune_enabled() -> bool:
@@ -205,7 +196,6 @@ class GlobalBackendManager:
         check(lib.pt_backend_reset())
         check(lib.pt_autotune_clear(0))
         autotune.clear_memory()
-        _bump_epoch()
 
 
 def resolve(op: OpFamily, precision: PrecisionType) -> BackendChoice:
