@@ -230,8 +230,11 @@ _RMS, _RES, _LN = 0, 1, 2
 # Hidden sizes of the model tables (shared/MODELS.md) get specialized norm modules; 1000 stands for
 # every other 16-byte-aligned size (one runtime-hidden module), 4097 for unaligned rows.
 DEFAULT_HIDDEN = (1000, 2048, 2880, 3584, 4096, 4097, 5120, 6144, 7168, 8192, 16384)
-DEFAULT_FAMILIES = ("norm", "activation", "rope", "quantization", "moe", "fp8_fusion", "gemm_fp8", "grouped_gemm",
-                    "grouped_gemm_fp8")
+DEFAULT_FAMILIES = ("norm", "activation", "rope", "attention", "quantization", "moe", "fp8_fusion", "gemm_fp8",
+                    "grouped_gemm", "grouped_gemm_fp8")
+# (head dim of q/k, head dim of v) of the attention modules: the model tables' pairs, and the rest
+# of what the kernel takes.
+ATTENTION_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256))
 
 
 def _prepare_jobs(family: str) -> List[Tuple]:
@@ -255,6 +258,10 @@ def _prepare_jobs(family: str) -> List[Tuple]:
                 for table in (0, 1):
                     jobs.append(("prepare", f"rope dtype {dt} interleaved {interleaved} table {table}",
                                  "pt_rope_prepare", (dt, 1, interleaved, table)))
+    elif family == "attention":
+        for dt in (_BF16, _F16):
+            for d, dv in ATTENTION_HEAD_DIMS:
+                jobs.append(("prepare", f"attention dtype {dt} head dims {d}/{dv}", "pt_attention_prepare", (dt, d, dv)))
     elif family == "quantization":
         for dt in (_BF16, _F16, _F32):
             for q in (_E4M3, _E5M2, _FP4):

@@ -204,6 +204,7 @@ PT_API pt_status pt_rmsnorm_prepare(int32_t dtype, int32_t gamma_dtype, int64_t 
 #include "primus_turbo/normalization.h"  // RMSNorm + residual, LayerNorm
 #include "primus_turbo/activation.h"     // SwiGLU, GeGLU
 #include "primus_turbo/rope.h"
+#include "primus_turbo/attention.h"  // flash attention
 #include "primus_turbo/moe_permute.h"
 #include "primus_turbo/moe_routing.h"
 

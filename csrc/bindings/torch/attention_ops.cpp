@@ -1,0 +1,147 @@
+// primus_turbo::attention_fwd / attention_bwd: flash attention in one native call per direction.
+// The core checks shapes, head dims, windows and sequence offsets; here: dtypes and devices, the
+// conversions the kernels need (readable rows, float32 sinks, int32 offsets) and the outputs.
+#include <optional>
+#include <tuple>
+
+#include "bindings/torch/torch_binding.h"
+
+namespace primus_turbo::torch_binding {
+
+namespace {
+
+constexpr const char* kFwd = "flash_attn forward";
+constexpr const char* kBwd = "flash_attn backward";
+
+bool is_half(ScalarType t) { return t == ScalarType::BFloat16 || t == ScalarType::Half; }
+
+// The kernels copy rows of 16 bytes: a unit last stride, other strides multiples of 8 elements, a
+// 16-byte aligned pointer. Views that fit (slices of a fused qkv, transposed layouts) are read in
+// place; anything else is copied once.
+Tensor readable(const Tensor& t) {
+  if (t.numel() == 0) return t;
+  bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(t.dim() - 1) == 1;
+  for (int64_t i = 0; ok && i + 1 < t.dim(); ++i) ok = t.sizes()[i] <= 1 || t.stride(i) % 8 == 0;
+  return ok ? t : as_contiguous(t);
+}
+
+// q, k, v (and dout) share one 16-bit float dtype; ranks follow the layout: 3 packed, 4 fixed.
+void check_operands(const char* op, const NamedTensors& tensors, bool packed) {
+  const Tensor& q = *tensors[0].second;
+  for (const auto& [name, t] : tensors) {
+    if (!is_half(t->scalar_type()))
+      fail_with(ErrorKind::Type, op, ": argument '", name, "' has dtype ", dtype_name(t->scalar_type()),
+                "; expected torch.bfloat16 or torch.float16");
+    if (t->scalar_type() != q.scalar_type())
+      fail_with(ErrorKind::Type, op, ": argument '", name, "' has dtype ", dtype_name(t->scalar_type()),
+                "; expected the dtype of 'q' (", dtype_name(q.scalar_type()), ")");
+    if (t->dim() != (packed ? 3 : 4))
+      fail_with(ErrorKind::Value, op, ": argument '", name, "' has shape ", shape_string(*t), "; expected ",
+                packed ? "[total_tokens, heads, head_dim] (cu_seqlens given)" : "[batch, seqlen, heads, head_dim]");
+  }
+}
+
+struct Optionals {
+  std::optional<Tensor> sink, cu_q, cu_k;
+  pt_tensor psink{}, pcu_q{}, pcu_k{};
+  const pt_tensor* sink_ptr() const { return sink ? &psink : nullptr; }
+  const pt_tensor* cu_q_ptr() const { return cu_q ? &pcu_q : nullptr; }
+  const pt_tensor* cu_k_ptr() const { return cu_k ? &pcu_k : nullptr; }
+};
+
+Optionals convert(const std::optional<Tensor>& sink, const std::optional<Tensor>& cu_q,
+                  const std::optional<Tensor>& cu_k) {
+  Optionals o;
+  if (sink) o.sink = contiguous_as(*sink, ScalarType::Float), o.psink = to_pt(*o.sink);
+  if (cu_q) o.cu_q = contiguous_as(*cu_q, ScalarType::Int), o.pcu_q = to_pt(*o.cu_q);
+  if (cu_k) o.cu_k = contiguous_as(*cu_k, ScalarType::Int), o.pcu_k = to_pt(*o.cu_k);
+  return o;
+}
+
+void add_optionals(NamedTensors& all, const std::optional<Tensor>& sink, const std::optional<Tensor>& cu_q,
+                   const std::optional<Tensor>& cu_k) {
+  if (sink) all.push_back({"sink", &*sink});
+  if (cu_q) all.push_back({"cu_seqlens_q", &*cu_q});
+  if (cu_k) all.push_back({"cu_seqlens_k", &*cu_k});
+}
+
+// lse (and the backward's delta): float32 [B, Hq, Sq], or [Hq, Tq] packed.
+Tensor empty_lse(const Tensor& q, bool packed, int32_t device) {
+  const auto s = q.sizes();
+  return packed ? empty({s[1], s[0]}, ScalarType::Float, device) : empty({s[0], s[2], s[1]}, ScalarType::Float, device);
+}
+
+std::tuple<Tensor, Tensor> attention_fwd(Tensor q_in, Tensor k_in, Tensor v_in, std::optional<Tensor> sink_in,
+                                         std::optional<Tensor> cu_q_in, std::optional<Tensor> cu_k_in,
+                                         int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                                         int64_t window_left, int64_t window_right) {
+  const bool packed = cu_q_in.has_value() || cu_k_in.has_value();
+  check_operands(kFwd, {{"q", &q_in}, {"k", &k_in}, {"v", &v_in}}, packed);
+  NamedTensors all{{"q", &q_in}, {"k", &k_in}, {"v", &v_in}};
+  add_optionals(all, sink_in, cu_q_in, cu_k_in);
+  const int32_t device = check_cuda(kFwd, all);
+  const Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in);
+  const Optionals o = convert(sink_in, cu_q_in, cu_k_in);
+  const auto qs = q.sizes();
+  const int64_t dv = v.sizes()[v.dim() - 1];
+  Tensor out = packed ? empty({qs[0], qs[1], dv}, q.scalar_type(), device)
+                      : empty({qs[0], qs[1], qs[2], dv}, q.scalar_type(), device);
+  Tensor lse = empty_lse(q, packed, device);
+  pt_tensor pq = to_pt(q), pk = to_pt(k), pv = to_pt(v), po = to_pt(out), pl = to_pt(lse);
+  DeviceScope scope(device);
+  check_status(pt_attention_fwd(&pq, &pk, &pv, o.sink_ptr(), o.cu_q_ptr(), o.cu_k_ptr(), &po, &pl, max_seqlen_q,
+                                max_seqlen_k, softmax_scale, static_cast<int32_t>(window_left),
+                                static_cast<int32_t>(window_right), current_stream(device)),
+               kFwd);
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> attention_bwd(Tensor dout_in, Tensor q_in, Tensor k_in, Tensor v_in,
+                                                         Tensor out, Tensor lse, std::optional<Tensor> sink_in,
+                                                         std::optional<Tensor> cu_q_in, std::optional<Tensor> cu_k_in,
+                                                         int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                                         double softmax_scale, int64_t window_left,
+                                                         int64_t window_right) {
+  const bool packed = cu_q_in.has_value() || cu_k_in.has_value();
+  check_operands(kBwd, {{"q", &q_in}, {"k", &k_in}, {"v", &v_in}, {"out", &out}, {"dout", &dout_in}}, packed);
+  NamedTensors all{{"dout", &dout_in}, {"q", &q_in}, {"k", &k_in}, {"v", &v_in}, {"out", &out}, {"lse", &lse}};
+  add_optionals(all, sink_in, cu_q_in, cu_k_in);
+  const int32_t device = check_cuda(kBwd, all);
+  const Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in), dout = readable(dout_in);
+  const Tensor o_c = as_contiguous(out), lse_c = as_contiguous(lse);
+  const Optionals o = convert(sink_in, cu_q_in, cu_k_in);
+  Tensor dq = empty(q.sizes().data(), q.dim(), q.scalar_type(), device);
+  Tensor dk = empty(k.sizes().data(), k.dim(), k.scalar_type(), device);
+  Tensor dv = empty(v.sizes().data(), v.dim(), v.scalar_type(), device);
+  Tensor dsink = empty({sink_in ? q.sizes()[q.dim() - 2] : 0}, ScalarType::Float, device);
+  Tensor delta = empty_lse(q, packed, device);
+  pt_tensor pdo = to_pt(dout), pq = to_pt(q), pk = to_pt(k), pv = to_pt(v), po = to_pt(o_c), pl = to_pt(lse_c);
+  pt_tensor pdq = to_pt(dq), pdk = to_pt(dk), pdv = to_pt(dv), pds = to_pt(dsink), pdelta = to_pt(delta);
+  DeviceScope scope(device);
+  check_status(pt_attention_bwd(&pdo, &pq, &pk, &pv, &po, &pl, o.sink_ptr(), o.cu_q_ptr(), o.cu_k_ptr(), &pdq, &pdk,
+                                &pdv, sink_in ? &pds : nullptr, &pdelta, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                static_cast<int32_t>(window_left), static_cast<int32_t>(window_right),
+                                current_stream(device)),
+               kBwd);
+  return {dq, dk, dv, dsink};
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
+  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? sink, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
+        "int max_seqlen_q, int max_seqlen_k, float softmax_scale, int window_left, int window_right) "
+        "-> (Tensor, Tensor)");
+  m.def("attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? sink, "
+        "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
+        "int window_left, int window_right) -> (Tensor, Tensor, Tensor, Tensor)");
+}
+
+static void register_kernels(torch::stable::detail::StableLibrary& m) {
+  m.impl("attention_fwd", TORCH_BOX(&attention_fwd));
+  m.impl("attention_bwd", TORCH_BOX(&attention_bwd));
+}
+
+PT_REGISTER_CUDA_AND_CPU(register_kernels)
+
+}  // namespace primus_turbo::torch_binding

@@ -1,0 +1,44 @@
+/* Flash attention, forward and backward, on the library's own kernel; included by primus_turbo.h. */
+#pragma once
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* softmax(scale * q k^T [+ sink]) v over the visible keys, per query head; GQA/MQA when q has a
+   multiple of k's heads.
+   Fixed length (cu_seqlens_q/k null): q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv];
+   out [B, Sq, Hq, Dv] and lse float32 [B, Hq, Sq] contiguous.
+   Packed (cu_seqlens_q/k int32 [B + 1] on the device): q [Tq, Hq, D], k [Tk, Hkv, D],
+   v [Tk, Hkv, Dv]; out [Tq, Hq, Dv], lse [Hq, Tq]; max_seqlen_q/k bound the lengths (tokens of a
+   longer sequence past the bound are not computed); tokens outside every sequence get zeros.
+   q, k, v: bfloat16 or float16, any strides with a unit last stride, 16-byte aligned rows.
+   (D, Dv): (64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256).
+   Key j is visible from query i iff i + Sk - Sq - window_left <= j <= i + Sk - Sq + window_right
+   (per sequence; -1: unbounded side; causal is window_right = 0). sink: null or float32 [Hq]
+   logits joining each row's softmax denominator. lse: the natural log of the denominator, +inf for
+   a row that sees nothing (its output is 0). No host synchronization; CUDA-graph capturable. */
+PT_API pt_status pt_attention_fwd(const pt_tensor* q, const pt_tensor* k, const pt_tensor* v,
+                                  const pt_tensor* sink, const pt_tensor* cu_seqlens_q,
+                                  const pt_tensor* cu_seqlens_k, pt_tensor* out, pt_tensor* lse,
+                                  int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                                  int32_t window_left, int32_t window_right, void* stream);
+
+/* The gradients of pt_attention_fwd: dq, dk, dv contiguous in q's, k's, v's shapes and dtype;
+   dsink float32 [Hq] when sink is given (else null). dout: out's shape and dtype, any strides with
+   a unit last one. delta: float32 workspace in lse's shape. Deterministic (no atomics). */
+PT_API pt_status pt_attention_bwd(const pt_tensor* dout, const pt_tensor* q, const pt_tensor* k,
+                                  const pt_tensor* v, const pt_tensor* out, const pt_tensor* lse,
+                                  const pt_tensor* sink, const pt_tensor* cu_seqlens_q,
+                                  const pt_tensor* cu_seqlens_k, pt_tensor* dq, pt_tensor* dk, pt_tensor* dv,
+                                  pt_tensor* dsink, pt_tensor* delta, int64_t max_seqlen_q,
+                                  int64_t max_seqlen_k, double softmax_scale, int32_t window_left,
+                                  int32_t window_right, void* stream);
+
+/* Compiles (or loads from the cache) the attention module of (dtype, D, Dv) for sm_90a without
+   running it. Needs no GPU. */
+PT_API pt_status pt_attention_prepare(int32_t dtype, int32_t head_dim, int32_t head_dim_v);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,131 @@
+// Flash-attention forward: one CTA per (block of kBM query rows, sequence, query head); each warp
+// owns 16 rows. K/V blocks of kBN keys stream through two shared-memory buffers (the next block's
+// copy overlaps this block's math); scores stay in registers, the softmax is online (running max
+// and sum per row, in the log2 domain), and P feeds the P*V product straight from the score
+// accumulators. A sink logit starts every row's max/sum at (sink, 1).
+#pragma once
+
+#include <cmath>
+
+#include "primus_turbo/kernels/attention/attn_common.cuh"
+#include "primus_turbo/kernels/attention/warp_mma.cuh"
+
+namespace primus_turbo::kernels::attention {
+
+template <class T, int kD, int kDV, int kWarps, int kBN>
+struct FwdTile {
+  static constexpr int kBM = 16 * kWarps;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr size_t kSmem = (kBM * pitch<kD>() + 2 * kBN * (pitch<kD>() + pitch<kDV>())) * sizeof(T);
+};
+
+template <class T, int kD, int kDV, int kWarps, int kBN>
+__global__ void __launch_bounds__(32 * kWarps) attn_fwd_kernel(const PtAttnParams p) {
+  using Tile = FwdTile<T, kD, kDV, kWarps, kBN>;
+  constexpr int kBM = Tile::kBM, kThreads = Tile::kThreads;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sq = reinterpret_cast<T*>(smem);
+  T* sk = sq + kBM * pitch<kD>();      // two buffers
+  T* sv = sk + 2 * kBN * pitch<kD>();  // two buffers
+
+  // Reversed so that, under a causal mask, the longest rows start first.
+  const int m0 = (gridDim.x - 1 - blockIdx.x) * kBM;
+  const int64_t b = blockIdx.y;
+  const int h = blockIdx.z, hk = h / (p.heads_q / p.heads_kv);
+  const Sequence s = sequence(p, b);
+  if (m0 >= s.len_q) return;
+  const Mask mask(p, s);
+  const int valid_q = min(kBM, s.len_q - m0);
+  const T* q = static_cast<const T*>(p.q) + b * p.q_sb + (s.start_q + m0) * p.q_ss + h * p.q_sh;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_sb + s.start_k * p.k_ss + hk * p.k_sh;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_sb + s.start_k * p.v_ss + hk * p.v_sh;
+  const int key_lo = mask.first_key(m0), key_hi = mask.end_key(m0 + valid_q);
+  const int nb_lo = key_lo / kBN, nb_hi = key_hi > key_lo ? (key_hi + kBN - 1) / kBN : nb_lo;
+
+  auto load_kv = [&](int nb, int buf) {
+    const int n0 = nb * kBN, rows = min(kBN, s.len_k - n0);
+    load_tile<T, kBN, kD, kThreads>(sk + buf * kBN * pitch<kD>(), k + n0 * p.k_ss, p.k_ss, rows);
+    load_tile<T, kBN, kDV, kThreads>(sv + buf * kBN * pitch<kDV>(), v + n0 * p.v_ss, p.v_ss, rows);
+  };
+  load_tile<T, kBM, kD, kThreads>(sq, q, p.q_ss, valid_q);
+  if (nb_lo < nb_hi) load_kv(nb_lo, 0);
+  cp_async_commit();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = m0 + warp * 16;  // the warp's first row in the sequence
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  float o[kDV / 8][4];
+  zero(o);
+  // Running max (log2 units) and this thread's part of the running sum, rows g and g + 8.
+  float row_max[2], row_sum[2];
+  const float sink2 = p.sink != nullptr ? p.sink[h] * kLog2e : -INFINITY;
+  for (int i = 0; i < 2; ++i) row_max[i] = sink2, row_sum[i] = (p.sink != nullptr && lane % 4 == 0) ? 1.f : 0.f;
+
+  for (int nb = nb_lo; nb < nb_hi; ++nb) {
+    const int buf = (nb - nb_lo) & 1;
+    cp_async_wait_all();
+    __syncthreads();  // the block has landed, and every warp is done with the other buffer
+    if (nb + 1 < nb_hi) load_kv(nb + 1, buf ^ 1);
+    cp_async_commit();
+
+    float sc[kBN / 8][4];
+    zero(sc);
+    gemm_ss<T, kBN / 8, kD>(sc, sq + warp * 16 * pitch<kD>(), pitch<kD>(), sk + buf * kBN * pitch<kD>(), pitch<kD>(),
+                            lane);
+    const int n0 = nb * kBN;
+    const bool full = mask.all_visible(row0, row0 + 16, n0, n0 + kBN);
+    float mx[2] = {row_max[0], row_max[1]};
+#pragma unroll
+    for (int t = 0; t < kBN / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[t][e] * scale_log2;
+        if (!full && !mask.visible(row0 + frag_row(lane, e), n0 + frag_col(lane, t, e))) x = -INFINITY;
+        sc[t][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float base[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = quad_max(mx[i]);
+      base[i] = mx[i] == -INFINITY ? 0.f : mx[i];  // a row that sees nothing yet stays all-zero
+      const float corr = exp2f(row_max[i] - base[i]);
+      row_max[i] = mx[i];
+      row_sum[i] *= corr;
+#pragma unroll
+      for (int t = 0; t < kDV / 8; ++t) o[t][2 * i] *= corr, o[t][2 * i + 1] *= corr;
+    }
+#pragma unroll
+    for (int t = 0; t < kBN / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[t][e] = exp2f(sc[t][e] - base[e >> 1]);
+        row_sum[e >> 1] += sc[t][e];
+      }
+    uint32_t pa[kBN / 16][4];
+    acc_to_a<T>(sc, pa);
+    gemm_rs<T, kDV / 8, kBN>(o, pa, sv + buf * kBN * pitch<kDV>(), pitch<kDV>(), lane);
+  }
+  cp_async_wait_all();
+
+  float lse[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float sum = quad_sum(row_sum[i]);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    lse[i] = sum > 0.f ? (row_max[i] + log2f(sum)) * kLn2 : INFINITY;
+#pragma unroll
+    for (int t = 0; t < kDV / 8; ++t) o[t][2 * i] *= inv, o[t][2 * i + 1] *= inv;
+  }
+  T* out = static_cast<T*>(p.out) + b * p.o_sb + (s.start_q + m0) * p.o_ss + h * p.o_sh;
+  store_rows<T, kDV / 8>(o, out, p.o_ss, warp * 16, valid_q, 1.f, lane);
+  if (lane % 4 == 0) {
+    float* lse_row = p.lse + b * p.lse_sb + h * p.lse_sh + s.start_q + m0;
+    for (int i = 0; i < 2; ++i) {
+      const int r = warp * 16 + lane / 4 + i * 8;
+      if (r < valid_q) lse_row[r] = lse[i];
+    }
+  }
+}
+
+}  // namespace primus_turbo::kernels::attention

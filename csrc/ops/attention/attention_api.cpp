@@ -1,0 +1,68 @@
+// C API entry points of attention: argument checks, then the JIT module's launches.
+#include "core/error.h"
+#include "core/tensor.h"
+#include "ops/attention/attention_kernels.h"
+#include "ops/attention/attention_problem.h"
+#include "runtime/device.h"
+
+using namespace primus_turbo;
+using namespace primus_turbo::attention;
+
+namespace {
+
+void run(PtAttnFn fn, PtAttnParams params, void* stream, const char* what, const pt_tensor& q, const pt_tensor& k) {
+  params.stream = stream;
+  char err[1024] = {0};
+  if (fn(&params, err, sizeof(err)) != 0) {
+    PT_THROW(PT_ERROR_CUDA, "attention ", what, " (q ", shape_string(q), ", k ", shape_string(k), ") failed: ", err);
+  }
+}
+
+Kernels kernels_for(const Problem& p) {
+  const int device = current_device();
+  bind_device_context(device);
+  return load_kernels(p.dtype, p.params.head_dim, p.params.head_dim_v, arch_for_device(device));
+}
+
+}  // namespace
+
+extern "C" {
+
+pt_status pt_attention_fwd(const pt_tensor* q, const pt_tensor* k, const pt_tensor* v, const pt_tensor* sink,
+                           const pt_tensor* cu_seqlens_q, const pt_tensor* cu_seqlens_k, pt_tensor* out,
+                           pt_tensor* lse, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                           int32_t window_left, int32_t window_right, void* stream) {
+  return api_guard([&] {
+    const Problem p = make_problem(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k,
+                                   softmax_scale, window_left, window_right);
+    if (numel(*out) == 0 && numel(*lse) == 0) return;
+    run(kernels_for(p).forward, p.params, stream, "forward", *q, *k);
+  });
+}
+
+pt_status pt_attention_bwd(const pt_tensor* dout, const pt_tensor* q, const pt_tensor* k, const pt_tensor* v,
+                           const pt_tensor* out, const pt_tensor* lse, const pt_tensor* sink,
+                           const pt_tensor* cu_seqlens_q, const pt_tensor* cu_seqlens_k, pt_tensor* dq, pt_tensor* dk,
+                           pt_tensor* dv, pt_tensor* dsink, pt_tensor* delta, int64_t max_seqlen_q,
+                           int64_t max_seqlen_k, double softmax_scale, int32_t window_left, int32_t window_right,
+                           void* stream) {
+  return api_guard([&] {
+    Problem p = make_problem(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k,
+                             softmax_scale, window_left, window_right);
+    add_backward(p, dout, dq, dk, dv, dsink, delta);
+    if (numel(*dq) == 0 && numel(*dk) == 0 && (dsink == nullptr || numel(*dsink) == 0)) return;
+    run(kernels_for(p).backward, p.params, stream, "backward", *q, *k);
+  });
+}
+
+pt_status pt_attention_prepare(int32_t dtype, int32_t head_dim, int32_t head_dim_v) {
+  return api_guard([&] {
+    PT_CHECK_ARG(dtype == PT_BFLOAT16 || dtype == PT_FLOAT16, "argument 'dtype' is ", dtype_name(dtype),
+                 "; expected bfloat16 or float16");
+    PT_CHECK_SUPPORTED(supported_head_dims(head_dim, head_dim_v), "head dims ", head_dim, "/", head_dim_v,
+                       " are not supported");
+    load_kernels(dtype, head_dim, head_dim_v, "90a");
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,27 @@
+#include "ops/attention/attention_kernels.h"
+
+#include <tuple>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "runtime/jit_runtime.h"
+
+namespace primus_turbo::attention {
+
+Kernels load_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
+  using Key = std::tuple<int32_t, int32_t, int32_t, std::string>;
+  static jit::LoadedCache<Key, Kernels> loaded;
+  return loaded.get(Key{dtype, head_dim, head_dim_v, arch}, [&] {
+    PT_CHECK_SUPPORTED(dtype == PT_BFLOAT16 || dtype == PT_FLOAT16, "attention: unsupported dtype ", dtype_name(dtype));
+    jit::ModuleRequest r;
+    r.name = str_cat("attention_", dtype_short_name(dtype), "_d", head_dim, "_dv", head_dim_v);
+    r.arch = arch;
+    r.source = str_cat("#include \"primus_turbo/kernels/attention/attention.cuh\"\n"
+                       "using Kernel = primus_turbo::kernels::attention::Attention<",
+                       cuda_float_type(dtype), ", ", head_dim, ", ", head_dim_v, ">;\nPT_JIT_EXPORT_ATTENTION(Kernel)\n");
+    const auto module = jit::get_module(r);
+    return Kernels{module->function<PtAttnFn>("pt_attn_fwd_run"), module->function<PtAttnFn>("pt_attn_bwd_run")};
+  });
+}
+
+}  // namespace primus_turbo::attention

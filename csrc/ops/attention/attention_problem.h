@@ -1,0 +1,30 @@
+// Attention problems: argument checks of the entry points, and the launch parameters.
+#pragma once
+
+#include <cstdint>
+
+#include "primus_turbo/kernels/attention/attention_abi.h"
+#include "primus_turbo/primus_turbo.h"
+
+namespace primus_turbo::attention {
+
+// Whether the kernels take this (head dim of q/k, head dim of v) pair.
+bool supported_head_dims(int64_t d, int64_t dv);
+
+struct Problem {
+  PtAttnParams params{};  // everything but stream and the backward's tensors
+  int32_t dtype = PT_BFLOAT16;
+  bool empty = false;  // no query and no key: nothing to launch
+};
+
+// The operands shared by both directions. Messages name the argument.
+Problem make_problem(const pt_tensor* q, const pt_tensor* k, const pt_tensor* v, const pt_tensor* sink,
+                     const pt_tensor* cu_seqlens_q, const pt_tensor* cu_seqlens_k, const pt_tensor* out,
+                     const pt_tensor* lse, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                     int32_t window_left, int32_t window_right);
+
+// Adds the backward's tensors to a forward problem.
+void add_backward(Problem& p, const pt_tensor* dout, const pt_tensor* dq, const pt_tensor* dk, const pt_tensor* dv,
+                  const pt_tensor* dsink, const pt_tensor* delta);
+
+}  // namespace primus_turbo::attention
