@@ -22,7 +22,7 @@ Tensor readable(const Tensor& t) {
   if (t.numel() == 0) return t;
   bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(t.dim() - 1) == 1;
   for (int64_t i = 0; ok && i + 1 < t.dim(); ++i) ok = t.sizes()[i] <= 1 || t.stride(i) % 8 == 0;
-  return ok ? t : as_contiguous(t);
+  return ok ? t : fresh_copy(t);  // a contiguous tensor off a 16-byte boundary is copied too
 }
 
 // q, k, v (and dout) share one 16-bit float dtype; ranks follow the layout: 3 packed, 4 fixed.

@@ -183,6 +183,13 @@ Tensor empty_like(const Tensor& t) {
 
 Tensor as_contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
 
+Tensor fresh_copy(const Tensor& t) {
+  if (!t.is_contiguous()) return torch::stable::contiguous(t);
+  Tensor copy = empty(t.sizes().data(), t.dim(), t.scalar_type(), t.get_device());
+  torch::stable::copy_(copy, t);
+  return copy;
+}
+
 Tensor contiguous_as(const Tensor& t, ScalarType dtype) {
   if (t.scalar_type() == dtype) return torch_binding::as_contiguous(t);
   return torch_binding::as_contiguous(torch::stable::to(t, dtype));

@@ -76,6 +76,8 @@ Tensor empty(const int64_t* sizes, int64_t ndim, ScalarType dtype, int32_t devic
 Tensor empty_like(const Tensor& t);
 // t itself when contiguous, else a contiguous copy.
 Tensor as_contiguous(const Tensor& t);
+// A contiguous copy in a fresh allocation (16-byte aligned), even when t is contiguous.
+Tensor fresh_copy(const Tensor& t);
 // t itself when it has dtype and is contiguous, else a contiguous copy converted to dtype.
 Tensor contiguous_as(const Tensor& t, ScalarType dtype);
 

@@ -38,7 +38,7 @@ Operand as_operand(const pt_tensor* t, const char* name, bool packed) {
                "' must have unit stride on its last (head_dim) dimension");
   bool aligned = aligned16(t->data);
   for (int i = 0; i < d - 1; ++i) aligned = aligned && (t->shape[i] <= 1 || t->strides[i] % 8 == 0);
-  PT_CHECK_ARG(aligned, "argument '", name, "' (strides ", shape_string(*t),
+  PT_CHECK_ARG(aligned, "argument '", name, "' (shape ", shape_string(*t),
                ") must have 16-byte aligned rows: a 16-byte aligned pointer and strides that are multiples of 8");
   return o;
 }

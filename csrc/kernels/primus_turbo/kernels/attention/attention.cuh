@@ -17,19 +17,21 @@ namespace primus_turbo::kernels::attention {
 template <class T, int kD, int kDV>
 struct Attention {
   static_assert(kD % 16 == 0 && kDV % 16 == 0 && kD <= 256 && kDV <= 256, "head dims");
-  // Forward: 16 rows a warp; 8 warps (128 rows) while the accumulators leave room, else 4.
-  static constexpr int kFwdWarps = kD <= 128 && kDV <= 128 ? 8 : 4;
-  static constexpr int kFwdBN = 64;
+  // Forward: 4 warps of 32 rows (128 rows) while the accumulators leave room, else of 16 rows.
+  static constexpr int kFwdWarps = 4;
+  static constexpr int kFwdMT = kDV <= 128 ? 2 : 1;
+  static constexpr int kFwdBN = kFwdMT == 2 && kD > 64 ? 32 : 64;  // keeps 32-row warps clear of spills
   // dK/dV: 64 keys a CTA (their dK and dV accumulators live in registers), query blocks small
   // enough to keep P^T and dS^T beside them.
   static constexpr int kDkdvWarps = 4;
   static constexpr int kDkdvBM = kD + kDV <= 128 ? 64 : (kD + kDV <= 256 ? 32 : 16);
   static constexpr int kDqWarps = 4;
-  static constexpr int kDqBN = kD <= 128 && kDV <= 128 ? 64 : 32;
+  static constexpr int kDqMT = kD <= 128 ? 2 : 1;  // 32 rows a warp while dQ's accumulators allow
+  static constexpr int kDqBN = kDqMT == 1 && kD <= 128 && kDV <= 128 ? 64 : 32;
 
-  using Fwd = FwdTile<T, kD, kDV, kFwdWarps, kFwdBN>;
+  using Fwd = FwdTile<T, kD, kDV, kFwdWarps, kFwdMT, kFwdBN>;
   using Dkdv = DkdvTile<T, kD, kDV, kDkdvWarps, kDkdvBM>;
-  using Dq = DqTile<T, kD, kDV, kDqWarps, kDqBN>;
+  using Dq = DqTile<T, kD, kDV, kDqWarps, kDqMT, kDqBN>;
 
   static bool check(const PtAttnParams* p, char* err, size_t err_len) {
     if (p->head_dim != kD || p->head_dim_v != kDV || p->heads_kv <= 0 || p->heads_q % p->heads_kv != 0 ||
@@ -62,7 +64,7 @@ struct Attention {
     }
     const int64_t m_blocks = (p->seqlen_q + Fwd::kBM - 1) / Fwd::kBM;
     if (m_blocks == 0 || p->batch == 0 || p->heads_q == 0) return report_launch("attention forward", err, err_len);
-    auto kernel = attn_fwd_kernel<T, kD, kDV, kFwdWarps, kFwdBN>;
+    auto kernel = attn_fwd_kernel<T, kD, kDV, kFwdWarps, kFwdMT, kFwdBN>;
     allow_smem(kernel, Fwd::kSmem);
     kernel<<<dim3(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p->batch), static_cast<unsigned>(p->heads_q)),
              Fwd::kThreads, Fwd::kSmem, stream>>>(*p);
@@ -92,7 +94,7 @@ struct Attention {
       }
       const int64_t m_blocks = (p->seqlen_q + Dq::kBM - 1) / Dq::kBM;
       if (m_blocks > 0) {
-        auto kernel = attn_bwd_dq_kernel<T, kD, kDV, kDqWarps, kDqBN>;
+        auto kernel = attn_bwd_dq_kernel<T, kD, kDV, kDqWarps, kDqMT, kDqBN>;
         allow_smem(kernel, Dq::kSmem);
         kernel<<<dim3(static_cast<unsigned>(m_blocks), batch, p->heads_q), Dq::kThreads, Dq::kSmem, stream>>>(*p);
       }

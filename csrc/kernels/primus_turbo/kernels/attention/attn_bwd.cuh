@@ -140,16 +140,16 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dkdv_kernel(const PtAttn
   store_rows<T, kDV / 8>(dv, dv_out, p.dv_ss, warp * 16, valid_k, 1.f, lane);
 }
 
-template <class T, int kD, int kDV, int kWarps, int kBN>
+template <class T, int kD, int kDV, int kWarps, int kMT, int kBN>
 struct DqTile {
-  static constexpr int kBM = 16 * kWarps;
+  static constexpr int kBM = 16 * kMT * kWarps;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr size_t kSmem = (kBM * (pitch<kD>() + pitch<kDV>()) + 2 * kBN * (pitch<kD>() + pitch<kDV>())) * sizeof(T);
 };
 
-template <class T, int kD, int kDV, int kWarps, int kBN>
+template <class T, int kD, int kDV, int kWarps, int kMT, int kBN>
 __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dq_kernel(const PtAttnParams p) {
-  using Tile = DqTile<T, kD, kDV, kWarps, kBN>;
+  using Tile = DqTile<T, kD, kDV, kWarps, kMT, kBN>;
   constexpr int kBM = Tile::kBM, kThreads = Tile::kThreads;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sq = reinterpret_cast<T*>(smem);
@@ -181,17 +181,21 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dq_kernel(const PtAttnPa
   cp_async_commit();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row0 = m0 + warp * 16;
+  constexpr int kWarpRows = 16 * kMT;
+  const int row0 = m0 + warp * kWarpRows;
   const float scale_log2 = p.softmax_scale * kLog2e;
-  float lse2[2], delta[2];
-  for (int i = 0; i < 2; ++i) {
-    const int r = row0 + lane / 4 + i * 8;
-    const int64_t off = b * p.lse_sb + h * p.lse_sh + s.start_q + r;
-    lse2[i] = r < s.len_q ? p.lse[off] * kLog2e : INFINITY;
-    delta[i] = r < s.len_q ? p.delta[off] : 0.f;
+  float lse2[kMT][2], delta[kMT][2];
+  float dq[kMT][kD / 8][4];
+#pragma unroll
+  for (int m = 0; m < kMT; ++m) {
+    zero(dq[m]);
+    for (int i = 0; i < 2; ++i) {
+      const int r = row0 + m * 16 + lane / 4 + i * 8;
+      const int64_t off = b * p.lse_sb + h * p.lse_sh + s.start_q + r;
+      lse2[m][i] = r < s.len_q ? p.lse[off] * kLog2e : INFINITY;
+      delta[m][i] = r < s.len_q ? p.delta[off] : 0.f;
+    }
   }
-  float dq[kD / 8][4];
-  zero(dq);
   for (int nb = nb_lo; nb < nb_hi; ++nb) {
     const int buf = (nb - nb_lo) & 1;
     cp_async_wait_all();
@@ -200,32 +204,41 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dq_kernel(const PtAttnPa
     cp_async_commit();
     const int n0 = nb * kBN;
     const T* k_tile = sk + buf * kBN * pitch<kD>();
-    float pr[kBN / 8][4];
-    zero(pr);
-    gemm_ss<T, kBN / 8, kD>(pr, sq + warp * 16 * pitch<kD>(), pitch<kD>(), k_tile, pitch<kD>(), lane);
-    const bool full = mask.all_visible(row0, row0 + 16, n0, n0 + kBN);
+    float pr[kMT][kBN / 8][4];
 #pragma unroll
-    for (int t = 0; t < kBN / 8; ++t)
+    for (int m = 0; m < kMT; ++m) zero(pr[m]);
+    gemm_ss<T, kMT, kBN / 8, kD>(pr, sq + warp * kWarpRows * pitch<kD>(), pitch<kD>(), k_tile, pitch<kD>(), lane);
+    const bool full = mask.all_visible(row0, row0 + kWarpRows, n0, n0 + kBN);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool vis = full || mask.visible(row0 + frag_row(lane, e), n0 + frag_col(lane, t, e));
-        pr[t][e] = vis ? exp2f(pr[t][e] * scale_log2 - lse2[e >> 1]) : 0.f;
-      }
-    float ds[kBN / 8][4];  // dP = dO V^T, then dS = P o (dP - delta)
-    zero(ds);
-    gemm_ss<T, kBN / 8, kDV>(ds, sdo + warp * 16 * pitch<kDV>(), pitch<kDV>(), sv + buf * kBN * pitch<kDV>(),
-                             pitch<kDV>(), lane);
+    for (int m = 0; m < kMT; ++m)
 #pragma unroll
-    for (int t = 0; t < kBN / 8; ++t)
+      for (int t = 0; t < kBN / 8; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ds[t][e] = pr[t][e] * (ds[t][e] - delta[e >> 1]);
-    uint32_t a[kBN / 16][4];
-    acc_to_a<T>(ds, a);
-    gemm_rs<T, kD / 8, kBN>(dq, a, k_tile, pitch<kD>(), lane);
+        for (int e = 0; e < 4; ++e) {
+          const bool vis = full || mask.visible(row0 + m * 16 + frag_row(lane, e), n0 + frag_col(lane, t, e));
+          pr[m][t][e] = vis ? exp2f(pr[m][t][e] * scale_log2 - lse2[m][e >> 1]) : 0.f;
+        }
+    float ds[kMT][kBN / 8][4];  // dP = dO V^T, then dS = P o (dP - delta)
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) zero(ds[m]);
+    gemm_ss<T, kMT, kBN / 8, kDV>(ds, sdo + warp * kWarpRows * pitch<kDV>(), pitch<kDV>(),
+                                  sv + buf * kBN * pitch<kDV>(), pitch<kDV>(), lane);
+    uint32_t a[kMT][kBN / 16][4];
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) {
+#pragma unroll
+      for (int t = 0; t < kBN / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ds[m][t][e] = pr[m][t][e] * (ds[m][t][e] - delta[m][e >> 1]);
+      acc_to_a<T>(ds[m], a[m]);
+    }
+    gemm_rs<T, kMT, kD / 8, kBN>(dq, a, k_tile, pitch<kD>(), lane);
   }
   cp_async_wait_all();
   T* dq_out = static_cast<T*>(p.dq) + b * p.dq_sb + (s.start_q + m0) * p.dq_ss + h * p.dq_sh;
-  store_rows<T, kD / 8>(dq, dq_out, p.dq_ss, warp * 16, valid_q, p.softmax_scale, lane);
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+    store_rows<T, kD / 8>(dq[m], dq_out, p.dq_ss, warp * kWarpRows + m * 16, valid_q, p.softmax_scale, lane);
 }
 
 constexpr int kSinkThreads = 256;

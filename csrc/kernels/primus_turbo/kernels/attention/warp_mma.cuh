@@ -109,30 +109,42 @@ __device__ __forceinline__ void acc_to_a(const float (&acc)[kNT][4], uint32_t (&
   }
 }
 
-// acc (16 x 8kNT) += A (16 x kK, rows of a padded tile at a, pitch lda) * B^T, where B is
-// 8kNT x kK (rows of a padded tile at b, pitch ldb): both operands K-contiguous.
-template <class T, int kNT, int kK>
-__device__ __forceinline__ void gemm_ss(float (&acc)[kNT][4], const T* a, int lda, const T* b, int ldb, int lane) {
+// acc (16kMT x 8kNT) += A (16kMT x kK, rows of a padded tile at a, pitch lda) * B^T, where B is
+// 8kNT x kK (rows of a padded tile at b, pitch ldb): both operands K-contiguous. Each B fragment
+// serves kMT row tiles, so a warp that owns more rows reads less shared memory per product.
+template <class T, int kMT, int kNT, int kK>
+__device__ __forceinline__ void gemm_ss(float (&acc)[kMT][kNT][4], const T* a, int lda, const T* b, int ldb,
+                                        int lane) {
   static_assert(kNT % 2 == 0 && kK % 16 == 0, "tile sizes");
 #pragma unroll
   for (int k0 = 0; k0 < kK; k0 += 16) {
-    uint32_t af[4];
-    ldmatrix_x4(af, a + (lane % 16) * lda + k0 + (lane / 16) * 8);
+    uint32_t af[kMT][4];
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) ldmatrix_x4(af[m], a + (m * 16 + lane % 16) * lda + k0 + (lane / 16) * 8);
 #pragma unroll
     for (int t = 0; t < kNT; t += 2) {
       uint32_t bf[4];
       ldmatrix_x4(bf, b + (t * 8 + (lane / 16) * 8 + lane % 8) * ldb + k0 + ((lane / 8) % 2) * 8);
-      mma16816<T>(acc[t], af, bf[0], bf[1]);
-      mma16816<T>(acc[t + 1], af, bf[2], bf[3]);
+#pragma unroll
+      for (int m = 0; m < kMT; ++m) {
+        mma16816<T>(acc[m][t], af[m], bf[0], bf[1]);
+        mma16816<T>(acc[m][t + 1], af[m], bf[2], bf[3]);
+      }
     }
   }
 }
 
-// acc (16 x 8kNT) += A (16 x kK, register fragments from acc_to_a) * B, where B is kK x 8kNT
-// (rows of a padded tile at b, pitch ldb): N-contiguous, read transposed by ldmatrix.
+// One row tile (16 rows a warp).
 template <class T, int kNT, int kK>
-__device__ __forceinline__ void gemm_rs(float (&acc)[kNT][4], const uint32_t (&a)[kK / 16][4], const T* b, int ldb,
-                                        int lane) {
+__device__ __forceinline__ void gemm_ss(float (&acc)[kNT][4], const T* a, int lda, const T* b, int ldb, int lane) {
+  gemm_ss<T, 1, kNT, kK>(reinterpret_cast<float(&)[1][kNT][4]>(acc), a, lda, b, ldb, lane);
+}
+
+// acc (16kMT x 8kNT) += A (16kMT x kK, register fragments from acc_to_a) * B, where B is kK x 8kNT
+// (rows of a padded tile at b, pitch ldb): N-contiguous, read transposed by ldmatrix.
+template <class T, int kMT, int kNT, int kK>
+__device__ __forceinline__ void gemm_rs(float (&acc)[kMT][kNT][4], const uint32_t (&a)[kMT][kK / 16][4], const T* b,
+                                        int ldb, int lane) {
   static_assert(kNT % 2 == 0 && kK % 16 == 0, "tile sizes");
 #pragma unroll
   for (int kk = 0; kk < kK / 16; ++kk) {
@@ -140,10 +152,20 @@ __device__ __forceinline__ void gemm_rs(float (&acc)[kNT][4], const uint32_t (&a
     for (int t = 0; t < kNT; t += 2) {
       uint32_t bf[4];
       ldmatrix_x4_trans(bf, b + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * ldb + t * 8 + (lane / 16) * 8);
-      mma16816<T>(acc[t], a[kk], bf[0], bf[1]);
-      mma16816<T>(acc[t + 1], a[kk], bf[2], bf[3]);
+#pragma unroll
+      for (int m = 0; m < kMT; ++m) {
+        mma16816<T>(acc[m][t], a[m][kk], bf[0], bf[1]);
+        mma16816<T>(acc[m][t + 1], a[m][kk], bf[2], bf[3]);
+      }
     }
   }
+}
+
+template <class T, int kNT, int kK>
+__device__ __forceinline__ void gemm_rs(float (&acc)[kNT][4], const uint32_t (&a)[kK / 16][4], const T* b, int ldb,
+                                        int lane) {
+  gemm_rs<T, 1, kNT, kK>(reinterpret_cast<float(&)[1][kNT][4]>(acc),
+                         reinterpret_cast<const uint32_t(&)[1][kK / 16][4]>(a), b, ldb, lane);
 }
 
 // Sum / max over the 4 threads that share a fragment row.
