@@ -42,6 +42,7 @@ __all__ = [
     "QuantCase",
     "attention_fwd_flops",
     "dense_gemm_shapes",
+    "gen_attention_doc_lens",
     "gen_attention_test_cases",
     "gen_gemm_test_cases",
     "gen_grouped_gemm_group_lens",
@@ -506,6 +507,19 @@ def gen_attention_test_cases(
                 )
             )
     return cases
+
+
+def gen_attention_doc_lens(tokens: int = ATTENTION_TOKENS_PER_STEP, max_len: int = 8192, seed: int = 0) -> list[int]:
+    """Document lengths packed back to back into one step of ``tokens`` (the varlen attention case):
+    log-normal around 1.5K tokens with a fixed seed, clipped to [32, max_len], the last document cut
+    so that the step is filled exactly."""
+    rng = random.Random(seed)
+    lens, left = [], tokens
+    while left > 0:
+        n = int(min(max(rng.lognormvariate(math.log(1500), 1.0), 32), max_len, left))
+        lens.append(n)
+        left -= n
+    return lens
 
 
 ###############################################################################

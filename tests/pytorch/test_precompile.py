@@ -54,12 +54,13 @@ def test_default_modules_cover_every_family_and_name_unknown_ones():
     kinds = {job[0] for job in jobs}
     assert {"prepare", "gemm_fp8", "grouped_gemm", "grouped_gemm_fp8"} <= kinds
     labels = " ".join(job[1] for job in jobs if job[0] == "prepare")
-    for word in ("rmsnorm", "layernorm", "gated act", "rope", "quantize", "moe routing", "moe permute", "rmsnorm_fp8"):
+    for word in ("rmsnorm", "layernorm", "gated act", "rope", "attention", "quantize", "moe routing", "moe permute",
+                 "rmsnorm_fp8"):
         assert word in labels
     assert len(jobs) == len(set(jobs))
     assert precompile.default_jobs(["rope"]) and all(j[0] == "prepare" for j in precompile.default_jobs(["rope"]))
     with pytest.raises(SystemExit, match="unknown default families"):
-        precompile.default_jobs(["attention"])
+        precompile.default_jobs(["flash"])
 
 
 @pytest.mark.compile_check

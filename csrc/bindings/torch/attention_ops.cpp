@@ -60,6 +60,14 @@ Optionals convert(const std::optional<Tensor>& sink, const std::optional<Tensor>
 
 void add_optionals(NamedTensors& all, const std::optional<Tensor>& sink, const std::optional<Tensor>& cu_q,
                    const std::optional<Tensor>& cu_k) {
+  // Converted below, but only from the dtypes that mean the same thing.
+  if (sink && sink->scalar_type() != ScalarType::Float && !is_half(sink->scalar_type()))
+    fail_with(ErrorKind::Type, kFwd, ": argument 'sink' has dtype ", dtype_name(sink->scalar_type()),
+              "; expected a floating-point dtype (float32)");
+  for (const auto& [name, t] : {std::pair{"cu_seqlens_q", &cu_q}, std::pair{"cu_seqlens_k", &cu_k}})
+    if (*t && (*t)->scalar_type() != ScalarType::Int && (*t)->scalar_type() != ScalarType::Long)
+      fail_with(ErrorKind::Type, kFwd, ": argument '", name, "' has dtype ", dtype_name((*t)->scalar_type()),
+                "; expected torch.int32");
   if (sink) all.push_back({"sink", &*sink});
   if (cu_q) all.push_back({"cu_seqlens_q", &*cu_q});
   if (cu_k) all.push_back({"cu_seqlens_k", &*cu_k});

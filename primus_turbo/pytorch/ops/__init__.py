@@ -1,6 +1,7 @@
 """Operators: ``turbo.ops.*``."""
 
 from primus_turbo.pytorch.ops.activation import geglu, geglu_with_probs, swiglu, swiglu_with_probs  # noqa: F401
+from primus_turbo.pytorch.ops.attention import flash_attn_func, flash_attn_varlen_func  # noqa: F401
 from primus_turbo.pytorch.ops.gemm import gemm  # noqa: F401
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm  # noqa: F401
 from primus_turbo.pytorch.ops.moe_permute import (  # noqa: F401
@@ -30,6 +31,8 @@ from primus_turbo.pytorch.ops.quantization import (  # noqa: F401
 from primus_turbo.pytorch.ops.fused_fp8 import geglu_fp8, rmsnorm_fp8, rmsnorm_residual_fp8, swiglu_fp8  # noqa: F401
 
 __all__ = [
+    "flash_attn_func",
+    "flash_attn_varlen_func",
     "gemm",
     "grouped_gemm",
     "gemm_fp8",

@@ -1,0 +1,336 @@
+"""turbo.ops.flash_attn_func and turbo.ops.flash_attn_varlen_func: fused softmax attention on the
+library's Hopper kernels (kernels/attention), forward and backward, with the original library's
+(and FlashAttention's) Python interface.
+
+One native op per direction (csrc/bindings/torch/attention_ops.cpp) takes both the fixed-length
+[B, S, H, D] and the packed varlen [T, H, D] form (cu_seqlens given), GQA/MQA, a (left, right)
+window of which causal is the right = 0 case, and GPT-OSS attention sinks. It reads q, k and v in
+place through their strides, so [S, B, H, D] and [B, H, S, D] tensors passed as transposed views
+cost no copy. The backward accumulates without atomics: it is always deterministic.
+"""
+
+import math
+import operator
+
+import torch
+
+from primus_turbo.pytorch.core import library, native
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func"]
+
+_DTYPES = (torch.float16, torch.bfloat16)
+#: (head dim of q and k, head dim of v) pairs the kernels are built for.
+HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256))
+_NO_WINDOW = (-1, -1)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool)
+
+
+def _check_args(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, wl, wr):
+    """Validates the native op's arguments (no device work) with the native op's messages and
+    exception classes. The fake implementation runs it, so meta/fake tensors and torch.compile's
+    tracing raise what the native op raises on the GPU."""
+    op = "flash_attn forward"
+    packed = cu_seqlens_q is not None or cu_seqlens_k is not None
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{op}: argument '{name}' has dtype {t.dtype}; expected torch.bfloat16 or torch.float16")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{op}: argument '{name}' has dtype {t.dtype}; expected the dtype of 'q' ({q.dtype})")
+        if t.dim() != (3 if packed else 4):
+            want = (
+                "[total_tokens, heads, head_dim] (cu_seqlens given)" if packed else "[batch, seqlen, heads, head_dim]"
+            )
+            raise ValueError(f"{op}: argument '{name}' has shape {list(t.shape)}; expected {want}")
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError(f"{op}: arguments 'cu_seqlens_q' and 'cu_seqlens_k' must be given together")
+    if not packed and not q.shape[0] == k.shape[0] == v.shape[0]:
+        raise ValueError(
+            f"{op}: arguments 'q', 'k', 'v' have shapes {list(q.shape)}, {list(k.shape)}, {list(v.shape)}; "
+            "expected the same batch size"
+        )
+    if v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(
+            f"{op}: argument 'v' has shape {list(v.shape)}; expected the sequence length and heads of 'k' {list(k.shape)}"
+        )
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{op}: argument 'k' has head_dim {k.shape[-1]}; expected the head_dim of 'q' ({q.shape[-1]})")
+    hq, hkv = q.shape[-2], k.shape[-2]
+    if hkv < 1 or hq % hkv:
+        raise ValueError(
+            f"{op}: argument 'k' has {hkv} heads; the number of heads of 'q' ({hq}) must be a multiple of it (GQA/MQA)"
+        )
+    if (q.shape[-1], v.shape[-1]) not in HEAD_DIMS:
+        raise NotImplementedError(
+            f"{op}: head dims (q/k {q.shape[-1]}, v {v.shape[-1]}) are not supported; expected 64, 96, 128, 192 "
+            "or 256 for both, or 192 for q/k with 128 for v"
+        )
+    if not isinstance(softmax_scale, torch.SymFloat) and (
+        not isinstance(softmax_scale, float) or not math.isfinite(softmax_scale)
+    ):  # a SymFloat (D ** -0.5 of a dynamic head dim) is checked by the native op
+        raise ValueError(f"{op}: argument 'softmax_scale' must be finite, got {softmax_scale!r}")
+    if not (_is_int(wl) and _is_int(wr) and wl >= -1 and wr >= -1):
+        raise ValueError(f"{op}: argument 'window_size' is ({wl}, {wr}); each side must be >= 0, or -1 for unbounded")
+    if packed:
+        num_seqs = (
+            cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dim() == 1 else 0
+        )
+        for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+                raise TypeError(
+                    f"{op}: argument '{name}' must be an int32 torch.Tensor, got {getattr(t, 'dtype', type(t))}"
+                )
+            if t.dim() != 1 or num_seqs < 1 or t.shape[0] != num_seqs + 1:
+                want = f"[{num_seqs + 1}] (num_seqs + 1)" if num_seqs >= 1 else "[num_seqs + 1] with num_seqs >= 1"
+                raise ValueError(f"{op}: argument '{name}' has shape {list(t.shape)}; expected {want}")
+        if not (_is_int(max_seqlen_q) and _is_int(max_seqlen_k) and max_seqlen_q >= 0 and max_seqlen_k >= 0):
+            raise ValueError(
+                f"{op}: arguments 'max_seqlen_q' and 'max_seqlen_k' must be >= 0, got {max_seqlen_q!r} and {max_seqlen_k!r}"
+            )
+    if sink is not None:
+        if not isinstance(sink, torch.Tensor) or not sink.is_floating_point():
+            raise TypeError(
+                f"{op}: argument 'sink' must be a float32 torch.Tensor, got {getattr(sink, 'dtype', type(sink))}"
+            )
+        if sink.dim() != 1 or sink.shape[0] != hq:
+            raise ValueError(
+                f"{op}: argument 'sink' has shape {list(sink.shape)}; expected [{hq}] (one logit per query head)"
+            )
+    optional = {
+        n: t
+        for n, t in (("sink", sink), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+        if t is not None
+    }
+    check_cuda_tensors(op, q=q, k=k, v=v, **optional)
+
+
+# ---- native ops (csrc/bindings/torch/attention_ops.cpp) ----------------------------------------
+
+
+def _fwd_fake(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, wl, wr):
+    _check_args(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, wl, wr)
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    if cu_seqlens_q is None:  # lse [B, Hq, Sq]
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    else:  # lse [Hq, Tq]
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return out, lse
+
+
+def _bwd_fake(dout, q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr):
+    dsink = q.new_empty((sink.shape[0] if sink is not None else 0,), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsink
+
+
+library.register_fake("attention_fwd", _fwd_fake)
+library.register_fake("attention_bwd", _bwd_fake)
+_fwd_op = native.ops.attention_fwd.default
+_bwd_op = native.ops.attention_bwd.default
+
+
+class FlashAttnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr):
+        out, lse = _fwd_op(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr)
+        ctx.save_for_backward(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k)
+        ctx.args = (max_seqlen_q, max_seqlen_k, scale, wl, wr)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, sink, cu_q, cu_k = ctx.saved_tensors
+        # dout may be any view (the expanded gradient of out.sum() has all strides 0): the native op
+        # reads aligned views in place and copies the rest.
+        dq, dk, dv, dsink = _bwd_op(dout, q, k, v, out, lse, sink, cu_q, cu_k, *ctx.args)
+        return dq, dk, dv, (dsink if sink is not None else None), None, None, None, None, None, None, None
+
+
+def _unsupported(op, dropout_p, bias, alibi_slopes, return_attn_probs) -> None:
+    """The original's arguments these kernels do not implement: refuse rather than ignore."""
+    if dropout_p:
+        raise NotImplementedError(
+            f"{op}: attention dropout is not supported (argument 'dropout_p' must be 0.0, got {dropout_p!r})"
+        )
+    if bias is not None:
+        raise NotImplementedError(f"{op}: argument 'bias' (an additive attention bias) is not supported; pass None")
+    if alibi_slopes is not None:
+        raise NotImplementedError(f"{op}: argument 'alibi_slopes' (ALiBi) is not supported; pass None")
+    if return_attn_probs:
+        raise NotImplementedError(
+            f"{op}: argument 'return_attn_probs=True' is not supported (the kernels never form the probabilities); "
+            "use return_lse=True for the log-sum-exp"
+        )
+
+
+def _window(op, window_size, causal: bool):
+    """(left, right) ints; causal means right = 0 (bottom-right aligned, as in FlashAttention)."""
+    if window_size is _NO_WINDOW or window_size == _NO_WINDOW:
+        left, right = -1, -1
+    else:
+        try:
+            left, right = window_size
+            if type(left) is not int or type(right) is not int:
+                left, right = operator.index(left), operator.index(right)  # numpy ints; never floats
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"{op}: argument 'window_size' must be a pair of ints (left, right), got {window_size!r}"
+            ) from None
+    return left, (0 if causal else right)
+
+
+def _scale(op, softmax_scale, q) -> float:
+    if softmax_scale is None:
+        return q.shape[-1] ** -0.5 if isinstance(q, torch.Tensor) and q.dim() else 1.0
+    if type(softmax_scale) is float:
+        return softmax_scale
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"{op}: argument 'softmax_scale' must be a float or None, got {type(softmax_scale).__name__}")
+    return float(softmax_scale)
+
+
+def _float32_sink(sink):
+    # The kernels take float32 logits; a model's bf16 sink parameter is cast here, differentiably.
+    if isinstance(sink, torch.Tensor) and sink.dtype != torch.float32 and sink.is_floating_point():
+        return sink.float()
+    return sink
+
+
+def _tensors(q, k, v, sink, *more) -> bool:
+    """Whether the arguments are tensors (else the full checks name the one that is not)."""
+    ok = isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    return ok and (sink is None or isinstance(sink, torch.Tensor)) and all(isinstance(t, torch.Tensor) for t in more)
+
+
+def _attention(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, return_lse):
+    args = (q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr)
+    if torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad or (sink is not None and sink.requires_grad)
+    ):
+        out, lse = FlashAttnFunction.apply(*args)
+    else:
+        out, lse = _fwd_op(*args)
+    return (out, lse) if return_lse else out
+
+
+@native.raises_python_errors
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    bias=None,
+    alibi_slopes=None,
+    deterministic=False,
+    return_lse=False,
+    return_attn_probs=False,
+    sink=None,
+):
+    """Softmax attention ``softmax(q @ k^T * softmax_scale + mask) @ v`` of ``[B, S, H, D]`` tensors.
+
+    Args:
+        q: ``[B, Sq, Hq, D]``; k: ``[B, Sk, Hkv, D]``; v: ``[B, Sk, Hkv, Dv]``, float16 or bfloat16,
+            ``Hq`` a multiple of ``Hkv`` (GQA/MQA). ``(D, Dv)`` in :data:`HEAD_DIMS` (64, 96, 128,
+            192, 256 and MLA's (192, 128)). Any strides with a unit last one are read in place, so
+            ``[S, B, H, D]`` or ``[B, H, S, D]`` storage passed as ``.transpose`` views costs no copy.
+        softmax_scale: default ``D ** -0.5``.
+        causal: key ``j`` visible from query ``i`` only if ``j <= i + Sk - Sq`` (bottom-right
+            aligned, as FlashAttention); the same as ``window_size[1] = 0``.
+        window_size: ``(left, right)``; key ``j`` is visible from query ``i`` iff
+            ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``; -1 leaves a side unbounded.
+        deterministic: accepted for compatibility; the backward is always deterministic.
+        return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]`` (natural log; ``+inf`` for
+            a query that sees no key and has no sink).
+        sink: optional ``[Hq]`` per-head logit (GPT-OSS attention sinks; cast to float32) that joins
+            each softmax denominator; differentiable.
+        dropout_p, bias, alibi_slopes, return_attn_probs: not supported (``NotImplementedError``
+            unless left at their defaults).
+
+    Returns ``out`` ``[B, Sq, Hq, Dv]`` (contiguous, q's dtype), or ``(out, lse)`` with ``return_lse``.
+    Queries that see no key give zeros. Differentiable in q, k, v and sink.
+    """
+    op = "flash_attn_func"
+    if dropout_p or bias is not None or alibi_slopes is not None or return_attn_probs:
+        _unsupported(op, dropout_p, bias, alibi_slopes, return_attn_probs)
+    scale = _scale(op, softmax_scale, q)
+    wl, wr = _window(op, window_size, causal)
+    sink = _float32_sink(sink)
+    if not (_tensors(q, k, v, sink) and q.dim() == 4 and k.dim() == 4):
+        _check_args(q, k, v, sink, None, None, 0, 0, scale, wl, wr)  # names what is wrong
+    return _attention(q, k, v, sink, None, None, q.shape[1], k.shape[1], scale, wl, wr, return_lse)
+
+
+@native.raises_python_errors
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    bias=None,
+    alibi_slopes=None,
+    deterministic=False,
+    return_lse=False,
+    return_attn_probs=False,
+    sink=None,
+):
+    """:func:`flash_attn_func` over sequences packed back to back (the "thd" layout).
+
+    Args:
+        q: ``[Tq, Hq, D]``; k: ``[Tk, Hkv, D]``; v: ``[Tk, Hkv, Dv]``.
+        cu_seqlens_q, cu_seqlens_k: ``[num_seqs + 1]`` int32 (int64 is converted) offsets of the
+            sequences on q's device; sequences may be empty and q/k lengths may differ per sequence
+            (the causal/window mask is bottom-right aligned per sequence).
+        max_seqlen_q, max_seqlen_k: host ints, upper bounds of the sequence lengths (no device sync).
+        The rest as :func:`flash_attn_func`.
+
+    Returns ``out`` ``[Tq, Hq, Dv]``, or ``(out, lse)`` with ``lse`` float32 ``[Hq, Tq]``.
+    """
+    op = "flash_attn_varlen_func"
+    if dropout_p or bias is not None or alibi_slopes is not None or return_attn_probs:
+        _unsupported(op, dropout_p, bias, alibi_slopes, return_attn_probs)
+    scale = _scale(op, softmax_scale, q)
+    wl, wr = _window(op, window_size, causal)
+    sink = _float32_sink(sink)
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError(
+            f"{op}: arguments 'cu_seqlens_q' and 'cu_seqlens_k' are required (use flash_attn_func without them)"
+        )
+    # int64 offsets (torch's default integer type) become the int32 the kernels read.
+    if isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dtype == torch.int64:
+        cu_seqlens_q = cu_seqlens_q.to(torch.int32)
+    if isinstance(cu_seqlens_k, torch.Tensor) and cu_seqlens_k.dtype == torch.int64:
+        cu_seqlens_k = cu_seqlens_k.to(torch.int32)
+    if type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
+        max_seqlen_q, max_seqlen_k = (
+            _host_int(op, "max_seqlen_q", max_seqlen_q),
+            _host_int(op, "max_seqlen_k", max_seqlen_k),
+        )
+    if not _tensors(q, k, v, sink, cu_seqlens_q, cu_seqlens_k):
+        _check_args(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr)
+    return _attention(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr, return_lse)
+
+
+def _host_int(op, name, n):
+    if _is_int(n):
+        return n
+    if isinstance(n, torch.Tensor) and n.dim() == 0 and not n.is_floating_point():
+        return int(n)  # a device scalar costs a sync: pass a host int
+    try:
+        return operator.index(n)  # numpy integers
+    except TypeError:
+        raise TypeError(f"{op}: argument '{name}' must be an int, got {type(n).__name__}") from None

@@ -1,0 +1,370 @@
+"""Host-side behaviour of turbo.ops.flash_attn_func / flash_attn_varlen_func that needs no GPU:
+argument errors naming the argument, shapes through meta and fake tensors (forward and backward)
+and torch.compile, the module, and the transformers registration."""
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from host_check_utils import meta
+
+import primus_turbo.pytorch as turbo
+
+fa = turbo.ops.flash_attn_func
+fa_varlen = turbo.ops.flash_attn_varlen_func
+
+
+def qkv(b=2, sq=16, sk=16, hq=8, hkv=2, d=128, dv=None, grad=False, dtype=torch.bfloat16):
+    dv = dv or d
+    return (
+        meta(b, sq, hq, d, dtype=dtype, grad=grad),
+        meta(b, sk, hkv, d, dtype=dtype, grad=grad),
+        meta(b, sk, hkv, dv, dtype=dtype, grad=grad),
+    )
+
+
+def packed(tq=30, tk=40, hq=8, hkv=2, d=128, dv=None, grad=False):
+    dv = dv or d
+    return meta(tq, hq, d, grad=grad), meta(tk, hkv, d, grad=grad), meta(tk, hkv, dv, grad=grad)
+
+
+def cu(n, dtype=torch.int32):
+    return torch.empty(n, device="meta", dtype=dtype)
+
+
+def test_registered_as_custom_ops():
+    fwd = str(torch.ops.primus_turbo.attention_fwd.default._schema)
+    bwd = str(torch.ops.primus_turbo.attention_bwd.default._schema)
+    assert fwd.startswith(
+        "primus_turbo::attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? sink, Tensor? cu_seqlens_q, "
+        "Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, int window_left, "
+        "int window_right)"
+    )
+    assert bwd.startswith(
+        "primus_turbo::attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+        "Tensor? sink, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+        "float softmax_scale, int window_left, int window_right)"
+    )
+
+
+@pytest.mark.parametrize("d,dv", [(64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)])
+@pytest.mark.parametrize("sq,sk", [(16, 16), (5, 33), (33, 5), (1, 1)])
+def test_shapes_forward_and_backward_on_meta(sq, sk, d, dv):
+    q, k, v = qkv(sq=sq, sk=sk, d=d, dv=dv, grad=True)
+    sink = meta(8, dtype=torch.float32, grad=True)
+    out, lse = fa(q, k, v, causal=True, return_lse=True, sink=sink)
+    assert out.shape == (2, sq, 8, dv) and out.dtype == q.dtype and out.is_contiguous()
+    assert lse.shape == (2, 8, sq) and lse.dtype == torch.float32 and not lse.requires_grad
+    out.sum().backward()
+    for t in (q, k, v, sink):
+        assert t.grad.shape == t.shape and t.grad.dtype == t.dtype
+
+
+def test_strided_layouts_give_a_contiguous_bshd_output():
+    s, b, h, d = 12, 3, 4, 64
+    q = meta(s, b, h, d).transpose(0, 1)  # [S, B, H, D] storage
+    k = meta(b, h, s, d).transpose(1, 2)  # [B, H, S, D] storage
+    out = fa(q, k, k, causal=True)
+    assert out.shape == (b, s, h, d) and out.is_contiguous()
+
+
+def test_varlen_shapes_forward_and_backward_on_meta():
+    q, k, v = packed(dv=None, d=192, grad=True)
+    v = meta(40, 2, 128, grad=True)  # MLA: v has the smaller head dim
+    out, lse = fa_varlen(q, k, v, cu(4), cu(4), 12, 20, causal=True, return_lse=True)
+    assert out.shape == (30, 8, 128) and lse.shape == (8, 30) and lse.dtype == torch.float32
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+def test_varlen_accepts_int64_offsets_and_host_int_like_lengths():
+    import numpy as np
+
+    q, k, v = packed()
+    out = fa_varlen(q, k, v, cu(3, torch.int64), cu(3, torch.int64), np.int64(10), 20)
+    assert out.shape == (30, 8, 128)
+
+
+def test_bf16_sink_is_taken_as_float32_and_gets_its_gradient():
+    q, k, v = qkv(grad=True)
+    sink = meta(8, dtype=torch.bfloat16, grad=True)
+    fa(q, k, v, sink=sink).sum().backward()
+    assert sink.grad.shape == (8,) and sink.grad.dtype == torch.bfloat16
+
+
+def test_no_grad_and_inputs_without_grad_skip_autograd():
+    q, k, v = qkv()
+    assert fa(q, k, v).grad_fn is None
+    q, k, v = qkv(grad=True)
+    with torch.no_grad():
+        assert fa(q, k, v).grad_fn is None
+
+
+def test_fake_ops_shapes():
+    ops = torch.ops.primus_turbo
+    q, k, v = qkv(sq=5, sk=9, d=192, dv=128)
+    out, lse = ops.attention_fwd(q, k, v, None, None, None, 5, 9, 0.1, -1, 0)
+    assert out.shape == (2, 5, 8, 128) and lse.shape == (2, 8, 5)
+    dq, dk, dv, dsink = ops.attention_bwd(out, q, k, v, out, lse, None, None, None, 5, 9, 0.1, -1, 0)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    assert dsink.shape == (0,) and dsink.dtype == torch.float32
+    sink = meta(8, dtype=torch.float32)
+    *_, dsink = ops.attention_bwd(out, q, k, v, out, lse, sink, None, None, 5, 9, 0.1, -1, 0)
+    assert dsink.shape == (8,)
+    q, k, v = packed()
+    out, lse = ops.attention_fwd(q, k, v, None, cu(3), cu(3), 10, 20, 0.1, -1, -1)
+    assert out.shape == (30, 8, 128) and lse.shape == (8, 30)
+
+
+def test_fake_tensor_mode_on_cuda_device():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 64, 16, 128, device="cuda", dtype=torch.float16)
+        k = torch.empty(2, 64, 4, 128, device="cuda", dtype=torch.float16)
+        out, lse = fa(q, k, k, causal=True, window_size=(8, 0), return_lse=True)
+        dq, dk, _, _ = torch.ops.primus_turbo.attention_bwd(out, q, k, k, out, lse, None, None, None, 64, 64, 0.1, 8, 0)
+        k3 = torch.empty(2, 64, 3, 128, device="cuda", dtype=torch.float16)
+        with pytest.raises(ValueError, match="argument 'k' has 3 heads"):
+            fa(q, k3, k3)
+    assert out.shape == (2, 64, 16, 128) and out.device.type == "cuda" and lse.shape == (2, 16, 64)
+    assert dq.shape == q.shape and dk.shape == k.shape and dq.device.type == "cuda"
+
+
+def test_torch_compile_traces_without_graph_break():
+    def fn(q, k, v, sink):
+        out, lse = fa(q, k, v, causal=True, window_size=(7, 0), sink=sink, return_lse=True)
+        return out * 2, lse
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    q, k, v = qkv(grad=True)
+    sink = meta(8, dtype=torch.float32, grad=True)
+    out, lse = compiled(q, k, v, sink)
+    assert out.shape == (2, 16, 8, 128) and lse.shape == (2, 8, 16)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and sink.grad.shape == sink.shape
+
+
+def test_torch_compile_varlen_traces_without_graph_break():
+    def fn(q, k, v, cu_q, cu_k):
+        return fa_varlen(q, k, v, cu_q, cu_k, 16, 16, causal=True)
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    q, k, v = packed(tq=40, grad=True)
+    out = compiled(q, k, v, cu(4), cu(4))
+    out.sum().backward()
+    assert out.shape == (40, 8, 128) and k.grad.shape == k.shape
+
+
+BAD_ARGS = [
+    # (overrides of q, k, v / keyword arguments, exception, message)
+    (
+        {"k": meta(2, 16, 3, 128), "v": meta(2, 16, 3, 128)},
+        ValueError,
+        r"argument 'k' has 3 heads; the number of heads of 'q' \(8\)",
+    ),
+    ({"k": meta(2, 16, 0, 128), "v": meta(2, 16, 0, 128)}, ValueError, "argument 'k' has 0 heads"),
+    ({"q": meta(2, 16, 8, 80), "k": meta(2, 16, 2, 80), "v": meta(2, 16, 2, 80)}, NotImplementedError, "head dims"),
+    ({"v": meta(2, 16, 2, 64)}, NotImplementedError, r"head dims \(q/k 128, v 64\)"),
+    ({"k": meta(2, 16, 2, 64)}, ValueError, "argument 'k' has head_dim 64"),
+    ({"q": meta(2, 16, 8, 128, dtype=torch.float32)}, TypeError, "argument 'q' has dtype torch.float32"),
+    ({"k": meta(2, 16, 2, 128, dtype=torch.float16)}, TypeError, "argument 'k' has dtype torch.float16"),
+    ({"v": meta(2, 16, 2, 128, dtype=torch.float32)}, TypeError, "argument 'v' has dtype torch.float32"),
+    ({"q": meta(16, 8, 128)}, ValueError, r"argument 'q' has shape \[16, 8, 128\]; expected \[batch, seqlen"),
+    ({"k": meta(3, 16, 2, 128)}, ValueError, "expected the same batch size"),
+    ({"v": meta(2, 15, 2, 128)}, ValueError, "argument 'v' has shape"),
+    ({"q": [1.0]}, TypeError, "argument 'q' must be a torch.Tensor"),
+    ({"sink": meta(7, dtype=torch.float32)}, ValueError, r"argument 'sink' has shape \[7\]; expected \[8\]"),
+    ({"sink": meta(8, dtype=torch.int32)}, TypeError, "argument 'sink'"),
+    ({"sink": [0.0] * 8}, TypeError, "argument 'sink' must be a float32 torch.Tensor"),
+    ({"window_size": (-2, 0)}, ValueError, "argument 'window_size'"),
+    ({"window_size": (1.5, 0)}, TypeError, "argument 'window_size'"),
+    ({"window_size": 3}, TypeError, "argument 'window_size'"),
+    ({"softmax_scale": float("inf")}, ValueError, "argument 'softmax_scale'"),
+    ({"softmax_scale": "0.1"}, TypeError, "argument 'softmax_scale'"),
+    ({"dropout_p": 0.1}, NotImplementedError, "dropout_p"),
+    ({"bias": meta(2, 8, 16, 16)}, NotImplementedError, "argument 'bias'"),
+    ({"alibi_slopes": meta(8, dtype=torch.float32)}, NotImplementedError, "argument 'alibi_slopes'"),
+    ({"return_attn_probs": True}, NotImplementedError, "return_attn_probs"),
+]
+
+
+@pytest.mark.parametrize("overrides,exc,match", BAD_ARGS)
+def test_argument_errors(overrides, exc, match):
+    q, k, v = qkv()
+    args = {"q": q, "k": k, "v": v, **overrides}
+    with pytest.raises(exc, match=match):
+        fa(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+def test_argument_errors_with_grad_and_in_the_fake_op():
+    q = qkv(grad=True)[0]
+    with pytest.raises(ValueError, match="argument 'k' has 3 heads"):
+        fa(q, meta(2, 16, 3, 128, grad=True), meta(2, 16, 3, 128, grad=True))
+    with pytest.raises(NotImplementedError, match="head dims"):
+        torch.ops.primus_turbo.attention_fwd(*qkv(d=100), None, None, None, 16, 16, 0.1, -1, -1)
+
+
+VARLEN_BAD_ARGS = [
+    ({"cu_seqlens_k": cu(4)}, ValueError, r"argument 'cu_seqlens_k' has shape \[4\]; expected \[3\]"),
+    ({"cu_seqlens_q": cu(1), "cu_seqlens_k": cu(1)}, ValueError, "argument 'cu_seqlens_q' has shape"),
+    ({"cu_seqlens_q": torch.empty(2, 3, device="meta", dtype=torch.int32)}, ValueError, "'cu_seqlens_q' has shape"),
+    ({"cu_seqlens_q": cu(3, torch.float32)}, TypeError, "argument 'cu_seqlens_q'"),
+    ({"cu_seqlens_q": None}, ValueError, "'cu_seqlens_q' and 'cu_seqlens_k' are required"),
+    ({"max_seqlen_q": -1}, ValueError, "'max_seqlen_q'"),
+    ({"max_seqlen_k": 2.5}, TypeError, "argument 'max_seqlen_k' must be an int"),
+    ({"q": meta(2, 15, 8, 128)}, ValueError, r"argument 'q' has shape \[2, 15, 8, 128\]; expected \[total_tokens"),
+    ({"k": meta(40, 3, 128), "v": meta(40, 3, 128)}, ValueError, "argument 'k' has 3 heads"),
+    ({"v": meta(41, 2, 128)}, ValueError, "argument 'v' has shape"),
+    ({"dropout_p": 0.5}, NotImplementedError, "dropout_p"),
+]
+
+
+@pytest.mark.parametrize("overrides,exc,match", VARLEN_BAD_ARGS)
+def test_varlen_argument_errors(overrides, exc, match):
+    q, k, v = packed()
+    args = {
+        "q": q,
+        "k": k,
+        "v": v,
+        "cu_seqlens_q": cu(3),
+        "cu_seqlens_k": cu(3),
+        "max_seqlen_q": 10,
+        "max_seqlen_k": 20,
+    }
+    args.update(overrides)
+    with pytest.raises(exc, match=match):
+        fa_varlen(**args)
+
+
+def test_cpu_tensors_raise_value_error_naming_the_argument():
+    q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="argument 'q' is on cpu"):
+        fa(q, q, q)
+
+
+# ---- turbo.modules.TurboAttention ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "layout,shape",
+    [("bshd", (2, 16, 8, 64)), ("sbhd", (16, 2, 8, 64)), ("bhsd", (2, 8, 16, 64))],
+)
+def test_module_layouts_on_meta(layout, shape):
+    m = turbo.modules.TurboAttention(causal=True, layout=layout, learnable_sink=True, num_heads=8, device="meta")
+    assert m.sinks.shape == (8,) and m.sinks.dtype == torch.float32
+    q = meta(*shape, grad=True)
+    out = m(q, q, q)
+    assert out.shape == shape
+    out.sum().backward()
+    assert m.sinks.grad.shape == (8,) and q.grad.shape == shape
+
+
+def test_module_packed_and_return_lse():
+    m = turbo.modules.TurboAttention(causal=True, return_lse=True, layout="thd")
+    q, k, v = packed()
+    out, lse = m(q, k, v, cu_seqlens_q=cu(3), cu_seqlens_k=cu(3), max_seqlen_q=10, max_seqlen_k=20)
+    assert out.shape == (30, 8, 128) and lse.shape == (8, 30)
+    with pytest.raises(ValueError, match="layout 'thd'"):
+        m(q, k, v)
+
+
+def test_module_keeps_the_original_positional_arguments():
+    m = turbo.modules.TurboAttention(0.0, 0.125, True, (4, 0))
+    assert m.softmax_scale == 0.125 and m.causal and m.window_size == (4, 0)
+    q = meta(2, 16, 8, 64)
+    assert m(q, q, q).shape == q.shape
+    with pytest.raises(NotImplementedError, match="fp8_config"):
+        turbo.modules.TurboAttention(fp8_config=object())
+    with pytest.raises(NotImplementedError, match="context parallelism"):
+        turbo.modules.TurboAttention(ulysses_group=object())
+    with pytest.raises(ValueError, match="argument 'layout'"):
+        turbo.modules.TurboAttention(layout="bsd")
+    with pytest.raises(ValueError, match="num_heads"):
+        turbo.modules.TurboAttention(learnable_sink=True)
+
+
+def test_module_compiles_without_graph_break():
+    m = turbo.modules.TurboAttention(causal=True, layout="sbhd", learnable_sink=True, num_heads=8, device="meta")
+    q = meta(16, 2, 8, 64, grad=True)
+    out = torch.compile(m, fullgraph=True, backend="aot_eager")(q, q, q)
+    out.sum().backward()
+    assert out.shape == q.shape and m.sinks.grad.shape == (8,)
+
+
+# ---- transformers: attn_implementation="primus_turbo" ----------------------------------------
+
+
+def test_register_hf_attention_without_transformers(monkeypatch):
+    from primus_turbo.pytorch.integrations import hf
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    with pytest.raises(ImportError, match="transformers >= 4.48"):
+        hf.register_hf_attention()
+
+
+def test_register_hf_attention():
+    transformers = pytest.importorskip("transformers")
+    from primus_turbo.pytorch.integrations.hf import primus_turbo_attention_forward, register_hf_attention
+
+    assert register_hf_attention() == "primus_turbo"
+    assert transformers.AttentionInterface._global_mapping["primus_turbo"] is primus_turbo_attention_forward
+
+
+def test_hf_attention_function_on_meta():
+    from primus_turbo.pytorch.integrations.hf import primus_turbo_attention_forward
+
+    module = SimpleNamespace(is_causal=True, sinks=meta(8))  # GPT-OSS keeps bf16 sinks
+    q, k = meta(2, 8, 16, 64), meta(2, 2, 16, 64)  # transformers' [B, H, S, D]
+    out, weights = primus_turbo_attention_forward(module, q, k, k, None, scaling=0.125, sliding_window=4)
+    assert out.shape == (2, 16, 8, 64) and weights is None
+    with pytest.raises(NotImplementedError, match="dropout"):
+        primus_turbo_attention_forward(module, q, k, k, None, dropout=0.1)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        primus_turbo_attention_forward(module, q, k, k, None, softcap=30.0)
+    with pytest.raises(NotImplementedError, match="2-D padding mask"):
+        primus_turbo_attention_forward(module, q, k, k, meta(2, 1, 16, 16))
+
+
+@pytest.mark.parametrize("model", ["llama", "mistral_window", "gpt_oss_sinks", "packed"])
+def test_hf_plumbing_against_eager_on_cpu(monkeypatch, model):
+    """Padding masks, sliding windows, sinks and packed rows reach the op as transformers' eager
+    attention applies them: the kernels are replaced by the float32 reference, on the CPU."""
+    transformers = pytest.importorskip("transformers")
+    from attention_reference import reference_flash_attn_func, reference_flash_attn_varlen_func
+
+    from primus_turbo.pytorch.integrations import hf
+
+    monkeypatch.setattr(hf, "flash_attn_func", reference_flash_attn_func)
+    monkeypatch.setattr(hf, "flash_attn_varlen_func", reference_flash_attn_varlen_func)
+    hf.register_hf_attention()
+    small = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2}
+    heads = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 128}
+    if model in ("llama", "packed"):
+        config = transformers.LlamaConfig(**small, **heads)
+    elif model == "mistral_window":
+        config = transformers.MistralConfig(**small, **heads, sliding_window=8)
+    else:
+        extra = {"sliding_window": 8, "num_local_experts": 4, "num_experts_per_tok": 2}
+        config = transformers.GptOssConfig(
+            **small, **heads, **extra, layer_types=["sliding_attention", "full_attention"]
+        )
+    torch.manual_seed(0)
+    ours = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="primus_turbo").eval()
+    ids = torch.randint(0, 128, (2, 40))
+    with torch.no_grad():
+        if model == "packed":  # one row holding sequences of 15 and 25 tokens (positions restart at 0)
+            pos = torch.cat([torch.arange(15), torch.arange(25)])[None]
+            got = ours(input_ids=ids[:1], position_ids=pos).logits
+            want = torch.cat([ours(input_ids=ids[:1, :15]).logits, ours(input_ids=ids[:1, 15:]).logits], 1)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            return
+        eager = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+        eager.load_state_dict(ours.state_dict())
+        mask = torch.ones_like(ids)
+        mask[1, :13] = 0  # left padding
+        for m in (None, mask):
+            keep = slice(None) if m is None else m.bool()
+            got, want = ours(input_ids=ids, attention_mask=m).logits, eager(input_ids=ids, attention_mask=m).logits
+            torch.testing.assert_close(got[keep], want[keep], rtol=1e-4, atol=1e-4)
