@@ -368,3 +368,18 @@ def test_hf_plumbing_against_eager_on_cpu(monkeypatch, model):
             keep = slice(None) if m is None else m.bool()
             got, want = ours(input_ids=ids, attention_mask=m).logits, eager(input_ids=ids, attention_mask=m).logits
             torch.testing.assert_close(got[keep], want[keep], rtol=1e-4, atol=1e-4)
+
+
+def test_other_attention_backends_are_refused_not_ignored(monkeypatch):
+    from primus_turbo.pytorch.core.backend import GlobalBackendManager
+
+    q = torch.randn(1, 4, 2, 64, device="meta", dtype=torch.bfloat16)
+    GlobalBackendManager.set_attn_backend("CUDNN")
+    with pytest.raises(NotImplementedError, match="attention backend CUDNN"):
+        turbo.ops.flash_attn_func(q, q, q)
+    GlobalBackendManager.set_attn_backend("TURBO")
+    assert turbo.ops.flash_attn_func(q, q, q).shape == (1, 4, 2, 64)
+    GlobalBackendManager.set_attn_backend(None)
+    monkeypatch.setenv("PRIMUS_TURBO_ATTN_BACKEND", "CUDNN")
+    with pytest.raises(NotImplementedError, match="attention backend CUDNN"):
+        turbo.ops.flash_attn_func(q, q, q)

@@ -15,6 +15,7 @@ import operator
 import torch
 
 from primus_turbo.pytorch.core import library, native
+from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager, OpFamily, PrecisionType, settings_token
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
@@ -207,7 +208,27 @@ def _tensors(q, k, v, sink, *more) -> bool:
     return ok and (sink is None or isinstance(sink, torch.Tensor)) and all(isinstance(t, torch.Tensor) for t in more)
 
 
+_backend_checked = [None]  # the settings token last found to allow our kernel
+
+
+def _check_backend(op) -> None:
+    """Attention runs on our kernel (TURBO). A setting that names another backend is refused,
+    not ignored; the check reruns only when the settings change."""
+    token = settings_token(OpFamily.ATTN)
+    if token == _backend_checked[0]:
+        return
+    choice = GlobalBackendManager.get_backend(OpFamily.ATTN, PrecisionType.BF16_FP16_FP32)
+    if choice is not None and choice.backend not in (None, BackendType.TURBO):
+        raise NotImplementedError(
+            f"{op}: attention backend {choice.backend.name} is not available yet; TURBO (our kernel) is the only "
+            "attention backend (set_attn_backend(None) or PRIMUS_TURBO_ATTN_BACKEND=TURBO)"
+        )
+    _backend_checked[0] = token
+
+
 def _attention(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, return_lse):
+    if not torch.compiler.is_compiling():  # a traced graph keeps the choice made when it was traced
+        _check_backend("flash_attn")
     args = (q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr)
     if torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad or (sink is not None and sink.requires_grad)
