@@ -202,6 +202,16 @@ def _float32_sink(sink):
     return sink
 
 
+def _common_args(op, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes, return_attn_probs, sink):
+    """What both entry points do with their shared keywords: refuse the unsupported ones, then
+    (softmax scale, window left, window right, float32 sink)."""
+    if dropout_p or bias is not None or alibi_slopes is not None or return_attn_probs:
+        _unsupported(op, dropout_p, bias, alibi_slopes, return_attn_probs)
+    scale = _scale(op, softmax_scale, q)
+    wl, wr = _window(op, window_size, causal)
+    return scale, wl, wr, _float32_sink(sink)
+
+
 def _tensors(q, k, v, sink, *more) -> bool:
     """Whether the arguments are tensors (else the full checks name the one that is not)."""
     ok = isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
@@ -279,11 +289,9 @@ def flash_attn_func(
     Queries that see no key give zeros. Differentiable in q, k, v and sink.
     """
     op = "flash_attn_func"
-    if dropout_p or bias is not None or alibi_slopes is not None or return_attn_probs:
-        _unsupported(op, dropout_p, bias, alibi_slopes, return_attn_probs)
-    scale = _scale(op, softmax_scale, q)
-    wl, wr = _window(op, window_size, causal)
-    sink = _float32_sink(sink)
+    scale, wl, wr, sink = _common_args(
+        op, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes, return_attn_probs, sink
+    )
     if not (_tensors(q, k, v, sink) and q.dim() == 4 and k.dim() == 4):
         _check_args(q, k, v, sink, None, None, 0, 0, scale, wl, wr)  # names what is wrong
     return _attention(q, k, v, sink, None, None, q.shape[1], k.shape[1], scale, wl, wr, return_lse)
@@ -322,11 +330,9 @@ def flash_attn_varlen_func(
     Returns ``out`` ``[Tq, Hq, Dv]``, or ``(out, lse)`` with ``lse`` float32 ``[Hq, Tq]``.
     """
     op = "flash_attn_varlen_func"
-    if dropout_p or bias is not None or alibi_slopes is not None or return_attn_probs:
-        _unsupported(op, dropout_p, bias, alibi_slopes, return_attn_probs)
-    scale = _scale(op, softmax_scale, q)
-    wl, wr = _window(op, window_size, causal)
-    sink = _float32_sink(sink)
+    scale, wl, wr, sink = _common_args(
+        op, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes, return_attn_probs, sink
+    )
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError(
             f"{op}: arguments 'cu_seqlens_q' and 'cu_seqlens_k' are required (use flash_attn_func without them)"

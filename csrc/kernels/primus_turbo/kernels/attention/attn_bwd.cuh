@@ -24,13 +24,13 @@ __global__ void __launch_bounds__(32 * kDeltaRowsPerBlock) attn_bwd_delta_kernel
   const int h = blockIdx.z;
   const Sequence s = sequence(p, b);
   if (row >= s.len_q) return;
-  const T* o = static_cast<const T*>(p.out) + b * p.o_sb + (s.start_q + row) * p.o_ss + h * p.o_sh;
-  const T* d = static_cast<const T*>(p.dout) + b * p.do_sb + (s.start_q + row) * p.do_ss + h * p.do_sh;
+  const T* o = row_at<const T>(p.out, p.o_sb, p.o_ss, p.o_sh, b, s.start_q + row, h);
+  const T* d = row_at<const T>(p.dout, p.do_sb, p.do_ss, p.do_sh, b, s.start_q + row, h);
   float acc = 0.f;
 #pragma unroll
   for (int c = lane; c < kDV; c += 32) acc += static_cast<float>(o[c]) * static_cast<float>(d[c]);
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) p.delta[b * p.lse_sb + h * p.lse_sh + s.start_q + row] = acc;
+  if (lane == 0) p.delta[lse_offset(p, b, h, s.start_q + row)] = acc;
 }
 
 template <class T, int kD, int kDV, int kWarps, int kBM>
@@ -60,10 +60,10 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dkdv_kernel(const PtAttn
   if (n0 >= s.len_k) return;
   const Mask mask(p, s);
   const int valid_k = min(kBN, s.len_k - n0);
-  load_tile<T, kBN, kD, kThreads>(sk, static_cast<const T*>(p.k) + b * p.k_sb + (s.start_k + n0) * p.k_ss + hk * p.k_sh,
-                                  p.k_ss, valid_k);
-  load_tile<T, kBN, kDV, kThreads>(sv, static_cast<const T*>(p.v) + b * p.v_sb + (s.start_k + n0) * p.v_ss + hk * p.v_sh,
-                                   p.v_ss, valid_k);
+  load_tile<T, kBN, kD, kThreads>(sk, row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, b, s.start_k + n0, hk), p.k_ss,
+                                  valid_k);
+  load_tile<T, kBN, kDV, kThreads>(sv, row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, s.start_k + n0, hk), p.v_ss,
+                                   valid_k);
   const int q_lo = mask.first_query(n0), q_hi = mask.end_query(n0 + valid_k);
   const int mb_lo = q_lo / kBM, mb_hi = q_hi > q_lo ? (q_hi + kBM - 1) / kBM : mb_lo;
   const int n_mb = mb_hi - mb_lo, iters = group * n_mb;
@@ -73,12 +73,11 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dkdv_kernel(const PtAttn
     const int h = hk * group + it / n_mb, m0 = (mb_lo + it % n_mb) * kBM;
     const int valid = min(kBM, s.len_q - m0);
     load_tile<T, kBM, kD, kThreads>(sq + buf * kBM * pitch<kD>(),
-                                    static_cast<const T*>(p.q) + b * p.q_sb + (s.start_q + m0) * p.q_ss + h * p.q_sh,
-                                    p.q_ss, valid);
-    load_tile<T, kBM, kDV, kThreads>(
-        sdo + buf * kBM * pitch<kDV>(),
-        static_cast<const T*>(p.dout) + b * p.do_sb + (s.start_q + m0) * p.do_ss + h * p.do_sh, p.do_ss, valid);
-    const int64_t row = b * p.lse_sb + h * p.lse_sh + s.start_q + m0;
+                                    row_at<const T>(p.q, p.q_sb, p.q_ss, p.q_sh, b, s.start_q + m0, h), p.q_ss, valid);
+    load_tile<T, kBM, kDV, kThreads>(sdo + buf * kBM * pitch<kDV>(),
+                                     row_at<const T>(p.dout, p.do_sb, p.do_ss, p.do_sh, b, s.start_q + m0, h), p.do_ss,
+                                     valid);
+    const int64_t row = lse_offset(p, b, h, s.start_q + m0);
     for (int r = threadIdx.x; r < kBM; r += kThreads) {
       slse[buf * kBM + r] = r < valid ? p.lse[row + r] * kLog2e : INFINITY;
       sdelta[buf * kBM + r] = r < valid ? p.delta[row + r] : 0.f;
@@ -134,8 +133,8 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dkdv_kernel(const PtAttn
   }
   cp_async_wait_all();
 
-  T* dk_out = static_cast<T*>(p.dk) + b * p.dk_sb + (s.start_k + n0) * p.dk_ss + hk * p.dk_sh;
-  T* dv_out = static_cast<T*>(p.dv) + b * p.dv_sb + (s.start_k + n0) * p.dv_ss + hk * p.dv_sh;
+  T* dk_out = row_at<T>(p.dk, p.dk_sb, p.dk_ss, p.dk_sh, b, s.start_k + n0, hk);
+  T* dv_out = row_at<T>(p.dv, p.dv_sb, p.dv_ss, p.dv_sh, b, s.start_k + n0, hk);
   store_rows<T, kD / 8>(dk, dk_out, p.dk_ss, warp * 16, valid_k, p.softmax_scale, lane);
   store_rows<T, kDV / 8>(dv, dv_out, p.dv_ss, warp * 16, valid_k, 1.f, lane);
 }
@@ -157,27 +156,14 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dq_kernel(const PtAttnPa
   T* sk = sdo + kBM * pitch<kDV>();    // two buffers
   T* sv = sk + 2 * kBN * pitch<kD>();  // two buffers
 
-  const int m0 = (gridDim.x - 1 - blockIdx.x) * kBM;
-  const int64_t b = blockIdx.y;
-  const int h = blockIdx.z, hk = h / (p.heads_q / p.heads_kv);
-  const Sequence s = sequence(p, b);
-  if (m0 >= s.len_q) return;
-  const Mask mask(p, s);
-  const int valid_q = min(kBM, s.len_q - m0);
-  const T* k = static_cast<const T*>(p.k) + b * p.k_sb + s.start_k * p.k_ss + hk * p.k_sh;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_sb + s.start_k * p.v_ss + hk * p.v_sh;
-  const int key_lo = mask.first_key(m0), key_hi = mask.end_key(m0 + valid_q);
-  const int nb_lo = key_lo / kBN, nb_hi = key_hi > key_lo ? (key_hi + kBN - 1) / kBN : nb_lo;
-  auto load_kv = [&](int nb, int buf) {
-    const int n0 = nb * kBN, rows = min(kBN, s.len_k - n0);
-    load_tile<T, kBN, kD, kThreads>(sk + buf * kBN * pitch<kD>(), k + n0 * p.k_ss, p.k_ss, rows);
-    load_tile<T, kBN, kDV, kThreads>(sv + buf * kBN * pitch<kDV>(), v + n0 * p.v_ss, p.v_ss, rows);
-  };
-  load_tile<T, kBM, kD, kThreads>(sq, static_cast<const T*>(p.q) + b * p.q_sb + (s.start_q + m0) * p.q_ss + h * p.q_sh,
-                                  p.q_ss, valid_q);
-  load_tile<T, kBM, kDV, kThreads>(
-      sdo, static_cast<const T*>(p.dout) + b * p.do_sb + (s.start_q + m0) * p.do_ss + h * p.do_sh, p.do_ss, valid_q);
-  if (nb_lo < nb_hi) load_kv(nb_lo, 0);
+  const QueryBlock<kBM, kBN> blk(p);
+  if (blk.valid_q <= 0) return;
+  const Mask& mask = blk.mask;
+  const int m0 = blk.m0, valid_q = blk.valid_q, nb_lo = blk.nb_lo, nb_hi = blk.nb_hi;
+  load_tile<T, kBM, kD, kThreads>(sq, blk.template rows<const T>(p.q, p.q_sb, p.q_ss, p.q_sh), p.q_ss, valid_q);
+  load_tile<T, kBM, kDV, kThreads>(sdo, blk.template rows<const T>(p.dout, p.do_sb, p.do_ss, p.do_sh), p.do_ss,
+                                   valid_q);
+  if (nb_lo < nb_hi) blk.template load_kv<T, kD, kDV, kThreads>(p, sk, sv, nb_lo, 0);
   cp_async_commit();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -191,16 +177,16 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dq_kernel(const PtAttnPa
     zero(dq[m]);
     for (int i = 0; i < 2; ++i) {
       const int r = row0 + m * 16 + lane / 4 + i * 8;
-      const int64_t off = b * p.lse_sb + h * p.lse_sh + s.start_q + r;
-      lse2[m][i] = r < s.len_q ? p.lse[off] * kLog2e : INFINITY;
-      delta[m][i] = r < s.len_q ? p.delta[off] : 0.f;
+      const int64_t off = lse_offset(p, blk.b, blk.h, blk.s.start_q + r);
+      lse2[m][i] = r < blk.s.len_q ? p.lse[off] * kLog2e : INFINITY;
+      delta[m][i] = r < blk.s.len_q ? p.delta[off] : 0.f;
     }
   }
   for (int nb = nb_lo; nb < nb_hi; ++nb) {
     const int buf = (nb - nb_lo) & 1;
     cp_async_wait_all();
     __syncthreads();
-    if (nb + 1 < nb_hi) load_kv(nb + 1, buf ^ 1);
+    if (nb + 1 < nb_hi) blk.template load_kv<T, kD, kDV, kThreads>(p, sk, sv, nb + 1, buf ^ 1);
     cp_async_commit();
     const int n0 = nb * kBN;
     const T* k_tile = sk + buf * kBN * pitch<kD>();
@@ -235,7 +221,7 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dq_kernel(const PtAttnPa
     gemm_rs<T, kMT, kD / 8, kBN>(dq, a, k_tile, pitch<kD>(), lane);
   }
   cp_async_wait_all();
-  T* dq_out = static_cast<T*>(p.dq) + b * p.dq_sb + (s.start_q + m0) * p.dq_ss + h * p.dq_sh;
+  T* dq_out = blk.template rows<T>(p.dq, p.dq_sb, p.dq_ss, p.dq_sh);
 #pragma unroll
   for (int m = 0; m < kMT; ++m)
     store_rows<T, kD / 8>(dq[m], dq_out, p.dq_ss, warp * kWarpRows + m * 16, valid_q, p.softmax_scale, lane);
@@ -251,7 +237,7 @@ __global__ void __launch_bounds__(kSinkThreads) attn_bwd_sink_kernel(const PtAtt
   const float sink = p.sink[h];
   float acc = 0.f;
   for (int64_t r = threadIdx.x; r < batches * rows_per_batch; r += kSinkThreads) {
-    const int64_t off = (r / rows_per_batch) * p.lse_sb + h * p.lse_sh + r % rows_per_batch;
+    const int64_t off = lse_offset(p, r / rows_per_batch, h, r % rows_per_batch);
     const float delta = p.delta[off];
     if (delta != 0.f) acc += expf(sink - p.lse[off]) * delta;
   }

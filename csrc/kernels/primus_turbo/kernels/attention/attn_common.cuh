@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "primus_turbo/kernels/attention/attention_abi.h"
+#include "primus_turbo/kernels/attention/warp_mma.cuh"
 
 namespace primus_turbo::kernels::attention {
 
@@ -58,6 +59,62 @@ struct Mask {
   __device__ __forceinline__ bool all_visible(int i0, int i1, int j0, int j1) const {
     return i1 <= len_q && j1 <= len_k && (right < 0 || j1 - 1 <= i0 + diag + right) &&
            (left < 0 || j0 >= i1 - 1 + diag - left);
+  }
+};
+
+// Row `row` (counted from the operand's first row) of head h of batch entry b, for an operand with
+// strides (sb, ss, sh) as attention_abi.h lays them out.
+template <class T, class Base>
+__device__ __forceinline__ T* row_at(Base* base, int64_t sb, int64_t ss, int64_t sh, int64_t b, int64_t row,
+                                     int64_t h) {
+  return static_cast<T*>(base) + b * sb + row * ss + h * sh;
+}
+
+// Offset of (b, h, row) in lse and delta.
+__device__ __forceinline__ int64_t lse_offset(const PtAttnParams& p, int64_t b, int h, int64_t row) {
+  return b * p.lse_sb + h * p.lse_sh + row;
+}
+
+// The CTA of a query-block kernel (forward, dQ): kBM rows of one query head of one sequence,
+// taken in reverse so that under a causal mask the longest rows start first, and the blocks of
+// kBN keys [nb_lo, nb_hi) those rows see.
+template <int kBM, int kBN>
+struct QueryBlock {
+  int64_t b;
+  int h, hk;  // query head, and the KV head it reads
+  Sequence s;
+  Mask mask;
+  int m0;       // first row in the sequence
+  int valid_q;  // rows of the block inside the sequence (<= 0: nothing to do)
+  int nb_lo, nb_hi;
+
+  __device__ __forceinline__ explicit QueryBlock(const PtAttnParams& p)
+      : b(blockIdx.y),
+        h(blockIdx.z),
+        hk(blockIdx.z / (p.heads_q / p.heads_kv)),
+        s(sequence(p, blockIdx.y)),
+        mask(p, s),
+        m0((gridDim.x - 1 - blockIdx.x) * kBM) {
+    valid_q = min(kBM, s.len_q - m0);
+    const int key_lo = mask.first_key(m0), key_hi = mask.end_key(m0 + valid_q);
+    nb_lo = key_lo / kBN;
+    nb_hi = key_hi > key_lo ? (key_hi + kBN - 1) / kBN : nb_lo;
+  }
+
+  // Rows of this block's query head in an operand shaped like q (q, out, dout, dq).
+  template <class T, class Base>
+  __device__ __forceinline__ T* rows(Base* base, int64_t sb, int64_t ss, int64_t sh) const {
+    return row_at<T>(base, sb, ss, sh, b, s.start_q + m0, h);
+  }
+
+  // Copies key block nb (K and V of head hk) into buffer buf of the two-buffer tiles sk, sv.
+  template <class T, int kD, int kDV, int kThreads>
+  __device__ __forceinline__ void load_kv(const PtAttnParams& p, T* sk, T* sv, int nb, int buf) const {
+    const int n0 = nb * kBN, rows = min(kBN, s.len_k - n0);
+    load_tile<T, kBN, kD, kThreads>(sk + buf * kBN * pitch<kD>(),
+                                    row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, b, s.start_k + n0, hk), p.k_ss, rows);
+    load_tile<T, kBN, kDV, kThreads>(sv + buf * kBN * pitch<kDV>(),
+                                     row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, s.start_k + n0, hk), p.v_ss, rows);
   }
 };
 

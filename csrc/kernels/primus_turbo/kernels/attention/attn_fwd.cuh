@@ -29,27 +29,12 @@ __global__ void __launch_bounds__(32 * kWarps) attn_fwd_kernel(const PtAttnParam
   T* sk = sq + kBM * pitch<kD>();      // two buffers
   T* sv = sk + 2 * kBN * pitch<kD>();  // two buffers
 
-  // Reversed so that, under a causal mask, the longest rows start first.
-  const int m0 = (gridDim.x - 1 - blockIdx.x) * kBM;
-  const int64_t b = blockIdx.y;
-  const int h = blockIdx.z, hk = h / (p.heads_q / p.heads_kv);
-  const Sequence s = sequence(p, b);
-  if (m0 >= s.len_q) return;
-  const Mask mask(p, s);
-  const int valid_q = min(kBM, s.len_q - m0);
-  const T* q = static_cast<const T*>(p.q) + b * p.q_sb + (s.start_q + m0) * p.q_ss + h * p.q_sh;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_sb + s.start_k * p.k_ss + hk * p.k_sh;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_sb + s.start_k * p.v_ss + hk * p.v_sh;
-  const int key_lo = mask.first_key(m0), key_hi = mask.end_key(m0 + valid_q);
-  const int nb_lo = key_lo / kBN, nb_hi = key_hi > key_lo ? (key_hi + kBN - 1) / kBN : nb_lo;
-
-  auto load_kv = [&](int nb, int buf) {
-    const int n0 = nb * kBN, rows = min(kBN, s.len_k - n0);
-    load_tile<T, kBN, kD, kThreads>(sk + buf * kBN * pitch<kD>(), k + n0 * p.k_ss, p.k_ss, rows);
-    load_tile<T, kBN, kDV, kThreads>(sv + buf * kBN * pitch<kDV>(), v + n0 * p.v_ss, p.v_ss, rows);
-  };
-  load_tile<T, kBM, kD, kThreads>(sq, q, p.q_ss, valid_q);
-  if (nb_lo < nb_hi) load_kv(nb_lo, 0);
+  const QueryBlock<kBM, kBN> blk(p);
+  if (blk.valid_q <= 0) return;
+  const Mask& mask = blk.mask;
+  const int m0 = blk.m0, valid_q = blk.valid_q, nb_lo = blk.nb_lo, nb_hi = blk.nb_hi;
+  load_tile<T, kBM, kD, kThreads>(sq, blk.template rows<const T>(p.q, p.q_sb, p.q_ss, p.q_sh), p.q_ss, valid_q);
+  if (nb_lo < nb_hi) blk.template load_kv<T, kD, kDV, kThreads>(p, sk, sv, nb_lo, 0);
   cp_async_commit();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -60,7 +45,7 @@ __global__ void __launch_bounds__(32 * kWarps) attn_fwd_kernel(const PtAttnParam
   // Running max (log2 units) and this thread's part of the running sum, rows g and g + 8 of each
   // row tile.
   float row_max[kMT][2], row_sum[kMT][2];
-  const float sink2 = p.sink != nullptr ? p.sink[h] * kLog2e : -INFINITY;
+  const float sink2 = p.sink != nullptr ? p.sink[blk.h] * kLog2e : -INFINITY;
 #pragma unroll
   for (int m = 0; m < kMT; ++m) {
     zero(o[m]);
@@ -71,7 +56,7 @@ __global__ void __launch_bounds__(32 * kWarps) attn_fwd_kernel(const PtAttnParam
     const int buf = (nb - nb_lo) & 1;
     cp_async_wait_all();
     __syncthreads();  // the block has landed, and every warp is done with the other buffer
-    if (nb + 1 < nb_hi) load_kv(nb + 1, buf ^ 1);
+    if (nb + 1 < nb_hi) blk.template load_kv<T, kD, kDV, kThreads>(p, sk, sv, nb + 1, buf ^ 1);
     cp_async_commit();
 
     float sc[kMT][kBN / 8][4];
@@ -119,8 +104,8 @@ __global__ void __launch_bounds__(32 * kWarps) attn_fwd_kernel(const PtAttnParam
   }
   cp_async_wait_all();
 
-  T* out = static_cast<T*>(p.out) + b * p.o_sb + (s.start_q + m0) * p.o_ss + h * p.o_sh;
-  float* lse_row = p.lse + b * p.lse_sb + h * p.lse_sh + s.start_q + m0;
+  T* out = blk.template rows<T>(p.out, p.o_sb, p.o_ss, p.o_sh);
+  float* lse_row = p.lse + lse_offset(p, blk.b, blk.h, blk.s.start_q + m0);
 #pragma unroll
   for (int m = 0; m < kMT; ++m) {
     float lse[2];
