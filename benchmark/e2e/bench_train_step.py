@@ -4,16 +4,18 @@ torch layers, in eager mode and under torch.compile, bf16 and FP8.
     python benchmark/e2e/bench_train_step.py [--model Llama-3.1-8B] [--layers 4] [--tokens 8192]
         [--variants torch_eager torch_compile turbo_bf16 turbo_fp8_rowwise ...] [--steps 50]
 
-The model: ``--layers`` Llama-style blocks (RMSNorm, QKV projection, RoPE, causal GQA attention
-through SDPA, output projection, RMSNorm, SwiGLU MLP) with the dimensions of ``--model``
+The model: ``--layers`` Llama-style blocks (RMSNorm, QKV projection, RoPE, causal GQA attention,
+output projection, RMSNorm, SwiGLU MLP) with the dimensions of ``--model``
 (benchmark/ops/config.py, from shared/MODELS.md), a final norm and a loss on the hidden states (the
 vocabulary head is left out: it is a GEMM of its own and dominates small stacks). Every variant
 starts from the same weights and trains on the same data with AdamW.
 
 Variants:
-- ``torch_eager`` / ``torch_compile``: torch.nn.Linear, torch.nn.RMSNorm, torch RoPE and SwiGLU;
+- ``torch_eager`` / ``torch_compile``: torch.nn.Linear, torch.nn.RMSNorm, torch RoPE and SwiGLU,
+  attention through torch's scaled_dot_product_attention (its own backend choice);
 - ``turbo_bf16``: the same model after ``turbo.convert_model`` (our Linear and RMSNorm), with
-  ``turbo.ops.rope`` and ``turbo.ops.swiglu``;
+  ``turbo.ops.rope``, ``turbo.ops.swiglu`` and ``turbo.ops.flash_attn_func`` (on the attention
+  backend ``--attn-backend`` names; unset, the library's choice);
 - ``turbo_fp8_<granularity>``: ``turbo.convert_model(model, fp8_config=...)`` (Float8Linear,
   HYBRID) on top of that, for tensorwise, rowwise and blockwise;
 - ``turbo_*_compile``: a turbo variant under torch.compile.
@@ -84,10 +86,13 @@ class Block(nn.Module):
             q, k = self.turbo_ops.rope(q, k, cos, sin)
         else:
             q, k = torch_rope(q, cos, sin), torch_rope(k, cos, sin)
-        attn = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-        )
-        x = x + self.out(attn.transpose(1, 2).reshape(b, s, m.q_dim))
+        if self.turbo_ops is not None:
+            attn = self.turbo_ops.flash_attn_func(q, k, v, causal=True)  # [B, S, H, D]
+        else:
+            attn = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+            ).transpose(1, 2)
+        x = x + self.out(attn.reshape(b, s, m.q_dim))
         h = self.gate_up(self.mlp_norm(x))
         if self.turbo_ops is not None:
             h = self.turbo_ops.swiglu(h)
@@ -203,7 +208,13 @@ def main() -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--output-dir", default=str(bu.DEFAULT_RESULTS_DIR))
     p.add_argument("--no-summary", action="store_true")
+    p.add_argument("--attn-backend", choices=("auto", "TURBO", "CUDNN"), default="auto",
+                   help="attention backend of the turbo variants (auto: unset, the library's choice)")
     args = p.parse_args()
+    if args.attn_backend != "auto":
+        from primus_turbo.pytorch.core.backend import GlobalBackendManager
+
+        GlobalBackendManager.set_attn_backend(args.attn_backend)
 
     m = cfg.DENSE_MODELS[args.model]
     seq = args.seq or min(m.seq, args.tokens)
@@ -221,7 +232,8 @@ def main() -> int:
     reference_out = None  # torch eager's output at the initial weights (run it first)
     variants = sorted(args.variants, key=lambda v: v != "torch_eager")
     for variant in variants:
-        row = {"variant": variant, "model": args.model, "layers": args.layers, "batch": batch, "seq": seq}
+        row = {"variant": variant, "model": args.model, "layers": args.layers, "batch": batch, "seq": seq,
+               "attn_backend": "sdpa" if variant.startswith("torch") else args.attn_backend}
         try:
             model, step_model = build(variant, base_state, m, args.layers, device, dtype)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -297,7 +309,7 @@ def main() -> int:
     gpu = bu.gpu_short_name() if on_gpu else "cpu"
     out_dir = bu.results_dir_for(args.output_dir, gpu)
     rows = [{**bu.run_stamp(gpu), **r} for r in rows]
-    columns = ["gpu", "date", "commit", "variant", "model", "layers", "batch", "seq", "step_ms", "optimizer_ms", "tflops", "speedup_vs_torch_eager",
+    columns = ["gpu", "date", "commit", "variant", "attn_backend", "model", "layers", "batch", "seq", "step_ms", "optimizer_ms", "tflops", "speedup_vs_torch_eager",
                "gpu_busy_ms", "gpu_busy_share"] + [f"{n}_ms" for n, _ in FAMILIES] + [
                "other_ms", "out_snr_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
     bu.write_csv(out_dir / "e2e_dense.csv", rows, columns)
@@ -311,6 +323,7 @@ def main() -> int:
                 out_snr_db=r.get("out_snr_db"),
                 metric="model TFLOPS (fwd+bwd)", baseline="torch bf16 eager", gpu=gpu,
                 gpu_busy_share=r.get("gpu_busy_share"), loss_rel_diff=r["loss_rel_diff"],
+                attn_backend=r["attn_backend"],
             )
             bu.update_summary(args.output_dir, gpu, name, entry)
     return 0 if all(r["status"] == "OK" for r in rows) else 1

@@ -5,6 +5,8 @@ shapes of the model tables (config.gen_attention_test_cases, shared/MODELS.md).
     python benchmark/ops/bench_attention.py                 # every shape x 2K..32K, 16K tokens a step
     python benchmark/ops/bench_attention.py --quick         # GQA, MLA and the varlen case at 4K
     python benchmark/ops/bench_attention.py --seqlens 4096 8192 --tokens 32768
+    python benchmark/ops/bench_attention.py --quick --backend TURBO   # our kernel only (default: unset,
+                                                                      # cuDNN where it runs, else ours)
 
 Cases ([B, S, H, D] inputs, B = tokens // S): every head configuration causal, the MHA/GQA ones
 also non-causal, GPT-OSS's (64, 8, 64, 64) with a 128-token window and sinks, and one varlen step
@@ -425,6 +427,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--no-summary", action="store_true")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument(
+        "--backend",
+        choices=("auto", "TURBO", "CUDNN"),
+        default="auto",
+        help="attention backend of ours (auto: unset, the library's choice per shape)",
+    )
     args = p.parse_args(argv)
     args.default_set = args.seqlens is None and args.tokens is None and not args.quick
     args.seqlens = args.seqlens or ([QUICK_SEQLEN] if args.quick else list(cfg.ATTENTION_SEQLENS))
@@ -465,6 +473,7 @@ def report(rows, args, gpu_name, gpu, out_dir, csv_path, tag) -> None:
             tokens=args.tokens,
             torch=torch.__version__,
             cudnn=torch.backends.cudnn.version(),
+            ours_backend=args.backend,
             csv=csv_path.name,
         )
         if not args.no_summary:
@@ -493,6 +502,8 @@ def main(argv=None) -> int:
         return 2
     import primus_turbo.pytorch as turbo
 
+    if args.backend != "auto":
+        turbo.core.backend.GlobalBackendManager.set_attn_backend(args.backend)
     dtype = bu.DTYPES[args.dtype]
     cases = gen_cases(args)
     gpu_name = torch.cuda.get_device_name()
@@ -511,6 +522,7 @@ def main(argv=None) -> int:
             "TestID": i, "GPU": gpu, "Case": case.name, "Kind": case.kind, "Batch": case.batch,
             "SeqLen": case.seqlen, "HeadsQ": case.hq, "HeadsKV": case.hkv, "DimQK": case.d, "DimV": case.dv,
             "Causal": case.causal, "Window": case.window or "", "Sinks": case.sinks, "dtype": args.dtype,
+            "Backend": args.backend,
         }  # fmt: skip
         rows.append(row)
         t0 = time.perf_counter()

@@ -3,7 +3,9 @@ against an explicit float32 softmax reference (ACCURACY.md: SNR >= 40 dB for bf1
 sequence lengths (1 to 4097, Sq != Sk both ways), every head-dim pair, GQA ratios, causal masks
 and windows, sinks, packed sequences with empty and length-1 members, strided layouts; then
 determinism, CUDA graphs, torch.compile, every output element written, the module and the
-transformers integration."""
+transformers integration. Tests taking the ``backend`` fixture run once on our kernel (TURBO) and once
+on cuDNN (CUDNN; skipped, with cuDNN's reason, where cuDNN does not take the problem — unset, the
+library then runs ours); the others run with the backend unset."""
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from attention_reference import reference, varlen_reference
 from turbo_test_utils import poison_allocator, snr_db
 
 import primus_turbo.pytorch as turbo
+from primus_turbo.pytorch.core.backend import GlobalBackendManager
 
 pytestmark = pytest.mark.gpu
 
@@ -43,6 +46,23 @@ def assert_snr(out: torch.Tensor, ref: torch.Tensor, min_db: float, what: str) -
 # ---- running ours ------------------------------------------------------------------------------
 
 
+@pytest.fixture(params=["TURBO", "CUDNN"])
+def backend(request):
+    GlobalBackendManager.set_attn_backend(request.param)
+    yield request.param
+    GlobalBackendManager.set_attn_backend(None)
+
+
+def _attn(fn, *args, **kwargs):
+    """fn(*args, **kwargs), with a problem the forced CUDNN backend refuses turned into a skip."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as e:
+        if "CUDNN attention backend cannot run" in str(e):
+            pytest.skip(str(e).split(": ", 1)[-1])
+        raise
+
+
 def make(b, sq, sk, hq, hkv, d, dv, dtype=torch.bfloat16, sink=False, seed=0):
     torch.manual_seed(seed)
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)
@@ -61,11 +81,11 @@ def run_turbo(q, k, v, dout, sink=None, cu=None, **kwargs):
     kwargs["sink"] = s[0] if s else None
     poison_allocator(dout.numel() * dout.element_size())  # unwritten output elements would stay NaN
     if cu is None:
-        out, lse = turbo.ops.flash_attn_func(*leaves, return_lse=True, **kwargs)
+        out, lse = _attn(turbo.ops.flash_attn_func, *leaves, return_lse=True, **kwargs)
     else:
-        out, lse = turbo.ops.flash_attn_varlen_func(*leaves, *cu, return_lse=True, **kwargs)
+        out, lse = _attn(turbo.ops.flash_attn_varlen_func, *leaves, *cu, return_lse=True, **kwargs)
     poison_allocator(max(t.numel() * t.element_size() for t in (q, k, v)))
-    grads = torch.autograd.grad(out, leaves + s, dout)
+    grads = _attn(torch.autograd.grad, out, leaves + s, dout)
     return (out.detach(), lse, *grads[:3], grads[3] if s else None)
 
 
@@ -107,7 +127,7 @@ CASES = [
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
-def test_attention_matches_reference(case, causal, dtype):
+def test_attention_matches_reference(case, causal, dtype, backend):
     _, b, sq, sk, hq, hkv, d, dv = case
     q, k, v, dout, _ = make(b, sq, sk, hq, hkv, d, dv, dtype, seed=sq + sk)
     check(q, k, v, dout, causal=causal, what=case[0])
@@ -115,7 +135,7 @@ def test_attention_matches_reference(case, causal, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("dims", HEAD_DIMS, ids=lambda p: f"d{p[0]}_{p[1]}")
-def test_every_head_dim_pair(dims, dtype):
+def test_every_head_dim_pair(dims, dtype, backend):
     d, dv = dims
     q, k, v, dout, _ = make(2, 200, 230, 4, 2, d, dv, dtype, seed=d + dv)
     check(q, k, v, dout, causal=True, what=f"d{d}/{dv}")
@@ -124,7 +144,7 @@ def test_every_head_dim_pair(dims, dtype):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("ratio", [1, 4, 8, 16])
-def test_gqa_ratios(ratio, causal):
+def test_gqa_ratios(ratio, causal, backend):
     q, k, v, dout, _ = make(2, 256, 256, 16, 16 // ratio, 128, 128, seed=ratio)
     check(q, k, v, dout, causal=causal, what=f"gqa{ratio}")
 
@@ -145,7 +165,7 @@ WINDOWS = [
 
 
 @pytest.mark.parametrize("window,causal,sq,sk", WINDOWS, ids=lambda x: str(x).replace(" ", ""))
-def test_windows(window, causal, sq, sk):
+def test_windows(window, causal, sq, sk, backend):
     q, k, v, dout, _ = make(2, sq, sk, 4, 2, 64, 64, seed=sq + 3 * sk)
     check(q, k, v, dout, causal=causal, window_size=window, what=f"window {window}")
 
@@ -161,7 +181,7 @@ def test_windows(window, causal, sq, sk):
     ],
 )
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_sinks(dtype, b, sq, sk, hq, hkv, d, window, causal):
+def test_sinks(dtype, b, sq, sk, hq, hkv, d, window, causal, backend):
     q, k, v, dout, sink = make(b, sq, sk, hq, hkv, d, d, dtype, sink=True, seed=sq * 7 + hq)
     check(q, k, v, dout, sink, causal=causal, window_size=window, what="sink")
 
@@ -181,6 +201,16 @@ def test_bf16_sink_parameter():
 # query block without keys (3 queries, 0 keys).
 SEQLENS_Q = [5, 0, 1, 300, 17, 64, 3, 129]
 SEQLENS_K = [5, 0, 1, 200, 40, 64, 0, 129]
+
+
+def flash_attn_varlen_on_turbo(*args, **kwargs):
+    """Packed sequences run on our kernel whatever the fixture forced (cuDNN does not take them)."""
+    forced = GlobalBackendManager.get_attn_backend("bf16")
+    GlobalBackendManager.set_attn_backend("TURBO")
+    try:
+        return turbo.ops.flash_attn_varlen_func(*args, **kwargs)
+    finally:
+        GlobalBackendManager.set_attn_backend(forced.backend if forced else None)
 
 
 def offsets(lens, dtype=torch.int32):
@@ -240,7 +270,7 @@ def _views(layout, b, s, hq, hkv, d, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("layout", ["sbhd", "bhsd", "qkv_packed", "unaligned"])
-def test_strided_views(layout):
+def test_strided_views(layout, backend):
     torch.manual_seed(11)
     q, k, v = _views(layout, 2, 200, 8, 2, 128)
     dout = torch.randn(2, 200, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(0, 1).contiguous().transpose(0, 1)
@@ -272,28 +302,47 @@ def test_return_conventions():
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
-def test_backward_is_bitwise_deterministic(varlen):
+def test_backward_is_bitwise_deterministic(varlen, backend):
     q, k, v, dout, sink = make(2, 1024, 1024, 16, 2, 128, 128, sink=True, seed=14)
     if varlen:
         cu = offsets([1000, 1048])
         args = [t.flatten(0, 1) for t in (q, k, v, dout)] + [sink]
-        runs = [run_turbo(*args, cu=(cu, cu, 1048, 1048), causal=True) for _ in range(2)]
+        runs = [run_turbo(*args, cu=(cu, cu, 1048, 1048), causal=True, deterministic=True) for _ in range(2)]
     else:
-        runs = [run_turbo(q, k, v, dout, sink, causal=True) for _ in range(2)]
+        runs = [run_turbo(q, k, v, dout, sink, causal=True, deterministic=True) for _ in range(2)]
     for name, a, b in zip(NAMES, *runs):
         assert torch.equal(a, b), f"{name} differs between two runs"
 
 
-def test_cuda_graph_capture_of_forward_and_backward():
+def test_unset_backend_runs_what_cudnn_refuses_on_our_kernel():
+    # rows that see no key (causal, Sq > Sk) and a left window alone: cuDNN is skipped, not failed
+    q, k, v, dout, sink = make(2, 333, 100, 4, 2, 128, 128, sink=True, seed=17)
+    check(q, k, v, dout, sink, causal=True, what="no-key rows")
+    q, k, v, dout, _ = make(2, 64, 64, 4, 2, 64, 64, seed=18)
+    check(q, k, v, dout, window_size=(0, -1), what="left window only")
+
+
+def test_forced_cudnn_names_its_reason():
+    GlobalBackendManager.set_attn_backend("CUDNN")
+    try:
+        q = torch.randn(10, 4, 64, device="cuda", dtype=torch.bfloat16)
+        cu = offsets([4, 6])
+        with pytest.raises(NotImplementedError, match="CUDNN attention backend cannot run this forward: packed"):
+            turbo.ops.flash_attn_varlen_func(q, q, q, cu, cu, 6, 6)
+    finally:
+        GlobalBackendManager.set_attn_backend(None)
+
+
+def test_cuda_graph_capture_of_forward_and_backward(backend):
     q, k, v, dout, sink = make(2, 256, 256, 8, 2, 128, 128, sink=True, seed=15)
     leaves = [t.detach().requires_grad_() for t in (q, k, v, sink)]
     cu = offsets([100, 0, 156])
     packed = [t.detach().flatten(0, 1)[:256].clone().requires_grad_() for t in (q, k, v)]
 
     def step():
-        out, lse = turbo.ops.flash_attn_func(*leaves[:3], sink=leaves[3], causal=True, return_lse=True)
-        grads = torch.autograd.grad(out, leaves, dout)
-        pout = turbo.ops.flash_attn_varlen_func(*packed, cu, cu, 156, 156, window_size=(32, 32))
+        out, lse = _attn(turbo.ops.flash_attn_func, *leaves[:3], sink=leaves[3], causal=True, return_lse=True)
+        grads = _attn(torch.autograd.grad, out, leaves, dout)
+        pout = flash_attn_varlen_on_turbo(*packed, cu, cu, 156, 156, window_size=(32, 32))
         pgrads = torch.autograd.grad(pout, packed, dout[0])
         return (out, lse, *grads, pout, *pgrads)
 

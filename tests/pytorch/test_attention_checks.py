@@ -39,12 +39,12 @@ def test_registered_as_custom_ops():
     assert fwd.startswith(
         "primus_turbo::attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? sink, Tensor? cu_seqlens_q, "
         "Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, int window_left, "
-        "int window_right)"
+        "int window_right, int backend)"
     )
     assert bwd.startswith(
         "primus_turbo::attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "Tensor? sink, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
-        "float softmax_scale, int window_left, int window_right)"
+        "float softmax_scale, int window_left, int window_right, int backend, bool deterministic)"
     )
 
 
@@ -104,16 +104,16 @@ def test_no_grad_and_inputs_without_grad_skip_autograd():
 def test_fake_ops_shapes():
     ops = torch.ops.primus_turbo
     q, k, v = qkv(sq=5, sk=9, d=192, dv=128)
-    out, lse = ops.attention_fwd(q, k, v, None, None, None, 5, 9, 0.1, -1, 0)
+    out, lse = ops.attention_fwd(q, k, v, None, None, None, 5, 9, 0.1, -1, 0, 0)
     assert out.shape == (2, 5, 8, 128) and lse.shape == (2, 8, 5)
-    dq, dk, dv, dsink = ops.attention_bwd(out, q, k, v, out, lse, None, None, None, 5, 9, 0.1, -1, 0)
+    dq, dk, dv, dsink = ops.attention_bwd(out, q, k, v, out, lse, None, None, None, 5, 9, 0.1, -1, 0, 0, False)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     assert dsink.shape == (0,) and dsink.dtype == torch.float32
     sink = meta(8, dtype=torch.float32)
-    *_, dsink = ops.attention_bwd(out, q, k, v, out, lse, sink, None, None, 5, 9, 0.1, -1, 0)
+    *_, dsink = ops.attention_bwd(out, q, k, v, out, lse, sink, None, None, 5, 9, 0.1, -1, 0, 0, False)
     assert dsink.shape == (8,)
     q, k, v = packed()
-    out, lse = ops.attention_fwd(q, k, v, None, cu(3), cu(3), 10, 20, 0.1, -1, -1)
+    out, lse = ops.attention_fwd(q, k, v, None, cu(3), cu(3), 10, 20, 0.1, -1, -1, 0)
     assert out.shape == (30, 8, 128) and lse.shape == (8, 30)
 
 
@@ -124,7 +124,9 @@ def test_fake_tensor_mode_on_cuda_device():
         q = torch.empty(2, 64, 16, 128, device="cuda", dtype=torch.float16)
         k = torch.empty(2, 64, 4, 128, device="cuda", dtype=torch.float16)
         out, lse = fa(q, k, k, causal=True, window_size=(8, 0), return_lse=True)
-        dq, dk, _, _ = torch.ops.primus_turbo.attention_bwd(out, q, k, k, out, lse, None, None, None, 64, 64, 0.1, 8, 0)
+        dq, dk, _, _ = torch.ops.primus_turbo.attention_bwd(
+            out, q, k, k, out, lse, None, None, None, 64, 64, 0.1, 8, 0, 0, False
+        )
         k3 = torch.empty(2, 64, 3, 128, device="cuda", dtype=torch.float16)
         with pytest.raises(ValueError, match="argument 'k' has 3 heads"):
             fa(q, k3, k3)
@@ -203,7 +205,7 @@ def test_argument_errors_with_grad_and_in_the_fake_op():
     with pytest.raises(ValueError, match="argument 'k' has 3 heads"):
         fa(q, meta(2, 16, 3, 128, grad=True), meta(2, 16, 3, 128, grad=True))
     with pytest.raises(NotImplementedError, match="head dims"):
-        torch.ops.primus_turbo.attention_fwd(*qkv(d=100), None, None, None, 16, 16, 0.1, -1, -1)
+        torch.ops.primus_turbo.attention_fwd(*qkv(d=100), None, None, None, 16, 16, 0.1, -1, -1, 0)
 
 
 VARLEN_BAD_ARGS = [
@@ -370,16 +372,28 @@ def test_hf_plumbing_against_eager_on_cpu(monkeypatch, model):
             torch.testing.assert_close(got[keep], want[keep], rtol=1e-4, atol=1e-4)
 
 
-def test_other_attention_backends_are_refused_not_ignored(monkeypatch):
+def test_attention_backend_setting_reaches_the_native_op_and_others_are_refused(monkeypatch):
     from primus_turbo.pytorch.core.backend import GlobalBackendManager
+    from primus_turbo.pytorch.ops import attention
 
+    seen = []
+    real = attention._fwd_op
+    monkeypatch.setattr(attention, "_fwd_op", lambda *a: seen.append(a[-1]) or real(*a))
     q = torch.randn(1, 4, 2, 64, device="meta", dtype=torch.bfloat16)
-    GlobalBackendManager.set_attn_backend("CUDNN")
-    with pytest.raises(NotImplementedError, match="attention backend CUDNN"):
+    try:
+        for setting, tune, code in ((None, False, 0), ("TURBO", False, 4), ("CUDNN", False, 3), (None, True, 0)):
+            GlobalBackendManager.set_attn_backend(setting, auto_tune=tune)
+            assert turbo.ops.flash_attn_func(q, q, q).shape == (1, 4, 2, 64)
+            assert seen[-1] == code, setting
+        GlobalBackendManager.set_attn_backend("CUTLASS")
+        with pytest.raises(NotImplementedError, match="attention backend CUTLASS is not available; choose TURBO"):
+            turbo.ops.flash_attn_func(q, q, q)
+        GlobalBackendManager.set_attn_backend(None)
+        monkeypatch.setenv("PRIMUS_TURBO_ATTN_BACKEND", "CUBLASLT")
+        with pytest.raises(NotImplementedError, match="attention backend CUBLASLT"):
+            turbo.ops.flash_attn_func(q, q, q)
+        monkeypatch.setenv("PRIMUS_TURBO_ATTN_BACKEND", "cudnn")
         turbo.ops.flash_attn_func(q, q, q)
-    GlobalBackendManager.set_attn_backend("TURBO")
-    assert turbo.ops.flash_attn_func(q, q, q).shape == (1, 4, 2, 64)
-    GlobalBackendManager.set_attn_backend(None)
-    monkeypatch.setenv("PRIMUS_TURBO_ATTN_BACKEND", "CUDNN")
-    with pytest.raises(NotImplementedError, match="attention backend CUDNN"):
-        turbo.ops.flash_attn_func(q, q, q)
+        assert seen[-1] == 3
+    finally:
+        GlobalBackendManager.set_attn_backend(None)

@@ -73,6 +73,17 @@ void add_optionals(NamedTensors& all, const std::optional<Tensor>& sink, const s
   if (cu_k) all.push_back({"cu_seqlens_k", &*cu_k});
 }
 
+// Calls run(workspace, bytes, &needed) without a workspace; when the backend needed one (cuDNN's
+// graphs may), allocates it from torch's pool and calls again.
+template <class Run>
+void with_workspace(int32_t device, const char* op, Run&& run) {
+  size_t needed = 0;
+  check_status(run(nullptr, 0, &needed), op);
+  if (needed == 0) return;
+  Tensor ws = empty({static_cast<int64_t>(needed)}, ScalarType::Byte, device);
+  check_status(run(ws.data_ptr(), needed, &needed), op);
+}
+
 // lse (and the backward's delta): float32 [B, Hq, Sq], or [Hq, Tq] packed.
 Tensor empty_lse(const Tensor& q, bool packed, int32_t device) {
   const auto s = q.sizes();
@@ -82,7 +93,7 @@ Tensor empty_lse(const Tensor& q, bool packed, int32_t device) {
 std::tuple<Tensor, Tensor> attention_fwd(Tensor q_in, Tensor k_in, Tensor v_in, std::optional<Tensor> sink_in,
                                          std::optional<Tensor> cu_q_in, std::optional<Tensor> cu_k_in,
                                          int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
-                                         int64_t window_left, int64_t window_right) {
+                                         int64_t window_left, int64_t window_right, int64_t backend) {
   const bool packed = cu_q_in.has_value() || cu_k_in.has_value();
   check_operands(kFwd, {{"q", &q_in}, {"k", &k_in}, {"v", &v_in}}, packed);
   NamedTensors all{{"q", &q_in}, {"k", &k_in}, {"v", &v_in}};
@@ -97,10 +108,13 @@ std::tuple<Tensor, Tensor> attention_fwd(Tensor q_in, Tensor k_in, Tensor v_in, 
   Tensor lse = empty_lse(q, packed, device);
   pt_tensor pq = to_pt(q), pk = to_pt(k), pv = to_pt(v), po = to_pt(out), pl = to_pt(lse);
   DeviceScope scope(device);
-  check_status(pt_attention_fwd(&pq, &pk, &pv, o.sink_ptr(), o.cu_q_ptr(), o.cu_k_ptr(), &po, &pl, max_seqlen_q,
-                                max_seqlen_k, softmax_scale, static_cast<int32_t>(window_left),
-                                static_cast<int32_t>(window_right), current_stream(device)),
-               kFwd);
+  void* stream = current_stream(device);
+  with_workspace(device, kFwd, [&](void* ws, size_t bytes, size_t* needed) {
+    return pt_attention_fwd(&pq, &pk, &pv, o.sink_ptr(), o.cu_q_ptr(), o.cu_k_ptr(), &po, &pl, max_seqlen_q,
+                            max_seqlen_k, softmax_scale, static_cast<int32_t>(window_left),
+                            static_cast<int32_t>(window_right), static_cast<int32_t>(backend), ws, bytes, needed,
+                            stream);
+  });
   return {out, lse};
 }
 
@@ -109,7 +123,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_bwd(Tensor dout_in, Tensor 
                                                          std::optional<Tensor> cu_q_in, std::optional<Tensor> cu_k_in,
                                                          int64_t max_seqlen_q, int64_t max_seqlen_k,
                                                          double softmax_scale, int64_t window_left,
-                                                         int64_t window_right) {
+                                                         int64_t window_right, int64_t backend,
+                                                         bool deterministic) {
   const bool packed = cu_q_in.has_value() || cu_k_in.has_value();
   check_operands(kBwd, {{"q", &q_in}, {"k", &k_in}, {"v", &v_in}, {"out", &out}, {"dout", &dout_in}}, packed);
   NamedTensors all{{"dout", &dout_in}, {"q", &q_in}, {"k", &k_in}, {"v", &v_in}, {"out", &out}, {"lse", &lse}};
@@ -126,11 +141,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_bwd(Tensor dout_in, Tensor 
   pt_tensor pdo = to_pt(dout), pq = to_pt(q), pk = to_pt(k), pv = to_pt(v), po = to_pt(o_c), pl = to_pt(lse_c);
   pt_tensor pdq = to_pt(dq), pdk = to_pt(dk), pdv = to_pt(dv), pds = to_pt(dsink), pdelta = to_pt(delta);
   DeviceScope scope(device);
-  check_status(pt_attention_bwd(&pdo, &pq, &pk, &pv, &po, &pl, o.sink_ptr(), o.cu_q_ptr(), o.cu_k_ptr(), &pdq, &pdk,
-                                &pdv, sink_in ? &pds : nullptr, &pdelta, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                static_cast<int32_t>(window_left), static_cast<int32_t>(window_right),
-                                current_stream(device)),
-               kBwd);
+  void* stream = current_stream(device);
+  with_workspace(device, kBwd, [&](void* ws, size_t bytes, size_t* needed) {
+    return pt_attention_bwd(&pdo, &pq, &pk, &pv, &po, &pl, o.sink_ptr(), o.cu_q_ptr(), o.cu_k_ptr(), &pdq, &pdk,
+                            &pdv, sink_in ? &pds : nullptr, &pdelta, max_seqlen_q, max_seqlen_k, softmax_scale,
+                            static_cast<int32_t>(window_left), static_cast<int32_t>(window_right),
+                            static_cast<int32_t>(backend), deterministic ? 1 : 0, ws, bytes, needed, stream);
+  });
   return {dq, dk, dv, dsink};
 }
 
@@ -138,11 +155,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_bwd(Tensor dout_in, Tensor 
 
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? sink, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
-        "int max_seqlen_q, int max_seqlen_k, float softmax_scale, int window_left, int window_right) "
+        "int max_seqlen_q, int max_seqlen_k, float softmax_scale, int window_left, int window_right, int backend) "
         "-> (Tensor, Tensor)");
   m.def("attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? sink, "
         "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
-        "int window_left, int window_right) -> (Tensor, Tensor, Tensor, Tensor)");
+        "int window_left, int window_right, int backend, bool deterministic) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 static void register_kernels(torch::stable::detail::StableLibrary& m) {

@@ -1,4 +1,5 @@
-/* Flash attention, forward and backward, on the library's own kernel; included by primus_turbo.h. */
+/* Flash attention, forward and backward, on the library's own kernel (PT_BACKEND_TURBO) or on
+   cuDNN's (PT_BACKEND_CUDNN); included by primus_turbo.h. */
 #pragma once
 
 #ifdef __cplusplus
@@ -17,23 +18,36 @@ extern "C" {
    Key j is visible from query i iff i + Sk - Sq - window_left <= j <= i + Sk - Sq + window_right
    (per sequence; -1: unbounded side; causal is window_right = 0). sink: null or float32 [Hq]
    logits joining each row's softmax denominator. lse: the natural log of the denominator, +inf for
-   a row that sees nothing (its output is 0). No host synchronization; CUDA-graph capturable. */
+   a row that sees nothing (its output is 0). No host synchronization; CUDA-graph capturable.
+   backend: PT_BACKEND_TURBO, PT_BACKEND_CUDNN, or PT_BACKEND_NONE for cuDNN where it runs the
+   problem (fixed length, every row sees a key, libcudnn 9.10+ loadable) and TURBO elsewhere; an
+   explicit CUDNN it cannot honour is PT_ERROR_NOT_SUPPORTED with the reason.
+   Workspace: *workspace_needed receives the bytes of device memory the chosen backend needs; the
+   call runs only when that fits in workspace_bytes, so a caller with none passes (null, 0), and
+   calls again with a buffer (256-byte aligned) when *workspace_needed came back larger. */
 PT_API pt_status pt_attention_fwd(const pt_tensor* q, const pt_tensor* k, const pt_tensor* v,
                                   const pt_tensor* sink, const pt_tensor* cu_seqlens_q,
                                   const pt_tensor* cu_seqlens_k, pt_tensor* out, pt_tensor* lse,
                                   int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
-                                  int32_t window_left, int32_t window_right, void* stream);
+                                  int32_t window_left, int32_t window_right, int32_t backend,
+                                  void* workspace, size_t workspace_bytes, size_t* workspace_needed,
+                                  void* stream);
 
 /* The gradients of pt_attention_fwd: dq, dk, dv contiguous in q's, k's, v's shapes and dtype;
    dsink float32 [Hq] when sink is given (else null). dout: out's shape and dtype, any strides with
-   a unit last one. delta: float32 workspace in lse's shape. Deterministic (no atomics). */
+   a unit last one. delta: float32 workspace in lse's shape (TURBO). backend and workspace as for
+   pt_attention_fwd; the two directions may run on different backends (lse means the same on both).
+   TURBO is always deterministic (no atomics); deterministic != 0 asks cuDNN for its
+   bitwise-reproducible algorithm. */
 PT_API pt_status pt_attention_bwd(const pt_tensor* dout, const pt_tensor* q, const pt_tensor* k,
                                   const pt_tensor* v, const pt_tensor* out, const pt_tensor* lse,
                                   const pt_tensor* sink, const pt_tensor* cu_seqlens_q,
                                   const pt_tensor* cu_seqlens_k, pt_tensor* dq, pt_tensor* dk, pt_tensor* dv,
                                   pt_tensor* dsink, pt_tensor* delta, int64_t max_seqlen_q,
                                   int64_t max_seqlen_k, double softmax_scale, int32_t window_left,
-                                  int32_t window_right, void* stream);
+                                  int32_t window_right, int32_t backend, int32_t deterministic,
+                                  void* workspace, size_t workspace_bytes, size_t* workspace_needed,
+                                  void* stream);
 
 /* Compiles (or loads from the cache) the attention module of (dtype, D, Dv) for sm_90a without
    running it. Needs no GPU. */

@@ -1,6 +1,8 @@
-// C API entry points of attention: argument checks, then the JIT module's launches.
+// C API entry points of attention: argument checks, the backend, then its launches.
 #include "core/error.h"
 #include "core/tensor.h"
+#include "dispatch/backend_settings.h"
+#include "ops/attention/attention_cudnn.h"
 #include "ops/attention/attention_kernels.h"
 #include "ops/attention/attention_problem.h"
 #include "runtime/device.h"
@@ -24,6 +26,34 @@ Kernels kernels_for(const Problem& p) {
   return load_kernels(p.dtype, p.params.head_dim, p.params.head_dim_v, arch_for_device(device));
 }
 
+// The cuDNN plan when the backend asks for cuDNN and cuDNN runs the problem, null for our kernel.
+// backend NONE is the default choice: cuDNN where it can (faster than our kernel today), else ours.
+const cudnn::Plan* choose(const Problem& p, int32_t backend, bool backward, bool deterministic) {
+  if (backend == PT_BACKEND_TURBO) return nullptr;
+  PT_CHECK_ARG(backend == PT_BACKEND_NONE || backend == PT_BACKEND_CUDNN, "argument 'backend' is ",
+               backend_name(backend), "; attention runs on TURBO or CUDNN");
+  std::string why;
+  const cudnn::Plan* plan = cudnn::plan_for(p, backward, deterministic, &why);
+  PT_CHECK_SUPPORTED(plan != nullptr || backend == PT_BACKEND_NONE, "the CUDNN attention backend cannot run this ",
+                     backward ? "backward" : "forward", ": ", why,
+                     "; choose TURBO (our kernel) or leave the attention backend unset");
+  return plan;
+}
+
+// Runs the cuDNN plan when its workspace fits; else reports the bytes it needs. True if it ran.
+bool run_cudnn(const cudnn::Plan& plan, const Problem& p, void* workspace, size_t workspace_bytes,
+               size_t* workspace_needed, void* stream) {
+  const size_t need = cudnn::workspace_bytes(plan);
+  if (workspace_needed != nullptr) *workspace_needed = need;
+  if (need > workspace_bytes) {
+    PT_CHECK_ARG(workspace_needed != nullptr, "cuDNN attention needs ", need,
+                 " bytes of workspace; pass workspace_needed to learn the size");
+    return false;
+  }
+  cudnn::execute(plan, p, workspace, stream);
+  return true;
+}
+
 }  // namespace
 
 extern "C" {
@@ -31,11 +61,17 @@ extern "C" {
 pt_status pt_attention_fwd(const pt_tensor* q, const pt_tensor* k, const pt_tensor* v, const pt_tensor* sink,
                            const pt_tensor* cu_seqlens_q, const pt_tensor* cu_seqlens_k, pt_tensor* out,
                            pt_tensor* lse, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
-                           int32_t window_left, int32_t window_right, void* stream) {
+                           int32_t window_left, int32_t window_right, int32_t backend, void* workspace,
+                           size_t workspace_bytes, size_t* workspace_needed, void* stream) {
   return api_guard([&] {
+    if (workspace_needed != nullptr) *workspace_needed = 0;
     const Problem p = make_problem(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k,
                                    softmax_scale, window_left, window_right);
     if (numel(*out) == 0 && numel(*lse) == 0) return;
+    if (const cudnn::Plan* plan = choose(p, backend, false, false)) {
+      run_cudnn(*plan, p, workspace, workspace_bytes, workspace_needed, stream);
+      return;
+    }
     run(kernels_for(p).forward, p.params, stream, "forward", *q, *k);
   });
 }
@@ -45,12 +81,18 @@ pt_status pt_attention_bwd(const pt_tensor* dout, const pt_tensor* q, const pt_t
                            const pt_tensor* cu_seqlens_q, const pt_tensor* cu_seqlens_k, pt_tensor* dq, pt_tensor* dk,
                            pt_tensor* dv, pt_tensor* dsink, pt_tensor* delta, int64_t max_seqlen_q,
                            int64_t max_seqlen_k, double softmax_scale, int32_t window_left, int32_t window_right,
-                           void* stream) {
+                           int32_t backend, int32_t deterministic, void* workspace, size_t workspace_bytes,
+                           size_t* workspace_needed, void* stream) {
   return api_guard([&] {
+    if (workspace_needed != nullptr) *workspace_needed = 0;
     Problem p = make_problem(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k,
                              softmax_scale, window_left, window_right);
     add_backward(p, dout, dq, dk, dv, dsink, delta);
     if (numel(*dq) == 0 && numel(*dk) == 0 && (dsink == nullptr || numel(*dsink) == 0)) return;
+    if (const cudnn::Plan* plan = choose(p, backend, true, deterministic != 0)) {
+      run_cudnn(*plan, p, workspace, workspace_bytes, workspace_needed, stream);
+      return;
+    }
     run(kernels_for(p).backward, p.params, stream, "backward", *q, *k);
   });
 }

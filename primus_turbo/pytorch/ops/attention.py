@@ -1,12 +1,16 @@
-"""turbo.ops.flash_attn_func and turbo.ops.flash_attn_varlen_func: fused softmax attention on the
-library's Hopper kernels (kernels/attention), forward and backward, with the original library's
-(and FlashAttention's) Python interface.
+"""turbo.ops.flash_attn_func and turbo.ops.flash_attn_varlen_func: fused softmax attention,
+forward and backward, with the original library's (and FlashAttention's) Python interface, on one
+of two backends: TURBO (the library's own kernels, kernels/attention: every feature, packed
+sequences included) and CUDNN (cuDNN's fused attention through cached cuDNN-frontend graphs, for
+fixed-length batches). Unset, the core picks CUDNN where it runs the problem (it is the faster one
+today) and TURBO elsewhere; ``set_attn_backend`` / ``PRIMUS_TURBO_ATTN_BACKEND`` force one.
 
 One native op per direction (csrc/bindings/torch/attention_ops.cpp) takes both the fixed-length
 [B, S, H, D] and the packed varlen [T, H, D] form (cu_seqlens given), GQA/MQA, a (left, right)
 window of which causal is the right = 0 case, and GPT-OSS attention sinks. It reads q, k and v in
 place through their strides, so [S, B, H, D] and [B, H, S, D] tensors passed as transposed views
-cost no copy. The backward accumulates without atomics: it is always deterministic.
+cost no copy. TURBO's backward accumulates without atomics: it is always deterministic; with
+``deterministic=True`` cuDNN uses its deterministic algorithm.
 """
 
 import math
@@ -113,7 +117,7 @@ def _check_args(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 # ---- native ops (csrc/bindings/torch/attention_ops.cpp) ----------------------------------------
 
 
-def _fwd_fake(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, wl, wr):
+def _fwd_fake(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, wl, wr, backend):
     _check_args(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, wl, wr)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if cu_seqlens_q is None:  # lse [B, Hq, Sq]
@@ -123,7 +127,9 @@ def _fwd_fake(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     return out, lse
 
 
-def _bwd_fake(dout, q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr):
+def _bwd_fake(
+    dout, q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr, backend, det
+):
     dsink = q.new_empty((sink.shape[0] if sink is not None else 0,), dtype=torch.float32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsink
 
@@ -136,10 +142,11 @@ _bwd_op = native.ops.attention_bwd.default
 
 class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr):
-        out, lse = _fwd_op(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr)
+    def forward(ctx, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr, backend, det):
+        args = (max_seqlen_q, max_seqlen_k, scale, wl, wr, backend)
+        out, lse = _fwd_op(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, *args)
         ctx.save_for_backward(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k)
-        ctx.args = (max_seqlen_q, max_seqlen_k, scale, wl, wr)
+        ctx.args = (*args, det)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -149,7 +156,7 @@ class FlashAttnFunction(torch.autograd.Function):
         # dout may be any view (the expanded gradient of out.sum() has all strides 0): the native op
         # reads aligned views in place and copies the rest.
         dq, dk, dv, dsink = _bwd_op(dout, q, k, v, out, lse, sink, cu_q, cu_k, *ctx.args)
-        return dq, dk, dv, (dsink if sink is not None else None), None, None, None, None, None, None, None
+        return dq, dk, dv, (dsink if sink is not None else None), *(None,) * 9
 
 
 def _unsupported(op, dropout_p, bias, alibi_slopes, return_attn_probs) -> None:
@@ -218,32 +225,36 @@ def _tensors(q, k, v, sink, *more) -> bool:
     return ok and (sink is None or isinstance(sink, torch.Tensor)) and all(isinstance(t, torch.Tensor) for t in more)
 
 
-_backend_checked = [None]  # the settings token last found to allow our kernel
+_backend_cache = [None, 0]  # (settings token, backend code) of the last lookup
+_BACKEND_CODES = {BackendType.TURBO: 4, BackendType.CUDNN: 3}  # pt_backend
 
 
-def _check_backend(op) -> None:
-    """Attention runs on our kernel (TURBO). A setting that names another backend is refused,
-    not ignored; the check reruns only when the settings change."""
+def _backend_code(op) -> int:
+    """The pt_backend code the native op gets: TURBO, CUDNN, or 0 (unset; autotune too) for the
+    core's choice. Another backend is refused, not ignored. Looked up again only when the settings
+    change."""
     token = settings_token(OpFamily.ATTN)
-    if token == _backend_checked[0]:
-        return
+    if token == _backend_cache[0]:
+        return _backend_cache[1]
     choice = GlobalBackendManager.get_backend(OpFamily.ATTN, PrecisionType.BF16_FP16_FP32)
-    if choice is not None and choice.backend not in (None, BackendType.TURBO):
+    backend = None if choice is None else choice.backend
+    if backend is not None and backend not in _BACKEND_CODES:
         raise NotImplementedError(
-            f"{op}: attention backend {choice.backend.name} is not available yet; TURBO (our kernel) is the only "
-            "attention backend (set_attn_backend(None) or PRIMUS_TURBO_ATTN_BACKEND=TURBO)"
+            f"{op}: attention backend {backend.name} is not available; choose TURBO (our kernel) or CUDNN, or leave "
+            "it unset (set_attn_backend(None) or PRIMUS_TURBO_ATTN_BACKEND unset)"
         )
-    _backend_checked[0] = token
+    _backend_cache[:] = [token, _BACKEND_CODES.get(backend, 0)]
+    return _backend_cache[1]
 
 
-def _attention(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, return_lse):
-    if not torch.compiler.is_compiling():  # a traced graph keeps the choice made when it was traced
-        _check_backend("flash_attn")
-    args = (q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr)
+def _attention(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, return_lse, deterministic):
+    # A traced graph keeps the choice made when it was traced.
+    backend = _backend_cache[1] if torch.compiler.is_compiling() else _backend_code("flash_attn")
+    args = (q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, backend)
     if torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad or (sink is not None and sink.requires_grad)
     ):
-        out, lse = FlashAttnFunction.apply(*args)
+        out, lse = FlashAttnFunction.apply(*args, bool(deterministic))
     else:
         out, lse = _fwd_op(*args)
     return (out, lse) if return_lse else out
@@ -277,7 +288,8 @@ def flash_attn_func(
             aligned, as FlashAttention); the same as ``window_size[1] = 0``.
         window_size: ``(left, right)``; key ``j`` is visible from query ``i`` iff
             ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``; -1 leaves a side unbounded.
-        deterministic: accepted for compatibility; the backward is always deterministic.
+        deterministic: a bitwise-reproducible backward. TURBO's always is; CUDNN then uses its
+            deterministic algorithm.
         return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]`` (natural log; ``+inf`` for
             a query that sees no key and has no sink).
         sink: optional ``[Hq]`` per-head logit (GPT-OSS attention sinks; cast to float32) that joins
@@ -294,7 +306,7 @@ def flash_attn_func(
     )
     if not (_tensors(q, k, v, sink) and q.dim() == 4 and k.dim() == 4):
         _check_args(q, k, v, sink, None, None, 0, 0, scale, wl, wr)  # names what is wrong
-    return _attention(q, k, v, sink, None, None, q.shape[1], k.shape[1], scale, wl, wr, return_lse)
+    return _attention(q, k, v, sink, None, None, q.shape[1], k.shape[1], scale, wl, wr, return_lse, deterministic)
 
 
 @native.raises_python_errors
@@ -349,7 +361,9 @@ def flash_attn_varlen_func(
         )
     if not _tensors(q, k, v, sink, cu_seqlens_q, cu_seqlens_k):
         _check_args(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr)
-    return _attention(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr, return_lse)
+    return _attention(
+        q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr, return_lse, deterministic
+    )
 
 
 def _host_int(op, name, n):
