@@ -57,7 +57,7 @@ def _attn(fn, *args, **kwargs):
     """fn(*args, **kwargs), with a problem the forced CUDNN backend refuses turned into a skip."""
     try:
         return fn(*args, **kwargs)
-    except NotImplementedError as e:
+    except (NotImplementedError, RuntimeError) as e:  # RuntimeError: raised inside autograd's backward
         if "CUDNN attention backend cannot run" in str(e):
             pytest.skip(str(e).split(": ", 1)[-1])
         raise
@@ -301,9 +301,10 @@ def test_return_conventions():
     assert torch.equal(turbo.ops.flash_attn_func(q, k, v, softmax_scale=scale, causal=True), out)
 
 
+@pytest.mark.parametrize("with_sink", [True, False], ids=["sink", "nosink"])
 @pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
-def test_backward_is_bitwise_deterministic(varlen, backend):
-    q, k, v, dout, sink = make(2, 1024, 1024, 16, 2, 128, 128, sink=True, seed=14)
+def test_backward_is_bitwise_deterministic(varlen, with_sink, backend):
+    q, k, v, dout, sink = make(2, 1024, 1024, 16, 2, 128, 128, sink=with_sink, seed=14)
     if varlen:
         cu = offsets([1000, 1048])
         args = [t.flatten(0, 1) for t in (q, k, v, dout)] + [sink]
@@ -311,7 +312,7 @@ def test_backward_is_bitwise_deterministic(varlen, backend):
     else:
         runs = [run_turbo(q, k, v, dout, sink, causal=True, deterministic=True) for _ in range(2)]
     for name, a, b in zip(NAMES, *runs):
-        assert torch.equal(a, b), f"{name} differs between two runs"
+        assert (a is None and b is None) or torch.equal(a, b), f"{name} differs between two runs"
 
 
 def test_unset_backend_runs_what_cudnn_refuses_on_our_kernel():
@@ -384,8 +385,8 @@ def test_torch_compile_fullgraph_forward_and_backward():
         out, lse = f(*leaves)
         grads = torch.autograd.grad(out, leaves, dout)
         results.append((out.detach(), lse, *grads))
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    for name, got, want in zip(("out", "lse", "dq", "dk", "dv", "dsink"), *results):
+        assert_snr(got, want, 60.0, f"compiled vs eager {name}")  # cuDNN's backward may use atomics
 
 
 # ---- the seed example and the module ------------------------------------------------------------

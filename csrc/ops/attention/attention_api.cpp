@@ -33,7 +33,12 @@ const cudnn::Plan* choose(const Problem& p, int32_t backend, bool backward, bool
   PT_CHECK_ARG(backend == PT_BACKEND_NONE || backend == PT_BACKEND_CUDNN, "argument 'backend' is ",
                backend_name(backend), "; attention runs on TURBO or CUDNN");
   std::string why;
-  const cudnn::Plan* plan = cudnn::plan_for(p, backward, deterministic, &why);
+  const cudnn::Plan* plan = nullptr;
+  if (backward && deterministic && p.params.sink != nullptr) {
+    why = "its sink gradient is not bitwise reproducible (deterministic=True)";
+  } else {
+    plan = cudnn::plan_for(p, backward, deterministic, &why);
+  }
   PT_CHECK_SUPPORTED(plan != nullptr || backend == PT_BACKEND_NONE, "the CUDNN attention backend cannot run this ",
                      backward ? "backward" : "forward", ": ", why,
                      "; choose TURBO (our kernel) or leave the attention backend unset");
