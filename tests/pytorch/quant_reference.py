@@ -36,12 +36,13 @@ def fp32_scales(amax: torch.Tensor, fmax: float):
     return mult, mult.reciprocal()
 
 
-def mx_scales(amax: torch.Tensor, emax: int):
-    """(mult, scale_inv, e8m0 byte) for OCP MX: exponent floor(log2(amax)) - emax, clamped."""
-    a = amax.double()
-    _, exp = torch.frexp(a)
-    e = torch.where(a > 0, exp - 1, torch.full_like(exp, -127)) - emax
-    e = e.clamp(-127, 127)
+def mx_scales(amax: torch.Tensor, fmax: float):
+    """(mult, scale_inv, e8m0 byte): exponent ceil(log2(amax / fmax)) with the quotient rounded to
+    float32 as the kernels divide, clamped to E8M0's range; zero and tiny quotients give -127."""
+    x = amax.float() / torch.tensor(fmax, dtype=torch.float32, device=amax.device)
+    m, exp = torch.frexp(x.double())
+    e = torch.where(m == 0.5, exp - 1, exp)
+    e = torch.where(x >= 2.0**-126, e, torch.full_like(e, -127)).clamp(-127, 127)
     return torch.pow(2.0, -e.double()), torch.pow(2.0, e.double()), (e + 127).to(torch.uint8)
 
 

@@ -131,7 +131,7 @@ def _ref_quantize_fp4(x, axis, two_d=False, rht=False, sr=False):
     xt = (x if axis == -1 else x.t()).double()
     r, k = xt.shape
     gm = 32 if two_d else 1
-    mult, _, e = mx_scales(group_amax(xt, gm, 32), 2)
+    mult, _, e = mx_scales(group_amax(xt, gm, 32), 6.0)
     codes = e2m1_codes(xt * expand(mult, gm, 32, r, k))
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
     return packed, e

@@ -4,8 +4,9 @@ on the library's own CUDA kernels (kernels/quantization/quantize_tile.cuh).
 Conventions (the contract the FP8/FP4 GEMMs build on):
 - ``x ~ q.float() * scale_inv`` broadcast per scale group; ``scale = FMT_MAX / amax`` with amax
   clamped to 1e-30 (an all-zero group gives q = 0 and a finite scale_inv), values rounded to
-  nearest even and saturated to the format's maximum. MX scales are E8M0 powers of two (OCP MX:
-  exponent ``floor(log2(amax)) - emax`` of the element format).
+  nearest even and saturated to the format's maximum. MX scales are E8M0 powers of two, exponent
+  ``ceil(log2(amax / FMT_MAX))``: the smallest that keeps every element of the block in range, so
+  none clips (the rule of NVIDIA's MXFP8 training recipe and of the original library).
 - x of rank > 2 is seen as ``[prod(leading dims), last dim]``; a non-contiguous x is copied once.
 - Tensorwise and rowwise amax are reduced on the device: no host synchronization anywhere, so
   every op can be captured in a CUDA graph; each is a registered custom op with a fake

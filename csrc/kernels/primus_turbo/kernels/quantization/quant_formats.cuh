@@ -23,15 +23,16 @@ __device__ __forceinline__ float pow2f(int e) {
   return e >= -126 ? __uint_as_float(static_cast<uint32_t>(e + 127) << 23) : __uint_as_float(1u << (e + 149));
 }
 
-// floor(log2(a)) for a normal a >= 0; zero and denormals give -127 (the smallest E8M0 exponent).
-__device__ __forceinline__ int floor_log2(float a) {
-  const int e = static_cast<int>((__float_as_uint(a) >> 23) & 0xff);
-  return e == 0 ? -127 : e - 127;
+// ceil(log2(a)) for a normal a >= 0, exact (from the bits, not log2f); zero and denormals give -127
+// (the smallest E8M0 exponent).
+__device__ __forceinline__ int ceil_log2(float a) {
+  const uint32_t bits = __float_as_uint(a);
+  const int e = static_cast<int>((bits >> 23) & 0xff);
+  return e == 0 ? -127 : e - 127 + ((bits & 0x7fffffu) != 0);
 }
 
 struct E4M3 {
   static constexpr float kMax = 448.0f;
-  static constexpr int kEmax = 8;  // exponent of the largest normal (OCP MX: emax_elem)
   static constexpr bool kFp4 = false;
   __device__ static uint8_t encode(float v) { return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3); }
   __device__ static float decode(uint8_t b) {
@@ -41,7 +42,6 @@ struct E4M3 {
 
 struct E5M2 {
   static constexpr float kMax = 57344.0f;
-  static constexpr int kEmax = 15;
   static constexpr bool kFp4 = false;
   __device__ static uint8_t encode(float v) { return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2); }
   __device__ static float decode(uint8_t b) {
@@ -52,7 +52,6 @@ struct E5M2 {
 // E2M1 codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign.
 struct E2M1 {
   static constexpr float kMax = 6.0f;
-  static constexpr int kEmax = 2;
   static constexpr bool kFp4 = true;
   // Round to nearest, ties to the even code, saturating at 6.
   __device__ static uint8_t encode(float v) {
@@ -99,9 +98,10 @@ template <class F>
 __device__ __forceinline__ Scale make_scale(float amax, bool e8m0) {
   Scale s;
   if (e8m0) {
-    // OCP MX: shared exponent floor(log2(amax)) - emax of the element format; elements that still
-    // exceed the format's range saturate.
-    int e = floor_log2(amax) - F::kEmax;
+    // The smallest power of two that brings the block's amax within the element format's range:
+    // ceil(log2(amax / max)), so no element clips (OCP MX's floor(log2(amax)) - emax can leave the
+    // largest values up to 2x past the range, where they saturate).
+    int e = ceil_log2(__fdiv_rn(amax, F::kMax));
     e = max(-127, min(127, e));
     s.mult = pow2f(-e);
     s.inv = pow2f(e);
