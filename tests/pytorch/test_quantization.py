@@ -152,6 +152,13 @@ def test_with_trans_matches_two_calls(config, in_dtype, shape):
     q_row, s_row, q_col, s_col = turbo.ops.quantize_fp8_with_trans(x, dtype, g, block_size=block, scaling_recipe=recipe)
     r_q, r_s = turbo.ops.quantize_fp8(x, dtype, g, block_size=block, axis=-1, scaling_recipe=recipe)
     assert torch.equal(q_row.view(torch.uint8), r_q.view(torch.uint8)) and torch.equal(s_row, r_s)
+    if g == G.BLOCKWISE and not two_d:  # in place, as the original: quantize_fp8(axis=0)'s output
+        c_q, c_s = turbo.ops.quantize_fp8(x, dtype, g, block_size=block, axis=0)
+        assert q_col.shape == (m, k) and torch.equal(q_col.view(torch.uint8), c_q.view(torch.uint8))
+        assert torch.equal(s_col, c_s)
+        out = turbo.ops.dequantize_fp8(q_col, torch.float32, g, block_size=block, axis=0, scale_inv=s_col)
+        assert (out - x.float()).abs().max() <= x.float().abs().max() * 0.07
+        return
     assert q_col.shape == (k, m) and q_col.is_contiguous()
     if g == G.TENSORWISE:
         assert s_col.dim() == 0 and torch.equal(s_col, s_row)
@@ -166,9 +173,8 @@ def test_with_trans_matches_two_calls(config, in_dtype, shape):
     # And q_col dequantizes along its own rows.
     out = turbo.ops.dequantize_fp8(q_col, torch.float32, g, block_size=block, axis=-1, scale_inv=s_col,
                                    scaling_recipe=recipe)
-    # E4M3 keeps 3 mantissa bits (relative error <= 2^-4); MX scales may also saturate a block's
-    # largest values by up to 1/8 of the block amax.
-    assert (out - x.float().t()).abs().max() <= x.float().abs().max() * (0.13 if g == G.MX_BLOCKWISE else 0.07)
+    # E4M3 keeps 3 mantissa bits (relative error <= 2^-4; MX scales round up, so nothing clips).
+    assert (out - x.float().t()).abs().max() <= x.float().abs().max() * 0.07
 
 
 def test_all_zero_groups_and_empty_inputs():
@@ -197,8 +203,16 @@ def test_higher_rank_and_non_contiguous_input():
     x = torch.randn(4, 33, 256, device="cuda", dtype=torch.bfloat16)
     q, s = turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, G.BLOCKWISE, block_size=128, axis=-1)
     r_q, r_s = turbo.ops.quantize_fp8(x.reshape(-1, 256), torch.float8_e4m3fn, G.BLOCKWISE, block_size=128, axis=-1)
-    assert q.shape == x.shape and s.shape == (132, 2)
-    assert torch.equal(q.view(torch.uint8).reshape(-1, 256), r_q.view(torch.uint8)) and torch.equal(s, r_s)
+    assert q.shape == x.shape and s.shape == (4, 33, 2)
+    assert torch.equal(q.view(torch.uint8).reshape(-1, 256), r_q.view(torch.uint8)) and torch.equal(s.reshape(-1, 2), r_s)
+    # Along a middle or leading dim: the same as moving that dim last (ROWWISE and 1-D blocks).
+    for g, block, axis in ((G.ROWWISE, None, 1), (G.ROWWISE, None, -3), (G.BLOCKWISE, 32, 1), (G.MX_BLOCKWISE, 32, 0)):
+        q, s = turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, g, block_size=block, axis=axis)
+        r_q, r_s = turbo.ops.quantize_fp8(x.movedim(axis, -1).contiguous(), torch.float8_e4m3fn, g, block_size=block, axis=-1)
+        assert torch.equal(q.view(torch.uint8), r_q.view(torch.uint8).movedim(-1, axis))
+        assert torch.equal(s.view(torch.uint8), r_s.view(torch.uint8).movedim(-1, axis))
+        back = turbo.ops.dequantize_fp8(q, torch.float32, g, block_size=block, axis=axis, scale_inv=s)
+        assert back.shape == x.shape and (back - x.float()).abs().max() <= x.float().abs().max() * 0.07
     xt = torch.randn(256, 300, device="cuda", dtype=torch.bfloat16).t()  # a transposed view
     q, s = turbo.ops.quantize_fp8(xt, torch.float8_e4m3fn, G.ROWWISE, axis=-1)
     r_q, r_s = turbo.ops.quantize_fp8(xt.contiguous(), torch.float8_e4m3fn, G.ROWWISE, axis=-1)

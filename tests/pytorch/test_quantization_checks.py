@@ -42,11 +42,24 @@ def test_quantize_fp8_shapes(g, block, axis, two_d, scale_shape, scale_dtype):
     assert out.shape == (300, 200) and out.dtype == torch.float16
 
 
-def test_higher_rank_input_is_flattened():
+def test_higher_rank_input_keeps_its_dims_in_the_scales():
+    # One scale per group along the axis; the other dims as x's (the original's ROWWISE layout).
     q, s = turbo.ops.quantize_fp8(meta(2, 150, 200), E5M2, G.BLOCKWISE, block_size=128, axis=-1)
-    assert q.shape == (2, 150, 200) and s.shape == (300, 2)
+    assert q.shape == (2, 150, 200) and s.shape == (2, 150, 2)
     q, s = turbo.ops.quantize_fp8(meta(2, 150, 200), E5M2, G.ROWWISE, axis=2)
-    assert s.shape == (300, 1)
+    assert s.shape == (2, 150, 1)
+    for axis, shape in ((0, (1, 150, 200)), (1, (2, 1, 200)), (-3, (1, 150, 200)), (-2, (2, 1, 200))):
+        q, s = turbo.ops.quantize_fp8(meta(2, 150, 200), E4M3, G.ROWWISE, axis=axis)
+        assert q.shape == (2, 150, 200) and q.is_contiguous() and s.shape == shape, axis
+        out = turbo.ops.dequantize_fp8(q, torch.bfloat16, G.ROWWISE, axis=axis, scale_inv=s)
+        assert out.shape == (2, 150, 200) and out.is_contiguous()
+    q, s = turbo.ops.quantize_fp8(meta(2, 150, 200), E4M3, G.MX_BLOCKWISE, block_size=32, axis=1)
+    assert s.shape == (2, 5, 200) and s.dtype == E8M0
+    assert turbo.ops.dequantize_fp8(q, torch.float32, G.MX_BLOCKWISE, block_size=32, axis=1, scale_inv=s).shape == (2, 150, 200)
+    # Along the last dim, flattened scales are accepted too.
+    q, s = turbo.ops.quantize_fp8(meta(2, 150, 200), E4M3, G.ROWWISE, axis=-1)
+    out = turbo.ops.dequantize_fp8(q, torch.float32, G.ROWWISE, axis=-1, scale_inv=s.reshape(300, 1))
+    assert out.shape == (2, 150, 200)
 
 
 @pytest.mark.parametrize(
@@ -54,7 +67,7 @@ def test_higher_rank_input_is_flattened():
     [
         (G.TENSORWISE, None, False, [(), ()]),
         (G.ROWWISE, None, False, [(300, 1), (200, 1)]),
-        (G.BLOCKWISE, 128, False, [(300, 2), (200, 3)]),
+        (G.BLOCKWISE, 128, False, [(300, 2), (3, 200)]),
         (G.BLOCKWISE, 128, True, [(3, 2), (2, 3)]),
         (G.MX_BLOCKWISE, 32, False, [(300, 7), (200, 10)]),
     ],
@@ -63,8 +76,12 @@ def test_quantize_fp8_with_trans_shapes(g, block, two_d, shapes):
     recipe = ScalingRecipe(use_2d_block=True) if two_d else None
     q_row, s_row, q_col, s_col = turbo.ops.quantize_fp8_with_trans(meta(300, 200), E4M3, g, block_size=block,
                                                                    scaling_recipe=recipe)
-    assert q_row.shape == (300, 200) and q_col.shape == (200, 300) and q_col.dtype == E4M3
-    assert s_row.shape == shapes[0] and s_col.shape == shapes[1]
+    in_place = g == G.BLOCKWISE and not two_d  # as the original: the column copy quantized in place
+    assert q_row.shape == (300, 200) and q_col.shape == ((300, 200) if in_place else (200, 300))
+    assert q_col.dtype == E4M3 and s_row.shape == shapes[0] and s_col.shape == shapes[1]
+    if in_place:  # dequantized as quantize_fp8(axis=0)'s output
+        out = turbo.ops.dequantize_fp8(q_col, torch.float32, g, block_size=block, axis=0, scale_inv=s_col)
+        assert out.shape == (300, 200)
 
 
 @pytest.mark.parametrize(
@@ -99,7 +116,7 @@ def test_torch_compile_traces_without_graph_break():
         return a * 2, q_col, s_col, f, fs
 
     outs = torch.compile(fn, fullgraph=True, backend="aot_eager")(meta(256, 512))
-    assert outs[0].shape == (256, 512) and outs[1].shape == (512, 256) and outs[2].shape == (512, 2)
+    assert outs[0].shape == (256, 512) and outs[1].shape == (256, 512) and outs[2].shape == (2, 512)
     assert outs[3].shape == (256, 256)
 
 

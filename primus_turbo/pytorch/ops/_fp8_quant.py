@@ -1,6 +1,6 @@
 """The quantization calls gemm_fp8 makes, following the turbo.ops.quantize_fp8 contract.
 
-When ``turbo.ops.quantize_fp8_with_trans`` (the fused CUDA quantizer) is importable it is used;
+When the fused CUDA quantizer (``quantization.quantize_fp8_row_and_transposed``) is importable it is used;
 otherwise these composite torch expressions of the same contract stand in for it (same outputs,
 traceable, no host sync; slower: several passes over the input instead of one).
 """
@@ -20,7 +20,7 @@ def _kernel_quantizer():
         mod = importlib.import_module("primus_turbo.pytorch.ops.quantization")
     except ImportError:
         return None
-    return getattr(mod, "quantize_fp8_with_trans", None)
+    return getattr(mod, "quantize_fp8_row_and_transposed", None)
 
 
 _quantize_with_trans_kernel = _kernel_quantizer()
@@ -56,10 +56,9 @@ def _quantize_2d(x: torch.Tensor, dtype: torch.dtype, block: int):
 
 def quantize_with_trans(x: torch.Tensor, dtype: torch.dtype, granularity: ScalingGranularity, block_size, two_d: bool):
     """(q_row, s_row, q_col, s_col): x [R, C] quantized along C (row-major [R, C]) and x^T
-    quantized along R (row-major [C, R]); see turbo.ops.quantize_fp8_with_trans."""
+    quantized along R (row-major [C, R]); see quantization.quantize_fp8_row_and_transposed."""
     if _quantize_with_trans_kernel is not None:
-        recipe = ScalingRecipe(use_2d_block=True) if two_d else None
-        return _quantize_with_trans_kernel(x, dtype, granularity, block_size=block_size, scaling_recipe=recipe)
+        return _quantize_with_trans_kernel(x, dtype, granularity, block_size=block_size, two_d=two_d)
     return reference_quantize_with_trans(x, dtype, granularity, block_size, two_d)
 
 

@@ -134,7 +134,9 @@ def _gated(op: str, x, probs=None, row_mask=None, with_probs: bool = False):
         probs = probs.contiguous().view(-1)  # dprobs flows back to probs's shape through the view
     if row_mask is not None:
         row_mask = row_mask.to(torch.int64).contiguous().view(-1)
-    return GatedActFunction.apply(x.contiguous(), probs, row_mask, _ACTS[op.split("_")[0]])
+    out = GatedActFunction.apply(x.contiguous(), probs, row_mask, _ACTS[op.split("_")[0]])
+    # The with-probs variants act on rows (tokens routed to experts): [rows, H], as the original.
+    return out.view(rows, out.shape[-1]) if with_probs else out
 
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:
@@ -151,7 +153,8 @@ def swiglu_with_probs(x: torch.Tensor, probs: torch.Tensor, row_mask: Optional[t
     """``silu(gate) * up * probs[row]`` (MoE experts: the routing probability folded into the
     activation). ``probs``: float32, one element per row of ``x`` (any shape); ``row_mask``: one
     element per row (int64, int32 or bool) or None; rows where it is 0 give zeros (padding rows).
-    Differentiable in ``x`` and ``probs``."""
+    Returns ``[rows, H]`` whatever the rank of ``x`` (``[B, S, 2H]`` gives ``[B*S, H]``, as the
+    original library). Differentiable in ``x`` and ``probs``."""
     return _gated("swiglu_with_probs", x, probs, row_mask, with_probs=True)
 
 

@@ -49,7 +49,7 @@ from primus_turbo.pytorch.ops.grouped_gemm import (
     grouped_gemm,
     run_planned,
 )
-from primus_turbo.pytorch.ops.quantization import quantize_fp8, quantize_fp8_with_trans
+from primus_turbo.pytorch.ops.quantization import quantize_fp8, quantize_fp8_row_and_transposed
 
 __all__ = ["grouped_gemm_fp8"]
 
@@ -242,7 +242,7 @@ def quantize_tokens_transposed(x, group_lens, group_offs, width: int, dtype, g: 
     kernel's K-major operand and its MN-major 1x128 scales."""
     xp = pad_tokens(x, group_lens, group_offs, width)
     block = _BLOCK if g == ScalingGranularity.BLOCKWISE else None
-    _, _, q_col, s_col = quantize_fp8_with_trans(xp, dtype, g, block_size=block)
+    _, _, q_col, s_col = quantize_fp8_row_and_transposed(xp, dtype, g, block_size=block)
     c, kb = x.shape[1], width // _BLOCK
     if g == ScalingGranularity.BLOCKWISE:
         return q_col, s_col.reshape(c, kb).t().contiguous()

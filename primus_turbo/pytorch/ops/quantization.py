@@ -7,7 +7,8 @@ Conventions (the contract the FP8/FP4 GEMMs build on):
   nearest even and saturated to the format's maximum. MX scales are E8M0 powers of two, exponent
   ``ceil(log2(amax / FMT_MAX))``: the smallest that keeps every element of the block in range, so
   none clips (the rule of NVIDIA's MXFP8 training recipe and of the original library).
-- x of rank > 2 is seen as ``[prod(leading dims), last dim]``; a non-contiguous x is copied once.
+- Quantized along any dim (``axis``); scales keep x's other dims. 2-D blocks and the GEMM
+  helpers see x of rank > 2 as ``[prod(leading dims), last dim]``; a non-contiguous x is copied once.
 - Tensorwise and rowwise amax are reduced on the device: no host synchronization anywhere, so
   every op can be captured in a CUDA graph; each is a registered custom op with a fake
   implementation, so ``torch.compile(fullgraph=True)`` traces it.
@@ -200,7 +201,7 @@ def _block_size(op: str, g: int, block_size) -> int:
 
 
 def _along_last(op: str, axis, ndim: int, required: bool = True) -> bool:
-    """True for the last dim (-1 or ndim-1), False for the first of the 2-D view (0 or -2)."""
+    """FP4: True for the last dim (-1 or ndim-1), False for the first of the 2-D view (0 or -2)."""
     if axis is None:
         if required:
             raise ValueError(f"{op}: argument 'axis' is required (-1: along the last dim, 0: along the first)")
@@ -212,6 +213,17 @@ def _along_last(op: str, axis, ndim: int, required: bool = True) -> bool:
     if axis in (0, -2):
         return False
     raise ValueError(f"{op}: argument 'axis' is {axis}; expected -1 (or {max(ndim, 2) - 1}) or 0 (or -2)")
+
+
+def _axis_dim(op: str, axis, ndim: int) -> int:
+    """The quantized dim of an FP8 (de)quantization as an index in [0, ndim): any dim of x."""
+    if axis is None:
+        raise ValueError(f"{op}: argument 'axis' is required (the dim quantized along: -1 for the last)")
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"{op}: argument 'axis' must be an int, got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{op}: argument 'axis' is {axis}; expected a dim of x, in [{-ndim}, {ndim - 1}]")
+    return axis % ndim
 
 
 def _use_2d(recipe) -> bool:
@@ -258,11 +270,11 @@ def _check_scale_inv(op: str, x, scale_inv) -> None:
     check_cuda_tensors(op, x=x, scale_inv=scale_inv)
 
 
-def _fp8_layout(op: str, g: int, scaling_recipe, axis, ndim: int) -> tuple[bool, bool]:
-    """(2-D blocks, along the last dim) of an FP8 (de)quantization: tensorwise and 2-D blocks
-    ignore the axis."""
+def _fp8_layout(op: str, g: int, scaling_recipe, axis, ndim: int) -> tuple[bool, int | None]:
+    """(2-D blocks, quantized dim) of an FP8 (de)quantization; tensorwise and 2-D blocks ignore
+    the axis (dim None: x seen as [M, K], scaled as a whole or in B x B blocks)."""
     two_d = g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe)
-    return two_d, True if g == _TENSORWISE or two_d else _along_last(op, axis, ndim)
+    return two_d, None if g == _TENSORWISE or two_d else _axis_dim(op, axis, ndim)
 
 
 # ---- FP8 ------------------------------------------------------------------------------------------
@@ -277,23 +289,38 @@ def quantize_fp8(
     axis: int | None = None,
     scaling_recipe: ScalingRecipe | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantizes x (float32/float16/bfloat16, seen as ``[M, K]``) to FP8; returns ``(q, scale_inv)``.
+    """Quantizes x (float32/float16/bfloat16) to FP8; returns ``(q, scale_inv)``.
 
-    q has x's shape and ``out_dtype`` (``torch.float8_e4m3fn`` or ``torch.float8_e5m2``), row-major.
+    q has x's shape and ``out_dtype`` (``torch.float8_e4m3fn`` or ``torch.float8_e5m2``), contiguous.
     scale_inv (fp32 unless MX):
-      TENSORWISE: 0-dim. ROWWISE (axis required): ``[M, 1]`` (axis -1) or ``[1, K]`` (axis 0).
-      BLOCKWISE (block_size 32/64/128): ``[M, ceil(K/B)]`` (axis -1), ``[ceil(M/B), K]`` (axis 0),
-      ``[ceil(M/B), ceil(K/B)]`` with ``scaling_recipe.use_2d_block`` (axis ignored).
-      MX_BLOCKWISE (block_size 32): as 1-D BLOCKWISE, ``torch.float8_e8m0fnu`` scales.
+      TENSORWISE: 0-dim (axis ignored).
+      ROWWISE, BLOCKWISE (block_size 32/64/128), MX_BLOCKWISE (block_size 32, ``torch.float8_e8m0fnu``
+      scales): one scale per group of values along ``axis`` (required; any dim of x, negative
+      counts from the end), shaped as x with that dim replaced by its number of groups (1 for
+      ROWWISE): ``[B, S, K]`` along -1 gives ``[B, S, 1]`` (ROWWISE) or ``[B, S, ceil(K/B)]``.
+      BLOCKWISE/MX with ``scaling_recipe.use_2d_block``: x seen as ``[M, K]`` (leading dims
+      flattened) in B x B blocks, ``[ceil(M/B), ceil(K/B)]`` (axis ignored).
     """
     op = "quantize_fp8"
     g, block = _common_args(op, x, _HP_KIND, out_dtype, _FP8_KIND, granularity, block_size)
-    two_d, along_k = _fp8_layout(op, g, scaling_recipe, axis, x.dim())
-    x2 = _as_2d(x)
-    flags = _FLAG_2D if two_d else 0
-    q_row, s_row, q_col, s_col = _quantize_op(x2, out_dtype, g, block, along_k, not along_k, False, flags, 0)
-    q, s = (q_row, s_row) if along_k else (q_col, s_col)
-    return q.view(x.shape), s
+    two_d, dim = _fp8_layout(op, g, scaling_recipe, axis, x.dim())
+    if dim is None or dim == x.dim() - 1:  # along the last dim of the [M, K] view
+        q, s = _quantize_op(_as_2d(x), out_dtype, g, block, True, False, False, _FLAG_2D if two_d else 0, 0)[:2]
+        return q.view(x.shape), (s if dim is None else s.view(*x.shape[:-1], s.shape[-1]))
+    if x.dim() == 2:  # along M: the kernels' in-place column output, scales [groups, K]
+        return _quantize_op(x.contiguous(), out_dtype, g, block, False, True, False, 0, 0)[2:]
+    # Any other dim: quantize with that dim moved last, then move it back.
+    q, s = quantize_fp8(x.movedim(dim, -1), out_dtype, granularity, block_size=block_size, axis=-1)
+    return q.movedim(-1, dim).contiguous(), s.movedim(-1, dim).contiguous()
+
+
+def quantize_fp8_row_and_transposed(x: torch.Tensor, out_dtype, granularity, block_size=None, two_d: bool = False):
+    """The GEMMs' quantizer: x ``[M, K]`` (leading dims flattened) in one read, quantized along K as
+    it lies and along M stored transposed ``[K, M]`` (a backward GEMM's K-major operand), scales
+    ``[K, 1]`` (ROWWISE), ``[K, ceil(M/B)]`` (1-D blocks), the row copy's transposed (2-D blocks)
+    or the same 0-dim one (TENSORWISE). ``(q_row, s_row, q_col, s_col)``."""
+    g, block = _granularity_and_block("quantize_fp8", granularity, block_size)
+    return _quantize_op(_as_2d(x), out_dtype, g, block, True, True, True, _FLAG_2D if two_d else 0, 0)
 
 
 def quantize_fp8_with_trans(
@@ -306,14 +333,17 @@ def quantize_fp8_with_trans(
     scaling_recipe_for_trans: ScalingRecipe | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One read of x ``[M, K]`` (leading dims flattened), two FP8 outputs:
-    ``(q_row, scale_inv_row, q_col, scale_inv_col)``.
+    ``(q_row, scale_inv_row, q_col, scale_inv_col)``; q_row is the axis -1 quantization (as
+    :func:`quantize_fp8`).
 
-    q_row ``[M, K]`` is the axis -1 quantization (as :func:`quantize_fp8`). q_col is the column-wise
-    quantization stored transposed: a row-major ``[K, M]`` tensor quantized along its own last dim,
-    with scale_inv_col ``[K, 1]`` (ROWWISE), ``[K, ceil(M/B)]`` (BLOCKWISE, MX). TENSORWISE: both
-    scales are the same 0-dim value and ``q_col == q_row.T``. With ``scaling_recipe.use_2d_block``
-    (BLOCKWISE/MX) both use B x B blocks: scale_inv_row ``[ceil(M/B), ceil(K/B)]`` and
-    scale_inv_col its transpose ``[ceil(K/B), ceil(M/B)]``.
+    BLOCKWISE (1-D blocks, as the original library): q_col ``[M, K]`` quantized along M in place,
+    scale_inv_col ``[ceil(M/B), K]``, i.e. ``quantize_fp8(x, axis=0)``; dequantize it with axis 0.
+    MX_BLOCKWISE, ROWWISE, TENSORWISE: q_col is the column-wise quantization stored transposed, a
+    row-major ``[K, M]`` tensor quantized along its own last dim (dequantize it with axis -1), with
+    scale_inv_col ``[K, ceil(M/32)]`` (MX), ``[K, 1]`` (ROWWISE), the same 0-dim value
+    (TENSORWISE: ``q_col == q_row.T``). BLOCKWISE/MX with ``scaling_recipe.use_2d_block``: B x B
+    blocks, scale_inv_row ``[ceil(M/B), ceil(K/B)]``, q_col transposed with scale_inv_col the
+    transposed scales.
     """
     op = "quantize_fp8_with_trans"
     g, block = _common_args(op, x, _HP_KIND, out_dtype, _FP8_KIND, granularity, block_size)
@@ -324,8 +354,9 @@ def quantize_fp8_with_trans(
             f"{op}: 'scaling_recipe' and 'scaling_recipe_for_trans' must agree on use_2d_block "
             "(2-D blocks are shared by both outputs)"
         )
-    x2 = _as_2d(x)
-    return _quantize_op(x2, out_dtype, g, block, True, True, True, _FLAG_2D if two_d else 0, 0)
+    in_place_col = g == _BLOCKWISE and not two_d
+    flags = _FLAG_2D if two_d else 0
+    return _quantize_op(_as_2d(x), out_dtype, g, block, True, True, not in_place_col, flags, 0)
 
 
 def dequantize_fp8(
@@ -340,14 +371,27 @@ def dequantize_fp8(
 ) -> torch.Tensor:
     """``x * scale_inv`` in ``out_dtype`` (float32/float16/bfloat16), x's shape; the scales laid out
     as :func:`quantize_fp8` returns them for the same granularity, axis and recipe (a transposed
-    output of :func:`quantize_fp8_with_trans` is dequantized with axis -1)."""
+    output of :func:`quantize_fp8_with_trans` is dequantized with axis -1, BLOCKWISE's in-place one
+    with axis 0). Along the last dim, scales with the leading dims flattened are accepted too."""
     op = "dequantize_fp8"
     g, block = _common_args(op, x, _FP8_KIND, out_dtype, _HP_KIND, granularity, block_size)
     _check_scale_inv(op, x, scale_inv)
-    two_d, along_k = _fp8_layout(op, g, scaling_recipe, axis, x.dim())
-    out = _dequantize_op(_as_2d(x), scale_inv.contiguous(), out_dtype, g, block,
-               -1 if along_k else 0, _FLAG_2D if two_d else 0)
-    return out.view(x.shape)
+    two_d, dim = _fp8_layout(op, g, scaling_recipe, axis, x.dim())
+    if dim is None or dim == x.dim() - 1:
+        s = scale_inv if dim is None or scale_inv.dim() < 2 else scale_inv.reshape(-1, scale_inv.shape[-1])
+        out = _dequantize_op(_as_2d(x), s.contiguous(), out_dtype, g, block, -1, _FLAG_2D if two_d else 0)
+        return out.view(x.shape)
+    if x.dim() == 2:
+        return _dequantize_op(x.contiguous(), scale_inv.contiguous(), out_dtype, g, block, 0, 0)
+    if scale_inv.dim() != x.dim():
+        raise ValueError(
+            f"{op}: argument 'scale_inv' has shape {tuple(scale_inv.shape)}; expected x's rank ({x.dim()}) "
+            f"with dim {dim} holding the groups along axis {axis}"
+        )
+    out = dequantize_fp8(
+        x.movedim(dim, -1), out_dtype, granularity, block_size=block_size, axis=-1, scale_inv=scale_inv.movedim(dim, -1)
+    )
+    return out.movedim(-1, dim).contiguous()
 
 
 # ---- FP4 (MXFP4) ------------------------------------------------------------------------------------
