@@ -51,6 +51,7 @@ class PtGroupedGemmArgs(ctypes.Structure):
         ("d", ctypes.POINTER(PtTensor)),
         ("wgrad", ctypes.c_int32),
         ("trans_b", ctypes.c_int32),
+        ("num_sms", ctypes.c_int32),
     ]
 
 

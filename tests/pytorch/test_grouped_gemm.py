@@ -95,7 +95,7 @@ def test_sizes_that_do_not_add_up_are_clamped():
     assert_gate(out[60:], a[60:].double() @ b[1].double(), torch.bfloat16, "group 1 (clamped)")
     # The wgrad path: group 1 keeps 40 rows, group 2 none (an exact zero gradient).
     grad_out = torch.randn(100, 32, dtype=torch.bfloat16, device="cuda")
-    dw = torch.ops.primus_turbo.grouped_gemm_wgrad(a, grad_out, lens, None, False)
+    dw = torch.ops.primus_turbo.grouped_gemm_wgrad(a, grad_out, lens, None, False, 0)
     assert_gate(dw[1], a[60:].double().t() @ grad_out[60:].double(), torch.bfloat16, "wgrad group 1 (clamped)")
     assert (dw[2] == 0).all()
     # Negative lengths count as zero.
@@ -221,3 +221,28 @@ def test_autotune_picks_a_candidate():
     a, b = _inputs(lens, 256, 256, 8, torch.bfloat16, False)
     ref, _, _ = _reference(a, b, lens, torch.zeros(a.shape[0], 256, device="cuda"), False)
     assert_gate(turbo.ops.grouped_gemm(a, b, lens), ref, torch.bfloat16, "autotuned forward")
+
+
+@pytest.mark.parametrize("trans_b", [False, True], ids=["nn", "nt"])
+def test_num_cu_and_megatron_main_grad(trans_b):
+    # num_cu: the persistent kernels on fewer SMs compute the same tiles (bitwise equal);
+    # fuse_bgrad_accum_pattern="megatron": the weight gradient lands in main_grad.
+    lens = torch.tensor([100, 0, 257, 31], dtype=torch.int64, device="cuda")
+    a, b = _inputs(lens, 256, 384, 4, torch.bfloat16, trans_b)
+    grad_out = torch.randn(a.shape[0], 384, device="cuda", dtype=torch.bfloat16)
+    runs = []
+    for num_cu, fuse in ((None, False), (7, False), (None, True)):
+        a_, b_ = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+        if fuse:
+            b_.main_grad = torch.ones(b.shape, device="cuda", dtype=torch.float32)
+        out = turbo.ops.grouped_gemm(
+            a_, b_, lens, trans_b=trans_b, num_cu=num_cu, fuse_bgrad_accum_pattern="megatron" if fuse else None
+        )
+        out.backward(grad_out)
+        runs.append((out, a_.grad, b_.main_grad - 1 if fuse else b_.grad.float()))
+        if fuse:
+            assert b_.grad_added_to_main_grad
+    for name, x, y in zip(("out", "da", "db"), runs[0], runs[1]):
+        assert torch.equal(x, y), f"num_cu=7: {name} differs"
+    torch.testing.assert_close(runs[2][2], runs[0][2], rtol=0, atol=1e-2)
+

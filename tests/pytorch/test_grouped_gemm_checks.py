@@ -39,7 +39,9 @@ def test_fake_tensor_mode_on_cuda_device():
         b = torch.empty(4, 128, 64, device="cuda", dtype=torch.float16)
         gl = torch.empty(4, device="cuda", dtype=torch.int64)
         out = turbo.ops.grouped_gemm(a, b, gl, trans_b=True)
-        dw = torch.ops.primus_turbo.grouped_gemm_wgrad(a, torch.empty(32, 128, device="cuda", dtype=torch.float16), gl, None, True)
+        dw = torch.ops.primus_turbo.grouped_gemm_wgrad(
+            a, torch.empty(32, 128, device="cuda", dtype=torch.float16), gl, None, True, 0
+        )
     assert out.shape == (32, 128) and out.device.type == "cuda"
     assert dw.shape == (4, 128, 64)
 
@@ -58,7 +60,7 @@ def test_torch_compile_traces_without_graph_break():
 
 def test_registered_as_custom_ops():
     schema = str(torch.ops.primus_turbo.grouped_gemm.default._schema)
-    assert "grouped_gemm(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b)" in schema
+    assert "grouped_gemm(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b, int num_sms)" in schema
     assert hasattr(torch.ops.primus_turbo, "grouped_gemm_wgrad")
 
 
@@ -145,3 +147,27 @@ def test_problem_key_and_config_names():
     names = {precompile.grouped_config_name("bf16", "AkBn", c) for c in range(precompile.num_grouped_configs())}
     assert len(names) == precompile.num_grouped_configs()
     assert any("pingpong" in n for n in names) and any("coop" in n for n in names)
+
+
+def test_original_arguments_num_cu_schedule_and_main_grad_on_meta():
+    a, b = meta(12, 16, grad=True), meta(4, 16, 8, grad=True)
+    out = turbo.ops.grouped_gemm(a, b, lens(4), num_cu=16, schedule="static")
+    assert out.shape == (12, 8)
+    with pytest.raises(NotImplementedError, match="work_steal"):
+        turbo.ops.grouped_gemm(a, b, lens(4), schedule="work_steal")
+    with pytest.raises(ValueError, match="schedule must be 'static'"):
+        turbo.ops.grouped_gemm(a, b, lens(4), schedule="dynamic")
+    with pytest.raises(ValueError, match="num_cu must be a positive int"):
+        turbo.ops.grouped_gemm(a, b, lens(4), num_cu=0)
+    with pytest.raises(ValueError, match="main_grad"):
+        turbo.ops.grouped_gemm(a, b, lens(4), fuse_bgrad_accum_pattern="megatron")
+    b.main_grad = torch.zeros(4, 16, 8, device="meta", dtype=torch.float32)
+    turbo.ops.grouped_gemm(a, b, lens(4), fuse_bgrad_accum_pattern="megatron").sum().backward()
+    assert b.grad_added_to_main_grad and b.grad.shape == b.shape
+    for fn in (turbo.ops.grouped_gemm_fp8, turbo.ops.grouped_gemm_fp4):
+        w = meta(4, 32, 64, grad=True)
+        w.main_grad = torch.zeros(4, 32, 64, device="meta", dtype=torch.float32)
+        x = meta(12, 64, grad=True)
+        fn(x, w, lens(4), fuse_bgrad_accum_pattern="megatron", num_cu=8).sum().backward()
+        assert w.grad_added_to_main_grad and x.grad.shape == x.shape
+

@@ -202,7 +202,7 @@ def _fp8_mm_stand_in(qa, sa, qb, sb, group_lens, group_offs, b_scale_rows, out_d
     return out.to(out_dtype)
 
 
-def _wgrad_stand_in(a, grad, group_lens, group_offs, trans_b):
+def _wgrad_stand_in(a, grad, group_lens, group_offs, trans_b, num_sms):
     offs = _starts(group_lens, group_offs)
     dw = torch.stack([a[offs[g] : offs[g + 1]].double().t() @ grad[offs[g] : offs[g + 1]].double()
                       for g in range(group_lens.shape[0])])  # [G, K, N]

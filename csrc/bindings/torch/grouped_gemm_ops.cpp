@@ -89,7 +89,7 @@ int32_t check_devices(const Tensor& a, const Tensor& b, const char* b_name, cons
 }
 
 void run(const Tensor& a_in, const Tensor& b_in, const Tensor& lens_in, const std::optional<Tensor>& offs_in,
-         const Tensor& out, bool wgrad, bool trans_b, int32_t device) {
+         const Tensor& out, bool wgrad, bool trans_b, int64_t num_sms, int32_t device) {
   if (out.numel() == 0) return;
   const Tensor a = as_contiguous(a_in), b = as_contiguous(b_in), lens = as_contiguous(lens_in);
   std::optional<Tensor> offs;
@@ -97,14 +97,17 @@ void run(const Tensor& a_in, const Tensor& b_in, const Tensor& lens_in, const st
   const pt_tensor pa = to_pt(a), pb = to_pt(b), pl = to_pt(lens), pd = to_pt(out);
   pt_tensor po{};
   if (offs) po = to_pt(*offs);
-  const pt_grouped_gemm_args args{&pa, &pb, &pl, offs ? &po : nullptr, &pd, wgrad ? 1 : 0, trans_b ? 1 : 0};
+  if (num_sms < 0 || num_sms > INT32_MAX)
+    fail_with(ErrorKind::Value, kOp, ": num_cu must be a positive int or None, got ", num_sms);
+  const pt_grouped_gemm_args args{&pa,          &pb,           &pl, offs ? &po : nullptr, &pd, wgrad ? 1 : 0,
+                                  trans_b ? 1 : 0, static_cast<int32_t>(num_sms)};
   DeviceScope scope(device);
   void* stream = current_stream(device);
   check_group_lens_on_host(lens, pa.shape[0], stream);
 
   std::vector<int64_t> values{pa.shape[0], pa.shape[1], pb.shape[0], pb.shape[1], pb.ndim > 2 ? pb.shape[2] : -1,
                               pl.shape[0], offs ? 1 : 0, pa.dtype, (wgrad ? 1 : 0) | (trans_b ? 2 : 0), device,
-                              alignment(pa.data) >= 16, alignment(pb.data) >= 16, alignment(pd.data) >= 16};
+                              alignment(pa.data) >= 16, alignment(pb.data) >= 16, alignment(pd.data) >= 16, num_sms};
   const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GROUPED_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
   GroupedPlan plan;
   if (!g_plans.find(key, &plan)) {
@@ -121,7 +124,8 @@ void run(const Tensor& a_in, const Tensor& b_in, const Tensor& lens_in, const st
                kOp);
 }
 
-Tensor grouped_gemm(Tensor a, Tensor b, Tensor group_lens, std::optional<Tensor> group_offs, bool trans_b) {
+Tensor grouped_gemm(Tensor a, Tensor b, Tensor group_lens, std::optional<Tensor> group_offs, bool trans_b,
+                    int64_t num_sms) {
   check_matrix("a", a, 2, nullptr);
   check_matrix("b", b, 3, &a);
   check_groups(group_lens, group_offs, b.sizes()[0]);
@@ -132,12 +136,12 @@ Tensor grouped_gemm(Tensor a, Tensor b, Tensor group_lens, std::optional<Tensor>
               shape_string(b), " has K = ", kb, " (trans_b=", trans_b ? "True" : "False", ")");
   const int32_t device = check_devices(a, b, "b", group_lens, group_offs);
   Tensor out = empty({a.sizes()[0], n}, a.scalar_type(), device);
-  run(a, b, group_lens, group_offs, out, false, trans_b, device);
+  run(a, b, group_lens, group_offs, out, false, trans_b, num_sms, device);
   return out;
 }
 
 Tensor grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, std::optional<Tensor> group_offs,
-                          bool trans_b) {
+                          bool trans_b, int64_t num_sms) {
   check_matrix("a", a, 2, nullptr);
   check_matrix("grad_out", grad_out, 2, &a);
   const int64_t g = check_groups(group_lens, group_offs, -1);
@@ -147,15 +151,16 @@ Tensor grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, std::opt
   const int64_t k = a.sizes()[1], n = grad_out.sizes()[1];
   const int32_t device = check_devices(a, grad_out, "grad_out", group_lens, group_offs);
   Tensor out = trans_b ? empty({g, n, k}, a.scalar_type(), device) : empty({g, k, n}, a.scalar_type(), device);
-  run(a, grad_out, group_lens, group_offs, out, true, trans_b, device);
+  run(a, grad_out, group_lens, group_offs, out, true, trans_b, num_sms, device);
   return out;
 }
 
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
-  m.def("grouped_gemm(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b) -> Tensor");
-  m.def("grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, Tensor? group_offs, bool trans_b) -> Tensor");
+  m.def("grouped_gemm(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b, int num_sms) -> Tensor");
+  m.def("grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, Tensor? group_offs, bool trans_b, "
+        "int num_sms) -> Tensor");
 }
 
 static void register_kernels(torch::stable::detail::StableLibrary& m) {

@@ -20,7 +20,7 @@ void check_backend(int32_t backend) {
 }
 
 int resolve_config(const Problem& p, int32_t config) {
-  return config < 0 ? default_config(p, device_info(current_device()).sm_count) : config;
+  return config < 0 ? default_config(p, p.sm_budget(device_info(current_device()).sm_count)) : config;
 }
 
 // Nothing for a kernel to do: an empty output, or an empty reduction (zeros).
@@ -105,7 +105,7 @@ pt_status pt_grouped_gemm_problem_key(const pt_grouped_gemm_args* args, char* ke
     const Problem p = make_problem(args);
     copy_out(str_cat("M", p.rows, "xN", p.n, "xK", p.k, "xG", p.groups, "|", dtype_name(p.dtype),
                      "|", p.wgrad ? "wgrad" : "fwd", "|", p.layout_code(), "|align",
-                     p.aligned16 ? 16 : 0, p.group_offs ? "|offs" : ""),
+                     p.aligned16 ? 16 : 0, p.group_offs ? "|offs" : "", p.num_sms > 0 ? str_cat("|sms", p.num_sms) : ""),
              key, key_len, "key");
   });
 }

@@ -95,7 +95,7 @@ PtGroupedGemmParams make_params(const Problem& p, int device) {
   params.b = p.kernel_b();
   params.d = p.d;
   params.device = device;
-  params.num_sms = device_info(device).sm_count;
+  params.num_sms = p.sm_budget(device_info(device).sm_count);
   return params;
 }
 

@@ -41,6 +41,8 @@ Problem make_problem(const pt_grouped_gemm_args* args) {
   Problem p;
   p.wgrad = args->wgrad != 0;
   p.trans_b = args->trans_b != 0;
+  p.num_sms = args->num_sms;
+  PT_CHECK_ARG(p.num_sms >= 0, "grouped_gemm: num_sms must be >= 0 (0: all SMs), got ", p.num_sms);
   check_tensor(args->group_lens, "group_lens", 1);
   PT_CHECK_ARG(args->group_lens->dtype == PT_INT64, "argument 'group_lens' has dtype ",
                dtype_name(args->group_lens->dtype), "; expected int64");

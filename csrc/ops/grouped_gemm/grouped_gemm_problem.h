@@ -23,6 +23,9 @@ struct Problem {
   const void* b = nullptr;
   void* d = nullptr;
   bool aligned16 = false;  // every base pointer
+  int32_t num_sms = 0;     // SMs the persistent kernel may use; 0: all
+  // The persistent grid: num_sms when it limits the kernel, else the GPU's SM count.
+  int sm_budget(int sm_count) const { return num_sms > 0 && num_sms < sm_count ? num_sms : sm_count; }
 
   // The kernel's view. Forward: A = a (K-major), B = b[g] (N- or K-major), D = d rows; fixed
   // kernel sizes (n, k). Wgrad: D[g] [km, kn] = A^T B with A, B M-/N-major over the packed rows:

@@ -53,3 +53,60 @@ def check_main_grad(weight: torch.Tensor, pattern: Optional[str]) -> Optional[to
         raise ValueError("weight.main_grad must be row-major (unit stride on its last dimension)")
     weight.grad_added_to_main_grad = True
     return main_grad
+
+
+def check_num_cu(op: str, num_cu) -> int:
+    """num_cu as the kernels take it (0: all SMs); ValueError unless None or a positive int."""
+    if num_cu is not None and (isinstance(num_cu, bool) or not isinstance(num_cu, int) or num_cu < 1):
+        raise ValueError(f"{op}: num_cu must be a positive int or None, got {num_cu!r}")
+    return int(num_cu or 0)
+
+
+def check_schedule(op: str, schedule) -> None:
+    """The grouped GEMMs' persistent tile schedule: "static" is the one this library has."""
+    if schedule == "static":
+        return
+    if schedule == "work_steal":
+        raise NotImplementedError(
+            f"{op}: schedule='work_steal' (the AMD library's work-stealing kernel) is not implemented here; "
+            "use schedule='static'"
+        )
+    raise ValueError(f"{op}: schedule must be 'static', got {schedule!r}")
+
+
+# ---- fuse_bgrad_accum_pattern="megatron": the weight gradient goes into weight.main_grad --------
+
+_dummy_wgrads = {}
+
+
+def dummy_wgrad(shape, dtype, device) -> torch.Tensor:
+    """Stand-in weight gradient when wgrad went into main_grad: Megatron expects a tensor (its
+    hooks stand down because grad_added_to_main_grad is set) and never reads it. One per shape."""
+    key = (tuple(shape), dtype, device)
+    if key not in _dummy_wgrads:
+        _dummy_wgrads[key] = torch.empty(shape, dtype=dtype, device=device)
+    return _dummy_wgrads[key]
+
+
+class _IntoMainGrad(torch.autograd.Function):
+    """Identity on the weight whose backward adds the weight's gradient into main_grad."""
+
+    @staticmethod
+    def forward(ctx, weight, main_grad):
+        ctx.main_grad = main_grad
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.main_grad.add_(grad)
+        return dummy_wgrad(grad.shape, grad.dtype, grad.device), None
+
+
+def route_wgrad_to_main_grad(weight: torch.Tensor, pattern: Optional[str]) -> torch.Tensor:
+    """For ops whose wgrad kernel cannot accumulate in place (the grouped GEMMs): with pattern
+    "megatron", weight as seen by autograd, its gradient added into weight.main_grad right after
+    the wgrad GEMM (one add, not fused into the GEMM's epilogue). Else weight unchanged."""
+    main_grad = check_main_grad(weight, pattern)
+    if main_grad is None or not (torch.is_grad_enabled() and weight.requires_grad):
+        return weight
+    return _IntoMainGrad.apply(weight, main_grad)

@@ -15,7 +15,7 @@ from primus_turbo.pytorch.core.tensor_bridge import (
     to_pt,
     workspace,
 )
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad, check_main_grad_pattern
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad, check_main_grad_pattern, dummy_wgrad
 
 __all__ = ["gemm"]
 
@@ -150,18 +150,6 @@ _gemm_call = native.ops.gemm.default
 _gemm_accum_call = native.ops.gemm_accum_.default
 
 
-_dummy_wgrads = {}
-
-
-def _dummy_wgrad(like: torch.Tensor) -> torch.Tensor:
-    """Stand-in weight gradient when wgrad went straight into main_grad: Megatron expects a tensor
-    (its hooks stand down because grad_added_to_main_grad is set) and never reads it."""
-    key = (tuple(like.shape), like.dtype, like.device)
-    if key not in _dummy_wgrads:
-        _dummy_wgrads[key] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
-    return _dummy_wgrads[key]
-
-
 class GemmFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, trans_a: bool, trans_b: bool, out_dtype, main_grad):
@@ -190,7 +178,7 @@ class GemmFunction(torch.autograd.Function):
                 args = (a, grad_out, not ta, False)
             if ctx.main_grad is not None:
                 _gemm_accum_call(args[0], args[1], ctx.main_grad, args[2], args[3])
-                grad_b = _dummy_wgrad(b)
+                grad_b = dummy_wgrad(b.shape, b.dtype, b.device)
             else:
                 grad_b = _gemm_call(*args, b.dtype)
         return grad_a, grad_b, None, None, None, None

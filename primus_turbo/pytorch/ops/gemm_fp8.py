@@ -29,7 +29,7 @@ from primus_turbo.pytorch.core.tensor_bridge import (
     workspace,
 )
 from primus_turbo.pytorch.ops import _fp8_quant, _mx_blocks
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad, check_main_grad_pattern
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad, check_main_grad_pattern, dummy_wgrad
 
 __all__ = ["gemm_fp8"]
 
@@ -262,17 +262,6 @@ def _quantize(x, dtype, g, two_d):
 # ---- autograd -----------------------------------------------------------------------------
 
 
-_dummy_wgrads = {}
-
-
-def _dummy_wgrad(shape, dtype, device) -> torch.Tensor:
-    """Stand-in weight gradient when wgrad went into main_grad (Megatron never reads it)."""
-    key = (tuple(shape), dtype, device)
-    if key not in _dummy_wgrads:
-        _dummy_wgrads[key] = torch.empty(shape, dtype=dtype, device=device)
-    return _dummy_wgrads[key]
-
-
 def dgrad_operands(trans_a: bool, grad, b_bwd):
     """The two operands, in order, of the dgrad GEMM ``d op(a) [M, K] = grad [M, N] @ op(b) [K, N]^T``
     (each a tuple of the GEMM's per-operand arguments, both quantized along N): with ``trans_a``
@@ -321,10 +310,10 @@ class GemmFp8Function(torch.autograd.Function):
             if ctx.main_grad is not None and ctx.g == ScalingGranularity.MX_BLOCKWISE:
                 # cuBLASLt's block-scaled GEMM does not accumulate: an fp32 product, then one add.
                 ctx.main_grad.add_(fp8_mm(*args, torch.float32))
-                grad_b = _dummy_wgrad(ctx.b_shape, ctx.b_dtype, ctx.main_grad.device)
+                grad_b = dummy_wgrad(ctx.b_shape, ctx.b_dtype, ctx.main_grad.device)
             elif ctx.main_grad is not None:
                 fp8_mm_accum_(*args, ctx.main_grad)
-                grad_b = _dummy_wgrad(ctx.b_shape, ctx.b_dtype, ctx.main_grad.device)
+                grad_b = dummy_wgrad(ctx.b_shape, ctx.b_dtype, ctx.main_grad.device)
             else:
                 grad_b = fp8_mm(*args, ctx.b_dtype)
         return grad_a, grad_b, None, None, None, None, None, None
@@ -399,7 +388,7 @@ class NativeGemmFp8Function(torch.autograd.Function):
         need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_a, grad_b = _native_bwd(grad_out, *ctx.saved_tensors, *ctx.args, need_a, need_b, main_grad)
         if main_grad is not None:
-            grad_b = _dummy_wgrad(ctx.b_shape, ctx.args[5], main_grad.device)
+            grad_b = dummy_wgrad(ctx.b_shape, ctx.args[5], main_grad.device)
         elif not need_b:
             grad_b = None
         return (grad_a if need_a else None), grad_b, None, None, None, None, None, None

@@ -12,7 +12,12 @@ from primus_turbo._core.lib import PtGroupedGemmArgs, string_out
 from primus_turbo.pytorch.core import autotune, library, native
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+from primus_turbo.pytorch.ops._checks import (
+    check_cuda_tensors,
+    check_num_cu,
+    check_schedule,
+    route_wgrad_to_main_grad,
+)
 
 __all__ = ["grouped_gemm"]
 
@@ -107,13 +112,15 @@ class GroupedGemmProblem(autotune.TunableProblem):
     default_backend = BackendType.CUTLASS
     backends = (BackendType.CUTLASS,)
 
-    def __init__(self, pts, offs: Optional[PtTensor], wgrad: bool, trans_b: bool, device: torch.device):
+    def __init__(
+        self, pts, offs: Optional[PtTensor], wgrad: bool, trans_b: bool, device: torch.device, num_sms: int = 0
+    ):
         """pts: the descriptors of a, b, group_lens and the output (owned here: the args struct
         points at them)."""
         self._pts, self._offs = pts, offs
         pa, pb, pl, pd = (ctypes.pointer(t) for t in self._pts)
         po = ctypes.pointer(self._offs) if self._offs is not None else None
-        self.args = PtGroupedGemmArgs(pa, pb, pl, po, pd, int(wgrad), int(trans_b))
+        self.args = PtGroupedGemmArgs(pa, pb, pl, po, pd, int(wgrad), int(trans_b), int(num_sms))
         self.ref = ctypes.byref(self.args)
         self.device = device
         self.stream = current_stream_handle(device)
@@ -125,7 +132,7 @@ class GroupedGemmProblem(autotune.TunableProblem):
         copy = PtTensor.from_buffer_copy
         pts = [copy(p.contents) for p in (args.a, args.b, args.group_lens, args.d)]
         offs = copy(args.group_offs.contents) if args.group_offs else None
-        return cls(pts, offs, bool(args.wgrad), bool(args.trans_b), torch.device("cuda", device))
+        return cls(pts, offs, bool(args.wgrad), bool(args.trans_b), torch.device("cuda", device), args.num_sms)
 
     def key(self) -> str:
         return string_out(lib.pt_grouped_gemm_problem_key, self.ref, size=512)
@@ -170,12 +177,12 @@ def run_planned(plans: dict, key, problem) -> None:
 native.register_planner(native.PLAN_GROUPED_GEMM, GroupedGemmProblem.from_request)
 
 
-def _grouped_gemm_fake(a, b, group_lens, group_offs, trans_b):
+def _grouped_gemm_fake(a, b, group_lens, group_offs, trans_b, num_sms):
     m, n = _forward_shape(a, b, group_lens, group_offs, trans_b)
     return a.new_empty((m, n))
 
 
-def _grouped_gemm_wgrad_fake(a, grad_out, group_lens, group_offs, trans_b):
+def _grouped_gemm_wgrad_fake(a, grad_out, group_lens, group_offs, trans_b, num_sms):
     return a.new_empty(_wgrad_shape(a, grad_out, group_lens, group_offs, trans_b))
 
 
@@ -188,10 +195,10 @@ _grouped_gemm_wgrad_op = native.ops.grouped_gemm_wgrad.default
 
 class GroupedGemmFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b: bool):
-        out = _grouped_gemm_op(a, b, group_lens, group_offs, trans_b)
+    def forward(ctx, a, b, group_lens, group_offs, trans_b: bool, num_sms: int):
+        out = _grouped_gemm_op(a, b, group_lens, group_offs, trans_b, num_sms)
         ctx.save_for_backward(a, b, group_lens, group_offs)
-        ctx.trans_b = trans_b
+        ctx.trans_b, ctx.num_sms = trans_b, num_sms
         return out
 
     @staticmethod
@@ -200,11 +207,11 @@ class GroupedGemmFunction(torch.autograd.Function):
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
             # dgrad: grad_out @ op(b[g])^T is the same kernel reading b the other way round.
-            grad_a = _grouped_gemm_op(grad_out, b, group_lens, group_offs, not ctx.trans_b)
+            grad_a = _grouped_gemm_op(grad_out, b, group_lens, group_offs, not ctx.trans_b, ctx.num_sms)
         if ctx.needs_input_grad[1]:
             # wgrad: a variable-K grouped GEMM over each group's rows.
-            grad_b = _grouped_gemm_wgrad_op(a, grad_out, group_lens, group_offs, ctx.trans_b)
-        return grad_a, grad_b, None, None, None
+            grad_b = _grouped_gemm_wgrad_op(a, grad_out, group_lens, group_offs, ctx.trans_b, ctx.num_sms)
+        return grad_a, grad_b, None, None, None, None
 
 
 @native.raises_python_errors
@@ -214,6 +221,9 @@ def grouped_gemm(
     group_lens: torch.Tensor,
     group_offs: Optional[torch.Tensor] = None,
     trans_b: bool = False,
+    num_cu: Optional[int] = None,
+    schedule: str = "static",
+    fuse_bgrad_accum_pattern: Optional[str] = None,
 ) -> torch.Tensor:
     """Per-group ``a[rows of g] @ op(b[g])``: the expert layers of a mixture of experts.
 
@@ -224,6 +234,15 @@ def grouped_gemm(
             to the host, so the call does not synchronize and can be captured in a CUDA graph.
         group_offs: optional int64 ``[G + 1]``: group g starts at row ``group_offs[g]``
             (default: the exclusive prefix sum of ``group_lens``).
+        num_cu: SMs the persistent kernels (forward, dgrad, wgrad) may use (default: all), e.g. to
+            leave SMs to overlapped communication.
+        schedule: the persistent kernels' tile schedule: ``"static"`` (the only one here: each
+            CTA takes every num_cu-th tile; the AMD library's ``"work_steal"`` raises
+            ``NotImplementedError``).
+        fuse_bgrad_accum_pattern: ``"megatron"``: b's gradient is added into ``b.main_grad``
+            (float32 or b's dtype) right after the wgrad GEMM and autograd gets a placeholder, as
+            Megatron's gradient-accumulation fusion expects (one add; the grouped wgrad kernel
+            does not accumulate in place).
 
     Returns ``[M, N]``. Differentiable in ``a`` and ``b``; an expert with no rows gets a zero
     weight gradient. If ``group_lens`` does not add up to ``M`` (which cannot be checked without
@@ -234,6 +253,10 @@ def grouped_gemm(
     """
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(group_lens, torch.Tensor)):
         _forward_shape(a, b, group_lens, group_offs, trans_b)  # raises the TypeError naming the argument
+    num_sms = check_num_cu("grouped_gemm", num_cu)
+    check_schedule("grouped_gemm", schedule)
+    if fuse_bgrad_accum_pattern is not None:
+        b = route_wgrad_to_main_grad(b, fuse_bgrad_accum_pattern)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return GroupedGemmFunction.apply(a, b, group_lens, group_offs, bool(trans_b))
-    return _grouped_gemm_op(a, b, group_lens, group_offs, bool(trans_b))
+        return GroupedGemmFunction.apply(a, b, group_lens, group_offs, bool(trans_b), num_sms)
+    return _grouped_gemm_op(a, b, group_lens, group_offs, bool(trans_b), num_sms)

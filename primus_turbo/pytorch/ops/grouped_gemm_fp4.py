@@ -36,11 +36,11 @@ import torch
 
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
 from primus_turbo.pytorch.ops import _mx_blocks
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_num_cu, route_wgrad_to_main_grad
 from primus_turbo.pytorch.ops._transpose import transpose_last2
 from primus_turbo.pytorch.ops.gemm_fp4 import _check_config, _q, recipe_of
 from primus_turbo.pytorch.ops.grouped_gemm import _grouped_gemm_wgrad_op, grouped_gemm
-from primus_turbo.pytorch.ops.grouped_gemm_fp8 import check_hp_operands, check_num_cu, grouped_fp8_mm
+from primus_turbo.pytorch.ops.grouped_gemm_fp8 import check_hp_operands, grouped_fp8_mm
 
 __all__ = ["grouped_gemm_fp4"]
 
@@ -102,7 +102,9 @@ class GroupedGemmFp4Function(torch.autograd.Function):
             grad_a = grouped_fp8_mm(qg, sg, qb, sb, group_lens, group_offs, _ROWWISE_B_SCALES, a.dtype, ctx.num_sms)
         if ctx.needs_input_grad[1]:
             # Variable-K wgrad on the bf16/fp16 grouped GEMM (module docstring says why).
-            grad_b = _grouped_gemm_wgrad_op(a, grad_out.to(a.dtype).contiguous(), group_lens, group_offs, ctx.trans_b)
+            grad_b = _grouped_gemm_wgrad_op(
+                a, grad_out.to(a.dtype).contiguous(), group_lens, group_offs, ctx.trans_b, ctx.num_sms
+            )
             grad_b = grad_b.to(b.dtype)
         return grad_a, grad_b, None, None, None, None, None, None, None
 
@@ -116,6 +118,7 @@ def grouped_gemm_fp4(
     out_dtype: torch.dtype | None = None,
     config: Float4QuantConfig | None = None,
     num_cu: int | None = None,
+    fuse_bgrad_accum_pattern: str | None = None,
 ) -> torch.Tensor:
     """Per-group ``a[rows of g] @ op(b[g])`` with MXFP4 operands: the expert layers of a mixture
     of experts. Emulated on Hopper's FP8 tensor cores (MXFP4 accuracy, FP8 speed minus the
@@ -136,8 +139,10 @@ def grouped_gemm_fp4(
             ``use_2d_block`` 32x32 weight blocks per expert, ``use_sr`` stochastic rounding of the
             output gradient (a new seed per eager call; fixed at trace / capture time under
             torch.compile or CUDA graphs); ``use_rht`` has no effect (wgrad is bf16).
-        num_cu: SMs the persistent FP8 kernel may use for the forward and dgrad (default: all),
-            e.g. to leave room for overlapped communication.
+        num_cu: SMs the persistent kernels may use (default: all), e.g. to leave room for
+            overlapped communication.
+        fuse_bgrad_accum_pattern: ``"megatron"``: b's gradient is added into ``b.main_grad`` after
+            the wgrad GEMM and autograd gets a placeholder (as ``grouped_gemm``).
 
     Differentiable in ``a`` (dgrad through the same MXFP4 emulation) and ``b`` (wgrad on the
     bf16/fp16 grouped GEMM; an expert with no tokens gets a zero gradient). K and N must be
@@ -146,6 +151,8 @@ def grouped_gemm_fp4(
     """
     config = _check_config(config, _OP)
     num_sms = check_num_cu(_OP, num_cu)
+    if fuse_bgrad_accum_pattern is not None and isinstance(b, torch.Tensor):
+        b = route_wgrad_to_main_grad(b, fuse_bgrad_accum_pattern)
     out_dtype, k, n = check_hp_operands(_OP, a, b, group_lens, group_offs, trans_b, out_dtype)
     if k % _MX or n % _MX:
         raise ValueError(
@@ -160,7 +167,7 @@ def grouped_gemm_fp4(
         **({} if group_offs is None else {"group_offs": group_offs}),
     )
     if a.shape[0] == 0 or n == 0 or k == 0:  # nothing to quantize: the bf16 op's exact empty / zero result
-        return grouped_gemm(a, b, group_lens, group_offs, trans_b=trans_b).to(out_dtype)
+        return grouped_gemm(a, b, group_lens, group_offs, trans_b=trans_b, num_cu=num_cu).to(out_dtype)
     r = recipe_of(config)
     return GroupedGemmFp4Function.apply(
         a.contiguous(), b.contiguous(), group_lens, group_offs, bool(trans_b), out_dtype,

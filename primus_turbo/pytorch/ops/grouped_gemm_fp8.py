@@ -40,7 +40,7 @@ from primus_turbo.pytorch.core import autotune, library
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity, ScalingRecipe
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_num_cu, route_wgrad_to_main_grad
 from primus_turbo.pytorch.ops._transpose import transpose_last2
 from primus_turbo.pytorch.ops.grouped_gemm import (
     _check_groups,
@@ -405,7 +405,9 @@ class GroupedGemmFp8Function(torch.autograd.Function):
             )
         elif ctx.needs_input_grad[1]:
             # Variable-K wgrad on the bf16/fp16 grouped GEMM (module docstring says why).
-            grad_b = _grouped_gemm_wgrad_op(a, grad_out.to(a.dtype).contiguous(), group_lens, group_offs, ctx.trans_b)
+            grad_b = _grouped_gemm_wgrad_op(
+                a, grad_out.to(a.dtype).contiguous(), group_lens, group_offs, ctx.trans_b, ctx.num_sms
+            )
             grad_b = grad_b.to(b.dtype)
         return grad_a, grad_b, None, None, None, None, None, None, None
 
@@ -482,13 +484,6 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, n
 Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
-def check_num_cu(op: str, num_cu) -> int:
-    """num_cu as the kernels take it (0: all SMs); ValueError unless None or a positive int."""
-    if num_cu is not None and (isinstance(num_cu, bool) or not isinstance(num_cu, int) or num_cu < 1):
-        raise ValueError(f"{op}: num_cu must be a positive int or None, got {num_cu!r}")
-    return int(num_cu or 0)
-
-
 def check_hp_operands(op: str, a, b, group_lens, group_offs, trans_b: bool, out_dtype):
     """Checks bf16/fp16 operands of a low-precision grouped GEMM (a [M, K], b [G, N, K] with
     trans_b, else [G, K, N]) and the group tensors; returns (out_dtype, K, N)."""
@@ -525,6 +520,7 @@ def grouped_gemm_fp8(
     out_dtype: torch.dtype | None = None,
     config: Float8QuantConfig | None = None,
     num_cu: int | None = None,
+    fuse_bgrad_accum_pattern: str | None = None,
 ) -> torch.Tensor:
     """Per-group ``a[rows of g] @ op(b[g])`` in FP8: the expert layers of a mixture of experts.
 
@@ -541,6 +537,8 @@ def grouped_gemm_fp8(
             per expert for ``b``); E4M3, E5M2 or HYBRID (E5M2 output gradient).
         num_cu: SMs the persistent FP8 kernels may use (default: all), e.g. to leave room for
             overlapped communication.
+        fuse_bgrad_accum_pattern: ``"megatron"``: b's gradient is added into ``b.main_grad`` after
+            the wgrad GEMM and autograd gets a placeholder (as ``grouped_gemm``).
 
     Differentiable in ``a`` (FP8 dgrad at the same granularity) and ``b`` (bf16/fp16 grouped
     wgrad; an expert with no tokens gets a zero gradient). Pre-quantized operands (forward only):
@@ -552,6 +550,8 @@ def grouped_gemm_fp8(
     config = _check_config(config)
     g = config.granularity
     num_sms = check_num_cu("grouped_gemm_fp8", num_cu)
+    if fuse_bgrad_accum_pattern is not None and isinstance(b, torch.Tensor):
+        b = route_wgrad_to_main_grad(b, fuse_bgrad_accum_pattern)
     if isinstance(a, tuple) or isinstance(b, tuple):
         if not (isinstance(a, tuple) and isinstance(b, tuple)):
             raise TypeError("grouped_gemm_fp8: pass both 'a' and 'b' pre-quantized, or neither")
@@ -570,7 +570,7 @@ def grouped_gemm_fp8(
         **({} if group_offs is None else {"group_offs": group_offs}),
     )
     if a.shape[0] == 0 or n == 0 or k == 0:  # nothing to quantize: the bf16 op's exact empty / zero result
-        return grouped_gemm(a, b, group_lens, group_offs, trans_b=trans_b).to(out_dtype)
+        return grouped_gemm(a, b, group_lens, group_offs, trans_b=trans_b, num_cu=num_cu).to(out_dtype)
     return GroupedGemmFp8Function.apply(
         a, b, group_lens, group_offs, bool(trans_b), out_dtype, config.format, g, num_sms
     )
