@@ -1,33 +1,39 @@
-"""End-to-end training step of a dense decoder stack: our modules against the same model built from
-torch layers, in eager mode and under torch.compile, bf16 and FP8.
+"""End-to-end training step of a decoder stack: our modules against the same model built from
+torch layers, in eager mode and under torch.compile, bf16 and FP8; dense and mixture-of-experts.
 
     python benchmark/e2e/bench_train_step.py [--model Llama-3.1-8B] [--layers 4] [--tokens 8192]
         [--variants torch_eager torch_compile turbo_bf16 turbo_fp8_rowwise ...] [--steps 50]
+    python benchmark/e2e/bench_train_step.py --arch moe --model Qwen3-30B-A3B --layers 2
 
-The model: ``--layers`` Llama-style blocks (RMSNorm, QKV projection, RoPE, causal GQA attention,
-output projection, RMSNorm, SwiGLU MLP) with the dimensions of ``--model``
-(benchmark/ops/config.py, from shared/MODELS.md), a final norm and a loss on the hidden states (the
-vocabulary head is left out: it is a GEMM of its own and dominates small stacks). Every variant
-starts from the same weights and trains on the same data with AdamW.
+The models (benchmark/e2e/model.py, dimensions from benchmark/ops/config.py = shared/MODELS.md):
+``--layers`` blocks, a final norm and a loss on the hidden states (the vocabulary head is left
+out: it is a GEMM of its own and dominates small stacks). Dense: Llama-style blocks (RMSNorm, QKV
+projection, RoPE, causal GQA attention, output projection, RMSNorm, SwiGLU MLP). MoE: the same
+attention, then a softmax top-k router, token permutation, SwiGLU experts as grouped GEMMs and
+shared experts where the model has them. Every variant starts from the same weights and trains on
+the same data with AdamW.
 
 Variants:
 - ``torch_eager`` / ``torch_compile``: torch.nn.Linear, torch.nn.RMSNorm, torch RoPE and SwiGLU,
-  attention through torch's scaled_dot_product_attention (its own backend choice);
+  attention through torch's scaled_dot_product_attention (its own backend choice), experts through
+  ``torch._grouped_mm`` with argsort / index_add routing;
 - ``turbo_bf16``: the same model after ``turbo.convert_model`` (our Linear and RMSNorm), with
-  ``turbo.ops.rope``, ``turbo.ops.swiglu`` and ``turbo.ops.flash_attn_func`` (on the attention
-  backend ``--attn-backend`` names; unset, the library's choice);
+  ``turbo.ops.rope``, ``swiglu``, ``flash_attn_func`` (on the attention backend
+  ``--attn-backend`` names; unset, the library's choice) and, for MoE, ``token_permute``,
+  ``grouped_gemm``, ``swiglu_with_probs`` and ``token_unpermute``;
 - ``turbo_fp8_<granularity>``: ``turbo.convert_model(model, fp8_config=...)`` (Float8Linear,
-  HYBRID) on top of that, for tensorwise, rowwise and blockwise;
+  HYBRID; the router stays bf16) on top of that, and ``grouped_gemm_fp8`` experts, for
+  tensorwise, rowwise and blockwise;
 - ``turbo_*_compile``: a turbo variant under torch.compile.
 
 Per variant: median ms of a training step's forward+backward (the optimizer step timed apart),
-model TFLOPS (6 x linear parameters x tokens + causal attention), the share of the step the GPU is
-busy and a kernel-family breakdown from torch.profiler (GEMM, attention, quantization,
-normalization/activation, other), the SNR of the stack's output at the shared initial weights
-against torch eager's (a variant below 30 dB bf16 / 15 dB FP8 FAILs; the loss alone could not catch
-wrong numerics), and the loss after ``--steps`` steps against torch's. Summary
-entries ``e2e_dense_bf16`` and ``e2e_dense_fp8_<granularity>`` (ratio against torch eager),
-CSV ``e2e_dense.csv``.
+model TFLOPS (6 x weights used per token x tokens + causal attention), the share of the step the
+GPU is busy and a kernel-family breakdown from torch.profiler (GEMM, attention, quantization,
+normalization/activation, MoE routing/permutation, other), the SNR of the stack's output at the
+shared initial weights against torch eager's (a variant below 30 dB bf16 / 15 dB FP8 FAILs; the
+loss alone could not catch wrong numerics), and the loss after ``--steps`` steps against torch's.
+Summary entries ``e2e_<arch>_bf16`` and ``e2e_<arch>_fp8_<granularity>`` (ratio against torch
+eager), CSV ``e2e_<arch>.csv``.
 """
 
 from __future__ import annotations
@@ -42,88 +48,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_utils as bu  # noqa: E402
 import config as cfg  # noqa: E402
-
-
-# ---- the model -----------------------------------------------------------------------------------
-
-
-def rope_tables(seq: int, head_dim: int, device, theta: float = 500000.0):
-    inv = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
-    ang = torch.arange(seq, dtype=torch.float64, device=device)[:, None] * inv[None, :]
-    return ang.cos().float(), ang.sin().float()
-
-
-def torch_rope(x, cos, sin):
-    """Rotate-half RoPE of x [B, S, H, D] with float32 tables [S, D/2]."""
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
-    x1, x2 = x.float().chunk(2, -1)
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1).to(x.dtype)
-
-
-class Block(nn.Module):
-    def __init__(self, m: cfg.DenseModelConfig, turbo_ops=None):
-        super().__init__()
-        self.m, self.turbo_ops = m, turbo_ops
-        self.attn_norm = nn.RMSNorm(m.hidden, eps=1e-5)
-        self.qkv = nn.Linear(m.hidden, m.q_dim + 2 * m.kv_dim, bias=False)
-        self.out = nn.Linear(m.q_dim, m.hidden, bias=False)
-        self.mlp_norm = nn.RMSNorm(m.hidden, eps=1e-5)
-        self.gate_up = nn.Linear(m.hidden, 2 * m.intermediate, bias=False)
-        self.down = nn.Linear(m.intermediate, m.hidden, bias=False)
-
-    def forward(self, x, cos, sin):
-        m, b, s = self.m, x.shape[0], x.shape[1]
-        q, k, v = self.qkv(self.attn_norm(x)).split([m.q_dim, m.kv_dim, m.kv_dim], -1)
-        q = q.view(b, s, m.num_heads_q, m.head_dim)
-        k = k.view(b, s, m.num_heads_kv, m.head_dim)
-        v = v.view(b, s, m.num_heads_kv, m.head_dim)
-        if self.turbo_ops is not None:
-            q, k = self.turbo_ops.rope(q, k, cos, sin)
-        else:
-            q, k = torch_rope(q, cos, sin), torch_rope(k, cos, sin)
-        if self.turbo_ops is not None:
-            attn = self.turbo_ops.flash_attn_func(q, k, v, causal=True)  # [B, S, H, D]
-        else:
-            attn = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-            ).transpose(1, 2)
-        x = x + self.out(attn.reshape(b, s, m.q_dim))
-        h = self.gate_up(self.mlp_norm(x))
-        if self.turbo_ops is not None:
-            h = self.turbo_ops.swiglu(h)
-        else:
-            gate, up = h.chunk(2, -1)
-            h = F.silu(gate) * up
-        return x + self.down(h)
-
-
-class Stack(nn.Module):
-    def __init__(self, m: cfg.DenseModelConfig, layers: int):
-        super().__init__()
-        self.layers = nn.ModuleList([Block(m) for _ in range(layers)])
-        self.norm = nn.RMSNorm(m.hidden, eps=1e-5)
-
-    def use_turbo_ops(self, ops) -> None:
-        for layer in self.layers:
-            layer.turbo_ops = ops
-
-    def forward(self, x, cos, sin):
-        for layer in self.layers:
-            x = layer(x, cos, sin)
-        return self.norm(x)
-
-
-def model_flops(m: cfg.DenseModelConfig, layers: int, batch: int, seq: int) -> float:
-    """Forward + backward FLOPs of one step: 6 x (linear weights) x tokens plus causal attention
-    (forward 2·B·S²·H·(Dqk + Dv) halved for causality, backward 2.5x)."""
-    linear = m.hidden * (m.q_dim + 2 * m.kv_dim) + m.q_dim * m.hidden + 3 * m.hidden * m.intermediate
-    attn_fwd = 2 * batch * seq * seq * m.num_heads_q * (2 * m.head_dim) / 2
-    return layers * (6 * linear * batch * seq + 3.5 * attn_fwd)
+from model import Stack, rope_tables  # noqa: E402
 
 
 # ---- variants ------------------------------------------------------------------------------------
@@ -134,11 +64,12 @@ ALL_VARIANTS = ("torch_eager", "torch_compile", "turbo_bf16", "turbo_bf16_compil
 )
 
 
-def build(variant: str, base_state: dict, m, layers: int, device, dtype):
+def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dtype):
     import primus_turbo.pytorch as turbo
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 
-    model = Stack(m, layers).to(device=device, dtype=dtype)
+    with device:
+        model = Stack(m, layers, arch).to(dtype=dtype)
     model.load_state_dict(base_state)
     if variant.startswith("turbo"):
         fp8 = None
@@ -148,8 +79,9 @@ def build(variant: str, base_state: dict, m, layers: int, device, dtype):
                     "blockwise": ScalingGranularity.BLOCKWISE}[g]
             fp8 = Float8QuantConfig(format=Format.HYBRID, granularity=gran,
                                     block_size=128 if gran == ScalingGranularity.BLOCKWISE else None)
-        turbo.convert_model(model, fp8_config=fp8)
-        model.use_turbo_ops(turbo.ops)
+        # The router stays in bf16 (a tiny GEMM whose rounding would move tokens between experts).
+        turbo.convert_model(model, fp8_config=fp8, module_filter_fn=lambda mod, fqn: not fqn.endswith("router"))
+        model.use_turbo(turbo, fp8_config=fp8)
     step_model = torch.compile(model) if variant.endswith("compile") else model
     return model, step_model
 
@@ -162,6 +94,7 @@ FAMILIES = (
     ("gemm", re.compile(r"gemm|cutlass|cublas|xmma|nvjet|matmul|sm90_", re.I)),
     ("quantization", re.compile(r"quant|amax|fp8_cast", re.I)),
     ("norm/activation", re.compile(r"norm|swiglu|silu|rope|gated|glu", re.I)),
+    ("moe routing", re.compile(r"permute|route|routing|topk|sort|index_add|scatter|bincount|gather", re.I)),
 )
 
 
@@ -198,7 +131,8 @@ def kernel_breakdown(run_step, reset, steps: int = 3) -> tuple[dict, float]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="Llama-3.1-8B", choices=sorted(cfg.DENSE_MODELS))
+    p.add_argument("--arch", choices=("dense", "moe"), default="dense")
+    p.add_argument("--model", default=None, help="default: Llama-3.1-8B (dense), Qwen3-30B-A3B (moe)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tokens", type=int, default=8192, help="tokens per step (batch = tokens // seq)")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: min(model's, tokens))")
@@ -216,16 +150,23 @@ def main() -> int:
 
         GlobalBackendManager.set_attn_backend(args.attn_backend)
 
-    m = cfg.DENSE_MODELS[args.model]
-    seq = args.seq or min(m.seq, args.tokens)
+    models = cfg.DENSE_MODELS if args.arch == "dense" else cfg.MOE_MODELS
+    args.model = args.model or ("Llama-3.1-8B" if args.arch == "dense" else "Qwen3-30B-A3B")
+    if args.model not in models:
+        p.error(f"--model {args.model}: not a {args.arch} model; choose from {sorted(models)}")
+    m = models[args.model]
+    seq = args.seq or min(getattr(m, "seq", 4096), args.tokens)
     batch = max(1, args.tokens // seq)
     device, dtype = torch.device(args.device), torch.bfloat16
     torch.manual_seed(1234)
-    base_state = Stack(m, args.layers).to(dtype=dtype).state_dict()
+    with device:  # parameters initialized where they train (an MoE stack is billions of values)
+        base_state = Stack(m, args.layers, args.arch).to(dtype=dtype).state_dict()
     x = torch.randn(batch, seq, m.hidden, device=device, dtype=dtype)
     target = torch.randn(batch, seq, m.hidden, device=device, dtype=dtype)
-    cos, sin = rope_tables(seq, m.head_dim, device)
-    flops = model_flops(m, args.layers, batch, seq)
+    with torch.device("meta"):
+        shape_only = Stack(m, args.layers, args.arch)
+    cos, sin = rope_tables(seq, shape_only.rope_dim, device)
+    flops = shape_only.flops(batch, seq)
     on_gpu = device.type == "cuda"
 
     rows = []
@@ -235,7 +176,7 @@ def main() -> int:
         row = {"variant": variant, "model": args.model, "layers": args.layers, "batch": batch, "seq": seq,
                "attn_backend": "sdpa" if variant.startswith("torch") else args.attn_backend}
         try:
-            model, step_model = build(variant, base_state, m, args.layers, device, dtype)
+            model, step_model = build(variant, base_state, m, args.layers, args.arch, device, dtype)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
             def fwd_bwd():
@@ -312,12 +253,13 @@ def main() -> int:
     columns = ["gpu", "date", "commit", "variant", "attn_backend", "model", "layers", "batch", "seq", "step_ms", "optimizer_ms", "tflops", "speedup_vs_torch_eager",
                "gpu_busy_ms", "gpu_busy_share"] + [f"{n}_ms" for n, _ in FAMILIES] + [
                "other_ms", "out_snr_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
-    bu.write_csv(out_dir / "e2e_dense.csv", rows, columns)
+    bu.write_csv(out_dir / f"e2e_{args.arch}.csv", rows, columns)
     if base is not None and not args.no_summary and on_gpu:
         for r in rows:
             if r["status"] != "OK" or not r["variant"].startswith("turbo") or r["variant"].endswith("compile"):
                 continue
-            name = "e2e_dense_bf16" if r["variant"] == "turbo_bf16" else "e2e_dense_fp8_" + r["variant"].split("_fp8_")[1]
+            prefix = f"e2e_{args.arch}_"
+            name = prefix + ("bf16" if r["variant"] == "turbo_bf16" else "fp8_" + r["variant"].split("_fp8_")[1])
             entry = bu.summary_entry(
                 [r["tflops"]], [base["tflops"]], [r["loss_rel_diff"] <= (0.02 if "bf16" in name else 0.05)],
                 out_snr_db=r.get("out_snr_db"),

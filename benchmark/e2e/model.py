@@ -1,0 +1,211 @@
+"""The decoder stacks the end-to-end benchmark trains: one model class per architecture whose
+layers run on torch ops or, after ``use_turbo(...)``, on ours, with the same parameters either way
+(so every variant starts from one state dict).
+
+- Dense (Llama-style): RMSNorm, fused QKV projection, RoPE, causal GQA attention, output
+  projection, RMSNorm, SwiGLU MLP.
+- MoE (Qwen3-30B-A3B / DeepSeek-V2-Lite dims): the same attention (MLA models as plain attention
+  with MLA's head dims, 192 for q/k and 128 for v, without the low-rank compression), then a
+  softmax top-k router, token permutation, per-expert SwiGLU (gate/up and down grouped GEMMs) with
+  the routing probability folded into the activation, unpermutation, and shared experts where the
+  model has them.
+
+torch path: SDPA, torch RoPE and SwiGLU, ``torch._grouped_mm`` experts with argsort / index_add
+routing. turbo path: ``turbo.ops.rope``, ``flash_attn_func``, ``swiglu``, ``token_permute``,
+``grouped_gemm`` (``grouped_gemm_fp8`` with an FP8 config), ``swiglu_with_probs``,
+``token_unpermute``; the Linear and RMSNorm layers become ours through ``turbo.convert_model``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rope_tables(seq: int, head_dim: int, device, theta: float = 500000.0):
+    inv = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+    ang = torch.arange(seq, dtype=torch.float64, device=device)[:, None] * inv[None, :]
+    return ang.cos().float(), ang.sin().float()
+
+
+def torch_rope(x, cos, sin):
+    """Rotate-half RoPE of x [B, S, H, D] with float32 tables [S, D/2]."""
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    x1, x2 = x.float().chunk(2, -1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Causal GQA attention with RoPE on q and k (head dims dqk for q/k, dv for v)."""
+
+    def __init__(self, hidden: int, hq: int, hkv: int, dqk: int, dv: int):
+        super().__init__()
+        self.hq, self.hkv, self.dqk, self.dv = hq, hkv, dqk, dv
+        self.splits = [hq * dqk, hkv * dqk, hkv * dv]
+        self.qkv = nn.Linear(hidden, sum(self.splits), bias=False)
+        self.out = nn.Linear(hq * dv, hidden, bias=False)
+        self.turbo = None
+
+    def forward(self, x, cos, sin):
+        b, s = x.shape[:2]
+        q, k, v = self.qkv(x).split(self.splits, -1)
+        q = q.view(b, s, self.hq, self.dqk)
+        k = k.view(b, s, self.hkv, self.dqk)
+        v = v.view(b, s, self.hkv, self.dv)
+        if self.turbo is not None:
+            q, k = self.turbo.ops.rope(q, k, cos, sin)
+            attn = self.turbo.ops.flash_attn_func(q, k, v, causal=True)  # [B, S, H, Dv]
+        else:
+            q, k = torch_rope(q, cos, sin), torch_rope(k, cos, sin)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+            ).transpose(1, 2)
+        return self.out(attn.reshape(b, s, self.hq * self.dv))
+
+    def flops(self, tokens: int, seq: int) -> float:
+        """Forward + backward: projections 6 x weights x tokens, causal attention 3.5 x forward."""
+        linear = self.qkv.weight.numel() + self.out.weight.numel()
+        attn_fwd = 2 * tokens * seq * self.hq * (self.dqk + self.dv) / 2
+        return 6 * linear * tokens + 3.5 * attn_fwd
+
+
+class DenseMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden, bias=False)
+        self.turbo = None
+
+    def forward(self, x):
+        h = self.gate_up(x)
+        if self.turbo is not None:
+            h = self.turbo.ops.swiglu(h)
+        else:
+            gate, up = h.chunk(2, -1)
+            h = F.silu(gate) * up
+        return self.down(h)
+
+    def flops(self, tokens: int) -> float:
+        return 6 * (self.gate_up.weight.numel() + self.down.weight.numel()) * tokens
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts as two weights in nn.Linear layout per expert: gate_up [E, 2I, H] and
+    down [E, H, I] (the layout turbo.modules.GroupedLinear and torch._grouped_mm both read)."""
+
+    def __init__(self, num: int, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up = nn.Parameter(torch.randn(num, 2 * intermediate, hidden) * hidden**-0.5)
+        self.down = nn.Parameter(torch.randn(num, hidden, intermediate) * intermediate**-0.5)
+
+
+class MoEMLP(nn.Module):
+    """Softmax router, top-k (probabilities renormalized over the k), experts, shared experts."""
+
+    def __init__(self, hidden: int, num_experts: int, topk: int, intermediate: int, num_shared: int):
+        super().__init__()
+        self.num_experts, self.topk = num_experts, topk
+        self.router = nn.Linear(hidden, num_experts, bias=False)
+        self.experts = Experts(num_experts, hidden, intermediate)
+        self.shared = DenseMLP(hidden, num_shared * intermediate) if num_shared else None
+        self.turbo = None
+        self.fp8_config = None  # turbo path: FP8 grouped GEMMs for the experts
+
+    def route(self, x2):
+        probs = self.router(x2).float().softmax(-1)
+        top_p, top_i = probs.topk(self.topk, dim=-1)
+        return top_p / top_p.sum(-1, keepdim=True), top_i
+
+    def forward(self, x):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        top_p, top_i = self.route(x2)
+        y = self._turbo_experts(x2, top_p, top_i) if self.turbo is not None else self._torch_experts(x2, top_p, top_i)
+        if self.shared is not None:
+            y = y + self.shared(x2)
+        return y.view(shape)
+
+    def _torch_experts(self, x2, top_p, top_i):
+        w = self.experts
+        flat = top_i.reshape(-1)
+        order = flat.argsort(stable=True)
+        token = order // self.topk
+        offs = torch.bincount(flat, minlength=self.num_experts).cumsum(0).to(torch.int32)
+        h = torch._grouped_mm(x2[token], w.gate_up.transpose(-2, -1), offs=offs)
+        gate, up = h.chunk(2, -1)
+        h = F.silu(gate) * up * top_p.reshape(-1)[order].unsqueeze(-1).to(h.dtype)
+        y = torch._grouped_mm(h, w.down.transpose(-2, -1), offs=offs)
+        return torch.zeros_like(x2).index_add_(0, token, y)
+
+    def _turbo_experts(self, x2, top_p, top_i):
+        ops, w, t = self.turbo.ops, self.experts, x2.shape[0]
+        routing_map = torch.zeros(t, self.num_experts, dtype=torch.bool, device=x2.device).scatter_(1, top_i, True)
+        probs = torch.zeros(t, self.num_experts, dtype=torch.float32, device=x2.device).scatter(1, top_i, top_p)
+        xs, pprobs, row_id_map = ops.token_permute(
+            x2, probs=probs, routing_map=routing_map, num_out_tokens=t * self.topk
+        )
+        group_lens = routing_map.sum(0)  # int64 per expert, on the device: no sync
+        if self.fp8_config is not None:
+            gemm = lambda a, b: ops.grouped_gemm_fp8(a, b, group_lens, trans_b=True, config=self.fp8_config)  # noqa: E731
+        else:
+            gemm = lambda a, b: ops.grouped_gemm(a, b, group_lens, trans_b=True)  # noqa: E731
+        h = ops.swiglu_with_probs(gemm(xs, w.gate_up), pprobs)
+        return ops.token_unpermute(gemm(h, w.down), row_id_map)
+
+    def flops(self, tokens: int) -> float:
+        e = self.experts
+        per_token = self.topk * (e.gate_up[0].numel() + e.down[0].numel()) + self.router.weight.numel()
+        return 6 * per_token * tokens + (self.shared.flops(tokens) if self.shared is not None else 0)
+
+
+class Block(nn.Module):
+    def __init__(self, hidden: int, attn: Attention, mlp: nn.Module):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(hidden, eps=1e-5)
+        self.attn = attn
+        self.mlp_norm = nn.RMSNorm(hidden, eps=1e-5)
+        self.mlp = mlp
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Stack(nn.Module):
+    """``layers`` blocks and a final norm; the loss is taken on the hidden states (the vocabulary
+    head is left out: a GEMM of its own that dominates small stacks)."""
+
+    def __init__(self, m, layers: int, arch: str):
+        super().__init__()
+        self.arch = arch
+        blocks = []
+        for _ in range(layers):
+            if arch == "dense":
+                attn = Attention(m.hidden, m.num_heads_q, m.num_heads_kv, m.head_dim, m.head_dim)
+                mlp = DenseMLP(m.hidden, m.intermediate)
+            else:
+                attn = Attention(m.hidden, m.num_heads_q, m.num_heads_kv, m.head_dim_qk, m.head_dim_v)
+                mlp = MoEMLP(m.hidden, m.num_experts, m.topk, m.expert_intermediate, m.num_shared_experts)
+            blocks.append(Block(m.hidden, attn, mlp))
+        self.layers = nn.ModuleList(blocks)
+        self.norm = nn.RMSNorm(m.hidden, eps=1e-5)
+        self.rope_dim = self.layers[0].attn.dqk
+
+    def use_turbo(self, turbo, fp8_config=None) -> None:
+        for layer in self.layers:
+            layer.attn.turbo = layer.mlp.turbo = turbo
+            if isinstance(layer.mlp, MoEMLP):
+                layer.mlp.fp8_config = fp8_config
+                if layer.mlp.shared is not None:
+                    layer.mlp.shared.turbo = turbo
+
+    def forward(self, x, cos, sin):
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.norm(x)
+
+    def flops(self, batch: int, seq: int) -> float:
+        """Forward + backward FLOPs of one step (routed experts: the top-k that run)."""
+        tokens = batch * seq
+        return sum(layer.attn.flops(tokens, seq) + layer.mlp.flops(tokens) for layer in self.layers)
