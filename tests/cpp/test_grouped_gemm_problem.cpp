@@ -109,4 +109,17 @@ TEST(GroupedGemmProblem, ArgumentErrors) {
   EXPECT_THAT(std::string(error_of([&] { make_problem(&g.args); }).what()), HasSubstr("argument 'out' has shape"));
 }
 
+TEST(GroupedGemmProblem, SmBudgetIsWholeClusters) {
+  Call c(false, false);
+  EXPECT_EQ(make_problem(&c.args).sm_budget(132), 132);  // 0: every SM
+  c.args.num_sms = 7;
+  EXPECT_EQ(make_problem(&c.args).sm_budget(132), 6);  // whole 2-CTA clusters
+  c.args.num_sms = 1;
+  EXPECT_EQ(make_problem(&c.args).sm_budget(132), 2);
+  c.args.num_sms = 500;
+  EXPECT_EQ(make_problem(&c.args).sm_budget(132), 132);
+  c.args.num_sms = -1;
+  EXPECT_THAT(std::string(error_of([&] { make_problem(&c.args); }).what()), HasSubstr("num_sms must be >= 0"));
+}
+
 }  // namespace

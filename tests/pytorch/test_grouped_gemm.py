@@ -225,7 +225,8 @@ def test_autotune_picks_a_candidate():
 
 @pytest.mark.parametrize("trans_b", [False, True], ids=["nn", "nt"])
 def test_num_cu_and_megatron_main_grad(trans_b):
-    # num_cu: the persistent kernels on fewer SMs compute the same tiles (bitwise equal);
+    # num_cu: the persistent kernels on fewer SMs compute the same tiles (bitwise equal; 7 runs
+    # as 6, whole 2-CTA clusters);
     # fuse_bgrad_accum_pattern="megatron": the weight gradient lands in main_grad.
     lens = torch.tensor([100, 0, 257, 31], dtype=torch.int64, device="cuda")
     a, b = _inputs(lens, 256, 384, 4, torch.bfloat16, trans_b)

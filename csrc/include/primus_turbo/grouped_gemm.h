@@ -31,7 +31,7 @@ typedef struct pt_grouped_gemm_args {
   const pt_tensor* d;
   int32_t wgrad;
   int32_t trans_b;
-  int32_t num_sms;  // SMs the persistent kernel may use; 0 (or more than the GPU has): all
+  int32_t num_sms;  // SMs the persistent kernel may use, rounded down to even (2-CTA clusters); 0: all
 } pt_grouped_gemm_args;
 
 // backend: PT_BACKEND_CUTLASS. config: index into its candidate list, or -1 for its default.

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "primus_turbo/grouped_gemm_fp8.h"
+#include "ops/grouped_gemm/grouped_gemm_problem.h"
 #include "primus_turbo/kernels/grouped_gemm/grouped_gemm_fp8_abi.h"
 #include "runtime/device.h"
 #include "runtime/jit_runtime.h"
@@ -273,7 +274,7 @@ int default_config(const Problem& p, int sm_count) {
 
 int resolve_config(const Problem& p, int32_t config) {
   const int all = device_info(current_device()).sm_count;
-  return config < 0 ? default_config(p, p.num_sms > 0 && p.num_sms < all ? p.num_sms : all) : config;
+  return config < 0 ? default_config(p, grouped_gemm::persistent_sms(p.num_sms, all)) : config;
 }
 
 PtGroupedGemmFp8Params make_params(const Problem& p, int device) {
@@ -294,7 +295,7 @@ PtGroupedGemmFp8Params make_params(const Problem& p, int device) {
   params.d = p.d;
   params.device = device;
   const int all = device_info(device).sm_count;
-  params.num_sms = p.num_sms > 0 && p.num_sms < all ? p.num_sms : all;
+  params.num_sms = grouped_gemm::persistent_sms(p.num_sms, all);
   return params;
 }
 

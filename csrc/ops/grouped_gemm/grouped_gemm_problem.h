@@ -9,6 +9,14 @@
 
 namespace primus_turbo::grouped_gemm {
 
+// The persistent grid of a grouped kernel asked to use at most `requested` SMs (0: all): the GPU's
+// count, or the request rounded down to a whole number of 2-CTA clusters (a cluster launch needs
+// its grid to be a multiple of the cluster), at least one cluster.
+inline int persistent_sms(int requested, int sm_count) {
+  if (requested <= 0 || requested >= sm_count) return sm_count;
+  return requested < 2 ? 2 : requested & ~1;
+}
+
 struct Problem {
   bool wgrad = false;   // groups split the reduction (wgrad) rather than the output rows
   bool trans_b = false;
@@ -24,8 +32,7 @@ struct Problem {
   void* d = nullptr;
   bool aligned16 = false;  // every base pointer
   int32_t num_sms = 0;     // SMs the persistent kernel may use; 0: all
-  // The persistent grid: num_sms when it limits the kernel, else the GPU's SM count.
-  int sm_budget(int sm_count) const { return num_sms > 0 && num_sms < sm_count ? num_sms : sm_count; }
+  int sm_budget(int sm_count) const { return persistent_sms(num_sms, sm_count); }
 
   // The kernel's view. Forward: A = a (K-major), B = b[g] (N- or K-major), D = d rows; fixed
   // kernel sizes (n, k). Wgrad: D[g] [km, kn] = A^T B with A, B M-/N-major over the packed rows:

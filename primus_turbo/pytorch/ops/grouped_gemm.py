@@ -235,7 +235,8 @@ def grouped_gemm(
         group_offs: optional int64 ``[G + 1]``: group g starts at row ``group_offs[g]``
             (default: the exclusive prefix sum of ``group_lens``).
         num_cu: SMs the persistent kernels (forward, dgrad, wgrad) may use (default: all), e.g. to
-            leave SMs to overlapped communication.
+            leave SMs to overlapped communication; rounded down to an even count (the kernels
+            launch clusters of 2 CTAs), at least 2.
         schedule: the persistent kernels' tile schedule: ``"static"`` (the only one here: each
             CTA takes every num_cu-th tile; the AMD library's ``"work_steal"`` raises
             ``NotImplementedError``).

@@ -140,7 +140,7 @@ def grouped_gemm_fp4(
             output gradient (a new seed per eager call; fixed at trace / capture time under
             torch.compile or CUDA graphs); ``use_rht`` has no effect (wgrad is bf16).
         num_cu: SMs the persistent kernels may use (default: all), e.g. to leave room for
-            overlapped communication.
+            overlapped communication; rounded down to an even count (clusters of 2 CTAs).
         fuse_bgrad_accum_pattern: ``"megatron"``: b's gradient is added into ``b.main_grad`` after
             the wgrad GEMM and autograd gets a placeholder (as ``grouped_gemm``).
 

@@ -536,7 +536,7 @@ def grouped_gemm_fp8(
             BLOCKWISE (block_size=128: 1x128 per token for ``a`` and the output gradient, 128x128
             per expert for ``b``); E4M3, E5M2 or HYBRID (E5M2 output gradient).
         num_cu: SMs the persistent FP8 kernels may use (default: all), e.g. to leave room for
-            overlapped communication.
+            overlapped communication; rounded down to an even count (clusters of 2 CTAs).
         fuse_bgrad_accum_pattern: ``"megatron"``: b's gradient is added into ``b.main_grad`` after
             the wgrad GEMM and autograd gets a placeholder (as ``grouped_gemm``).
 

@@ -15,6 +15,7 @@ Conventions (the contract the FP8/FP4 GEMMs build on):
 """
 
 import itertools
+import math
 
 import torch
 
@@ -378,7 +379,8 @@ def dequantize_fp8(
     _check_scale_inv(op, x, scale_inv)
     two_d, dim = _fp8_layout(op, g, scaling_recipe, axis, x.dim())
     if dim is None or dim == x.dim() - 1:
-        s = scale_inv if dim is None or scale_inv.dim() < 2 else scale_inv.reshape(-1, scale_inv.shape[-1])
+        flat = dim is not None and scale_inv.dim() >= 3  # [..., groups] -> [rows, groups]
+        s = scale_inv.reshape(math.prod(x.shape[:-1]), scale_inv.shape[-1]) if flat else scale_inv
         out = _dequantize_op(_as_2d(x), s.contiguous(), out_dtype, g, block, -1, _FLAG_2D if two_d else 0)
         return out.view(x.shape)
     if x.dim() == 2:
