@@ -254,6 +254,9 @@ def main() -> int:
                "gpu_busy_ms", "gpu_busy_share"] + [f"{n}_ms" for n, _ in FAMILIES] + [
                "other_ms", "out_snr_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
     bu.write_csv(out_dir / f"e2e_{args.arch}.csv", rows, columns)
+    from plot_breakdown import plot
+
+    plot(out_dir / f"e2e_{args.arch}.csv")
     if base is not None and not args.no_summary and on_gpu:
         for r in rows:
             if r["status"] != "OK" or not r["variant"].startswith("turbo") or r["variant"].endswith("compile"):
