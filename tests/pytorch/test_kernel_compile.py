@@ -173,6 +173,18 @@ def test_quantization_modules_compile_for_sm90a():
     jobs = [(i, o) for i in _QUANT_IN for o in _QUANT_OUT]
     _prepare_all(jobs, lambda io: check(lib.pt_quantize_prepare(_QUANT_IN[io[0]], _QUANT_OUT[io[1]])), "quantization")
     _assert_compiled(*(f"quant_{i}_{o}" for i, o in jobs))
+# Attention (our kernel): one module per (dtype, head dim of q/k, head dim of v), holding the
+# forward and the backward kernels; the tensor-core work is mma.sync (HMMA).
+_ATTN_DTYPES = {"bf16": 2, "f16": 1}
+
+
+def test_attention_modules_compile_for_sm90a():
+    jobs = [(dt, d, dv) for dt in _ATTN_DTYPES for d, dv in precompile.ATTENTION_HEAD_DIMS]
+    _prepare_all(jobs, lambda j: check(lib.pt_attention_prepare(_ATTN_DTYPES[j[0]], j[1], j[2])), "attention")
+    _assert_compiled(*(f"attention_{dt}_d{d}_dv{dv}" for dt, d, dv in jobs))
+    _assert_sass_contains("HMMA", "attention_*", min_modules=len(jobs), every_module=True)
+
+
 # Grouped GEMM: every config on the forward layout, the other two layouts (trans_b forward/dgrad
 # and wgrad) on their usual configs, and float16.
 def _grouped_jobs():
