@@ -40,7 +40,7 @@ else:
 
 METRIC = "effective GB/s"
 FP8 = torch.float8_e4m3fn
-FP8_MAX, FP8_EMAX, FP4_EMAX = 448.0, 8, 2
+FP8_MAX = 448.0
 OPS = ("with_trans_blockwise", "blockwise", "mx_blockwise", "tensorwise", "rowwise", "fp4")
 ENTRY = {
     "tensorwise": "quantize_fp8_tensorwise",
@@ -83,9 +83,11 @@ def _fp32_scale(amax):
     return mult, mult.reciprocal()
 
 
-def _mx_scale(amax, emax):
-    _, exp = torch.frexp(amax)
-    e = (torch.where(amax > 0, exp - 1, torch.full_like(exp, -127)) - emax).clamp(-127, 127)
+def _mx_scale(amax, fmax):
+    # The E8M0 exponent ceil(log2(amax / fmax)), the quotient rounded to float32 as the kernels do.
+    m, exp = torch.frexp(amax.float() / torch.full_like(amax, fmax, dtype=torch.float32))
+    e = torch.where(m == 0.5, exp - 1, exp)
+    e = torch.where(amax > 0, e, torch.full_like(e, -127)).clamp(-127, 127)
     return torch.exp2(-e.float()), (e + 127).to(torch.uint8).view(torch.float8_e8m0fnu)
 
 
@@ -120,21 +122,26 @@ def eager_block_2d(x, b=128):
 def eager_mx(x):
     m, k = x.shape
     xb = x.float().view(m, k // 32, 32)
-    mult, s = _mx_scale(xb.abs().amax(-1, keepdim=True), FP8_EMAX)
+    mult, s = _mx_scale(xb.abs().amax(-1, keepdim=True), FP8_MAX)
     return _cast(xb * mult).view(m, k), s.view(m, k // 32)
 
 
 def eager_with_trans(x, two_d):
-    f = eager_block_2d if two_d else eager_block_1d
-    q, s = f(x)
-    qt, st = f(x.t().contiguous())
-    return q, s, qt, st
+    """Row copy and column copy: 2-D blocks transposed (as quantize_fp8_with_trans stores them),
+    1-D blocks quantized along M in place ([M, K], scales [M/B, K])."""
+    if two_d:
+        q, s = eager_block_2d(x)
+        qt, st = eager_block_2d(x.t().contiguous())
+        return q, s, qt, st
+    q, s = eager_block_1d(x)
+    qt, st = eager_block_1d(x.t().contiguous())
+    return q, s, qt.t().contiguous(), st.t().contiguous()
 
 
 def eager_fp4(x):
     m, k = x.shape
     xb = x.float().view(m, k // 32, 32)
-    mult, s = _mx_scale(xb.abs().amax(-1, keepdim=True), FP4_EMAX)
+    mult, s = _mx_scale(xb.abs().amax(-1, keepdim=True), 6.0)
     a = (xb * mult).view(m, k)
     mag = a.abs()
     c = ((mag > 0.25).to(torch.uint8) + (mag >= 0.75) + (mag > 1.25) + (mag >= 1.75) + (mag > 2.5) + (mag >= 3.5)

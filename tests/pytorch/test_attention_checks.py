@@ -397,3 +397,24 @@ def test_attention_backend_setting_reaches_the_native_op_and_others_are_refused(
         assert seen[-1] == 3
     finally:
         GlobalBackendManager.set_attn_backend(None)
+
+
+def test_forced_backend_reaches_the_traced_graph():
+    from primus_turbo.pytorch.core.backend import GlobalBackendManager
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm.graph)
+        return gm.forward
+
+    q = torch.randn(1, 4, 2, 64, device="meta", dtype=torch.bfloat16)
+    GlobalBackendManager.set_attn_backend("CUDNN")
+    try:
+        torch._dynamo.reset()
+        torch.compile(lambda x: turbo.ops.flash_attn_func(x, x, x, causal=True), backend=capture, fullgraph=True)(q)
+    finally:
+        GlobalBackendManager.set_attn_backend(None)
+        torch._dynamo.reset()
+    calls = [n for g in graphs for n in g.nodes if "attention_fwd" in str(n.target)]
+    assert calls and calls[0].args[-1] == 3, [n.args for n in calls]  # pt_backend CUDNN

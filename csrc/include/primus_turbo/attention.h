@@ -20,8 +20,9 @@ extern "C" {
    logits joining each row's softmax denominator. lse: the natural log of the denominator, +inf for
    a row that sees nothing (its output is 0). No host synchronization; CUDA-graph capturable.
    backend: PT_BACKEND_TURBO, PT_BACKEND_CUDNN, or PT_BACKEND_NONE for cuDNN where it runs the
-   problem (fixed length, every row sees a key, libcudnn 9.10+ loadable) and TURBO elsewhere; an
-   explicit CUDNN it cannot honour is PT_ERROR_NOT_SUPPORTED with the reason.
+   problem (fixed length, every row sees a key, libcudnn 9.10+ loadable; not a deterministic
+   backward) and TURBO elsewhere; an explicit CUDNN it cannot honour is PT_ERROR_NOT_SUPPORTED with
+   the reason. The first CUDNN call of a shape builds its graph on the host: not under capture.
    Workspace: *workspace_needed receives the bytes of device memory the chosen backend needs; the
    call runs only when that fits in workspace_bytes, so a caller with none passes (null, 0), and
    calls again with a buffer (256-byte aligned) when *workspace_needed came back larger. */

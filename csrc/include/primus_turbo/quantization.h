@@ -21,8 +21,9 @@ typedef enum pt_quant_flags {
 } pt_quant_flags;
 
 // Quantizes a contiguous 2-D x [m, k] (float32/float16/bfloat16) with scale = FMT_MAX / amax per
-// scale group (fp32 scales; amax clamped to 1e-30 so an all-zero group gives q = 0) or the OCP MX
-// shared exponent floor(log2(amax)) - emax (E8M0 scales), rounding to nearest even and saturating.
+// scale group (fp32 scales; amax clamped to 1e-30 so an all-zero group gives q = 0) or the E8M0
+// exponent ceil(log2(amax / FMT_MAX)) (the smallest power of two under which nothing clips),
+// rounding to nearest even and saturating.
 // Outputs (either may be null; both are written from one read of x):
 //   q_row / s_row: quantized along k. q_row [m, k] FP8 or [m, k/2] FP4 (low nibble = even element).
 //                  s_row: 1 element (TENSORWISE), m (ROWWISE), [m, ceil(k/B)] (blockwise),

@@ -32,6 +32,9 @@ const cudnn::Plan* choose(const Problem& p, int32_t backend, bool backward, bool
   if (backend == PT_BACKEND_TURBO) return nullptr;
   PT_CHECK_ARG(backend == PT_BACKEND_NONE || backend == PT_BACKEND_CUDNN, "argument 'backend' is ",
                backend_name(backend), "; attention runs on TURBO or CUDNN");
+  // Unset and deterministic: ours, deterministic by construction. cuDNN's deterministic backward
+  // needs a dP workspace of B*H*Sq*Sk*2 bytes on Hopper (137 GB at 2x32x32K^2).
+  if (backend == PT_BACKEND_NONE && backward && deterministic) return nullptr;
   std::string why;
   const cudnn::Plan* plan = nullptr;
   if (backward && deterministic && p.params.sink != nullptr) {

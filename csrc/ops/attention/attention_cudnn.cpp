@@ -99,15 +99,25 @@ std::shared_ptr<fe::graph::Tensor_attributes> per_head(fe::graph::Graph& g, cons
                       .set_data_type(fe::DataType_t::FLOAT));
 }
 
+// The window sides that constrain something (-1 otherwise): a left side of at least Sk - 1 or a
+// right side of at least Sq - 1 hides no key of any row.
+struct Window {
+  int64_t left, right;
+};
+Window effective_window(const PtAttnParams& r) {
+  return {r.window_left >= r.seqlen_k - 1 ? -1 : r.window_left, r.window_right >= r.seqlen_q - 1 ? -1 : r.window_right};
+}
+
 // Our window rule (key j visible from query i iff i + Sk - Sq - left <= j <= i + Sk - Sq + right) in
 // cuDNN's terms: a band around the bottom-right diagonal whose left bound is exclusive.
 template <class Attributes>
 void set_mask(Attributes& a, const PtAttnParams& r) {
-  if (r.window_right < 0) return;  // plan_for refused a left window without a right one
+  const Window w = effective_window(r);
+  if (w.right < 0) return;  // plan_for refused a left window without a right one
   a.set_diagonal_alignment(r.seqlen_q == r.seqlen_k ? fe::DiagonalAlignment_t::TOP_LEFT
                                                     : fe::DiagonalAlignment_t::BOTTOM_RIGHT);
-  a.set_diagonal_band_right_bound(r.window_right);
-  if (r.window_left >= 0) a.set_diagonal_band_left_bound(r.window_left + 1);
+  a.set_diagonal_band_right_bound(static_cast<int>(w.right));
+  if (w.left >= 0) a.set_diagonal_band_left_bound(static_cast<int>(w.left + 1));
 }
 
 std::shared_ptr<fe::graph::Graph> build_graph(const Problem& p, bool backward, bool deterministic) {
@@ -175,7 +185,8 @@ std::string static_refusal(const Problem& p) {
   const PtAttnParams& r = p.params;
   if (r.cu_seqlens_q != nullptr) return "packed sequences (cu_seqlens) are not wired to cuDNN yet";
   if (r.seqlen_q == 0 || r.seqlen_k == 0) return "an empty sequence";
-  if (r.window_left >= 0 && r.window_right < 0) return "a left window without a right bound";
+  const Window w = effective_window(r);
+  if (w.left >= 0 && w.right < 0) return "a left window without a right bound";
   // cuDNN's value for a row that sees no key differs from ours (output 0, lse +inf).
   if (r.window_right >= 0 && r.seqlen_q - r.seqlen_k > r.window_right) return "query rows that see no key";
   return load_error();

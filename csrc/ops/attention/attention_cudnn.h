@@ -13,7 +13,8 @@ namespace primus_turbo::attention::cudnn {
 // A built cuDNN graph for one problem shape and direction (owned by the cache, never freed).
 struct Plan;
 
-// The graph for this problem, built on first use; null when cuDNN cannot run it, with the reason in
+// The graph for this problem, built on first use (host work: make the first call of a shape
+// outside a CUDA-graph capture); null when cuDNN cannot run it, with the reason in
 // *why (packed sequences, a row that sees no key, a shape cuDNN's engines refuse, no libcudnn).
 // backward: the gradient graph; deterministic: its bitwise-reproducible variant.
 const Plan* plan_for(const Problem& p, bool backward, bool deterministic, std::string* why);

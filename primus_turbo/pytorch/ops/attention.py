@@ -247,9 +247,15 @@ def _backend_code(op) -> int:
     return _backend_cache[1]
 
 
+@torch.compiler.assume_constant_result
+def _traced_backend_code() -> int:
+    """The setting as torch.compile sees it: read when tracing, a constant of the graph."""
+    return _backend_code("flash_attn")
+
+
 def _attention(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, return_lse, deterministic):
     # A traced graph keeps the choice made when it was traced.
-    backend = _backend_cache[1] if torch.compiler.is_compiling() else _backend_code("flash_attn")
+    backend = _traced_backend_code() if torch.compiler.is_compiling() else _backend_code("flash_attn")
     args = (q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, backend)
     if torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad or (sink is not None and sink.requires_grad)
@@ -288,8 +294,9 @@ def flash_attn_func(
             aligned, as FlashAttention); the same as ``window_size[1] = 0``.
         window_size: ``(left, right)``; key ``j`` is visible from query ``i`` iff
             ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``; -1 leaves a side unbounded.
-        deterministic: a bitwise-reproducible backward. TURBO's always is; CUDNN then uses its
-            deterministic algorithm.
+        deterministic: a bitwise-reproducible backward. TURBO's always is, so with the backend
+            unset the backward then runs on it; a forced CUDNN uses its deterministic algorithm
+            (a workspace of B*Hq*Sq*Sk*2 bytes on Hopper; not with ``sink``).
         return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]`` (natural log; ``+inf`` for
             a query that sees no key and has no sink).
         sink: optional ``[Hq]`` per-head logit (GPT-OSS attention sinks; cast to float32) that joins

@@ -233,8 +233,13 @@ def _norm_common(op: str, x, gamma, eps, config, like_x: dict):
     return g, fp8_dtype
 
 
+def _scales_like(s, shape):
+    """Per-row scales with the output's leading dims, as quantize_fp8 along -1 returns them."""
+    return s.view(*shape[:-1], s.shape[-1]) if s.dim() == 2 and len(shape) != 2 else s
+
+
 def _result(q, s, hp, shape, hp_shape, return_hp: bool):
-    q = q.view(shape)
+    q, s = q.view(shape), _scales_like(s, shape)
     return (q, s, hp.view(hp_shape)) if return_hp else (q, s)
 
 
@@ -284,8 +289,7 @@ def rmsnorm_residual_fp8(
         _norm._rows(x), _norm._rows(residual), gamma.contiguous(), float(eps), bool(zero_centered), g, fp8_dtype,
         bool(return_hp),
     )
-    q = q.view(x.shape)
-    s = s.view(x.shape)
+    q, sc, s = q.view(x.shape), _scales_like(sc, x.shape), s.view(x.shape)
     return (q, sc, y.view(x.shape), s) if return_hp else (q, sc, s)
 
 

@@ -234,7 +234,8 @@ def _use_2d(recipe) -> bool:
 
 
 def _as_2d(x: torch.Tensor) -> torch.Tensor:
-    return x.contiguous().reshape(-1, x.shape[-1]) if x.dim() != 2 else x.contiguous()
+    # The rows as a product, not -1: a reshape cannot infer it when the last dim is 0.
+    return x.contiguous().reshape(math.prod(x.shape[:-1]), x.shape[-1]) if x.dim() != 2 else x.contiguous()
 
 
 # (accepted dtypes, how an error message names them)
@@ -379,7 +380,7 @@ def dequantize_fp8(
     _check_scale_inv(op, x, scale_inv)
     two_d, dim = _fp8_layout(op, g, scaling_recipe, axis, x.dim())
     if dim is None or dim == x.dim() - 1:
-        flat = dim is not None and scale_inv.dim() >= 3  # [..., groups] -> [rows, groups]
+        flat = dim is not None and scale_inv.dim() != 2  # [..., groups] or [groups] -> [rows, groups]
         s = scale_inv.reshape(math.prod(x.shape[:-1]), scale_inv.shape[-1]) if flat else scale_inv
         out = _dequantize_op(_as_2d(x), s.contiguous(), out_dtype, g, block, -1, _FLAG_2D if two_d else 0)
         return out.view(x.shape)
