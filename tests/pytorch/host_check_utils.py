@@ -62,19 +62,22 @@ def check_grouped_gemm_step_on_meta(op, trans_b: bool, k: int, n: int, **kwargs)
     assert b.grad.shape == b.shape and b.grad.dtype == b.dtype
 
 
-def hp_gemm_bad_arguments():
+def hp_gemm_bad_arguments(odd_shapes_refused: bool = True):
     """(a, b, kwargs, exception, match) cases of gemm_fp8 / gemm_fp4 with high-precision inputs,
-    for ``@pytest.mark.parametrize("a,b,kwargs,exc,match", ...)``."""
-    return [
+    for ``@pytest.mark.parametrize("a,b,kwargs,exc,match", ...)``; ``odd_shapes_refused``: the op
+    refuses M, K, N that are not multiples of 16 (gemm_fp8 pads them instead)."""
+    odd = [
+        (meta(16, 40), meta(40, 16), {}, ValueError, "K=40 must be a multiple of 16"),
+        (meta(16, 32, grad=True), meta(32, 24), {}, ValueError, r"N=24 to be multiples of 16"),
+        (meta(24, 32, grad=True), meta(32, 16), {}, ValueError, r"M=24 and N=16 to be multiples of 16"),
+    ]
+    return (odd if odd_shapes_refused else []) + [
         (torch.randn(16, 32), torch.randn(32, 16), {}, ValueError, "argument 'a' is on cpu; expected a CUDA device"),
         (meta(16, 32), meta(48, 16), {}, ValueError, r"inner dimensions do not match: op\(a\) is \[16, 32\]"),
         (meta(16, 32), meta(32, 16, dtype=torch.float16), {}, TypeError, "argument 'b' has dtype torch.float16"),
         (meta(16, 32, dtype=torch.int32), meta(32, 16, dtype=torch.int32), {}, TypeError, "argument 'a' has dtype"),
         (meta(16, 32, 2), meta(32, 16), {}, ValueError, "argument 'a' must be 2-D"),
         (meta(16, 32), meta(32, 16), {"out_dtype": torch.int8}, TypeError, "out_dtype"),
-        (meta(16, 40), meta(40, 16), {}, ValueError, "K=40 must be a multiple of 16"),
-        (meta(16, 32, grad=True), meta(32, 24), {}, ValueError, r"N=24 to be multiples of 16"),
-        (meta(24, 32, grad=True), meta(32, 16), {}, ValueError, r"M=24 and N=16 to be multiples of 16"),
         ("not a tensor", meta(32, 16), {}, TypeError, "must be a torch.Tensor"),
     ]
 

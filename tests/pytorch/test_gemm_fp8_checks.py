@@ -77,7 +77,7 @@ def test_registered_as_custom_ops():
 @pytest.mark.parametrize(
     "a,b,kwargs,exc,match",
     [
-        *hp_gemm_bad_arguments(),
+        *hp_gemm_bad_arguments(odd_shapes_refused=False),
         (meta(16, 32), meta(32, 16), {"config": "e4m3"}, TypeError, "Float8QuantConfig"),
         (meta(16, 32), meta(32, 16), {"config": Float8QuantConfig(granularity=G.BLOCKWISE, block_size=64)},
          ValueError, "block_size=128"),
@@ -150,3 +150,18 @@ def test_float8_linear_from_float_shares_parameters():
         turbo.modules.Float8Linear.from_float(torch.nn.ReLU(), cfg)
     with pytest.raises(TypeError, match="Float8QuantConfig"):
         turbo.modules.Float8Linear(32, 16, config="blockwise", device="meta")
+
+
+def test_odd_shapes_are_padded_inside_the_op():
+    # K, M, N that are not multiples of 16: zero-padded for the FP8 kernels, cut back after.
+    for trans_a, trans_b in ((False, False), (True, True)):
+        a = meta(40, 20, grad=True) if trans_a else meta(20, 40, grad=True)
+        b = meta(24, 40, grad=True) if trans_b else meta(40, 24, grad=True)
+        out = turbo.ops.gemm_fp8(a, b, trans_a=trans_a, trans_b=trans_b)
+        assert out.shape == (20, 24)
+        out.sum().backward()
+        assert a.grad.shape == a.shape and b.grad.shape == b.shape
+    w = meta(24, 40, grad=True)
+    w.main_grad = torch.zeros(24, 40, device="meta", dtype=torch.float32)
+    turbo.ops.gemm_fp8(meta(20, 40), w, trans_b=True, fuse_bgrad_accum_pattern="megatron").sum().backward()
+    assert w.grad_added_to_main_grad

@@ -29,7 +29,13 @@ from primus_turbo.pytorch.core.tensor_bridge import (
     workspace,
 )
 from primus_turbo.pytorch.ops import _fp8_quant, _mx_blocks
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad, check_main_grad_pattern, dummy_wgrad
+from primus_turbo.pytorch.ops._checks import (
+    check_cuda_tensors,
+    check_main_grad,
+    check_main_grad_pattern,
+    dummy_wgrad,
+    route_wgrad_to_main_grad,
+)
 
 __all__ = ["gemm_fp8"]
 
@@ -428,6 +434,35 @@ def check_hp_operands(op: str, a, b, trans_a, trans_b, out_dtype, k_reason: str,
     return out_dtype, m, k, n
 
 
+# ---- shapes the FP8 kernels cannot read directly ----------------------------------------------
+
+
+def _odd_shape_padding(a, b, trans_a: bool, trans_b: bool):
+    """(pad M, pad K, pad N) to multiples of 16 where the FP8 path needs them (K always; M and N when a
+    backward may follow, for its transposed copies), or None when a and b fit as they are (or are
+    not plain 2-D tensors: the checks then name what is wrong)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2):
+        return None
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    n = b.shape[0] if trans_b else b.shape[1]
+    training = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+    pads = ((-m) % 16 if training else 0, (-k) % 16, (-n) % 16 if training else 0)
+    return pads if any(pads) and m and n and k else None
+
+
+def _gemm_fp8_padded(a, b, trans_a, trans_b, out_dtype, config, pattern, pads):
+    """gemm_fp8 of op(a) [M, K] and op(b) [K, N] zero-padded to multiples of 16, the result cut back
+    to [M, N]: zeros add nothing to the products nor to any amax, so the values (and, through the
+    pad and the slice, the gradients) are those of the unpadded problem at one extra copy each."""
+    pm, pk, pn = pads
+    if pattern is not None:  # b's gradient reaches main_grad through the unpadded b
+        b = route_wgrad_to_main_grad(b, pattern)
+    a_op = a.t() if trans_a else a
+    b_op = b.t() if trans_b else b
+    out = gemm_fp8(F.pad(a_op, (0, pk, 0, pm)), F.pad(b_op, (0, pn, 0, pk)), out_dtype=out_dtype, config=config)
+    return out[: a_op.shape[0], : b_op.shape[1]]
+
+
 # ---- pre-quantized operands -----------------------------------------------------------------
 
 
@@ -610,11 +645,17 @@ def gemm_fp8(
     quantizing a again; differentiable, with a's gradient going to ``a_hp`` (straight-through) and
     the wgrad operand (a quantized along M) quantized from ``a_hp``.
 
-    Shapes: K must be a multiple of 16 (FP8 rows are read 16 bytes at a time); for the backward,
-    M and N as well (the transposed copies are FP8 rows of length M and N). Partial 128-blocks
-    are fine. Violations raise ``ValueError`` before any work.
+    Shapes: any M, K, N. The FP8 kernels read rows of 16 bytes, so K (and M and N when a backward
+    may follow: the transposed copies are FP8 rows of length M and N) that are not multiples of 16
+    are zero-padded inside the op, at one extra copy of each operand, and the result cut back;
+    aligned shapes (real models') take no copy. Partial 128-blocks are fine. Pre-quantized
+    operands must be aligned.
     """
     config = _check_config(config)
+    pads = _odd_shape_padding(a, b, bool(trans_a), bool(trans_b))
+    if pads is not None and a.dtype == b.dtype and a.dtype in _IN_DTYPES:
+        return _gemm_fp8_padded(a, b, bool(trans_a), bool(trans_b), out_dtype or a.dtype, config,
+                                fuse_bgrad_accum_pattern, pads)
     code = _NATIVE_GRANULARITY.get(config.granularity)
     if (
         code is not None
