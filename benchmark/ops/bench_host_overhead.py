@@ -92,6 +92,46 @@ def _cases(turbo):
         lambda: torch.autograd.grad(sum(o.float().sum() for o in turbo.ops.rope(q, kk, cos, sin)), (q, kk)),
         lambda: torch.autograd.grad(sum(o.float().sum() for o in torch_rope()), (q, kk)),
     )
+    # Attention [B, S, H, D] against SDPA (which takes [B, H, S, D]: the transposes are part of its
+    # call in a model, as our op reads [B, S, H, D] in place).
+    aq, ak, av, ag = t(1, 128, 4, 64), t(1, 128, 4, 64), t(1, 128, 4, 64), t(1, 128, 4, 64, grad=False)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(
+            aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2), is_causal=True
+        ).transpose(1, 2)
+
+    cases["flash_attn"] = (
+        lambda: turbo.ops.flash_attn_func(aq, ak, av, causal=True), sdpa,
+        step(lambda: turbo.ops.flash_attn_func(aq, ak, av, causal=True), (aq, ak, av), ag), step(sdpa, (aq, ak, av), ag),
+    )
+    # Quantization (no backward): ours against torch's two-op rowwise cast.
+    xq = t(256, 1024, grad=False)
+
+    def torch_rowwise():
+        s = xq.abs().amax(-1, keepdim=True).float() / 448.0
+        return (xq / s).to(torch.float8_e4m3fn), s
+
+    def ours_rowwise():
+        return turbo.ops.quantize_fp8(xq, torch.float8_e4m3fn, ScalingGranularity.ROWWISE, axis=-1)
+
+    cases["quantize_fp8_rowwise"] = (ours_rowwise, torch_rowwise, ours_rowwise, torch_rowwise)
+    # MoE token permutation against torch's argsort/index gather.
+    tokens, experts, topk = t(256, 1024), 8, 2
+    top = torch.rand(256, experts, device=dev).topk(topk, -1).indices
+    rmap = torch.zeros(256, experts, dtype=torch.bool, device=dev).scatter_(1, top, True)
+    order = top.reshape(-1).argsort(stable=True)
+    gp = t(256 * topk, 1024, grad=False)
+
+    def torch_permute():
+        return tokens[order // topk]
+
+    def ours_permute():
+        return turbo.ops.token_permute(tokens, routing_map=rmap, num_out_tokens=256 * topk)[0]
+
+    cases["token_permute"] = (
+        ours_permute, torch_permute, step(ours_permute, (tokens,), gp), step(torch_permute, (tokens,), gp),
+    )
     return cases
 
 
