@@ -23,7 +23,10 @@ void run(PtAttnFn fn, PtAttnParams params, void* stream, const char* what, const
 Kernels kernels_for(const Problem& p) {
   const int device = current_device();
   bind_device_context(device);
-  return load_kernels(p.dtype, p.params.head_dim, p.params.head_dim_v, arch_for_device(device));
+  const std::string arch = arch_for_device(device);
+  Kernels k = load_kernels(p.dtype, p.params.head_dim, p.params.head_dim_v, arch);
+  if (PtAttnFn wgmma = load_wgmma_forward(p.dtype, p.params.head_dim, p.params.head_dim_v, arch)) k.forward = wgmma;
+  return k;
 }
 
 // The cuDNN plan when the backend asks for cuDNN and cuDNN runs the problem, null for our kernel.
@@ -112,6 +115,7 @@ pt_status pt_attention_prepare(int32_t dtype, int32_t head_dim, int32_t head_dim
     PT_CHECK_SUPPORTED(supported_head_dims(head_dim, head_dim_v), "head dims ", head_dim, "/", head_dim_v,
                        " are not supported");
     load_kernels(dtype, head_dim, head_dim_v, "90a");
+    load_wgmma_forward(dtype, head_dim, head_dim_v, "90a");  // with PRIMUS_TURBO_ATTN_FWD=wgmma
   });
 }
 
