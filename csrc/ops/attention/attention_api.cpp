@@ -20,11 +20,14 @@ void run(PtAttnFn fn, PtAttnParams params, void* stream, const char* what, const
   }
 }
 
-Kernels kernels_for(const Problem& p) {
+// Our kernels for the problem; the forward from the experimental wgmma module when it is opted in
+// (forward only: a backward never builds that module).
+Kernels kernels_for(const Problem& p, bool forward) {
   const int device = current_device();
   bind_device_context(device);
   const std::string arch = arch_for_device(device);
   Kernels k = load_kernels(p.dtype, p.params.head_dim, p.params.head_dim_v, arch);
+  if (!forward) return k;
   if (PtAttnFn wgmma = load_wgmma_forward(p.dtype, p.params.head_dim, p.params.head_dim_v, arch)) k.forward = wgmma;
   return k;
 }
@@ -83,7 +86,7 @@ pt_status pt_attention_fwd(const pt_tensor* q, const pt_tensor* k, const pt_tens
       run_cudnn(*plan, p, workspace, workspace_bytes, workspace_needed, stream);
       return;
     }
-    run(kernels_for(p).forward, p.params, stream, "forward", *q, *k);
+    run(kernels_for(p, true).forward, p.params, stream, "forward", *q, *k);
   });
 }
 
@@ -104,7 +107,7 @@ pt_status pt_attention_bwd(const pt_tensor* dout, const pt_tensor* q, const pt_t
       run_cudnn(*plan, p, workspace, workspace_bytes, workspace_needed, stream);
       return;
     }
-    run(kernels_for(p).backward, p.params, stream, "backward", *q, *k);
+    run(kernels_for(p, false).backward, p.params, stream, "backward", *q, *k);
   });
 }
 

@@ -57,7 +57,8 @@ struct FwdSm90 {
 };
 
 // 16-byte chunks of a [rows, cols] row-major global tile into a K-major swizzled layout (rows past
-// `valid` zero-filled).
+// `valid` zero-filled). Addresses go through a shared-memory tensor: the SW128 atoms' swizzle acts
+// on byte addresses, so calling the layout on element coordinates alone would misplace chunks.
 template <int kRows, int kCols, int kThreads, class E, class T, class Layout>
 __device__ __forceinline__ void load_k_major(E* smem, Layout layout, const T* src, int64_t stride, int valid) {
   constexpr int kChunksPerRow = kCols / 8;
@@ -65,7 +66,8 @@ __device__ __forceinline__ void load_k_major(E* smem, Layout layout, const T* sr
   for (int c = threadIdx.x; c < kRows * kChunksPerRow; c += kThreads) {
     const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
     const bool ok = r < valid;
-    cp_async16(smem + layout(r, col), ok ? src + r * stride + col : src, ok);
+    Tensor tile = make_tensor(make_smem_ptr(smem), layout);
+    cp_async16(&tile(r, col), ok ? src + r * stride + col : src, ok);
   }
 }
 
@@ -77,7 +79,8 @@ __device__ __forceinline__ void load_mn_major(E* smem, Layout layout, const T* s
   for (int c = threadIdx.x; c < kRows * kChunksPerRow; c += kThreads) {
     const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
     const bool ok = r < valid;
-    cp_async16(smem + layout(col, r), ok ? src + r * stride + col : src, ok);
+    Tensor tile = make_tensor(make_smem_ptr(smem), layout);
+    cp_async16(&tile(col, r), ok ? src + r * stride + col : src, ok);
   }
 }
 
@@ -227,9 +230,13 @@ struct AttentionFwdSm90 {
   using F = FwdSm90<T, kD, kDV>;
 
   static int forward(const PtAttnParams* p, char* err, size_t err_len) {
-    if (p->head_dim != kD || p->head_dim_v != kDV || p->heads_kv <= 0 || p->heads_q % p->heads_kv != 0) {
-      snprintf(err, err_len, "wgmma attention module (head dims %d/%d) cannot take head dims %d/%d", kD, kDV,
-               p->head_dim, p->head_dim_v);
+    if (p->head_dim != kD || p->head_dim_v != kDV || p->heads_kv <= 0 || p->heads_q % p->heads_kv != 0 ||
+        p->heads_q > 65535 || p->batch > 65535 || p->seqlen_q > INT32_MAX / 2 || p->seqlen_k > INT32_MAX / 2) {
+      snprintf(err, err_len,
+               "wgmma attention module (head dims %d/%d) cannot take head dims %d/%d, %d query and %d KV heads, "
+               "%lld sequences of up to %lld/%lld tokens",
+               kD, kDV, p->head_dim, p->head_dim_v, p->heads_q, p->heads_kv, static_cast<long long>(p->batch),
+               static_cast<long long>(p->seqlen_q), static_cast<long long>(p->seqlen_k));
       return 1;
     }
     const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
