@@ -236,6 +236,18 @@ def test_mx_scales_round_up_so_nothing_clips(dtype, rel):
 # ---- FP4 ---------------------------------------------------------------------------------------------
 
 
+def test_fp4_of_a_3d_input_equals_each_group_quantized_alone():
+    torch.manual_seed(9)
+    x = torch.randn(3, 64, 96, device="cuda", dtype=torch.bfloat16)
+    for axis, axis_2d in ((2, -1), (1, 0)):
+        q, s = turbo.ops.quantize_fp4(x, axis=axis)
+        for g in range(3):
+            rq, rs = turbo.ops.quantize_fp4(x[g], axis=axis_2d)
+            assert torch.equal(q[g].view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s[g].view(torch.uint8), rs.view(torch.uint8))
+        back = turbo.ops.dequantize_fp4(q, torch.float32, axis=axis, scale_inv=s)
+        assert back.shape == x.shape and (back - x.float()).abs().max() <= x.float().abs().max() * 0.26
+
+
 def reference_fp4_codes(x, gm, gk):
     m, k = x.shape
     xf = x.float()

@@ -221,3 +221,19 @@ def test_prepare_rejects_bad_dtypes():
         check(lib.pt_quantize_prepare(3, 3))
     with pytest.raises(ValueError, match="argument 'q_dtype'"):
         check(lib.pt_quantize_prepare(2, 2))
+
+
+def test_quantize_fp4_of_a_3d_input_is_per_group():
+    x = meta(3, 64, 96)
+    q, s = turbo.ops.quantize_fp4(x, axis=2)
+    assert q.shape == (3, 64, 48) and s.shape == (3, 64, 3)
+    assert turbo.ops.dequantize_fp4(q, torch.bfloat16, axis=-1, scale_inv=s).shape == (3, 64, 96)
+    q, s = turbo.ops.quantize_fp4(x, axis=1)  # along M, each group stored transposed
+    assert q.shape == (3, 96, 32) and s.shape == (3, 96, 2)
+    assert turbo.ops.dequantize_fp4(q, torch.bfloat16, axis=-2, scale_inv=s).shape == (3, 64, 96)
+    q, s = turbo.ops.quantize_fp4(x, axis=-1, scaling_recipe=ScalingRecipe(use_2d_block=True))
+    assert q.shape == (3, 64, 48) and s.shape == (3, 2, 3)
+    with pytest.raises(ValueError, match="a 3-D \\[G, M, N\\] input takes 2"):
+        turbo.ops.quantize_fp4(x, axis=0)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        turbo.ops.quantize_fp4(meta(3, 40, 96), axis=-1, scaling_recipe=ScalingRecipe(use_2d_block=True))

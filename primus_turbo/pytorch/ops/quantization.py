@@ -216,6 +216,20 @@ def _along_last(op: str, axis, ndim: int, required: bool = True) -> bool:
     raise ValueError(f"{op}: argument 'axis' is {axis}; expected -1 (or {max(ndim, 2) - 1}) or 0 (or -2)")
 
 
+def _fp4_batched_along_last(op: str, axis) -> bool:
+    """FP4 of a 3-D [G, M, N] input: True along N (axis 2 / -1), False along M (1 / -2)."""
+    if axis is None:
+        raise ValueError(f"{op}: argument 'axis' is required (2: along N, 1: along M of each [M, N] group)")
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"{op}: argument 'axis' must be an int, got {axis!r}")
+    if axis in (2, -1):
+        return True
+    if axis in (1, -2):
+        return False
+    raise ValueError(f"{op}: argument 'axis' is {axis}; a 3-D [G, M, N] input takes 2 (or -1, along N) or 1 (or -2, "
+                     "along M: each group stored transposed)")
+
+
 def _axis_dim(op: str, axis, ndim: int) -> int:
     """The quantized dim of an FP8 (de)quantization as an index in [0, ndim): any dim of x."""
     if axis is None:
@@ -414,7 +428,7 @@ def quantize_fp4(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP4 (E2M1, two values per byte, low nibble = even element; one E8M0 scale per 32 values).
 
-    x ``[M, K]`` (leading dims flattened). axis -1: q ``[M, K/2]``, scale_inv ``[M, ceil(K/32)]``;
+    x ``[M, K]`` (3-D: below). axis -1: q ``[M, K/2]``, scale_inv ``[M, ceil(K/32)]``;
     axis 0: quantized along M and stored transposed, q ``[K, M/2]``, scale_inv ``[K, ceil(M/32)]``.
     The quantized dim must be even (packing); a last partial block of 32 is scaled on its own.
     ``scaling_recipe``: ``use_2d_block`` 32x32 blocks (scale_inv ``[ceil(M/32), ceil(K/32)]`` for
@@ -422,9 +436,22 @@ def quantize_fp4(
     random Hadamard transform of each 16 values along the quantized dim (q holds the transformed
     values; see ``RHT_SIGNS``; the dim must be a multiple of 16); ``use_sr`` stochastic rounding,
     deterministic for a given ``seed`` (None: a new seed per call from a process-wide counter).
+    A 3-D ``[G, M, N]`` input (per-group operands, e.g. expert weights): axis 2 (or -1) quantizes
+    along N, q ``[G, M, N/2]``, scale_inv ``[G, M, ceil(N/32)]``; axis 1 (or -2) along M with each
+    group stored transposed, q ``[G, N, M/2]``, scale_inv ``[G, N, ceil(M/32)]`` (2-D blocks:
+    ``[G, rows/32, cols/32]``, rows per group a multiple of 32).
     """
     op = "quantize_fp4"
     g, block = _common_args(op, x, _HP_KIND, out_dtype, _FP4_KIND, granularity, block_size, mx_only=True)
+    if x.dim() == 3:  # per group: the 2-D quantization of the groups stacked along their rows
+        src = x if _fp4_batched_along_last(op, axis) else x.transpose(1, 2)
+        groups, rows, cols = src.shape
+        if scaling_recipe is not None and _use_2d(scaling_recipe) and rows % 32:
+            raise ValueError(f"{op}: 2-D blocks of a [G, M, N] input need {rows} rows a group to be a multiple of 32 "
+                             "(a block must not span two groups)")
+        q, s = quantize_fp4(src.reshape(groups * rows, cols), out_dtype, granularity, block_size=block_size, axis=-1,
+                            scaling_recipe=scaling_recipe, seed=seed)
+        return q.view(groups, rows, q.shape[-1]), s.view(groups, -1, s.shape[-1])
     if scaling_recipe is not None and not isinstance(scaling_recipe, ScalingRecipe):
         raise TypeError(f"{op}: scaling_recipe must be a ScalingRecipe or None, got {type(scaling_recipe).__name__}")
     r = scaling_recipe or ScalingRecipe()
@@ -462,8 +489,16 @@ def dequantize_fp4(
     transformed, so the transform cancels in the product)."""
     op = "dequantize_fp4"
     _check_tensor(op, "x", x, (_FP4_DTYPE, torch.uint8), f"{_FP4_DTYPE} (or uint8)")
+    if x.dim() == 3:  # per group, as quantize_fp4 lays a [G, M, N] input out
+        along_last = _fp4_batched_along_last(op, axis)
+        _check_scale_inv(op, x, scale_inv)
+        groups, rows, half = x.shape
+        out = dequantize_fp4(x.reshape(groups * rows, half), out_dtype, granularity, block_size=block_size, axis=-1,
+                             scale_inv=scale_inv.reshape(-1, scale_inv.shape[-1]), scaling_recipe=scaling_recipe)
+        out = out.view(groups, rows, out.shape[-1])
+        return out if along_last else out.transpose(1, 2)
     if x.dim() != 2:
-        raise ValueError(f"{op}: argument 'x' has shape {tuple(x.shape)}; expected 2-D packed data")
+        raise ValueError(f"{op}: argument 'x' has shape {tuple(x.shape)}; expected 2-D or 3-D packed data")
     _check_out_dtype(op, out_dtype, _HP_KIND)
     g, block = _granularity_and_block(op, granularity, block_size, mx_only=True)
     _check_scale_inv(op, x, scale_inv)
