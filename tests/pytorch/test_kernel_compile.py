@@ -182,7 +182,8 @@ def test_attention_modules_compile_for_sm90a():
     jobs = [(dt, d, dv) for dt in _ATTN_DTYPES for d, dv in precompile.ATTENTION_HEAD_DIMS]
     _prepare_all(jobs, lambda j: check(lib.pt_attention_prepare(_ATTN_DTYPES[j[0]], j[1], j[2])), "attention")
     _assert_compiled(*(f"attention_{dt}_d{d}_dv{dv}" for dt, d, dv in jobs))
-    _assert_sass_contains("HMMA", "attention_*", min_modules=len(jobs), every_module=True)
+    for dt in _ATTN_DTYPES:  # (not the attention_sm90_* modules: those are wgmma, HGMMA)
+        _assert_sass_contains("HMMA", f"attention_{dt}_d*", min_modules=len(jobs) // 2, every_module=True)
 
 
 def test_experimental_wgmma_attention_forward_compiles_for_sm90a():
