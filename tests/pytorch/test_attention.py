@@ -497,9 +497,9 @@ def test_hf_model_with_primus_turbo_attention():
     assert snr_db(ours[keep], eager[keep]) >= 30.0  # two bf16 implementations through two layers
 
 
-def test_experimental_wgmma_forward_matches_reference():
-    """The opt-in wgmma forward (PRIMUS_TURBO_ATTN_FWD=wgmma, read once per process: a child runs
-    it, wgmma_forward_check.py) against the float32 reference."""
+def test_experimental_wgmma_module_matches_reference():
+    """The opt-in wgmma module (PRIMUS_TURBO_ATTN_FWD=wgmma, read once per process: a child runs
+    it, wgmma_attention_check.py), forward and backward, against the float32 reference."""
     import os
     import subprocess
     import sys
@@ -507,7 +507,7 @@ def test_experimental_wgmma_forward_matches_reference():
 
     here = Path(__file__).resolve().parent
     env = dict(os.environ, PRIMUS_TURBO_ATTN_FWD="wgmma", PYTHONPATH=f"{here}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    run = subprocess.run([sys.executable, "-P", str(here / "wgmma_forward_check.py")], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-P", str(here / "wgmma_attention_check.py")], capture_output=True, text=True,
                          timeout=600, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
 

@@ -20,16 +20,13 @@ void run(PtAttnFn fn, PtAttnParams params, void* stream, const char* what, const
   }
 }
 
-// Our kernels for the problem; the forward from the experimental wgmma module when it is opted in
-// (forward only: a backward never builds that module).
-Kernels kernels_for(const Problem& p, bool forward) {
+// Our kernels for the problem: the experimental wgmma module's when it is opted in and applies.
+Kernels kernels_for(const Problem& p) {
   const int device = current_device();
   bind_device_context(device);
   const std::string arch = arch_for_device(device);
-  Kernels k = load_kernels(p.dtype, p.params.head_dim, p.params.head_dim_v, arch);
-  if (!forward) return k;
-  if (PtAttnFn wgmma = load_wgmma_forward(p.dtype, p.params.head_dim, p.params.head_dim_v, arch)) k.forward = wgmma;
-  return k;
+  const Kernels wgmma = load_wgmma_kernels(p.dtype, p.params.head_dim, p.params.head_dim_v, arch);
+  return wgmma.forward != nullptr ? wgmma : load_kernels(p.dtype, p.params.head_dim, p.params.head_dim_v, arch);
 }
 
 // The cuDNN plan when the backend asks for cuDNN and cuDNN runs the problem, null for our kernel.
@@ -86,7 +83,7 @@ pt_status pt_attention_fwd(const pt_tensor* q, const pt_tensor* k, const pt_tens
       run_cudnn(*plan, p, workspace, workspace_bytes, workspace_needed, stream);
       return;
     }
-    run(kernels_for(p, true).forward, p.params, stream, "forward", *q, *k);
+    run(kernels_for(p).forward, p.params, stream, "forward", *q, *k);
   });
 }
 
@@ -107,7 +104,7 @@ pt_status pt_attention_bwd(const pt_tensor* dout, const pt_tensor* q, const pt_t
       run_cudnn(*plan, p, workspace, workspace_bytes, workspace_needed, stream);
       return;
     }
-    run(kernels_for(p, false).backward, p.params, stream, "backward", *q, *k);
+    run(kernels_for(p).backward, p.params, stream, "backward", *q, *k);
   });
 }
 
@@ -118,7 +115,7 @@ pt_status pt_attention_prepare(int32_t dtype, int32_t head_dim, int32_t head_dim
     PT_CHECK_SUPPORTED(supported_head_dims(head_dim, head_dim_v), "head dims ", head_dim, "/", head_dim_v,
                        " are not supported");
     load_kernels(dtype, head_dim, head_dim_v, "90a");
-    load_wgmma_forward(dtype, head_dim, head_dim_v, "90a");  // with PRIMUS_TURBO_ATTN_FWD=wgmma
+    load_wgmma_kernels(dtype, head_dim, head_dim_v, "90a");  // with PRIMUS_TURBO_ATTN_FWD=wgmma
   });
 }
 

@@ -25,22 +25,22 @@ Kernels load_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const 
   });
 }
 
-PtAttnFn load_wgmma_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
+Kernels load_wgmma_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
   static const bool wanted = env_value("PRIMUS_TURBO_ATTN_FWD").value_or("") == "wgmma";
-  if (!wanted || arch != "90a" || head_dim != head_dim_v || (head_dim != 64 && head_dim != 128)) return nullptr;
+  if (!wanted || arch != "90a" || head_dim != head_dim_v || (head_dim != 64 && head_dim != 128)) return Kernels{};
   using Key = std::tuple<int32_t, int32_t, std::string>;
-  static jit::LoadedCache<Key, PtAttnFn> loaded;
+  static jit::LoadedCache<Key, Kernels> loaded;
   return loaded.get(Key{dtype, head_dim, arch}, [&] {
     jit::ModuleRequest r;
-    r.name = str_cat("attention_sm90_fwd_", dtype_short_name(dtype), "_d", head_dim);
+    r.name = str_cat("attention_sm90_", dtype_short_name(dtype), "_d", head_dim);
     r.arch = arch;
     r.needs_cutlass = true;  // CuTe's wgmma atoms and swizzled layouts
     r.source = str_cat("#include \"primus_turbo/kernels/common/warp.cuh\"\n"
                        "#include \"primus_turbo/kernels/jit_export.cuh\"\n"
-                       "#include \"primus_turbo/kernels/attention/attn_fwd_sm90.cuh\"\n"
-                       "using Kernel = primus_turbo::kernels::attention::sm90::AttentionFwdSm90<",
-                       cuda_float_type(dtype), ", ", head_dim, ", ", head_dim, ">;\nPT_JIT_EXPORT_ATTENTION_FWD(Kernel)\n");
-    return jit::get_module(r)->function<PtAttnFn>("pt_attn_fwd_run");
+                       "#include \"primus_turbo/kernels/attention/attn_bwd_sm90.cuh\"\n"
+                       "PT_JIT_EXPORT_ATTENTION_SM90(", cuda_float_type(dtype), ", ", head_dim, ", ", head_dim, ")\n");
+    const auto module = jit::get_module(r);
+    return Kernels{module->function<PtAttnFn>("pt_attn_fwd_run"), module->function<PtAttnFn>("pt_attn_bwd_run")};
   });
 }
 

@@ -16,8 +16,9 @@ struct Kernels {
 // Builds or loads the module (memoized). arch is an nvcc arch such as "90a".
 Kernels load_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
 
-// The experimental wgmma forward (kernels/attention/attn_fwd_sm90.cuh), or null where it does not
+// The experimental wgmma module (kernels/attention/attn_fwd_sm90.cuh, attn_bwd_sm90.cuh: the
+// forward, and the backward with its dK/dV kernel on wgmma), or null functions where it does not
 // apply: only with PRIMUS_TURBO_ATTN_FWD=wgmma, on sm_90a, for head dims 64/64 and 128/128.
-PtAttnFn load_wgmma_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
+Kernels load_wgmma_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
 
 }  // namespace primus_turbo::attention

@@ -72,6 +72,19 @@ struct Attention {
   }
 
   static int backward(const PtAttnParams* p, char* err, size_t err_len) {
+    return backward_with(p, err, err_len, [](const PtAttnParams& q, unsigned batch, cudaStream_t stream) {
+      const int64_t n_blocks = (q.seqlen_k + Dkdv::kBN - 1) / Dkdv::kBN;
+      if (n_blocks <= 0) return;
+      auto kernel = attn_bwd_dkdv_kernel<T, kD, kDV, kDkdvWarps, kDkdvBM>;
+      allow_smem(kernel, Dkdv::kSmem);
+      kernel<<<dim3(static_cast<unsigned>(n_blocks), batch, q.heads_kv), Dkdv::kThreads, Dkdv::kSmem, stream>>>(q);
+    });
+  }
+
+  // The backward's launches with the dK/dV step given (launch_dkdv(params, batch, stream)): the
+  // experimental wgmma module swaps in its own.
+  template <class LaunchDkdv>
+  static int backward_with(const PtAttnParams* p, char* err, size_t err_len, LaunchDkdv launch_dkdv) {
     if (!check(p, err, err_len)) return 1;
     const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
     if (packed(p)) {
@@ -86,12 +99,7 @@ struct Attention {
       if (rows > 0)
         attn_bwd_delta_kernel<T, kDV><<<dim3(static_cast<unsigned>(rows), batch, p->heads_q), 32 * kDeltaRowsPerBlock,
                                         0, stream>>>(*p);
-      const int64_t n_blocks = (p->seqlen_k + Dkdv::kBN - 1) / Dkdv::kBN;
-      if (n_blocks > 0) {
-        auto kernel = attn_bwd_dkdv_kernel<T, kD, kDV, kDkdvWarps, kDkdvBM>;
-        allow_smem(kernel, Dkdv::kSmem);
-        kernel<<<dim3(static_cast<unsigned>(n_blocks), batch, p->heads_kv), Dkdv::kThreads, Dkdv::kSmem, stream>>>(*p);
-      }
+      launch_dkdv(*p, batch, stream);
       const int64_t m_blocks = (p->seqlen_q + Dq::kBM - 1) / Dq::kBM;
       if (m_blocks > 0) {
         auto kernel = attn_bwd_dq_kernel<T, kD, kDV, kDqWarps, kDqMT, kDqBN>;

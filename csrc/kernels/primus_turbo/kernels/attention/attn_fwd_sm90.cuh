@@ -1,5 +1,6 @@
 // Flash-attention forward on Hopper's warpgroup MMA (wgmma). EXPERIMENTAL: opt-in with
-// PRIMUS_TURBO_ATTN_FWD=wgmma, head dims 64/64 and 128/128; not yet run on a GPU.
+// PRIMUS_TURBO_ATTN_FWD=wgmma, head dims 64/64 and 128/128 (with attn_bwd_sm90.cuh's dK/dV, in
+// one module); not yet run on a GPU.
 //
 // One CTA per (128 query rows, sequence, query head): two warpgroups of 64 rows each. Q, and K/V
 // blocks of 128 keys in two stages, sit in 128-byte-swizzled shared memory (K-major for Q and K,
@@ -255,11 +256,3 @@ struct AttentionFwdSm90 {
 };
 
 }  // namespace primus_turbo::kernels::attention::sm90
-
-// Exports Kernel::forward as pt_attn_fwd_run (the experimental forward-only module).
-#define PT_JIT_EXPORT_ATTENTION_FWD(Kernel)                                                           \
-  PT_JIT_EXPORT_ABI_VERSION                                                                           \
-  extern "C" __attribute__((visibility("default"))) int pt_attn_fwd_run(const PtAttnParams* params,   \
-                                                                        char* err, size_t err_len) {  \
-    return Kernel::forward(params, err, err_len);                                                     \
-  }

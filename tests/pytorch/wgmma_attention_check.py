@@ -1,7 +1,8 @@
 """Child process of test_attention.py's wgmma test: with PRIMUS_TURBO_ATTN_FWD=wgmma set before
-the first attention call (the core reads it once), the forward of our kernel runs on the
-experimental wgmma path; out and lse against the float32 reference over masks, GQA, sinks,
-odd lengths, both dtypes and head dims 64 and 128. Prints one line a case; exits 1 on a failure."""
+the first attention call (the core reads it once), our kernel runs on the experimental wgmma
+module (forward, and the backward's dK/dV); out, lse, dq, dk, dv (and dsink) against the float32
+reference over masks, GQA, sinks, odd lengths, both dtypes and head dims 64 and 128. Prints one
+line a case; exits 1 on a failure."""
 
 import os
 import sys
@@ -44,10 +45,17 @@ for b, sq, sk, hq, hkv, d, causal, window, with_sink, dtype in CASES:
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype)
     v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype)
+    dout = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)
     sink = torch.randn(hq, device="cuda") if with_sink else None
-    out, lse = turbo.ops.flash_attn_func(q, k, v, causal=causal, window_size=window, sink=sink, return_lse=True)
-    ref = reference(q, k, v, sink=sink, causal=causal, window_size=window)
-    errors = [e for e in (check("out", out, ref[0]), check("lse", lse, ref[1])) if e]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)] + ([sink.clone().requires_grad_()] if with_sink else [])
+    out, lse = turbo.ops.flash_attn_func(
+        *leaves[:3], causal=causal, window_size=window, sink=leaves[3] if with_sink else None, return_lse=True
+    )
+    grads = torch.autograd.grad(out, leaves, dout)
+    ref = reference(q, k, v, dout, sink=sink, causal=causal, window_size=window)
+    got = (out, lse, *grads[:3], grads[3] if with_sink else None)
+    errors = [check(n, g, r) for n, g, r in zip(("out", "lse", "dq", "dk", "dv", "dsink"), got, ref) if r is not None]
+    errors = [e for e in errors if e]
     failed += bool(errors)
     print(f"{'FAIL' if errors else 'OK  '} b{b} q{sq} k{sk} h{hq}/{hkv} d{d} causal={causal} window={window} "
           f"sink={with_sink} {dtype}: {'; '.join(errors)}", flush=True)
