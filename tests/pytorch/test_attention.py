@@ -498,7 +498,7 @@ def test_hf_model_with_primus_turbo_attention():
 
 
 def test_experimental_wgmma_module_matches_reference():
-    """The opt-in wgmma module (PRIMUS_TURBO_ATTN_FWD=wgmma, read once per process: a child runs
+    """The opt-in wgmma module (PRIMUS_TURBO_ATTN_KERNEL=wgmma, read once per process: a child runs
     it, wgmma_attention_check.py), forward and backward, against the float32 reference."""
     import os
     import subprocess
@@ -506,7 +506,7 @@ def test_experimental_wgmma_module_matches_reference():
     from pathlib import Path
 
     here = Path(__file__).resolve().parent
-    env = dict(os.environ, PRIMUS_TURBO_ATTN_FWD="wgmma", PYTHONPATH=f"{here}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = dict(os.environ, PRIMUS_TURBO_ATTN_KERNEL="wgmma", PYTHONPATH=f"{here}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     run = subprocess.run([sys.executable, "-P", str(here / "wgmma_attention_check.py")], capture_output=True, text=True,
                          timeout=600, env=env)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -187,7 +187,7 @@ def test_attention_modules_compile_for_sm90a():
 
 
 def test_experimental_wgmma_attention_compiles_for_sm90a():
-    """PRIMUS_TURBO_ATTN_FWD=wgmma (read once per process, hence the child): the module with the
+    """PRIMUS_TURBO_ATTN_KERNEL=wgmma (read once per process, hence the child): the module with the
     forward and the dK/dV kernel on Hopper's warpgroup MMA compiles for both dtypes and head dims
     64 and 128, with HGMMA in its SASS and no spills in the wgmma kernels."""
     import subprocess
@@ -198,7 +198,7 @@ def test_experimental_wgmma_attention_compiles_for_sm90a():
         "for dt, d in ((2, 128), (1, 64), (2, 64), (1, 128)):\n"
         "    check(lib.pt_attention_prepare(dt, d, d))\n"
     )
-    env = dict(os.environ, PRIMUS_TURBO_ATTN_FWD="wgmma")
+    env = dict(os.environ, PRIMUS_TURBO_ATTN_KERNEL="wgmma")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     _assert_compiled(*(f"attention_sm90_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)))

@@ -1,4 +1,4 @@
-"""Child process of test_attention.py's wgmma test: with PRIMUS_TURBO_ATTN_FWD=wgmma set before
+"""Child process of test_attention.py's wgmma test: with PRIMUS_TURBO_ATTN_KERNEL=wgmma set before
 the first attention call (the core reads it once), our kernel runs on the experimental wgmma
 module (forward, and the backward's dK/dV); out, lse, dq, dk, dv (and dsink) against the float32
 reference over masks, GQA, sinks, odd lengths, both dtypes and head dims 64 and 128. Prints one
@@ -14,7 +14,7 @@ from turbo_test_utils import snr_db
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.backend import GlobalBackendManager
 
-assert os.environ.get("PRIMUS_TURBO_ATTN_FWD") == "wgmma"
+assert os.environ.get("PRIMUS_TURBO_ATTN_KERNEL") == "wgmma"
 GlobalBackendManager.set_attn_backend("TURBO")
 
 CASES = [  # b, sq, sk, hq, hkv, d, causal, window, sink, dtype
@@ -25,6 +25,7 @@ CASES = [  # b, sq, sk, hq, hkv, d, causal, window, sink, dtype
     (2, 333, 100, 4, 4, 64, True, (-1, -1), False, torch.bfloat16),  # rows that see no key
     (2, 300, 300, 8, 1, 64, True, (128, 0), True, torch.bfloat16),  # GPT-OSS window + sinks
     (1, 4097, 4097, 2, 1, 128, True, (-1, -1), False, torch.bfloat16),
+    (2, 200, 230, 4, 2, 128, False, (7, 9), False, torch.float16),  # a two-sided window, fp16
 ]
 
 
@@ -62,11 +63,17 @@ for b, sq, sk, hq, hkv, d, causal, window, with_sink, dtype in CASES:
 
 lens = [5, 0, 1, 300, 129]
 cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+torch.manual_seed(7)
 q = torch.randn(sum(lens), 8, 128, device="cuda", dtype=torch.bfloat16)
-kv = torch.randn(sum(lens), 2, 128, device="cuda", dtype=torch.bfloat16)
-out, lse = turbo.ops.flash_attn_varlen_func(q, kv, kv, cu, cu, 300, 300, causal=True, return_lse=True)
-ref = varlen_reference(q, kv, kv, torch.randn_like(q), cu, cu, causal=True)
-errors = [e for e in (check("out", out, ref[0]), check("lse", lse, ref[1])) if e]
+k = torch.randn(sum(lens), 2, 128, device="cuda", dtype=torch.bfloat16)
+v = torch.randn(sum(lens), 2, 128, device="cuda", dtype=torch.bfloat16)
+dout = torch.randn_like(q)
+leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+out, lse = turbo.ops.flash_attn_varlen_func(*leaves, cu, cu, 300, 300, causal=True, return_lse=True)
+grads = torch.autograd.grad(out, leaves, dout)
+ref = varlen_reference(q, k, v, dout, cu, cu, causal=True)
+errors = [check(n, g, r) for n, g, r in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads), ref[:5])]
+errors = [e for e in errors if e]
 failed += bool(errors)
 print(f"{'FAIL' if errors else 'OK  '} varlen {lens}: {'; '.join(errors)}", flush=True)
 sys.exit(1 if failed else 0)

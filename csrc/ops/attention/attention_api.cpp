@@ -115,7 +115,7 @@ pt_status pt_attention_prepare(int32_t dtype, int32_t head_dim, int32_t head_dim
     PT_CHECK_SUPPORTED(supported_head_dims(head_dim, head_dim_v), "head dims ", head_dim, "/", head_dim_v,
                        " are not supported");
     load_kernels(dtype, head_dim, head_dim_v, "90a");
-    load_wgmma_kernels(dtype, head_dim, head_dim_v, "90a");  // with PRIMUS_TURBO_ATTN_FWD=wgmma
+    load_wgmma_kernels(dtype, head_dim, head_dim_v, "90a");  // with PRIMUS_TURBO_ATTN_KERNEL=wgmma
   });
 }
 

@@ -26,7 +26,7 @@ Kernels load_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const 
 }
 
 Kernels load_wgmma_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
-  static const bool wanted = env_value("PRIMUS_TURBO_ATTN_FWD").value_or("") == "wgmma";
+  static const bool wanted = env_value("PRIMUS_TURBO_ATTN_KERNEL").value_or("") == "wgmma";
   if (!wanted || arch != "90a" || head_dim != head_dim_v || (head_dim != 64 && head_dim != 128)) return Kernels{};
   using Key = std::tuple<int32_t, int32_t, std::string>;
   static jit::LoadedCache<Key, Kernels> loaded;

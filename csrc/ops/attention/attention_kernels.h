@@ -18,7 +18,7 @@ Kernels load_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const 
 
 // The experimental wgmma module (kernels/attention/attn_fwd_sm90.cuh, attn_bwd_sm90.cuh: the
 // forward, and the backward with its dK/dV kernel on wgmma), or null functions where it does not
-// apply: only with PRIMUS_TURBO_ATTN_FWD=wgmma, on sm_90a, for head dims 64/64 and 128/128.
+// apply: only with PRIMUS_TURBO_ATTN_KERNEL=wgmma, on sm_90a, for head dims 64/64 and 128/128.
 Kernels load_wgmma_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
 
 }  // namespace primus_turbo::attention

@@ -1,5 +1,5 @@
 // The dK/dV kernel of the attention backward on Hopper's warpgroup MMA. EXPERIMENTAL: opt-in with
-// PRIMUS_TURBO_ATTN_FWD=wgmma (with the wgmma forward), head dims 64 and 128; not yet run on a GPU.
+// PRIMUS_TURBO_ATTN_KERNEL=wgmma (with the wgmma forward), head dims 64 and 128; not yet run on a GPU.
 //
 // Same schedule and arithmetic as attn_bwd_dkdv_kernel (attn_bwd.cuh): one CTA per (128 keys,
 // sequence, KV head), two warpgroups of 64 keys, walking every query head of the GQA group and

@@ -1,5 +1,5 @@
 // Flash-attention forward on Hopper's warpgroup MMA (wgmma). EXPERIMENTAL: opt-in with
-// PRIMUS_TURBO_ATTN_FWD=wgmma, head dims 64/64 and 128/128 (with attn_bwd_sm90.cuh's dK/dV, in
+// PRIMUS_TURBO_ATTN_KERNEL=wgmma, head dims 64/64 and 128/128 (with attn_bwd_sm90.cuh's dK/dV, in
 // one module); not yet run on a GPU.
 //
 // One CTA per (128 query rows, sequence, query head): two warpgroups of 64 rows each. Q, and K/V
