@@ -71,20 +71,30 @@ struct Attention {
     return report_launch("attention forward", err, err_len);
   }
 
-  static int backward(const PtAttnParams* p, char* err, size_t err_len) {
-    return backward_with(p, err, err_len, [](const PtAttnParams& q, unsigned batch, cudaStream_t stream) {
-      const int64_t n_blocks = (q.seqlen_k + Dkdv::kBN - 1) / Dkdv::kBN;
-      if (n_blocks <= 0) return;
-      auto kernel = attn_bwd_dkdv_kernel<T, kD, kDV, kDkdvWarps, kDkdvBM>;
-      allow_smem(kernel, Dkdv::kSmem);
-      kernel<<<dim3(static_cast<unsigned>(n_blocks), batch, q.heads_kv), Dkdv::kThreads, Dkdv::kSmem, stream>>>(q);
-    });
+  static void launch_dkdv(const PtAttnParams& q, unsigned batch, cudaStream_t stream) {
+    const int64_t n_blocks = (q.seqlen_k + Dkdv::kBN - 1) / Dkdv::kBN;
+    if (n_blocks <= 0) return;
+    auto kernel = attn_bwd_dkdv_kernel<T, kD, kDV, kDkdvWarps, kDkdvBM>;
+    allow_smem(kernel, Dkdv::kSmem);
+    kernel<<<dim3(static_cast<unsigned>(n_blocks), batch, q.heads_kv), Dkdv::kThreads, Dkdv::kSmem, stream>>>(q);
   }
 
-  // The backward's launches with the dK/dV step given (launch_dkdv(params, batch, stream)): the
+  static void launch_dq(const PtAttnParams& q, unsigned batch, cudaStream_t stream) {
+    const int64_t m_blocks = (q.seqlen_q + Dq::kBM - 1) / Dq::kBM;
+    if (m_blocks <= 0) return;
+    auto kernel = attn_bwd_dq_kernel<T, kD, kDV, kDqWarps, kDqMT, kDqBN>;
+    allow_smem(kernel, Dq::kSmem);
+    kernel<<<dim3(static_cast<unsigned>(m_blocks), batch, q.heads_q), Dq::kThreads, Dq::kSmem, stream>>>(q);
+  }
+
+  static int backward(const PtAttnParams* p, char* err, size_t err_len) {
+    return backward_with(p, err, err_len, launch_dkdv, launch_dq);
+  }
+
+  // The backward's launches with the dK/dV and dQ steps given (launch(params, batch, stream)): the
   // experimental wgmma module swaps in its own.
-  template <class LaunchDkdv>
-  static int backward_with(const PtAttnParams* p, char* err, size_t err_len, LaunchDkdv launch_dkdv) {
+  template <class LaunchDkdv, class LaunchDq>
+  static int backward_with(const PtAttnParams* p, char* err, size_t err_len, LaunchDkdv dkdv, LaunchDq dq) {
     if (!check(p, err, err_len)) return 1;
     const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
     if (packed(p)) {
@@ -99,13 +109,8 @@ struct Attention {
       if (rows > 0)
         attn_bwd_delta_kernel<T, kDV><<<dim3(static_cast<unsigned>(rows), batch, p->heads_q), 32 * kDeltaRowsPerBlock,
                                         0, stream>>>(*p);
-      launch_dkdv(*p, batch, stream);
-      const int64_t m_blocks = (p->seqlen_q + Dq::kBM - 1) / Dq::kBM;
-      if (m_blocks > 0) {
-        auto kernel = attn_bwd_dq_kernel<T, kD, kDV, kDqWarps, kDqMT, kDqBN>;
-        allow_smem(kernel, Dq::kSmem);
-        kernel<<<dim3(static_cast<unsigned>(m_blocks), batch, p->heads_q), Dq::kThreads, Dq::kSmem, stream>>>(*p);
-      }
+      dkdv(*p, batch, stream);
+      dq(*p, batch, stream);
     }
     if (p->sink != nullptr && p->heads_q > 0) {
       const int64_t batches = packed(p) ? 1 : p->batch;

@@ -1,4 +1,4 @@
-// The dK/dV kernel of the attention backward on Hopper's warpgroup MMA. EXPERIMENTAL: opt-in with
+// The dK/dV and dQ kernels of the attention backward on Hopper's warpgroup MMA. EXPERIMENTAL: opt-in with
 // PRIMUS_TURBO_ATTN_KERNEL=wgmma (with the wgmma forward), head dims 64 and 128; not yet run on a GPU.
 //
 // Same schedule and arithmetic as attn_bwd_dkdv_kernel (attn_bwd.cuh): one CTA per (128 keys,
@@ -17,6 +17,35 @@
 #include "primus_turbo/kernels/attention/attn_fwd_sm90.cuh"
 
 namespace primus_turbo::kernels::attention::sm90 {
+
+// One warpgroup product, waited for: C = A B (shared-memory A and B; C overwritten).
+template <class Mma, class A, class B, class C>
+__device__ __forceinline__ void ss_gemm(Mma& mma, A const& a, B const& b, C& c) {
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+  for (int kb = 0; kb < size<2>(a); ++kb) {
+    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+}
+
+// C += A B with A from registers.
+template <class Mma, class A, class B, class C>
+__device__ __forceinline__ void rs_gemm(Mma& mma, A& a, B const& b, C& c) {
+  warpgroup_fence_operand(a);
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+#pragma unroll
+  for (int kb = 0; kb < size<2>(a); ++kb) cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+}
 
 template <class T, int kD, int kDV>
 struct DkdvSm90 {
@@ -121,30 +150,6 @@ __global__ void __launch_bounds__(256, 1) attn_bwd_dkdv_sm90_kernel(const PtAttn
   const int key_base = n0 + wg * 64 + warp * 16 + lane / 4;  // + 8 r: this thread's two keys
   const float scale_log2 = p.softmax_scale * kLog2e;
 
-  auto ss_gemm = [](auto& mma, auto const& a, auto const& b_frag, auto& c) {
-    warpgroup_fence_operand(c);
-    warpgroup_arrive();
-    mma.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-    for (int kb = 0; kb < size<2>(a); ++kb) {
-      cute::gemm(mma, a(_, _, kb), b_frag(_, _, kb), c);
-      mma.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(c);
-  };
-  auto rs_gemm = [](auto& mma, auto& a, auto const& b_frag, auto& c) {
-    warpgroup_fence_operand(a);
-    warpgroup_fence_operand(c);
-    warpgroup_arrive();
-#pragma unroll
-    for (int kb = 0; kb < size<2>(a); ++kb) cute::gemm(mma, a(_, _, kb), b_frag(_, _, kb), c);
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(c);
-  };
-
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
     cp_async_wait_all();
@@ -200,20 +205,154 @@ __global__ void __launch_bounds__(256, 1) attn_bwd_dkdv_sm90_kernel(const PtAttn
   store(tDVrDV, dv_out, p.dv_ss, 1.f);
 }
 
-// The experimental module's backward: Attention's launches with this dK/dV kernel.
+// dQ on wgmma: one CTA per (128 query rows, sequence, query head), two warpgroups of 64 rows, over
+// the blocks of 64 keys its rows see (K and V in two stages), as attn_bwd_dq_kernel:
+//   S = Q K^T, dP = dO V^T (shared-memory operands, all K-major), dS = P o (dP - delta),
+//   dQ += dS K (dS from registers, K read MN-major through a transposed view of its tile).
+template <class T, int kD, int kDV>
+struct DqSm90 {
+  static_assert(kD % 64 == 0 && kDV % 64 == 0 && kD <= 128 && kDV <= 128, "head dims 64 or 128");
+  using E = typename CuteElement<T>::type;
+  static constexpr int kBM = 128, kBN = 64, kThreads = 256;
+
+  using LayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<Int<kBM>, Int<kD>>{}));
+  using LayoutDo = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<Int<kBM>, Int<kDV>>{}));
+  using LayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<Int<kBN>, Int<kD>>{}));
+  using LayoutV = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<Int<kBN>, Int<kDV>>{}));
+  using LayoutKt = decltype(composition(LayoutK{}, make_layout(Shape<Int<kD>, Int<kBN>>{}, Stride<Int<kBN>, _1>{})));
+
+  using MmaS = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kBN>, Int<kD>>>(),
+                                       Layout<Shape<_2, _1, _1>>{}));
+  using MmaDp = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kBN>, Int<kDV>>>(),
+                                        Layout<Shape<_2, _1, _1>>{}));
+  using MmaDq = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<E, E, float, Shape<_64, Int<kD>, Int<kBN>>, GMMA::Major::K, GMMA::Major::MN>(),
+      Layout<Shape<_2, _1, _1>>{}));
+
+  struct Smem {
+    array_aligned<E, cosize_v<LayoutQ>, 1024> q;
+    array_aligned<E, cosize_v<LayoutDo>, 1024> dout;
+    array_aligned<E, cosize_v<LayoutK>, 1024> k[2];
+    array_aligned<E, cosize_v<LayoutV>, 1024> v[2];
+  };
+  static constexpr size_t kSmem = sizeof(Smem);
+};
+
+template <class T, int kD, int kDV>
+__global__ void __launch_bounds__(256, 1) attn_bwd_dq_sm90_kernel(const PtAttnParams p) {
+  using F = DqSm90<T, kD, kDV>;
+  using E = typename F::E;
+  constexpr int kBM = F::kBM, kBN = F::kBN, kThreads = F::kThreads;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  auto& smem = *reinterpret_cast<typename F::Smem*>(smem_raw);
+
+  const QueryBlock<kBM, kBN> blk(p);
+  if (blk.valid_q <= 0) return;
+  const Mask& mask = blk.mask;
+  const int m0 = blk.m0, valid_q = blk.valid_q, nb_lo = blk.nb_lo, nb_hi = blk.nb_hi;
+  auto load_kv = [&](int nb, int buf) {
+    const int n0 = nb * kBN, rows = min(kBN, blk.s.len_k - n0);
+    load_k_major<kBN, kD, kThreads>(smem.k[buf].data(), typename F::LayoutK{},
+                                    row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, blk.b, blk.s.start_k + n0, blk.hk),
+                                    p.k_ss, rows);
+    load_k_major<kBN, kDV, kThreads>(smem.v[buf].data(), typename F::LayoutV{},
+                                     row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, blk.b, blk.s.start_k + n0, blk.hk),
+                                     p.v_ss, rows);
+  };
+  load_k_major<kBM, kD, kThreads>(smem.q.data(), typename F::LayoutQ{},
+                                  blk.template rows<const T>(p.q, p.q_sb, p.q_ss, p.q_sh), p.q_ss, valid_q);
+  load_k_major<kBM, kDV, kThreads>(smem.dout.data(), typename F::LayoutDo{},
+                                   blk.template rows<const T>(p.dout, p.do_sb, p.do_ss, p.do_sh), p.do_ss, valid_q);
+  if (nb_lo < nb_hi) load_kv(nb_lo, 0);
+  cp_async_commit();
+
+  typename F::MmaS mma_s;
+  typename F::MmaDp mma_dp;
+  typename F::MmaDq mma_dq;
+  auto thr_s = mma_s.get_thread_slice(threadIdx.x);
+  auto thr_dp = mma_dp.get_thread_slice(threadIdx.x);
+  auto thr_dq = mma_dq.get_thread_slice(threadIdx.x);
+  Tensor tSrQ = thr_s.partition_fragment_A(make_tensor(make_smem_ptr(smem.q.data()), typename F::LayoutQ{}));
+  Tensor tDPrDo = thr_dp.partition_fragment_A(make_tensor(make_smem_ptr(smem.dout.data()), typename F::LayoutDo{}));
+  Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBM>, Int<kBN>>{});
+  Tensor tDPrDP = partition_fragment_C(mma_dp, Shape<Int<kBM>, Int<kBN>>{});
+  Tensor tDQrDQ = partition_fragment_C(mma_dq, Shape<Int<kBM>, Int<kD>>{});
+  Tensor tDQrDS = make_tensor<E>(partition_shape_A(mma_dq, Shape<Int<kBM>, Int<kBN>>{}));
+  static_assert(decltype(size(tSrS))::value == kBN / 2 && decltype(size(tDQrDS))::value == kBN / 2, "64 rows a WG");
+  clear(tDQrDQ);
+
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  const int local_row = wg * 64 + warp * 16 + lane / 4;  // + 8 r: this thread's two rows in the block
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = m0 + local_row + 8 * r;
+    const int64_t off = lse_offset(p, blk.b, blk.h, blk.s.start_q + row);
+    lse2[r] = row < blk.s.len_q ? p.lse[off] * kLog2e : INFINITY;
+    delta[r] = row < blk.s.len_q ? p.delta[off] : 0.f;
+  }
+
+  for (int nb = nb_lo; nb < nb_hi; ++nb) {
+    const int buf = (nb - nb_lo) & 1;
+    cp_async_wait_all();
+    cutlass::arch::fence_view_async_shared();  // cp.async's writes become visible to wgmma's reads
+    __syncthreads();
+    if (nb + 1 < nb_hi) load_kv(nb + 1, buf ^ 1);
+    cp_async_commit();
+    Tensor sK = make_tensor(make_smem_ptr(smem.k[buf].data()), typename F::LayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v[buf].data()), typename F::LayoutV{});
+    Tensor sKt = make_tensor(make_smem_ptr(smem.k[buf].data()), typename F::LayoutKt{});
+
+    ss_gemm(mma_s, tSrQ, thr_s.partition_fragment_B(sK), tSrS);
+    ss_gemm(mma_dp, tDPrDo, thr_dp.partition_fragment_B(sV), tDPrDP);
+    const int n0 = nb * kBN;
+    const bool full = mask.all_visible(m0, m0 + kBM, n0, n0 + kBN);
+#pragma unroll
+    for (int i = 0; i < size(tSrS); ++i) {
+      const int c0 = i & 1, r = (i >> 1) & 1, j = i >> 2;
+      const bool vis = full || mask.visible(m0 + local_row + 8 * r, n0 + 8 * j + 2 * (lane % 4) + c0);
+      const float pr = vis ? exp2f(tSrS(i) * scale_log2 - lse2[r]) : 0.f;
+      tDQrDS(i) = static_cast<E>(pr * (tDPrDP(i) - delta[r]));
+    }
+    rs_gemm(mma_dq, tDQrDS, thr_dq.partition_fragment_B(sKt), tDQrDQ);
+  }
+  cp_async_wait_all();
+
+  T* dq_out = blk.template rows<T>(p.dq, p.dq_sb, p.dq_ss, p.dq_sh);
+#pragma unroll
+  for (int i = 0; i < size(tDQrDQ); i += 2) {
+    const int r = (i >> 1) & 1, j = i >> 2, row = local_row + 8 * r;
+    if (row < valid_q)
+      *reinterpret_cast<uint32_t*>(dq_out + row * p.dq_ss + 8 * j + 2 * (lane % 4)) =
+          pack2<T>(tDQrDQ(i) * p.softmax_scale, tDQrDQ(i + 1) * p.softmax_scale);
+  }
+}
+
+// The experimental module's backward: Attention's launches (delta, dsink, packed memsets) with the
+// dK/dV and dQ kernels above.
 template <class T, int kD, int kDV>
 struct AttentionBwdSm90 {
-  using F = DkdvSm90<T, kD, kDV>;
+  static void launch_dkdv(const PtAttnParams& q, unsigned batch, cudaStream_t stream) {
+    using F = DkdvSm90<T, kD, kDV>;
+    const int64_t n_blocks = (q.seqlen_k + F::kBN - 1) / F::kBN;
+    if (n_blocks <= 0) return;
+    auto kernel = attn_bwd_dkdv_sm90_kernel<T, kD, kDV>;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(F::kSmem));
+    kernel<<<dim3(static_cast<unsigned>(n_blocks), batch, q.heads_kv), F::kThreads, F::kSmem, stream>>>(q);
+  }
+
+  static void launch_dq(const PtAttnParams& q, unsigned batch, cudaStream_t stream) {
+    using F = DqSm90<T, kD, kDV>;
+    const int64_t m_blocks = (q.seqlen_q + F::kBM - 1) / F::kBM;
+    if (m_blocks <= 0) return;
+    auto kernel = attn_bwd_dq_sm90_kernel<T, kD, kDV>;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(F::kSmem));
+    kernel<<<dim3(static_cast<unsigned>(m_blocks), batch, q.heads_q), F::kThreads, F::kSmem, stream>>>(q);
+  }
 
   static int backward(const PtAttnParams* p, char* err, size_t err_len) {
-    return Attention<T, kD, kDV>::backward_with(p, err, err_len, [](const PtAttnParams& q, unsigned batch,
-                                                                     cudaStream_t stream) {
-      const int64_t n_blocks = (q.seqlen_k + F::kBN - 1) / F::kBN;
-      if (n_blocks <= 0) return;
-      auto kernel = attn_bwd_dkdv_sm90_kernel<T, kD, kDV>;
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(F::kSmem));
-      kernel<<<dim3(static_cast<unsigned>(n_blocks), batch, q.heads_kv), F::kThreads, F::kSmem, stream>>>(q);
-    });
+    return Attention<T, kD, kDV>::backward_with(p, err, err_len, launch_dkdv, launch_dq);
   }
 };
 
