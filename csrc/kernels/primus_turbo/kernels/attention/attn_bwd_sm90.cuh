@@ -1,16 +1,19 @@
-// The dK/dV and dQ kernels of the attention backward on Hopper's warpgroup MMA. EXPERIMENTAL: opt-in with
-// PRIMUS_TURBO_ATTN_KERNEL=wgmma (with the wgmma forward), head dims 64 and 128; not yet run on a GPU.
+// The dK/dV and dQ kernels of the attention backward on Hopper's warpgroup MMA. EXPERIMENTAL:
+// opt-in with PRIMUS_TURBO_ATTN_KERNEL=wgmma (with the wgmma forward), head dims 64 and 128; not yet
+// run on a GPU. Same schedules and arithmetic as attn_bwd.cuh's mma.sync kernels; delta and dsink
+// keep those kernels (Attention::backward_with).
 //
-// Same schedule and arithmetic as attn_bwd_dkdv_kernel (attn_bwd.cuh): one CTA per (128 keys,
-// sequence, KV head), two warpgroups of 64 keys, walking every query head of the GQA group and
-// every 64-row query block that sees its keys (Q, dO, lse and delta of the next block prefetched
-// into the other of two stages). Per block, all four products on wgmma:
+// dK/dV: one CTA per (128 keys, sequence, KV head), two warpgroups of 64 keys, walking every query
+// head of the GQA group and every 64-row query block that sees its keys (Q, dO, lse and delta of
+// the next block prefetched into the other of two stages). Per block, four products:
 //   S^T  = K Q^T         (shared-memory operands: K, and Q K-major)
 //   dP^T = V dO^T        (V, and dO K-major)
 //   dV  += P^T dO        (P^T from registers, dO read MN-major through a transposed view)
 //   dK  += dS^T Q        (dS^T = P^T o (dP^T - delta) from registers, Q MN-major)
-// Accumulator value i = c0 + 2 r + 4 j of a warpgroup is key 16 warp + lane / 4 + 8 r of its 64 and
-// column 8 j + 2 (lane % 4) + c0 (a query row for S^T and dP^T, a feature for dK and dV).
+// dQ: one CTA per (128 query rows, sequence, query head), two warpgroups of 64 rows, over the
+// 64-key blocks its rows see: S = Q K^T, dP = dO V^T, dQ += dS K (K MN-major, transposed view).
+// Accumulator value i = c0 + 2 r + 4 j of a warpgroup is row 16 warp + lane / 4 + 8 r of its 64
+// (a key for dK/dV, a query for dQ) and column 8 j + 2 (lane % 4) + c0.
 #pragma once
 
 #include "primus_turbo/kernels/attention/attention.cuh"
