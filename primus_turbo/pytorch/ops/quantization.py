@@ -216,20 +216,6 @@ def _along_last(op: str, axis, ndim: int, required: bool = True) -> bool:
     raise ValueError(f"{op}: argument 'axis' is {axis}; expected -1 (or {max(ndim, 2) - 1}) or 0 (or -2)")
 
 
-def _fp4_batched_along_last(op: str, axis) -> bool:
-    """FP4 of a 3-D [G, M, N] input: True along N (axis 2 / -1), False along M (1 / -2)."""
-    if axis is None:
-        raise ValueError(f"{op}: argument 'axis' is required (2: along N, 1: along M of each [M, N] group)")
-    if isinstance(axis, bool) or not isinstance(axis, int):
-        raise TypeError(f"{op}: argument 'axis' must be an int, got {axis!r}")
-    if axis in (2, -1):
-        return True
-    if axis in (1, -2):
-        return False
-    raise ValueError(f"{op}: argument 'axis' is {axis}; a 3-D [G, M, N] input takes 2 (or -1, along N) or 1 (or -2, "
-                     "along M: each group stored transposed)")
-
-
 def _axis_dim(op: str, axis, ndim: int) -> int:
     """The quantized dim of an FP8 (de)quantization as an index in [0, ndim): any dim of x."""
     if axis is None:
@@ -239,6 +225,15 @@ def _axis_dim(op: str, axis, ndim: int) -> int:
     if not -ndim <= axis < ndim:
         raise ValueError(f"{op}: argument 'axis' is {axis}; expected a dim of x, in [{-ndim}, {ndim - 1}]")
     return axis % ndim
+
+
+def _fp4_batched_along_last(op: str, axis) -> bool:
+    """FP4 of a 3-D [G, M, N] input: True along N (axis 2 / -1), False along M (1 / -2)."""
+    dim = _axis_dim(op, axis, 3)
+    if dim == 0:
+        raise ValueError(f"{op}: argument 'axis' is {axis}; a 3-D [G, M, N] input takes 2 (or -1, along N) or 1 (or -2, "
+                         "along M: each group stored transposed)")
+    return dim == 2
 
 
 def _use_2d(recipe) -> bool:

@@ -54,7 +54,23 @@ struct Attention {
 
   static bool packed(const PtAttnParams* p) { return p->cu_seqlens_q != nullptr; }
 
+  static void launch_fwd(const PtAttnParams& q, cudaStream_t stream) {
+    const int64_t m_blocks = (q.seqlen_q + Fwd::kBM - 1) / Fwd::kBM;
+    if (m_blocks <= 0) return;
+    auto kernel = attn_fwd_kernel<T, kD, kDV, kFwdWarps, kFwdMT, kFwdBN>;
+    allow_smem(kernel, Fwd::kSmem);
+    kernel<<<dim3(static_cast<unsigned>(m_blocks), static_cast<unsigned>(q.batch), static_cast<unsigned>(q.heads_q)),
+             Fwd::kThreads, Fwd::kSmem, stream>>>(q);
+  }
+
   static int forward(const PtAttnParams* p, char* err, size_t err_len) {
+    return forward_with(p, err, err_len, "attention forward", launch_fwd);
+  }
+
+  // The forward's checks and packed-sequence memsets around launch(params, stream): the
+  // experimental wgmma module swaps in its own kernel. `what` names it in a launch error.
+  template <class Launch>
+  static int forward_with(const PtAttnParams* p, char* err, size_t err_len, const char* what, Launch launch) {
     if (!check(p, err, err_len)) return 1;
     const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
     if (packed(p)) {
@@ -62,13 +78,8 @@ struct Attention {
       cudaMemsetAsync(p->out, 0, p->total_q * p->o_ss * sizeof(T), stream);
       cudaMemsetAsync(p->lse, 0, p->heads_q * p->lse_sh * sizeof(float), stream);
     }
-    const int64_t m_blocks = (p->seqlen_q + Fwd::kBM - 1) / Fwd::kBM;
-    if (m_blocks == 0 || p->batch == 0 || p->heads_q == 0) return report_launch("attention forward", err, err_len);
-    auto kernel = attn_fwd_kernel<T, kD, kDV, kFwdWarps, kFwdMT, kFwdBN>;
-    allow_smem(kernel, Fwd::kSmem);
-    kernel<<<dim3(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p->batch), static_cast<unsigned>(p->heads_q)),
-             Fwd::kThreads, Fwd::kSmem, stream>>>(*p);
-    return report_launch("attention forward", err, err_len);
+    if (p->batch > 0 && p->heads_q > 0) launch(*p, stream);
+    return report_launch(what, err, err_len);
   }
 
   static void launch_dkdv(const PtAttnParams& q, unsigned batch, cudaStream_t stream) {

@@ -77,11 +77,7 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dkdv_kernel(const PtAttn
     load_tile<T, kBM, kDV, kThreads>(sdo + buf * kBM * pitch<kDV>(),
                                      row_at<const T>(p.dout, p.do_sb, p.do_ss, p.do_sh, b, s.start_q + m0, h), p.do_ss,
                                      valid);
-    const int64_t row = lse_offset(p, b, h, s.start_q + m0);
-    for (int r = threadIdx.x; r < kBM; r += kThreads) {
-      slse[buf * kBM + r] = r < valid ? p.lse[row + r] * kLog2e : INFINITY;
-      sdelta[buf * kBM + r] = r < valid ? p.delta[row + r] : 0.f;
-    }
+    stage_lse_delta<kBM, kThreads>(p, b, h, s, m0, slse + buf * kBM, sdelta + buf * kBM);
   };
   if (iters > 0) issue(0, 0);
   cp_async_commit();
@@ -175,12 +171,7 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dq_kernel(const PtAttnPa
 #pragma unroll
   for (int m = 0; m < kMT; ++m) {
     zero(dq[m]);
-    for (int i = 0; i < 2; ++i) {
-      const int r = row0 + m * 16 + lane / 4 + i * 8;
-      const int64_t off = lse_offset(p, blk.b, blk.h, blk.s.start_q + r);
-      lse2[m][i] = r < blk.s.len_q ? p.lse[off] * kLog2e : INFINITY;
-      delta[m][i] = r < blk.s.len_q ? p.delta[off] : 0.f;
-    }
+    for (int i = 0; i < 2; ++i) lse_delta_at(p, blk.b, blk.h, blk.s, row0 + m * 16 + lane / 4 + i * 8, lse2[m][i], delta[m][i]);
   }
   for (int nb = nb_lo; nb < nb_hi; ++nb) {
     const int buf = (nb - nb_lo) & 1;

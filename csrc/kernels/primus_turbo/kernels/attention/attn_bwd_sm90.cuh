@@ -16,39 +16,9 @@
 // (a key for dK/dV, a query for dQ) and column 8 j + 2 (lane % 4) + c0.
 #pragma once
 
-#include "primus_turbo/kernels/attention/attention.cuh"
 #include "primus_turbo/kernels/attention/attn_fwd_sm90.cuh"
 
 namespace primus_turbo::kernels::attention::sm90 {
-
-// One warpgroup product, waited for: C = A B (shared-memory A and B; C overwritten).
-template <class Mma, class A, class B, class C>
-__device__ __forceinline__ void ss_gemm(Mma& mma, A const& a, B const& b, C& c) {
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  mma.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-  for (int kb = 0; kb < size<2>(a); ++kb) {
-    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(c);
-}
-
-// C += A B with A from registers.
-template <class Mma, class A, class B, class C>
-__device__ __forceinline__ void rs_gemm(Mma& mma, A& a, B const& b, C& c) {
-  warpgroup_fence_operand(a);
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-#pragma unroll
-  for (int kb = 0; kb < size<2>(a); ++kb) cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
-  warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(c);
-}
 
 template <class T, int kD, int kDV>
 struct DkdvSm90 {
@@ -102,11 +72,8 @@ __global__ void __launch_bounds__(256, 1) attn_bwd_dkdv_sm90_kernel(const PtAttn
   if (n0 >= s.len_k) return;
   const Mask mask(p, s);
   const int valid_k = min(kBN, s.len_k - n0);
-  load_k_major<kBN, kD, kThreads>(smem.k.data(), typename F::LayoutK{},
-                                  row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, b, s.start_k + n0, hk), p.k_ss, valid_k);
-  load_k_major<kBN, kDV, kThreads>(smem.v.data(), typename F::LayoutV{},
-                                   row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, s.start_k + n0, hk), p.v_ss,
-                                   valid_k);
+  load_kv_swizzled<T, kBN, kD, kDV, kThreads, false>(p, b, hk, s.start_k + n0, valid_k, smem.k.data(),
+                                                     typename F::LayoutK{}, smem.v.data(), typename F::LayoutV{});
   const int q_lo = mask.first_query(n0), q_hi = mask.end_query(n0 + valid_k);
   const int mb_lo = q_lo / kBM, mb_hi = q_hi > q_lo ? (q_hi + kBM - 1) / kBM : mb_lo;
   const int n_mb = mb_hi - mb_lo, iters = group * n_mb;
@@ -115,16 +82,12 @@ __global__ void __launch_bounds__(256, 1) attn_bwd_dkdv_sm90_kernel(const PtAttn
   auto issue = [&](int it, int buf) {
     const int h = hk * group + it / n_mb, m0 = (mb_lo + it % n_mb) * kBM;
     const int valid = min(kBM, s.len_q - m0);
-    load_k_major<kBM, kD, kThreads>(smem.q[buf].data(), typename F::LayoutQ{},
-                                    row_at<const T>(p.q, p.q_sb, p.q_ss, p.q_sh, b, s.start_q + m0, h), p.q_ss, valid);
-    load_k_major<kBM, kDV, kThreads>(smem.dout[buf].data(), typename F::LayoutDo{},
-                                     row_at<const T>(p.dout, p.do_sb, p.do_ss, p.do_sh, b, s.start_q + m0, h),
-                                     p.do_ss, valid);
-    const int64_t row = lse_offset(p, b, h, s.start_q + m0);
-    for (int r = threadIdx.x; r < kBM; r += kThreads) {
-      smem.lse[buf][r] = r < valid ? p.lse[row + r] * kLog2e : INFINITY;
-      smem.delta[buf][r] = r < valid ? p.delta[row + r] : 0.f;
-    }
+    load_swizzled<kBM, kD, kThreads>(smem.q[buf].data(), typename F::LayoutQ{},
+                                     row_at<const T>(p.q, p.q_sb, p.q_ss, p.q_sh, b, s.start_q + m0, h), p.q_ss, valid);
+    load_swizzled<kBM, kDV, kThreads>(smem.dout[buf].data(), typename F::LayoutDo{},
+                                      row_at<const T>(p.dout, p.do_sb, p.do_ss, p.do_sh, b, s.start_q + m0, h),
+                                      p.do_ss, valid);
+    stage_lse_delta<kBM, kThreads>(p, b, h, s, m0, smem.lse[buf], smem.delta[buf]);
   };
   if (iters > 0) issue(0, 0);
   cp_async_commit();
@@ -195,17 +158,9 @@ __global__ void __launch_bounds__(256, 1) attn_bwd_dkdv_sm90_kernel(const PtAttn
   T* dk_out = row_at<T>(p.dk, p.dk_sb, p.dk_ss, p.dk_sh, b, s.start_k + n0, hk);
   T* dv_out = row_at<T>(p.dv, p.dv_sb, p.dv_ss, p.dv_sh, b, s.start_k + n0, hk);
   const int local_key = wg * 64 + warp * 16 + lane / 4;
-  auto store = [&](auto const& acc, T* out, int64_t stride, float scale) {
-#pragma unroll
-    for (int i = 0; i < size(acc); i += 2) {
-      const int r = (i >> 1) & 1, j = i >> 2, key = local_key + 8 * r;
-      if (key < valid_k)
-        *reinterpret_cast<uint32_t*>(out + key * stride + 8 * j + 2 * (lane % 4)) =
-            pack2<T>(acc(i) * scale, acc(i + 1) * scale);
-    }
-  };
-  store(tDKrDK, dk_out, p.dk_ss, p.softmax_scale);
-  store(tDVrDV, dv_out, p.dv_ss, 1.f);
+  const float dk_scale[2] = {p.softmax_scale, p.softmax_scale}, dv_scale[2] = {1.f, 1.f};
+  store_rows_sm90<T>(tDKrDK, dk_out, p.dk_ss, local_key, valid_k, lane, dk_scale);
+  store_rows_sm90<T>(tDVrDV, dv_out, p.dv_ss, local_key, valid_k, lane, dv_scale);
 }
 
 // dQ on wgmma: one CTA per (128 query rows, sequence, query head), two warpgroups of 64 rows, over
@@ -254,18 +209,15 @@ __global__ void __launch_bounds__(256, 1) attn_bwd_dq_sm90_kernel(const PtAttnPa
   const Mask& mask = blk.mask;
   const int m0 = blk.m0, valid_q = blk.valid_q, nb_lo = blk.nb_lo, nb_hi = blk.nb_hi;
   auto load_kv = [&](int nb, int buf) {
-    const int n0 = nb * kBN, rows = min(kBN, blk.s.len_k - n0);
-    load_k_major<kBN, kD, kThreads>(smem.k[buf].data(), typename F::LayoutK{},
-                                    row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, blk.b, blk.s.start_k + n0, blk.hk),
-                                    p.k_ss, rows);
-    load_k_major<kBN, kDV, kThreads>(smem.v[buf].data(), typename F::LayoutV{},
-                                     row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, blk.b, blk.s.start_k + n0, blk.hk),
-                                     p.v_ss, rows);
+    const int n0 = nb * kBN;
+    load_kv_swizzled<T, kBN, kD, kDV, kThreads, false>(p, blk.b, blk.hk, blk.s.start_k + n0,
+                                                       min(kBN, blk.s.len_k - n0), smem.k[buf].data(),
+                                                       typename F::LayoutK{}, smem.v[buf].data(), typename F::LayoutV{});
   };
-  load_k_major<kBM, kD, kThreads>(smem.q.data(), typename F::LayoutQ{},
-                                  blk.template rows<const T>(p.q, p.q_sb, p.q_ss, p.q_sh), p.q_ss, valid_q);
-  load_k_major<kBM, kDV, kThreads>(smem.dout.data(), typename F::LayoutDo{},
-                                   blk.template rows<const T>(p.dout, p.do_sb, p.do_ss, p.do_sh), p.do_ss, valid_q);
+  load_swizzled<kBM, kD, kThreads>(smem.q.data(), typename F::LayoutQ{},
+                                   blk.template rows<const T>(p.q, p.q_sb, p.q_ss, p.q_sh), p.q_ss, valid_q);
+  load_swizzled<kBM, kDV, kThreads>(smem.dout.data(), typename F::LayoutDo{},
+                                    blk.template rows<const T>(p.dout, p.do_sb, p.do_ss, p.do_sh), p.do_ss, valid_q);
   if (nb_lo < nb_hi) load_kv(nb_lo, 0);
   cp_async_commit();
 
@@ -289,12 +241,7 @@ __global__ void __launch_bounds__(256, 1) attn_bwd_dq_sm90_kernel(const PtAttnPa
   const float scale_log2 = p.softmax_scale * kLog2e;
   float lse2[2], delta[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = m0 + local_row + 8 * r;
-    const int64_t off = lse_offset(p, blk.b, blk.h, blk.s.start_q + row);
-    lse2[r] = row < blk.s.len_q ? p.lse[off] * kLog2e : INFINITY;
-    delta[r] = row < blk.s.len_q ? p.delta[off] : 0.f;
-  }
+  for (int r = 0; r < 2; ++r) lse_delta_at(p, blk.b, blk.h, blk.s, m0 + local_row + 8 * r, lse2[r], delta[r]);
 
   for (int nb = nb_lo; nb < nb_hi; ++nb) {
     const int buf = (nb - nb_lo) & 1;
@@ -322,14 +269,9 @@ __global__ void __launch_bounds__(256, 1) attn_bwd_dq_sm90_kernel(const PtAttnPa
   }
   cp_async_wait_all();
 
-  T* dq_out = blk.template rows<T>(p.dq, p.dq_sb, p.dq_ss, p.dq_sh);
-#pragma unroll
-  for (int i = 0; i < size(tDQrDQ); i += 2) {
-    const int r = (i >> 1) & 1, j = i >> 2, row = local_row + 8 * r;
-    if (row < valid_q)
-      *reinterpret_cast<uint32_t*>(dq_out + row * p.dq_ss + 8 * j + 2 * (lane % 4)) =
-          pack2<T>(tDQrDQ(i) * p.softmax_scale, tDQrDQ(i + 1) * p.softmax_scale);
-  }
+  const float dq_scale[2] = {p.softmax_scale, p.softmax_scale};
+  store_rows_sm90<T>(tDQrDQ, blk.template rows<T>(p.dq, p.dq_sb, p.dq_ss, p.dq_sh), p.dq_ss, local_row, valid_q, lane,
+                     dq_scale);
 }
 
 // The experimental module's backward: Attention's launches (delta, dsink, packed memsets) with the
@@ -341,7 +283,7 @@ struct AttentionBwdSm90 {
     const int64_t n_blocks = (q.seqlen_k + F::kBN - 1) / F::kBN;
     if (n_blocks <= 0) return;
     auto kernel = attn_bwd_dkdv_sm90_kernel<T, kD, kDV>;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(F::kSmem));
+    Attention<T, kD, kDV>::allow_smem(kernel, F::kSmem);
     kernel<<<dim3(static_cast<unsigned>(n_blocks), batch, q.heads_kv), F::kThreads, F::kSmem, stream>>>(q);
   }
 
@@ -350,7 +292,7 @@ struct AttentionBwdSm90 {
     const int64_t m_blocks = (q.seqlen_q + F::kBM - 1) / F::kBM;
     if (m_blocks <= 0) return;
     auto kernel = attn_bwd_dq_sm90_kernel<T, kD, kDV>;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(F::kSmem));
+    Attention<T, kD, kDV>::allow_smem(kernel, F::kSmem);
     kernel<<<dim3(static_cast<unsigned>(m_blocks), batch, q.heads_q), F::kThreads, F::kSmem, stream>>>(q);
   }
 

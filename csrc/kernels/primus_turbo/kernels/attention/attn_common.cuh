@@ -75,6 +75,23 @@ __device__ __forceinline__ int64_t lse_offset(const PtAttnParams& p, int64_t b, 
   return b * p.lse_sb + h * p.lse_sh + row;
 }
 
+// The backward's per-row inputs of query `row` of head h: lse in log2 units and delta; +inf and 0
+// past the sequence, so such rows give P = 0 and dS = 0.
+__device__ __forceinline__ void lse_delta_at(const PtAttnParams& p, int64_t b, int h, const Sequence& s, int row,
+                                             float& lse2, float& delta) {
+  const int64_t off = lse_offset(p, b, h, s.start_q + row);
+  const bool in = row < s.len_q;
+  lse2 = in ? p.lse[off] * kLog2e : INFINITY;
+  delta = in ? p.delta[off] : 0.f;
+}
+
+// The same for the kRows rows from m0, into shared memory (the dK/dV kernels' query blocks).
+template <int kRows, int kThreads>
+__device__ __forceinline__ void stage_lse_delta(const PtAttnParams& p, int64_t b, int h, const Sequence& s, int m0,
+                                                float* lse2, float* delta) {
+  for (int r = threadIdx.x; r < kRows; r += kThreads) lse_delta_at(p, b, h, s, m0 + r, lse2[r], delta[r]);
+}
+
 // The CTA of a query-block kernel (forward, dQ): kBM rows of one query head of one sequence,
 // taken in reverse so that under a causal mask the longest rows start first, and the blocks of
 // kBN keys [nb_lo, nb_hi) those rows see.

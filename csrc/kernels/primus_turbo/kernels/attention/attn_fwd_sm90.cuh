@@ -17,7 +17,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include "primus_turbo/kernels/attention/attn_common.cuh"
+#include "primus_turbo/kernels/attention/attention.cuh"
 
 namespace primus_turbo::kernels::attention::sm90 {
 
@@ -57,31 +57,74 @@ struct FwdSm90 {
   static constexpr size_t kSmem = sizeof(Smem);
 };
 
-// 16-byte chunks of a [rows, cols] row-major global tile into a K-major swizzled layout (rows past
-// `valid` zero-filled). Addresses go through a shared-memory tensor: the SW128 atoms' swizzle acts
-// on byte addresses, so calling the layout on element coordinates alone would misplace chunks.
-template <int kRows, int kCols, int kThreads, class E, class T, class Layout>
-__device__ __forceinline__ void load_k_major(E* smem, Layout layout, const T* src, int64_t stride, int valid) {
+// 16-byte chunks of a [rows, cols] row-major global tile into a swizzled shared-memory layout, rows
+// past `valid` zero-filled: element (r, c) goes to (r, c), or to (c, r) with kTransposed (V as the
+// MN-major operand of P V). Addresses go through a shared-memory tensor: the SW128 atoms' swizzle
+// acts on byte addresses, so calling the layout on element coordinates alone would misplace chunks.
+template <int kRows, int kCols, int kThreads, bool kTransposed = false, class E, class T, class Layout>
+__device__ __forceinline__ void load_swizzled(E* smem, Layout layout, const T* src, int64_t stride, int valid) {
   constexpr int kChunksPerRow = kCols / 8;
+  Tensor tile = make_tensor(make_smem_ptr(smem), layout);
 #pragma unroll
   for (int c = threadIdx.x; c < kRows * kChunksPerRow; c += kThreads) {
     const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
     const bool ok = r < valid;
-    Tensor tile = make_tensor(make_smem_ptr(smem), layout);
-    cp_async16(&tile(r, col), ok ? src + r * stride + col : src, ok);
+    E* dst = kTransposed ? &tile(col, r) : &tile(r, col);
+    cp_async16(dst, ok ? src + r * stride + col : src, ok);
   }
 }
 
-// The same for V into its MN-major layout: element (key, d) of the global tile goes to (d, key).
-template <int kRows, int kCols, int kThreads, class E, class T, class Layout>
-__device__ __forceinline__ void load_mn_major(E* smem, Layout layout, const T* src, int64_t stride, int valid) {
-  constexpr int kChunksPerRow = kCols / 8;
+// kRows keys of K and V (KV head hk of batch entry b, from sequence row `first`; `valid` of them
+// real) into their tiles; V transposed with kVTransposed.
+template <class T, int kRows, int kD, int kDV, int kThreads, bool kVTransposed, class E, class LayoutK, class LayoutV>
+__device__ __forceinline__ void load_kv_swizzled(const PtAttnParams& p, int64_t b, int hk, int64_t first, int valid,
+                                                 E* sk, LayoutK layout_k, E* sv, LayoutV layout_v) {
+  load_swizzled<kRows, kD, kThreads>(sk, layout_k, row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, b, first, hk),
+                                     p.k_ss, valid);
+  load_swizzled<kRows, kDV, kThreads, kVTransposed>(
+      sv, layout_v, row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, first, hk), p.v_ss, valid);
+}
+
+// One warpgroup product, waited for: C = A B (shared-memory A and B; C overwritten).
+template <class Mma, class A, class B, class C>
+__device__ __forceinline__ void ss_gemm(Mma& mma, A const& a, B const& b, C& c) {
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
-  for (int c = threadIdx.x; c < kRows * kChunksPerRow; c += kThreads) {
-    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    const bool ok = r < valid;
-    Tensor tile = make_tensor(make_smem_ptr(smem), layout);
-    cp_async16(&tile(col, r), ok ? src + r * stride + col : src, ok);
+  for (int kb = 0; kb < size<2>(a); ++kb) {
+    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+}
+
+// C += A B with A from registers.
+template <class Mma, class A, class B, class C>
+__device__ __forceinline__ void rs_gemm(Mma& mma, A& a, B const& b, C& c) {
+  warpgroup_fence_operand(a);
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+#pragma unroll
+  for (int kb = 0; kb < size<2>(a); ++kb) cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+}
+
+// A warpgroup accumulator's rows (local_row + 8 r of the tile, those below `valid`) times scale[r],
+// as pairs of 16-bit values into out (row stride `stride`, columns from 0).
+template <class T, class Acc>
+__device__ __forceinline__ void store_rows_sm90(const Acc& acc, T* out, int64_t stride, int local_row, int valid,
+                                                int lane, const float (&scale)[2]) {
+#pragma unroll
+  for (int i = 0; i < size(acc); i += 2) {
+    const int r = (i >> 1) & 1, j = i >> 2, row = local_row + 8 * r;
+    if (row < valid)
+      *reinterpret_cast<uint32_t*>(out + row * stride + 8 * j + 2 * (lane % 4)) =
+          pack2<T>(acc(i) * scale[r], acc(i + 1) * scale[r]);
   }
 }
 
@@ -102,16 +145,12 @@ __global__ void __launch_bounds__(256, 1) attn_fwd_sm90_kernel(const PtAttnParam
   const typename F::LayoutK layout_k{};
   const typename F::LayoutVt layout_v{};
   auto load_kv = [&](int nb, int buf) {
-    const int n0 = nb * kBN, rows = min(kBN, blk.s.len_k - n0);
-    load_k_major<kBN, kD, kThreads>(smem.k[buf].data(), layout_k,
-                                    row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, blk.b, blk.s.start_k + n0, blk.hk),
-                                    p.k_ss, rows);
-    load_mn_major<kBN, kDV, kThreads>(smem.v[buf].data(), layout_v,
-                                      row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, blk.b, blk.s.start_k + n0, blk.hk),
-                                      p.v_ss, rows);
+    const int n0 = nb * kBN;
+    load_kv_swizzled<T, kBN, kD, kDV, kThreads, true>(p, blk.b, blk.hk, blk.s.start_k + n0, min(kBN, blk.s.len_k - n0),
+                                                      smem.k[buf].data(), layout_k, smem.v[buf].data(), layout_v);
   };
-  load_k_major<kBM, kD, kThreads>(smem.q.data(), layout_q, blk.template rows<const T>(p.q, p.q_sb, p.q_ss, p.q_sh),
-                                  p.q_ss, valid_q);
+  load_swizzled<kBM, kD, kThreads>(smem.q.data(), layout_q, blk.template rows<const T>(p.q, p.q_sb, p.q_ss, p.q_sh),
+                                   p.q_ss, valid_q);
   if (nb_lo < nb_hi) load_kv(nb_lo, 0);
   cp_async_commit();
 
@@ -144,18 +183,7 @@ __global__ void __launch_bounds__(256, 1) attn_fwd_sm90_kernel(const PtAttnParam
     cp_async_commit();
 
     Tensor sK = make_tensor(make_smem_ptr(smem.k[buf].data()), layout_k);
-    Tensor tSrK = thr_qk.partition_fragment_B(sK);
-    warpgroup_fence_operand(tSrS);
-    warpgroup_arrive();
-    mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-    for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
-      cute::gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
-      mma_qk.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrS);
+    ss_gemm(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK), tSrS);
 
     const int n0 = nb * kBN;
     const bool full = mask.all_visible(m0, m0 + kBM, n0, n0 + kBN);
@@ -188,15 +216,7 @@ __global__ void __launch_bounds__(256, 1) attn_fwd_sm90_kernel(const PtAttnParam
     }
 
     Tensor sV = make_tensor(make_smem_ptr(smem.v[buf].data()), layout_v);
-    Tensor tOrV = thr_pv.partition_fragment_B(sV);
-    warpgroup_fence_operand(tOrP);
-    warpgroup_fence_operand(tOrO);
-    warpgroup_arrive();
-#pragma unroll
-    for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
+    rs_gemm(mma_pv, tOrP, thr_pv.partition_fragment_B(sV), tOrO);
   }
   cp_async_wait_all();
 
@@ -210,14 +230,7 @@ __global__ void __launch_bounds__(256, 1) attn_fwd_sm90_kernel(const PtAttnParam
     lse[r] = sum > 0.f ? (row_max[r] + log2f(sum)) * kLn2 : INFINITY;
   }
   const int local_row = wg * 64 + warp * 16 + lane / 4;  // in the block
-#pragma unroll
-  for (int i = 0; i < size(tOrO); i += 2) {
-    const int r = (i >> 1) & 1, j = i >> 2, row = local_row + 8 * r;
-    if (row < valid_q) {
-      const int col = 8 * j + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(out + row * p.o_ss + col) = pack2<T>(tOrO(i) * inv[r], tOrO(i + 1) * inv[r]);
-    }
-  }
+  store_rows_sm90<T>(tOrO, out, p.o_ss, local_row, valid_q, lane, inv);
   if (lane % 4 == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
@@ -225,33 +238,21 @@ __global__ void __launch_bounds__(256, 1) attn_fwd_sm90_kernel(const PtAttnParam
   }
 }
 
-// Host side of the experimental forward module (same contract as Attention<T, D, Dv>::forward).
+// Host side of the experimental forward: Attention's checks and memsets around this kernel.
 template <class T, int kD, int kDV>
 struct AttentionFwdSm90 {
-  using F = FwdSm90<T, kD, kDV>;
+  static void launch(const PtAttnParams& q, cudaStream_t stream) {
+    using F = FwdSm90<T, kD, kDV>;
+    const int64_t m_blocks = (q.seqlen_q + F::kBM - 1) / F::kBM;
+    if (m_blocks <= 0) return;
+    auto kernel = attn_fwd_sm90_kernel<T, kD, kDV>;
+    Attention<T, kD, kDV>::allow_smem(kernel, F::kSmem);
+    kernel<<<dim3(static_cast<unsigned>(m_blocks), static_cast<unsigned>(q.batch), static_cast<unsigned>(q.heads_q)),
+             F::kThreads, F::kSmem, stream>>>(q);
+  }
 
   static int forward(const PtAttnParams* p, char* err, size_t err_len) {
-    if (p->head_dim != kD || p->head_dim_v != kDV || p->heads_kv <= 0 || p->heads_q % p->heads_kv != 0 ||
-        p->heads_q > 65535 || p->batch > 65535 || p->seqlen_q > INT32_MAX / 2 || p->seqlen_k > INT32_MAX / 2) {
-      snprintf(err, err_len,
-               "wgmma attention module (head dims %d/%d) cannot take head dims %d/%d, %d query and %d KV heads, "
-               "%lld sequences of up to %lld/%lld tokens",
-               kD, kDV, p->head_dim, p->head_dim_v, p->heads_q, p->heads_kv, static_cast<long long>(p->batch),
-               static_cast<long long>(p->seqlen_q), static_cast<long long>(p->seqlen_k));
-      return 1;
-    }
-    const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-    if (p->cu_seqlens_q != nullptr) {
-      cudaMemsetAsync(p->out, 0, p->total_q * p->o_ss * sizeof(T), stream);
-      cudaMemsetAsync(p->lse, 0, p->heads_q * p->lse_sh * sizeof(float), stream);
-    }
-    const int64_t m_blocks = (p->seqlen_q + F::kBM - 1) / F::kBM;
-    if (m_blocks == 0 || p->batch == 0 || p->heads_q == 0) return report_launch("attention forward (wgmma)", err, err_len);
-    auto kernel = attn_fwd_sm90_kernel<T, kD, kDV>;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(F::kSmem));
-    kernel<<<dim3(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p->batch), static_cast<unsigned>(p->heads_q)),
-             F::kThreads, F::kSmem, stream>>>(*p);
-    return report_launch("attention forward (wgmma)", err, err_len);
+    return Attention<T, kD, kDV>::forward_with(p, err, err_len, "attention forward (wgmma)", launch);
   }
 };
 
