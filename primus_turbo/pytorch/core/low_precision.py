@@ -58,6 +58,10 @@ class ScalingRecipe:
     use_rht: bool = False  # random Hadamard transform on the wgrad operands
     rowwise: bool = True
     colwise: bool = False
+    # The original library's pre-shuffled scale / data layouts for its AMD kernels. Accepted so code
+    # written against it constructs; the quantize ops here refuse True (no Hopper kernel reads them).
+    shuffle_scale: bool = False
+    shuffle_out: bool = False
 
 
 @dataclass

@@ -25,8 +25,17 @@ from primus_turbo.pytorch.ops.quantization import (  # noqa: F401
     dequantize_fp4,
     dequantize_fp8,
     quantize_fp4,
+    quantize_fp4_with_trans,
     quantize_fp8,
     quantize_fp8_with_trans,
+)
+from primus_turbo.pytorch.ops.grouped_quantization import (  # noqa: F401
+    grouped_dequantize_fp4,
+    grouped_dequantize_fp8,
+    grouped_quantize_fp4,
+    grouped_quantize_fp4_with_trans,
+    grouped_quantize_fp8,
+    grouped_quantize_fp8_with_trans,
 )
 from primus_turbo.pytorch.ops.fused_fp8 import geglu_fp8, rmsnorm_fp8, rmsnorm_residual_fp8, swiglu_fp8  # noqa: F401
 
@@ -53,7 +62,14 @@ __all__ = [
     "quantize_fp8_with_trans",
     "dequantize_fp8",
     "quantize_fp4",
+    "quantize_fp4_with_trans",
     "dequantize_fp4",
+    "grouped_quantize_fp8",
+    "grouped_quantize_fp8_with_trans",
+    "grouped_dequantize_fp8",
+    "grouped_quantize_fp4",
+    "grouped_quantize_fp4_with_trans",
+    "grouped_dequantize_fp4",
     "fused_group_topk_routing_with_aux_score",
     "indices_to_multihot",
     "tokens_per_expert_to_mask",

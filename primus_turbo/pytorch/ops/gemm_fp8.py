@@ -21,6 +21,7 @@ from primus_turbo._core.lib import string_out
 from primus_turbo.pytorch.core import autotune, library, native
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
+from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
 from primus_turbo.pytorch.core.tensor_bridge import (
     current_stream_handle,
     device_guard,
@@ -29,6 +30,7 @@ from primus_turbo.pytorch.core.tensor_bridge import (
     workspace,
 )
 from primus_turbo.pytorch.ops import _fp8_quant, _mx_blocks
+from primus_turbo.pytorch.ops import _quantized_operands as _qo
 from primus_turbo.pytorch.ops._checks import (
     check_cuda_tensors,
     check_main_grad,
@@ -281,37 +283,77 @@ def wgrad_operands(trans_b: bool, a_bwd, grad_t):
     return (grad_t, a_bwd) if trans_b else (a_bwd, grad_t)
 
 
+def _hp_copies(x, dtype, g, code: int, reduce_dim: int):
+    """A high-precision operand's two copies, (along reduce_dim, along the other dim), each
+    ``(q, scale_inv, code)`` with q row-major along its last dim: one fused quantization."""
+    q_row, s_row, q_col, s_col = _quantize(x, dtype, g, code == BLOCK_128x128)
+    row, col = (q_row, s_row, code), (q_col, s_col, code)
+    return (row, col) if reduce_dim == 1 else (col, row)
+
+
+def _requantized(x, dtype, g, code: int, reduce_dim: int):
+    """A QuantizedTensor quantized along the wrong dim for this use: dequantized and quantized
+    again along reduce_dim (a second rounding; pass the copy in a QuantizedTensorPair to avoid it)."""
+    return _hp_copies(x.dequantize(), x.real_dtype, g, code, reduce_dim)[0]
+
+
+def _operand_copies(name: str, x, x_t, g, dtype, code: int, fwd_dim: int, want_bwd: bool):
+    """(forward copy, backward copy or None) of operand ``name``: the forward reduces over dim
+    ``fwd_dim`` of x as stored, the backward GEMM that reads x over the other one."""
+    if not isinstance(x, QuantizedTensor):
+        fwd, bwd = _hp_copies(x, dtype, g, code, fwd_dim)
+        return fwd, (bwd if want_bwd else None)
+    fwd = _qo.fp8_matrix("gemm_fp8", name, x, fwd_dim)
+    if fwd is None:
+        raise ValueError(
+            f"gemm_fp8: pre-quantized '{name}' is quantized along dim {x.quantized_axis}, but the forward GEMM reduces "
+            f"over its dim {fwd_dim} (K): quantize it along K, or pass trans_{name} to match"
+        )
+    if not want_bwd:
+        return fwd, None
+    src = x if x_t is None else x_t
+    bwd = _qo.fp8_matrix("gemm_fp8", f"{name} (backward copy)", src, 1 - fwd_dim)
+    return fwd, (bwd if bwd is not None else _requantized(src, dtype, g, code, 1 - fwd_dim))
+
+
 class GemmFp8Function(torch.autograd.Function):
+    """out = op(a) @ op(b) in FP8, each operand a high-precision tensor (quantized here, both
+    copies in one pass) or a QuantizedTensor (read as quantized; ``a_t`` / ``b_t``: the copies its
+    backward GEMM reads, else restated from it). Gradients reach either kind as high-precision
+    tensors of its shape (straight-through for a QuantizedTensor)."""
+
     @staticmethod
-    def forward(ctx, a, b, trans_a: bool, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity, main_grad):
+    def forward(ctx, a, b, a_t, b_t, trans_a: bool, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity,
+                main_grad):
         fwd_dtype, grad_dtype = _dtypes(fmt)
         act, wgt = _scalings(g)
-        a_row, sa_row, a_col, sa_col = _quantize(a, fwd_dtype, g, False)
-        b_row, sb_row, b_col, sb_col = _quantize(b, fwd_dtype, g, wgt == BLOCK_128x128)
-        # op(a) along K and op(b)^T along K for the forward; the other copies for the backward.
-        a_fwd, sa_fwd, a_bwd, sa_bwd = (a_col, sa_col, a_row, sa_row) if trans_a else (a_row, sa_row, a_col, sa_col)
-        b_fwd, sb_fwd, b_bwd, sb_bwd = (b_row, sb_row, b_col, sb_col) if trans_b else (b_col, sb_col, b_row, sb_row)
-        out = fp8_mm(a_fwd, sa_fwd, act, b_fwd, sb_fwd, wgt, out_dtype)
-        ctx.save_for_backward(a_bwd, sa_bwd, b_bwd, sb_bwd)
-        ctx.trans_a, ctx.trans_b, ctx.g, ctx.grad_dtype = trans_a, trans_b, g, grad_dtype
-        ctx.act, ctx.wgt = act, wgt
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1] or main_grad is not None
+        # op(a) [M, K] reduces over K (dim 1 of a, 0 with trans_a); op(b)^T [N, K] over dim 0 of b (1 with
+        # trans_b). The wgrad reads a over M, the dgrad b over N: the other dims.
+        a_fwd, a_bwd = _operand_copies("a", a, a_t, g, fwd_dtype, act, 0 if trans_a else 1, need_b)
+        b_fwd, b_bwd = _operand_copies("b", b, b_t, g, fwd_dtype, wgt, 1 if trans_b else 0, need_a)
+        out = fp8_mm(*a_fwd, *b_fwd, out_dtype)
+        none = a_fwd[0].new_empty(0)
+        ctx.save_for_backward(*(a_bwd[:2] if a_bwd else (none, none)), *(b_bwd[:2] if b_bwd else (none, none)))
+        ctx.a_code, ctx.b_code = (a_bwd or a_fwd)[2], (b_bwd or b_fwd)[2]
+        ctx.trans_a, ctx.trans_b, ctx.g, ctx.grad_dtype, ctx.act = trans_a, trans_b, g, grad_dtype, act
         ctx.a_dtype, ctx.b_dtype, ctx.b_shape = a.dtype, b.dtype, b.shape
-        ctx.main_grad = main_grad
+        ctx.main_grad, ctx.n_inputs = main_grad, 10
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         a_bwd, sa_bwd, b_bwd, sb_bwd = ctx.saved_tensors
-        act, wgt = ctx.act, ctx.wgt
+        act = ctx.act
         g_row, sg_row, g_col, sg_col = _quantize(grad_out.contiguous(), ctx.grad_dtype, ctx.g, False)
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
             # d op(a) [M, K] = grad [M, N] @ op(b) [K, N]^T; transposed operands give d a directly.
-            x, y = dgrad_operands(ctx.trans_a, (g_row, sg_row, act), (b_bwd, sb_bwd, wgt))
+            x, y = dgrad_operands(ctx.trans_a, (g_row, sg_row, act), (b_bwd, sb_bwd, ctx.b_code))
             grad_a = fp8_mm(*x, *y, ctx.a_dtype)
         if ctx.needs_input_grad[1] or ctx.main_grad is not None:
             # d op(b) [K, N] = op(a)^T [K, M] @ grad^T [N, M]^T.
-            x, y = wgrad_operands(ctx.trans_b, (a_bwd, sa_bwd, act), (g_col, sg_col, act))
+            x, y = wgrad_operands(ctx.trans_b, (a_bwd, sa_bwd, ctx.a_code), (g_col, sg_col, act))
             args = (*x, *y)
             if ctx.main_grad is not None and ctx.g == ScalingGranularity.MX_BLOCKWISE:
                 # cuBLASLt's block-scaled GEMM does not accumulate: an fp32 product, then one add.
@@ -322,7 +364,7 @@ class GemmFp8Function(torch.autograd.Function):
                 grad_b = dummy_wgrad(ctx.b_shape, ctx.b_dtype, ctx.main_grad.device)
             else:
                 grad_b = fp8_mm(*args, ctx.b_dtype)
-        return grad_a, grad_b, None, None, None, None, None, None
+        return (grad_a, grad_b) + (None,) * (ctx.n_inputs - 2)
 
 
 # ---- the native training path (csrc/bindings/torch/gemm_fp8_ops.cpp) ----------------------------
@@ -549,9 +591,9 @@ class GemmFp8PrequantAFunction(GemmFp8Function):
             a_bwd, sa_bwd = _quantize_col(a_hp, fwd_dtype, g)
         ctx.save_for_backward(a_bwd, sa_bwd, b_bwd, sb_bwd)
         ctx.trans_a, ctx.trans_b, ctx.g, ctx.grad_dtype = False, trans_b, g, grad_dtype
-        ctx.act, ctx.wgt = act, wgt
+        ctx.act, ctx.a_code, ctx.b_code = act, act, wgt
         ctx.a_dtype, ctx.b_dtype, ctx.b_shape = a_hp.dtype, b.dtype, b.shape
-        ctx.main_grad = main_grad
+        ctx.main_grad, ctx.n_inputs = main_grad, 8
         return out
 
 
@@ -592,7 +634,13 @@ def _forward_prequantized_a_hp(a, b, trans_a, trans_b, out_dtype, config, fuse_b
 # ---- public op --------------------------------------------------------------------------------
 
 
-Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Operand = (
+    torch.Tensor
+    | QuantizedTensor
+    | QuantizedTensorPair
+    | tuple[torch.Tensor, torch.Tensor]
+    | tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+)
 
 
 def _training_main_grad(b, pattern, granularity):
@@ -633,7 +681,19 @@ def gemm_fp8(
             gradient into ``b.main_grad`` inside the wgrad GEMM, as :func:`gemm` (MX_BLOCKWISE: an
             fp32 wgrad, then one add).
 
-    Pre-quantized inputs (forward only, no autograd): pass ``a=(q, scale_inv)`` with ``q [M, K]``
+    QuantizedTensor operands (``turbo.core.quantized_tensor``), forward and backward: either
+    operand may be a :class:`QuantizedTensor` quantized along its GEMM's K (``a`` along dim 1, or
+    0 with ``trans_a``; ``b`` along dim 0, or 1 with ``trans_b``; TENSORWISE and 2-D blocks
+    either way), read without quantizing again, or a :class:`QuantizedTensorPair` ``(data,
+    data_t)`` whose ``data_t`` (quantized along the other dim) the backward GEMM reads, e.g. a
+    weight from ``create_quantized_weight(w, ..., need_weight_transpose_cache=True)`` with
+    ``trans_b=True``. Without ``data_t`` the backward copy is restated from ``data`` (a transpose
+    for TENSORWISE and 2-D blocks, else a re-quantization of the dequantized values). The gradient
+    of a QuantizedTensor is the high-precision gradient of the tensor it stands for. The other
+    operand may stay high precision (quantized here per ``config``); ``out_dtype`` defaults to
+    the operands' promoted dtype.
+
+    Pre-quantized tuples (forward only, no autograd): pass ``a=(q, scale_inv)`` with ``q [M, K]``
     and ``trans_a=False``, and ``b=(q, scale_inv)`` with ``q [N, K]`` and ``trans_b=True``, both
     quantized along K as ``turbo.ops.quantize_fp8(x, dtype, granularity, axis=-1)`` returns them
     (BLOCKWISE ``b``: ``scaling_recipe.use_2d_block=True``; MX_BLOCKWISE: E8M0 scale_inv
@@ -652,6 +712,8 @@ def gemm_fp8(
     operands must be aligned.
     """
     config = _check_config(config)
+    if _qo.is_quantized(a) or _qo.is_quantized(b):
+        return _gemm_fp8_quantized(a, b, bool(trans_a), bool(trans_b), out_dtype, config, fuse_bgrad_accum_pattern)
     pads = _odd_shape_padding(a, b, bool(trans_a), bool(trans_b))
     if pads is not None and a.dtype == b.dtype and a.dtype in _IN_DTYPES:
         return _gemm_fp8_padded(a, b, bool(trans_a), bool(trans_b), out_dtype or a.dtype, config,
@@ -692,5 +754,29 @@ def gemm_fp8(
         return ((a.t() if trans_a else a) @ (b.t() if trans_b else b)).to(out_dtype)
     main_grad = _training_main_grad(b, fuse_bgrad_accum_pattern, config.granularity)
     return GemmFp8Function.apply(
-        a, b, bool(trans_a), bool(trans_b), out_dtype, config.format, config.granularity, main_grad
+        a, b, None, None, bool(trans_a), bool(trans_b), out_dtype, config.format, config.granularity, main_grad
     )
+
+
+def _gemm_fp8_quantized(a, b, trans_a: bool, trans_b: bool, out_dtype, config, pattern):
+    """gemm_fp8 with QuantizedTensor / QuantizedTensorPair operands (either or both), training or not."""
+    (a, a_t), (b, b_t) = _qo.split_pair("gemm_fp8", "a", a), _qo.split_pair("gemm_fp8", "b", b)
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"gemm_fp8: argument '{name}' must be a torch.Tensor or QuantizedTensor, got {type(x).__name__}")
+        if x.dim() != 2:
+            raise ValueError(f"gemm_fp8: argument '{name}' must be 2-D, got shape {tuple(x.shape)}")
+        if not isinstance(x, QuantizedTensor) and x.dtype not in _IN_DTYPES:
+            raise TypeError(f"gemm_fp8: argument '{name}' has dtype {x.dtype}; expected float16, bfloat16 or float32")
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    if k != kb:
+        raise ValueError(f"gemm_fp8: inner dimensions do not match: op(a) is [{m}, {k}] but op(b) is [{kb}, {n}]")
+    if k % 16 or m % 16 or n % 16:
+        raise ValueError(f"gemm_fp8: with pre-quantized operands M, K and N must be multiples of 16, got {m}, {k}, {n}")
+    out_dtype = torch.promote_types(a.dtype, b.dtype) if out_dtype is None else out_dtype
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"gemm_fp8: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
+    check_cuda_tensors("gemm_fp8", a=a, b=b)
+    main_grad = _training_main_grad(b, pattern, config.granularity)
+    return GemmFp8Function.apply(a, b, a_t, b_t, trans_a, trans_b, out_dtype, config.format, config.granularity, main_grad)

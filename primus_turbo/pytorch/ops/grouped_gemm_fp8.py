@@ -39,8 +39,11 @@ from primus_turbo._core.lib import PtGroupedGemmFp8Args, string_out
 from primus_turbo.pytorch.core import autotune, library
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity, ScalingRecipe
+from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
+from primus_turbo.pytorch.ops import _quantized_operands as _qo
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_num_cu, route_wgrad_to_main_grad
+from primus_turbo.pytorch.ops._group_padding import pad_groups
 from primus_turbo.pytorch.ops._transpose import transpose_last2
 from primus_turbo.pytorch.ops.grouped_gemm import (
     _check_groups,
@@ -221,20 +224,7 @@ def pad_tokens(x: torch.Tensor, group_lens, group_offs, width: int) -> torch.Ten
     """x [T, C] -> [width, C]: every group's (clamped) rows moved to start at a multiple of 128, in
     group order, zeros elsewhere; the same packing the wgrad kernel's setup computes on the device.
     No host sync. With group_offs, starts must be non-decreasing."""
-    t = x.shape[0]
-    lens_in = group_lens.clamp_min(0)
-    starts = group_offs[:-1] if group_offs is not None else torch.cumsum(lens_in, 0) - lens_in
-    starts = starts.clamp(0, t)
-    lens = torch.minimum(lens_in, t - starts)
-    plen = (lens + _BLOCK - 1) // _BLOCK * _BLOCK
-    pstart = torch.cumsum(plen, 0) - plen
-    rows = torch.arange(t, device=x.device)
-    gid = (torch.searchsorted(starts, rows, right=True) - 1).clamp_min(0)
-    inside = (rows >= starts[gid]) & (rows < starts[gid] + lens[gid])
-    dest = torch.where(inside, pstart[gid] + rows - starts[gid], width)  # row `width`: discarded
-    out = x.new_zeros((width + 1, x.shape[1]))
-    out.index_put_((dest,), x)  # (index_copy_ refuses deterministic mode on CUDA)
-    return out[:width]
+    return pad_groups(x, group_lens, group_offs, width, _BLOCK)
 
 
 def quantize_tokens_transposed(x, group_lens, group_offs, width: int, dtype, g: ScalingGranularity):
@@ -356,40 +346,76 @@ def _dtypes(fmt: Format):
 # ---- autograd -----------------------------------------------------------------------------------
 
 
+def _dgrad_weight(b, b_t, g, dtype, k_dim: int):
+    """The dgrad's B from a QuantizedTensor weight, reducing over ``k_dim`` (1 or 2 of ``[G, X, Y]``):
+    the pair's other copy ``b_t`` or ``b`` itself where its scales allow, else ``b`` dequantized and
+    quantized again along ``k_dim``."""
+    for src in (b_t, b):
+        got = None if src is None else _qo.grouped_weight("grouped_gemm_fp8", "b", src, k_dim)
+        if got is not None:
+            return got
+    return quantize_weight(b.dequantize(), dtype, g, transpose=k_dim == 1)
+
+
 class GroupedGemmFp8Function(torch.autograd.Function):
+    """Per-group FP8 GEMM; ``a`` a bf16/fp16 tensor or a QuantizedTensor (tokens along K), ``b`` a
+    bf16/fp16 weight or a QuantizedTensor (``b_t``: its copy along N for the dgrad, optional)."""
+
     @staticmethod
     def forward(
-        ctx, a, b, group_lens, group_offs, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity, num_sms: int
+        ctx, a, b, b_t, group_lens, group_offs, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity,
+        num_sms: int
     ):
         fwd_dtype, grad_dtype = _dtypes(fmt)
-        qa, sa = quantize_rows(a, fwd_dtype, g)
+        qa, sa = _qo.grouped_activation("grouped_gemm_fp8", "a", a) if isinstance(a, QuantizedTensor) else quantize_rows(
+            a, fwd_dtype, g
+        )
         # The forward's B is op(b)^T [G, N, K]: b itself with trans_b, else its transpose. Block
         # scales serve the dgrad's orientation too: kept, so the weight is quantized once a step.
-        wq = ws = None
-        if g == ScalingGranularity.ROWWISE:
+        wq = ws = dgrad_b = None
+        if isinstance(b, QuantizedTensor):
+            fwd_k = 2 if trans_b else 1
+            fwd_b = _qo.grouped_weight("grouped_gemm_fp8", "b", b, fwd_k)
+            if fwd_b is None:
+                raise ValueError(
+                    f"grouped_gemm_fp8: pre-quantized 'b' is quantized along dim {b.quantized_axis}; the forward reduces "
+                    f"over its dim {fwd_k} (K)"
+                )
+            qb, sb, rows = fwd_b
+            if ctx.needs_input_grad[0]:
+                dgrad_b = _dgrad_weight(b, b_t, g, fwd_dtype, 3 - fwd_k)
+        elif g == ScalingGranularity.ROWWISE:
             qb, sb, rows = quantize_weight(b, fwd_dtype, g, transpose=not trans_b)
         else:
             wq, ws = quantize_weight_blocks(b, fwd_dtype, g)
             qb, sb, rows = orient_weight(wq, ws, transpose=not trans_b)
         out = grouped_fp8_mm(qa, sa, qb, sb, group_lens, group_offs, rows, out_dtype, num_sms)
-        ctx.save_for_backward(a, b, group_lens, group_offs, wq, ws)
+        # The wgrad reads a in high precision (dequantized when it came quantized).
+        a_hp = (a.dequantize() if ctx.needs_input_grad[1] else None) if isinstance(a, QuantizedTensor) else a
+        b_hp = None if isinstance(b, QuantizedTensor) else b
+        qd, sd = (dgrad_b[0], dgrad_b[1]) if dgrad_b else (None, None)
+        ctx.save_for_backward(a_hp, b_hp, group_lens, group_offs, wq, ws, qd, sd)
+        ctx.dgrad_rows = dgrad_b[2] if dgrad_b else None
         ctx.num_sms = num_sms
         ctx.fp8_wgrad = FP8_WGRAD
         ctx.trans_b, ctx.g, ctx.fwd_dtype, ctx.grad_dtype = trans_b, g, fwd_dtype, grad_dtype
+        ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        a, b, group_lens, group_offs, wq, ws = ctx.saved_tensors
+        a, b, group_lens, group_offs, wq, ws, qd, sd = ctx.saved_tensors
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
             qg, sg = quantize_rows(grad_out.contiguous(), ctx.grad_dtype, ctx.g)
             # dgrad's B is op(b) [G, K, N]: b's transpose with trans_b, else b itself.
-            if wq is None:
+            if qd is not None:
+                qb, sb, rows = qd, sd, ctx.dgrad_rows
+            elif wq is None:
                 qb, sb, rows = quantize_weight(b, ctx.fwd_dtype, ctx.g, transpose=ctx.trans_b)
             else:
                 qb, sb, rows = orient_weight(wq, ws, transpose=ctx.trans_b)
-            grad_a = grouped_fp8_mm(qg, sg, qb, sb, group_lens, group_offs, rows, a.dtype, ctx.num_sms)
+            grad_a = grouped_fp8_mm(qg, sg, qb, sb, group_lens, group_offs, rows, ctx.a_dtype, ctx.num_sms)
         if ctx.needs_input_grad[1] and ctx.fp8_wgrad:
             grad_b = grouped_fp8_wgrad(
                 a,
@@ -400,7 +426,7 @@ class GroupedGemmFp8Function(torch.autograd.Function):
                 ctx.fwd_dtype,
                 ctx.grad_dtype,
                 ctx.g,
-                b.dtype,
+                ctx.b_dtype,
                 ctx.num_sms,
             )
         elif ctx.needs_input_grad[1]:
@@ -408,8 +434,8 @@ class GroupedGemmFp8Function(torch.autograd.Function):
             grad_b = _grouped_gemm_wgrad_op(
                 a, grad_out.to(a.dtype).contiguous(), group_lens, group_offs, ctx.trans_b, ctx.num_sms
             )
-            grad_b = grad_b.to(b.dtype)
-        return grad_a, grad_b, None, None, None, None, None, None, None
+            grad_b = grad_b.to(ctx.b_dtype)
+        return grad_a, grad_b, None, None, None, None, None, None, None, None
 
 
 # ---- public op ----------------------------------------------------------------------------------
@@ -541,7 +567,13 @@ def grouped_gemm_fp8(
             the wgrad GEMM and autograd gets a placeholder (as ``grouped_gemm``).
 
     Differentiable in ``a`` (FP8 dgrad at the same granularity) and ``b`` (bf16/fp16 grouped
-    wgrad; an expert with no tokens gets a zero gradient). Pre-quantized operands (forward only):
+    wgrad; an expert with no tokens gets a zero gradient). QuantizedTensor operands, forward and
+    backward: ``b`` a 3-D :class:`QuantizedTensor` quantized along K (dim 2 with ``trans_b``,
+    else 1; TENSORWISE and 128x128 2-D blocks either way) or a :class:`QuantizedTensorPair` whose
+    ``data_t`` (along N) the dgrad reads (e.g. ``create_quantized_weight(w, ...,
+    need_weight_transpose_cache=True)``); ``a`` a 2-D QuantizedTensor along K (TENSORWISE,
+    ROWWISE, BLOCKWISE 1x128, tokens unpadded). Their gradients are the high-precision ones
+    (the wgrad reads ``a`` dequantized). Pre-quantized tuples (forward only):
     ``a=(q [M, K], scale_inv)``, ``b=(q [G, N, K], scale_inv)`` with ``trans_b=True`` and
     ``out_dtype``; scale_inv as ``quantize_fp8`` returns it along K (0-dim / ``[M, 1]`` /
     ``[M, ceil(K/128)]`` for ``a``; 0-dim / ``[G, N, 1]`` / ``[G, ceil(N/128), ceil(K/128)]`` for
@@ -550,6 +582,9 @@ def grouped_gemm_fp8(
     config = _check_config(config)
     g = config.granularity
     num_sms = check_num_cu("grouped_gemm_fp8", num_cu)
+    if _qo.is_quantized(a) or _qo.is_quantized(b):
+        return _quantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_sms,
+                                  fuse_bgrad_accum_pattern)
     if fuse_bgrad_accum_pattern is not None and isinstance(b, torch.Tensor):
         b = route_wgrad_to_main_grad(b, fuse_bgrad_accum_pattern)
     if isinstance(a, tuple) or isinstance(b, tuple):
@@ -572,5 +607,37 @@ def grouped_gemm_fp8(
     if a.shape[0] == 0 or n == 0 or k == 0:  # nothing to quantize: the bf16 op's exact empty / zero result
         return grouped_gemm(a, b, group_lens, group_offs, trans_b=trans_b, num_cu=num_cu).to(out_dtype)
     return GroupedGemmFp8Function.apply(
-        a, b, group_lens, group_offs, bool(trans_b), out_dtype, config.format, g, num_sms
+        a, b, None, group_lens, group_offs, bool(trans_b), out_dtype, config.format, g, num_sms
+    )
+
+
+def _quantized_forward(a, b, group_lens, group_offs, trans_b: bool, out_dtype, config, num_sms: int, pattern):
+    """grouped_gemm_fp8 with a QuantizedTensor (or pair) for ``a`` and/or ``b``; differentiable."""
+    op = "grouped_gemm_fp8"
+    if isinstance(a, QuantizedTensorPair):
+        a = a.data  # the wgrad reads a in high precision: its transposed copy has no use here
+    b, b_t = _qo.split_pair(op, "b", b)
+    for name, x, nd in (("a", a, 2), ("b", b, 3)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor or QuantizedTensor, got {type(x).__name__}")
+        if x.dim() != nd:
+            raise ValueError(f"{op}: argument '{name}' must be {nd}-D, got shape {tuple(x.shape)}")
+        if not isinstance(x, QuantizedTensor) and x.dtype not in _IN_DTYPES:
+            raise TypeError(f"{op}: argument '{name}' has dtype {x.dtype}; expected bfloat16 or float16")
+    _check_groups(group_lens, group_offs, b.shape[0])
+    k = a.shape[1]
+    kb, n = (b.shape[2], b.shape[1]) if trans_b else (b.shape[1], b.shape[2])
+    if kb != k:
+        raise ValueError(f"{op}: inner dimensions do not match: 'a' is {tuple(a.shape)} but 'b' {tuple(b.shape)} "
+                         f"has K = {kb} (trans_b={trans_b})")
+    if k % 16 or n % 16:
+        raise ValueError(f"{op}: K={k} and N={n} must be multiples of 16 (FP8 operands are read in 16-byte rows)")
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"{op}: out_dtype {out_dtype} is not supported; expected bfloat16, float16 or float32")
+    check_cuda_tensors(op, a=a, b=b, group_lens=group_lens, **({} if group_offs is None else {"group_offs": group_offs}))
+    if pattern is not None:
+        b = route_wgrad_to_main_grad(b, pattern)
+    return GroupedGemmFp8Function.apply(
+        a, b, b_t, group_lens, group_offs, bool(trans_b), out_dtype, config.format, config.granularity, num_sms
     )

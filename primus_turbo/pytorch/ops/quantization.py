@@ -25,7 +25,15 @@ from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingR
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
-__all__ = ["RHT_SIGNS", "dequantize_fp4", "dequantize_fp8", "quantize_fp4", "quantize_fp8", "quantize_fp8_with_trans"]
+__all__ = [
+    "RHT_SIGNS",
+    "dequantize_fp4",
+    "dequantize_fp8",
+    "quantize_fp4",
+    "quantize_fp4_with_trans",
+    "quantize_fp8",
+    "quantize_fp8_with_trans",
+]
 
 _IN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -237,8 +245,14 @@ def _fp4_batched_along_last(op: str, axis) -> bool:
 
 
 def _use_2d(recipe) -> bool:
+    """Whether a (checked) recipe asks for 2-D blocks."""
     if recipe is not None and not isinstance(recipe, ScalingRecipe):
         raise TypeError(f"scaling_recipe must be a ScalingRecipe or None, got {type(recipe).__name__}")
+    if recipe is not None and (recipe.shuffle_scale or recipe.shuffle_out):
+        raise ValueError(
+            "scaling_recipe: shuffle_scale / shuffle_out are pre-shuffled layouts of the original library's AMD "
+            "kernels; no kernel here reads them (leave both False)"
+        )
     return bool(recipe is not None and recipe.use_2d_block)
 
 
@@ -449,6 +463,7 @@ def quantize_fp4(
         return q.view(groups, rows, q.shape[-1]), s.view(groups, -1, s.shape[-1])
     if scaling_recipe is not None and not isinstance(scaling_recipe, ScalingRecipe):
         raise TypeError(f"{op}: scaling_recipe must be a ScalingRecipe or None, got {type(scaling_recipe).__name__}")
+    _use_2d(scaling_recipe)
     r = scaling_recipe or ScalingRecipe()
     along_k = _along_last(op, axis, x.dim())
     x2 = _as_2d(x)
@@ -466,6 +481,41 @@ def quantize_fp4(
     q_row, s_row, q_col, s_col = _quantize_op(x2, _FP4_DTYPE, g, block, along_k, not along_k, True, flags, int(seed))
     q, s = (q_row, s_row) if along_k else (q_col, s_col)
     return (q.view(torch.uint8) if out_dtype == torch.uint8 and q.dtype != torch.uint8 else q), s
+
+
+def quantize_fp4_with_trans(
+    x: torch.Tensor,
+    out_dtype: torch.dtype = _FP4_DTYPE,
+    granularity: ScalingGranularity = ScalingGranularity.MX_BLOCKWISE,
+    *,
+    block_size: int | None = MX_BLOCK_SIZE,
+    axis: int | None = None,
+    scaling_recipe: ScalingRecipe | None = None,
+    scaling_recipe_for_trans: ScalingRecipe | None = None,
+    seed: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both MXFP4 quantizations of x: ``(q_row, scale_inv_row, q_col, scale_inv_col)``, q_row as
+    :func:`quantize_fp4` along the last dim, q_col along the rows and stored transposed (axis 0 of
+    :func:`quantize_fp4`: ``[K, M/2]`` for x ``[M, K]``; ``[G, N, M/2]`` per group for x
+    ``[G, M, N]``). ``axis`` is implied by the two directions and must be None.
+    ``scaling_recipe_for_trans`` (default: ``scaling_recipe``) is the transposed copy's recipe, e.g.
+    the random Hadamard transform or stochastic rounding only on the wgrad operand. Each copy is
+    one quantize launch; with stochastic rounding, ``seed`` seeds the row copy and ``seed + 1``
+    the transposed one."""
+    op = "quantize_fp4_with_trans"
+    if axis is not None:
+        raise ValueError(f"{op}: argument 'axis' must be None (both directions are produced), got {axis!r}")
+    _common_args(op, x, _HP_KIND, out_dtype, _FP4_KIND, granularity, block_size, mx_only=True)
+    for recipe in (scaling_recipe, scaling_recipe_for_trans):
+        _use_2d(recipe)
+    row_recipe = scaling_recipe or ScalingRecipe()
+    col_recipe = scaling_recipe_for_trans or row_recipe
+    last, first = (-1, -2) if x.dim() == 3 else (-1, 0)
+    q_row, s_row = quantize_fp4(x, out_dtype, granularity, block_size=block_size, axis=last,
+                                scaling_recipe=row_recipe, seed=seed)
+    q_col, s_col = quantize_fp4(x, out_dtype, granularity, block_size=block_size, axis=first,
+                                scaling_recipe=col_recipe, seed=None if seed is None else seed + 1)
+    return q_row, s_row, q_col, s_col
 
 
 def dequantize_fp4(

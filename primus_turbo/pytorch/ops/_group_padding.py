@@ -1,0 +1,69 @@
+"""Per-group row padding for grouped (mixture-of-experts) operands, computed on the device.
+
+Tokens of G groups lie back to back in x ``[T, C]`` (group g at ``group_offs[g]``, ``group_lens[g]``
+rows). Quantizing along the tokens in blocks (or reading each group with block-aligned starts)
+needs every group to start at a multiple of ``align`` rows, so no block spans two groups. The
+padded layout keeps the groups in order, each rounded up to ``align`` rows with zeros; its total is
+bounded by ``padded_rows`` for any group sizes, so shapes never depend on device values (no host
+synchronization; CUDA-graph capturable)."""
+
+import torch
+
+__all__ = ["gather_groups", "padded_rows", "padded_layout", "pad_groups"]
+
+
+def padded_rows(tokens: int, groups: int, align: int) -> int:
+    """Rows of a padded layout that fits any split of ``tokens`` into ``groups``: each group adds
+    less than ``align`` rows of padding (one extra ``align`` of slack, as the original library sizes
+    it)."""
+    return -(-(tokens + groups * align) // align) * align
+
+
+def _clamped(group_lens: torch.Tensor, group_offs: torch.Tensor | None, tokens: int):
+    """(starts, lens) of each group, clamped into [0, tokens)."""
+    lens = group_lens.clamp_min(0)
+    starts = group_offs[:-1] if group_offs is not None else torch.cumsum(lens, 0) - lens
+    starts = starts.clamp(0, tokens)
+    return starts, torch.minimum(lens, tokens - starts)
+
+
+def padded_layout(group_lens: torch.Tensor, align: int):
+    """(padded lens ``[G]``, padded offsets ``[G + 1]``), int64 on group_lens' device."""
+    lens = group_lens.clamp_min(0).to(torch.int64)
+    plen = (lens + align - 1) // align * align
+    offs = torch.zeros(lens.shape[0] + 1, dtype=torch.int64, device=lens.device)
+    offs[1:] = torch.cumsum(plen, 0)
+    return plen, offs
+
+
+def _source_rows(group_lens, group_offs, tokens: int, align: int):
+    """For each token row: (its row in the padded layout, whether it belongs to a group)."""
+    starts, lens = _clamped(group_lens, group_offs, tokens)
+    _, poffs = padded_layout(lens, align)
+    rows = torch.arange(tokens, device=group_lens.device)
+    gid = (torch.searchsorted(starts, rows, right=True) - 1).clamp_min(0)
+    inside = (rows >= starts[gid]) & (rows < starts[gid] + lens[gid])
+    return poffs[gid] + rows - starts[gid], inside
+
+
+def pad_groups(x: torch.Tensor, group_lens, group_offs, rows: int, align: int) -> torch.Tensor:
+    """x ``[T, C]`` -> ``[rows, C]``: every group's rows moved to start at a multiple of ``align``,
+    in group order, zeros elsewhere. With group_offs, starts must be non-decreasing."""
+    dest, inside = _source_rows(group_lens, group_offs, x.shape[0], align)
+    dest = torch.where(inside, dest, rows)  # row `rows`: discarded
+    out = x.new_zeros((rows + 1, x.shape[1]))
+    out.index_put_((dest,), x)  # (index_copy_ refuses deterministic mode on CUDA)
+    return out[:rows]
+
+
+def gather_groups(xp: torch.Tensor, group_offs: torch.Tensor, group_offs_padded: torch.Tensor, tokens: int):
+    """Rows ``[0, tokens)`` of the original layout (group g at ``group_offs[g]``) read from a padded
+    one (group g at ``group_offs_padded[g]``); rows of no group come back as zeros."""
+    rows = torch.arange(tokens, device=group_offs.device)
+    starts, ends = group_offs[:-1], group_offs[1:]
+    gid = (torch.searchsorted(starts.contiguous(), rows, right=True) - 1).clamp_min(0)
+    inside = (rows >= starts[gid]) & (rows < ends[gid])
+    if xp.shape[0] == 0 or tokens == 0:
+        return xp.new_zeros((tokens, xp.shape[1]))
+    src = torch.where(inside, group_offs_padded[gid] + rows - starts[gid], 0).clamp(0, xp.shape[0] - 1)
+    return torch.where(inside.unsqueeze(1), xp.index_select(0, src), 0)

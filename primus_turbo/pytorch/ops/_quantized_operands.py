@@ -1,0 +1,124 @@
+"""QuantizedTensor operands restated as what the FP8 GEMM kernels read: a row-major FP8 matrix
+quantized along its last dim (the GEMM's reduction dim), its scales in ``quantize_fp8``'s
+along-K layout, and the scaling code of ``gemm_fp8.h``. A tensor quantized along its first dim
+is transposed (data and scales; no re-quantization); TENSORWISE and 2-D-block tensors serve
+either orientation; MX scales are restated as 1x128 blocks (see ``_mx_blocks``)."""
+
+import torch
+
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity
+from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, QuantizedTensorPair, _is_fp4, _two_d
+from primus_turbo.pytorch.ops import _mx_blocks
+from primus_turbo.pytorch.ops._transpose import transpose_last2
+
+__all__ = ["fp8_matrix", "is_quantized", "split_pair"]
+
+# pt_fp8_scaling codes (csrc/include/primus_turbo/gemm_fp8.h).
+TENSOR, ROW, BLOCK_1x128, BLOCK_128x128 = 0, 1, 2, 3
+
+
+def is_quantized(x) -> bool:
+    return isinstance(x, (QuantizedTensor, QuantizedTensorPair))
+
+
+def split_pair(op: str, name: str, x):
+    """(QuantizedTensor or tensor, optional transposed-use copy) of an operand."""
+    if isinstance(x, QuantizedTensorPair):
+        if not isinstance(x.data, QuantizedTensor) or not (x.data_t is None or isinstance(x.data_t, QuantizedTensor)):
+            raise TypeError(f"{op}: argument '{name}' is a QuantizedTensorPair whose members are not QuantizedTensors")
+        return x.data, x.data_t
+    return x, None
+
+
+def _restated_mx(q: torch.Tensor, s: torch.Tensor, two_d: bool, rows: int):
+    if two_d:  # 32x32 blocks: each row's scales are its block row's
+        s = s.repeat_interleave(32, dim=0)[:rows].contiguous()
+    q, s = _mx_blocks.mx_fp8_to_1x128(q.contiguous(), s.contiguous())
+    return q, s, BLOCK_1x128
+
+
+def fp8_matrix(op: str, name: str, x: QuantizedTensor, reduce_dim: int):
+    """``(q, scale_inv, scaling code)`` of a 2-D FP8 QuantizedTensor as a GEMM operand whose
+    reduction runs over ``reduce_dim`` (0 or 1) of x, or None when x is quantized along the other
+    dim (the caller re-quantizes or refuses)."""
+    if _is_fp4(x.real_dtype) or x.qdata.dim() != 2:
+        raise TypeError(f"{op}: argument '{name}' must be a 2-D FP8 QuantizedTensor, got {x!r}")
+    if x.is_grouped_tensor and x.granularity in (ScalingGranularity.BLOCKWISE, ScalingGranularity.MX_BLOCKWISE):
+        raise ValueError(f"{op}: argument '{name}' is a grouped (padded) QuantizedTensor; pass it to grouped_gemm_fp8")
+    g, two_d = x.granularity, _two_d(x.granularity, x.scaling_recipe)
+    any_axis = g == ScalingGranularity.TENSORWISE or two_d
+    if not any_axis and x.quantized_axis != reduce_dim:
+        return None
+    q, s = x.qdata, x.scale_inv
+    if reduce_dim == 0:
+        q = transpose_last2(q)
+        s = s if s.dim() < 2 else s.t().contiguous()
+    rows = q.shape[0]
+    if g == ScalingGranularity.TENSORWISE:
+        return q, s.float().reshape(()), TENSOR
+    if g == ScalingGranularity.ROWWISE:
+        return q, s.float().reshape(rows, 1), ROW
+    if g == ScalingGranularity.MX_BLOCKWISE:
+        return _restated_mx(q, s, two_d, rows)
+    if x.block_size != 128:
+        raise ValueError(f"{op}: argument '{name}' has BLOCKWISE block_size {x.block_size}; the FP8 GEMM reads 128")
+    return q, s.float(), BLOCK_128x128 if two_d else BLOCK_1x128
+
+
+def _expanded(s: torch.Tensor, shape) -> torch.Tensor:
+    return s.float().expand(*shape).contiguous()
+
+
+def grouped_weight(op: str, name: str, x: QuantizedTensor, k_dim: int):
+    """``(q [G, N, K], scale, b_scale_rows)`` of a 3-D FP8 QuantizedTensor ``[G, X, Y]`` as the
+    grouped FP8 kernel's B, reducing over ``k_dim`` (1 or 2), or None when x is quantized along
+    the other dim. Scales: ``[G, N, ceil(K/128)]`` per row (rows 1) or ``[G, ceil(N/128),
+    ceil(K/128)]`` per 128x128 block (rows 128)."""
+    if _is_fp4(x.real_dtype) or x.qdata.dim() != 3:
+        raise TypeError(f"{op}: argument '{name}' must be a 3-D FP8 QuantizedTensor [G, N, K], got {x!r}")
+    g, two_d = x.granularity, _two_d(x.granularity, x.scaling_recipe)
+    if g == ScalingGranularity.MX_BLOCKWISE:
+        raise NotImplementedError(f"{op}: MX_BLOCKWISE grouped operands are not supported yet")
+    groups, dx, dy = x.qdata.shape
+    transpose = k_dim == 1
+    q = transpose_last2(x.qdata) if transpose else x.qdata
+    n, k = q.shape[1], q.shape[2]
+    kb = -(-k // 128)
+    s = x.scale_inv
+    if g == ScalingGranularity.TENSORWISE:
+        return q, _expanded(s.reshape(1, 1, 1), (groups, -(-n // 128), kb)), 128
+    if two_d:
+        if x.block_size != 128 or dx % 128:
+            raise ValueError(f"{op}: a 2-D-block '{name}' needs 128x128 blocks within each expert ({dx} rows a group)")
+        s = s.float().reshape(groups, dx // 128, -(-dy // 128))
+        return q, (s.transpose(1, 2).contiguous() if transpose else s.contiguous()), 128
+    if x.quantized_axis != k_dim:
+        return None
+    s = s.float().reshape(groups, *(s.shape[-2:]))
+    s = s.transpose(1, 2) if transpose else s  # now [G, N, groups along K]
+    if g == ScalingGranularity.ROWWISE:
+        return q, _expanded(s, (groups, n, kb)), 1
+    if x.block_size != 128:
+        raise ValueError(f"{op}: argument '{name}' has BLOCKWISE block_size {x.block_size}; the kernel reads 128")
+    return q, s.contiguous(), 1
+
+
+def grouped_activation(op: str, name: str, x: QuantizedTensor):
+    """``(q [M, K], scale [M, ceil(K/128)])`` of a 2-D FP8 QuantizedTensor quantized along K in the
+    tight token layout (TENSORWISE, ROWWISE, BLOCKWISE 1x128)."""
+    if _is_fp4(x.real_dtype) or x.qdata.dim() != 2:
+        raise TypeError(f"{op}: argument '{name}' must be a 2-D FP8 QuantizedTensor [M, K], got {x!r}")
+    g = x.granularity
+    if g == ScalingGranularity.MX_BLOCKWISE or _two_d(g, x.scaling_recipe):
+        raise NotImplementedError(f"{op}: argument '{name}': {g.name} with this recipe is not supported as a grouped activation")
+    if g != ScalingGranularity.TENSORWISE and x.quantized_axis != 1:
+        raise ValueError(f"{op}: argument '{name}' must be quantized along K (axis -1), got axis {x.quantized_axis}")
+    if x.is_grouped_tensor and g == ScalingGranularity.BLOCKWISE:
+        raise ValueError(f"{op}: argument '{name}' is in a padded per-group layout; quantize the tokens with quantize_fp8")
+    m, k = x.qdata.shape
+    kb = -(-k // 128)
+    if g == ScalingGranularity.BLOCKWISE:
+        if x.block_size != 128:
+            raise ValueError(f"{op}: argument '{name}' has BLOCKWISE block_size {x.block_size}; the kernel reads 128")
+        return x.qdata, x.scale_inv.float().reshape(m, kb).contiguous()
+    return x.qdata, _expanded(x.scale_inv.reshape(-1, 1), (m, kb))

@@ -1,0 +1,126 @@
+"""QuantizedTensor mechanics and argument checks that need no GPU: construction, views, flattening
+for torch.compile, refused ops, check_quantized_tensor, and the grouped quantize ops' errors."""
+
+import pytest
+import torch
+
+import primus_turbo.pytorch as turbo
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingRecipe
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
+from primus_turbo.pytorch.core.quantized_tensor import (
+    QuantizedTensor,
+    QuantizedTensorPair,
+    check_quantized_tensor,
+    create_quantized_weight,
+)
+
+
+def rowwise(shape=(4, 8, 16)):
+    data = torch.randn(*shape).to(torch.float8_e4m3fn)
+    scale = torch.rand(*shape[:-1], 1) + 0.5
+    return QuantizedTensor(data, scale, shape=shape, orig_dtype=torch.bfloat16, dest_dtype=torch.float8_e4m3fn,
+                           granularity=G.ROWWISE, quantized_axis=len(shape) - 1)
+
+
+def test_wrapper_reports_the_high_precision_tensor():
+    qt = rowwise()
+    assert qt.shape == (4, 8, 16) and qt.dtype == torch.bfloat16 and qt.real_dtype == torch.float8_e4m3fn
+    assert qt.qdata.shape == (4, 8, 16) and qt.scale_inv.shape == (4, 8, 1)
+    assert "ROWWISE" in repr(qt) and not qt.is_grouped_tensor
+    with pytest.raises(AttributeError, match="not a grouped tensor"):
+        qt.group_lens
+
+
+def test_reshape_of_leading_dims_stays_quantized():
+    qt = rowwise()
+    flat = qt.reshape(-1, 16)
+    assert isinstance(flat, QuantizedTensor) and flat.shape == (32, 16) and flat.scale_inv.shape == (32, 1)
+    assert flat.quantized_axis == 1
+    assert isinstance(qt.view(32, 16), QuantizedTensor)
+    with pytest.raises(NotImplementedError, match="split scale groups"):
+        qt.reshape(4, 128)
+
+
+def test_detach_and_flatten_round_trip():
+    qt = rowwise()
+    d = qt.detach()
+    assert isinstance(d, QuantizedTensor) and torch.equal(d.qdata.view(torch.uint8), qt.qdata.view(torch.uint8))
+    names, meta = qt.__tensor_flatten__()
+    assert names == ["_data", "_scale_inv"]
+    back = QuantizedTensor.__tensor_unflatten__({n: getattr(qt, n) for n in names}, meta, qt.shape, None)
+    assert back.granularity == G.ROWWISE and back.quantized_axis == 2 and back.shape == qt.shape
+
+
+def test_other_ops_raise_and_name_dequantize():
+    qt = rowwise()
+    with pytest.raises(NotImplementedError, match="dequantize"):
+        torch.add(qt, 1)
+    with pytest.raises(NotImplementedError, match="dequantize"):
+        qt.sum()
+
+
+def test_constructor_checks():
+    data = torch.zeros(4, 4, dtype=torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="dest_dtype"):
+        QuantizedTensor(data, torch.ones(()), shape=(4, 4), orig_dtype=torch.bfloat16, dest_dtype=torch.int8,
+                        granularity=G.TENSORWISE)
+    with pytest.raises(TypeError, match="orig_dtype"):
+        QuantizedTensor(data, torch.ones(()), shape=(4, 4), orig_dtype=torch.int32, dest_dtype=torch.float8_e4m3fn,
+                        granularity=G.TENSORWISE)
+
+
+def test_check_quantized_tensor():
+    qt = rowwise((8, 16))
+    check_quantized_tensor(qt, Float8QuantConfig(granularity=G.ROWWISE), axis=-1)
+    with pytest.raises(ValueError, match="granularity"):
+        check_quantized_tensor(qt, Float8QuantConfig())
+    with pytest.raises(ValueError, match="axis"):
+        check_quantized_tensor(qt, Float8QuantConfig(granularity=G.ROWWISE), axis=0)
+    with pytest.raises(ValueError, match="scaling_recipe"):
+        check_quantized_tensor(qt, Float8QuantConfig(granularity=G.ROWWISE), scaling_recipe=ScalingRecipe(use_2d_block=True))
+
+
+def test_quantize_and_create_quantized_weight_checks():
+    with pytest.raises(ValueError, match="axis"):
+        QuantizedTensor.quantize(torch.randn(4, 4), torch.float8_e4m3fn, G.ROWWISE)
+    with pytest.raises(ValueError, match="2-D or 3-D"):
+        QuantizedTensor.quantize(torch.randn(4), torch.float8_e4m3fn, G.TENSORWISE)
+    with pytest.raises(TypeError, match="quant_config"):
+        create_quantized_weight(torch.randn(4, 4), torch.float8_e4m3fn, "rowwise")
+
+
+def test_gemm_fp8_quantized_operand_checks():
+    qt = rowwise((32, 48))
+    with pytest.raises(ValueError, match="inner dimensions"):
+        turbo.ops.gemm_fp8(torch.randn(16, 32, dtype=torch.bfloat16), qt, trans_b=True)
+    with pytest.raises(ValueError, match="CUDA"):
+        turbo.ops.gemm_fp8(torch.randn(16, 48, dtype=torch.bfloat16), qt, trans_b=True)
+    with pytest.raises(TypeError, match="QuantizedTensorPair"):
+        turbo.ops.gemm_fp8(torch.randn(16, 48), QuantizedTensorPair(torch.randn(32, 48)), trans_b=True)
+
+
+def meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+def test_grouped_quantize_checks():
+    lens = torch.tensor([2, 2], device="meta", dtype=torch.int64)
+    with pytest.raises(NotImplementedError, match="quantize_fp8"):
+        turbo.ops.grouped_quantize_fp8(meta(4, 64), torch.float8_e4m3fn, G.ROWWISE, lens, axis=-1)
+    with pytest.raises(ValueError, match="2-D"):
+        turbo.ops.grouped_quantize_fp8(meta(2, 4, 64), torch.float8_e4m3fn, G.MX_BLOCKWISE, lens, axis=-1, block_size=32)
+    with pytest.raises(ValueError, match="axis"):
+        turbo.ops.grouped_quantize_fp8(meta(4, 64), torch.float8_e4m3fn, G.MX_BLOCKWISE, lens, axis=None, block_size=32)
+    with pytest.raises(ValueError, match="group_offs"):
+        turbo.ops.grouped_quantize_fp8(meta(4, 64), torch.float8_e4m3fn, G.MX_BLOCKWISE, lens,
+                                       torch.zeros(2, device="meta", dtype=torch.int64), axis=-1, block_size=32)
+    with pytest.raises(TypeError, match="group_lens"):
+        turbo.ops.grouped_quantize_fp8(meta(4, 64), torch.float8_e4m3fn, G.MX_BLOCKWISE, [2, 2], axis=-1, block_size=32)
+    with pytest.raises(ValueError, match="axis"):
+        turbo.ops.quantize_fp4_with_trans(meta(4, 64), axis=-1)
+
+
+def test_shuffled_recipes_are_refused():
+    with pytest.raises(ValueError, match="shuffle"):
+        turbo.ops.quantize_fp8(meta(4, 64), torch.float8_e4m3fn, G.BLOCKWISE, block_size=128, axis=-1,
+                               scaling_recipe=ScalingRecipe(shuffle_scale=True))
