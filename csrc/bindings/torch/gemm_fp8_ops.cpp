@@ -73,7 +73,9 @@ std::pair<std::optional<Quantized>, std::optional<Quantized>> quantize(const Ten
     pqc = to_pt(col->q);
     psc = to_pt(col->s);
   }
-  const size_t ws_bytes = pt_quantize_workspace_bytes(m, k, static_cast<int32_t>(g));
+  // Row-only rowwise: each row's amax is reduced inside the quantize kernel, no workspace.
+  const bool inline_amax = g == PT_QUANT_ROWWISE && want_row && !want_col;
+  const size_t ws_bytes = inline_amax ? 0 : pt_quantize_workspace_bytes(m, k, static_cast<int32_t>(g));
   std::optional<Tensor> ws;
   if (ws_bytes) ws = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
   check_status(pt_quantize(&px, row ? &pqr : nullptr, row ? &psr : nullptr, col ? &pqc : nullptr,

@@ -103,11 +103,19 @@ pt_tensor rows_descriptor(const Tensor& t) {
 }
 
 pt_tensor to_pt(const Tensor& t) {
+  const int32_t dtype = pt_dtype_of(t.scalar_type());
+  if (dtype < 0) fail_with(ErrorKind::Type, "dtype ", dtype_name(t.scalar_type()), " is not supported");
+  return to_pt(t, dtype);
+}
+
+pt_tensor mask_to_pt(const Tensor& t) {
+  return t.scalar_type() == ScalarType::Bool ? to_pt(t, PT_UINT8) : to_pt(t);
+}
+
+pt_tensor to_pt(const Tensor& t, int32_t dtype) {
   pt_tensor p{};
   const int64_t ndim = t.dim();
   if (ndim > PT_MAX_DIMS) fail_with(ErrorKind::Value, "tensors of more than ", PT_MAX_DIMS, " dimensions are not supported");
-  const int32_t dtype = pt_dtype_of(t.scalar_type());
-  if (dtype < 0) fail_with(ErrorKind::Type, "dtype ", dtype_name(t.scalar_type()), " is not supported");
   p.dtype = dtype;
   p.ndim = static_cast<int32_t>(ndim);
   int64_t* sizes = nullptr;

@@ -59,6 +59,10 @@ const char* dtype_name(ScalarType t);
 // The core's pt_dtype of a torch dtype, or -1.
 int32_t pt_dtype_of(ScalarType t);
 pt_tensor to_pt(const Tensor& t);
+// The descriptor of t read as core dtype `dtype` (same element size), e.g. bool as uint8.
+pt_tensor to_pt(const Tensor& t, int32_t dtype);
+// A routing mask: bool read as uint8 (same bytes), other dtypes as they are.
+pt_tensor mask_to_pt(const Tensor& t);
 // A contiguous t of any rank seen as [rows, hidden] (hidden: its last dimension).
 pt_tensor rows_descriptor(const Tensor& t);
 

@@ -5,7 +5,9 @@
 #include <cublasLt.h>
 
 #include <map>
+#include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "core/cuda_check.h"
@@ -104,11 +106,14 @@ std::string static_rejection(const Fp8Problem& p) {
   return "";
 }
 
-const std::vector<cublasLtMatmulHeuristicResult_t>& algos_for(const Fp8Problem& p) {
+std::string heuristic_key(const Fp8Problem& p, int device) {
+  return str_cat(device, "|", p.key(), "|", aligned16(p.d));
+}
+
+const std::vector<cublasLtMatmulHeuristicResult_t>& algos_for(const Fp8Problem& p, int device,
+                                                               const std::string& key) {
   static std::mutex mutex;
   static std::map<std::string, std::vector<cublasLtMatmulHeuristicResult_t>> cache;
-  const int device = current_device();
-  const std::string key = str_cat(device, "|", p.key(), "|", aligned16(p.d));
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = cache.find(key);
@@ -132,6 +137,24 @@ const std::vector<cublasLtMatmulHeuristicResult_t>& algos_for(const Fp8Problem& 
   return cache.emplace(key, std::move(algos)).first->second;
 }
 
+const std::vector<cublasLtMatmulHeuristicResult_t>& algos_for(const Fp8Problem& p) {
+  const int device = current_device();
+  return algos_for(p, device, heuristic_key(p, device));
+}
+
+// The descriptors of a problem, made once per thread and problem (a call then only points them at
+// its scales): creating them is most of the host time of a small FP8 GEMM. Per thread, because a
+// call rewrites the scale pointers of the shared descriptor.
+const Descriptors& descriptors_for(const Fp8Problem& p, const std::string& key) {
+  thread_local std::unordered_map<std::string, std::unique_ptr<Descriptors>> cache;
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, std::make_unique<Descriptors>(p)).first;
+  Descriptors& desc = *it->second;
+  desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(p.b.scale));
+  desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(p.a.scale));
+  return desc;
+}
+
 class CublasLtFp8Backend final : public Fp8Backend {
  public:
   std::string rejection(const Fp8Problem& p) const override {
@@ -149,7 +172,9 @@ class CublasLtFp8Backend final : public Fp8Backend {
            cudaStream_t stream) const override {
     const std::string why = static_rejection(p);
     PT_CHECK_SUPPORTED(why.empty(), why);
-    const auto& algos = algos_for(p);
+    const int device = current_device();
+    const std::string key = heuristic_key(p, device);
+    const auto& algos = algos_for(p, device, key);
     PT_CHECK_SUPPORTED(!algos.empty(), "cuBLASLt has no algorithm for this FP8 GEMM (", p.key(), ")");
     if (config < 0) config = 0;
     PT_CHECK_ARG(config < static_cast<int>(algos.size()), "cuBLASLt FP8 config ", config,
@@ -157,9 +182,9 @@ class CublasLtFp8Backend final : public Fp8Backend {
     const auto& algo = algos[config];
     PT_CHECK_ARG(algo.workspaceSize <= workspace_bytes, "cuBLASLt algorithm ", config, " needs ",
                  algo.workspaceSize, " bytes of workspace, got ", workspace_bytes);
-    Descriptors desc(p);
+    const Descriptors& desc = descriptors_for(p, key);
     const float alpha = 1.0f;
-    PT_CHECK_CUBLAS(cublasLtMatmul(cublaslt_handle(current_device()), desc.op.value, &alpha,
+    PT_CHECK_CUBLAS(cublasLtMatmul(cublaslt_handle(device), desc.op.value, &alpha,
                                    p.b.ptr, desc.a.value, p.a.ptr, desc.b.value, &p.beta, p.d,
                                    desc.d.value, p.d, desc.d.value, &algo.algo, workspace,
                                    workspace_bytes, stream));

@@ -33,7 +33,9 @@ pt_status pt_quantize(const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_row, pt
   return api_guard([&] {
     const QuantProblem p =
         make_quant_problem(x, q_row, s_row, q_col, s_col, granularity, block_size, col_transposed, flags);
-    const size_t need = workspace_bytes(p.m, p.k, p.granularity);
+    // A row-only rowwise quantization reduces each row's amax inside its kernel: no workspace.
+    const bool inline_row_amax = p.granularity == PT_QUANT_ROWWISE && p.row && !p.col && !p.rht && !p.fp4();
+    const size_t need = inline_row_amax ? 0 : workspace_bytes(p.m, p.k, p.granularity);
     PT_CHECK_ARG(ws_bytes >= need, "argument 'workspace' has ", ws_bytes, " bytes; this problem needs ", need,
                  " (pt_quantize_workspace_bytes)");
     PT_CHECK_ARG(need == 0 || (workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 16 == 0),
@@ -63,7 +65,7 @@ pt_status pt_quantize(const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_row, pt
     qp.seed = seed;
     qp.stream = stream;
 
-    if (p.granularity == PT_QUANT_ROWWISE && p.row && !p.col && !p.rht && !p.fp4()) {
+    if (inline_row_amax) {
       // Row output only: each row's amax inside the quantize kernel (one launch, one DRAM read).
       qp.row_amax_inline = 1;
       qp.row_block = qp.col_block = 0;

@@ -15,9 +15,7 @@ from typing import Optional
 
 import torch
 
-from primus_turbo._core import check, lib
-from primus_turbo.pytorch.core import library
-from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
+from primus_turbo.pytorch.core import library, native
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
 __all__ = ["swiglu", "geglu", "swiglu_with_probs", "geglu_with_probs"]
@@ -26,40 +24,8 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ACTS = {"swiglu": 0, "geglu": 1}  # the C API's act codes: 0 SiLU, 1 GELU
 
 
-def _opt(t: Optional[torch.Tensor]):
-    return None if t is None else to_pt(t)
-
-
-def _fwd_cuda(x, probs, row_mask, act: int):
-    out = x.new_empty(x.shape[:-1] + (x.shape[-1] // 2,))
-    if out.numel():
-        with device_guard(x.device):
-            status = lib.pt_gated_act_fwd(
-                int(act), to_pt(x), _opt(probs), _opt(row_mask), to_pt(out), current_stream_handle(x.device)
-            )
-        if status:
-            check(status, context="gated activation forward")
-    return out
-
-
 def _fwd_fake(x, probs, row_mask, act):
     return x.new_empty(x.shape[:-1] + (x.shape[-1] // 2,))
-
-
-def _bwd_cuda(dy, x, probs, row_mask, act: int, need_dprobs: bool):
-    dx = torch.empty_like(x)
-    dprobs = torch.empty(probs.numel() if need_dprobs else 0, dtype=torch.float32, device=x.device)
-    if dx.numel():
-        with device_guard(x.device):
-            status = lib.pt_gated_act_bwd(
-                int(act), to_pt(dy), to_pt(x), _opt(probs), _opt(row_mask), to_pt(dx),
-                to_pt(dprobs) if need_dprobs else None, current_stream_handle(x.device),
-            )
-        if status:
-            check(status, context="gated activation backward")
-    elif need_dprobs:
-        dprobs.zero_()
-    return dx, dprobs
 
 
 def _bwd_fake(dy, x, probs, row_mask, act, need_dprobs):
@@ -67,15 +33,11 @@ def _bwd_fake(dy, x, probs, row_mask, act, need_dprobs):
     return torch.empty_like(x), x.new_empty((n,), dtype=torch.float32)
 
 
-_fwd_op = library.define_op(
-    "gated_act_fwd(Tensor x, Tensor? probs, Tensor? row_mask, int act) -> Tensor", _fwd_cuda, _fwd_fake
-)
-_bwd_op = library.define_op(
-    "gated_act_bwd(Tensor dy, Tensor x, Tensor? probs, Tensor? row_mask, int act, bool need_dprobs)"
-    " -> (Tensor, Tensor)",
-    _bwd_cuda,
-    _bwd_fake,
-)
+# Native ops (csrc/bindings/torch/activation_ops.cpp): allocation and launch in one call each.
+library.register_fake("gated_act_fwd", _fwd_fake)
+library.register_fake("gated_act_bwd", _bwd_fake)
+_fwd_op = native.ops.gated_act_fwd.default
+_bwd_op = native.ops.gated_act_bwd.default
 
 
 class GatedActFunction(torch.autograd.Function):
@@ -105,6 +67,7 @@ def _check_x(op: str, x) -> None:
         )
 
 
+@native.raises_python_errors
 def _gated(op: str, x, probs=None, row_mask=None, with_probs: bool = False):
     _check_x(op, x)
     rows = x.numel() // x.shape[-1]

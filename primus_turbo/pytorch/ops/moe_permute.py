@@ -12,7 +12,7 @@ without probabilities is a sum in a fixed order (fp32)."""
 import torch
 
 from primus_turbo._core import check, lib
-from primus_turbo.pytorch.core import library
+from primus_turbo.pytorch.core import library, native
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
@@ -45,34 +45,6 @@ def _call(fn, *args, context: str) -> None:
 # ---- registered ops ----------------------------------------------------------------------------
 
 
-def _permute_cuda(tokens, routing_map, probs, num_out: int):
-    t, h = tokens.shape
-    e = routing_map.shape[1]
-    out = torch.empty((num_out, h), dtype=tokens.dtype, device=tokens.device)
-    row_id_map = torch.empty((t, e), dtype=torch.int32, device=tokens.device)
-    pprobs = torch.empty(
-        (num_out if probs is not None else 0,),
-        dtype=probs.dtype if probs is not None else torch.float32,
-        device=tokens.device,
-    )
-    workspace = torch.empty((_workspace_ints(t, e),), dtype=torch.int32, device=tokens.device)
-    rmap = routing_map.view(torch.uint8) if routing_map.dtype == torch.bool else routing_map
-    with device_guard(tokens.device):
-        _call(
-            lib.pt_moe_permute,
-            to_pt(tokens),
-            to_pt(rmap),
-            _opt(probs),
-            to_pt(out),
-            _opt(pprobs if probs is not None else None),
-            to_pt(row_id_map),
-            to_pt(workspace),
-            current_stream_handle(tokens.device),
-            context="token_permute",
-        )
-    return out, pprobs, row_id_map
-
-
 def _permute_counted_cuda(tokens, routing_map, probs):
     """token_permute with num_out_tokens=-1: the output has as many rows as the mask routes, which
     takes one host sync to count."""
@@ -81,7 +53,7 @@ def _permute_counted_cuda(tokens, routing_map, probs):
             "token_permute: num_out_tokens=-1 counts the routed tokens with a host sync, which a CUDA graph "
             "capture cannot do; pass num_out_tokens (e.g. num_tokens * topk)"
         )
-    return _permute_cuda(tokens, routing_map, probs, int(routing_map.count_nonzero().item()))
+    return _permute_op(tokens, routing_map, probs, int(routing_map.count_nonzero().item()))
 
 
 def _permute_counted_fake(tokens, routing_map, probs):
@@ -122,29 +94,6 @@ def _scatter_fake(tokens, row_id_map, num_out):
     return tokens.new_empty((num_out, tokens.shape[1]))
 
 
-def _unpermute_cuda(inp, row_id_map, merging_probs, permuted_probs):
-    t, e = row_id_map.shape
-    out = torch.empty((t, inp.shape[1]), dtype=inp.dtype, device=inp.device)
-    probs_grad = None
-    if permuted_probs is not None:
-        probs_grad = torch.empty((t, e), dtype=permuted_probs.dtype, device=inp.device)
-    with device_guard(inp.device):
-        _call(
-            lib.pt_moe_unpermute,
-            to_pt(inp),
-            to_pt(row_id_map),
-            _opt(merging_probs),
-            to_pt(out),
-            _opt(permuted_probs),
-            _opt(probs_grad),
-            current_stream_handle(inp.device),
-            context="token_unpermute",
-        )
-    if probs_grad is None:
-        probs_grad = inp.new_empty((0,), dtype=torch.float32)
-    return out, probs_grad
-
-
 def _unpermute_fake(inp, row_id_map, merging_probs, permuted_probs):
     t, e = row_id_map.shape
     pg = (
@@ -177,11 +126,11 @@ def _unpermute_bwd_fake(grad_out, fwd_input, row_id_map, merging_probs):
     return torch.empty_like(fwd_input), torch.empty_like(merging_probs)
 
 
-_permute_op = library.define_op(
-    "moe_token_permute(Tensor tokens, Tensor routing_map, Tensor? probs, int num_out) -> (Tensor, Tensor, Tensor)",
-    _permute_cuda,
-    _permute_fake,
-)
+# Native ops (csrc/bindings/torch/moe_permute_ops.cpp): outputs, workspace and launch in one call.
+library.register_fake("moe_token_permute", _permute_fake)
+library.register_fake("moe_token_unpermute", _unpermute_fake)
+_permute_op = native.ops.moe_token_permute.default
+_unpermute_op = native.ops.moe_token_unpermute.default
 _permute_counted_op = library.define_op(
     "moe_token_permute_counted(Tensor tokens, Tensor routing_map, Tensor? probs) -> (Tensor, Tensor, Tensor)",
     _permute_counted_cuda,
@@ -189,11 +138,6 @@ _permute_counted_op = library.define_op(
 )
 _scatter_op = library.define_op(
     "moe_token_scatter(Tensor tokens, Tensor row_id_map, int num_out) -> Tensor", _scatter_cuda, _scatter_fake
-)
-_unpermute_op = library.define_op(
-    "moe_token_unpermute(Tensor input, Tensor row_id_map, Tensor? merging_probs, Tensor? permuted_probs) -> (Tensor, Tensor)",
-    _unpermute_cuda,
-    _unpermute_fake,
 )
 _unpermute_bwd_op = library.define_op(
     "moe_token_unpermute_bwd(Tensor grad_output, Tensor fwd_input, Tensor row_id_map, Tensor merging_probs) -> (Tensor, Tensor)",
@@ -256,6 +200,7 @@ def _check_probs(op: str, name: str, p, shape) -> None:
         raise ValueError(f"{op}: argument '{name}' has shape {tuple(p.shape)}; expected {list(shape)}")
 
 
+@native.raises_python_errors
 def token_permute(
     inp: torch.Tensor,
     probs: torch.Tensor | None = None,
@@ -314,6 +259,7 @@ def token_permute(
     return out, (pprobs if probs is not None else None), row_id_map
 
 
+@native.raises_python_errors
 def token_unpermute(
     inp: torch.Tensor,
     row_id_map: torch.Tensor,

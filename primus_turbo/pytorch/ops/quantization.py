@@ -118,7 +118,9 @@ def _quantize_cuda(x, out_dtype, granularity: int, block_size: int, row: bool, c
                 else:
                     s.view(torch.uint8).fill_(0)
         return q_row, s_row, q_col, s_col
-    ws_bytes = lib.pt_quantize_workspace_bytes(m, k, granularity)
+    # Row-only rowwise FP8 reduces each row's amax inside its kernel: no workspace.
+    inline_amax = granularity == _ROWWISE and row and not col and out_dtype != _FP4_DTYPE and not flags & _FLAG_RHT
+    ws_bytes = 0 if inline_amax else lib.pt_quantize_workspace_bytes(m, k, granularity)
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
     with device_guard(x.device):
         status = lib.pt_quantize(

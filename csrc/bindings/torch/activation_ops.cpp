@@ -1,0 +1,84 @@
+// primus_turbo::gated_act_fwd / gated_act_bwd: SwiGLU / GeGLU (optionally with per-row probs and a
+// row mask), forward and backward, each one native call: output allocation and the launch. The
+// core checks shapes and dtypes; the Python layer has made x, probs and row_mask contiguous.
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include <torch/csrc/stable/ops.h>
+
+#include "bindings/torch/torch_binding.h"
+#include "primus_turbo/activation.h"
+
+namespace primus_turbo::torch_binding {
+
+namespace {
+
+NamedTensors named(std::initializer_list<std::pair<const char*, const Tensor*>> required,
+                   const std::optional<Tensor>& probs, const std::optional<Tensor>& row_mask) {
+  NamedTensors all(required);
+  if (probs) all.push_back({"probs", &*probs});
+  if (row_mask) all.push_back({"row_mask", &*row_mask});
+  return all;
+}
+
+Tensor gated_act_fwd(Tensor x, std::optional<Tensor> probs, std::optional<Tensor> row_mask, int64_t act) {
+  const int32_t device = check_cuda("gated activation", named({{"x", &x}}, probs, row_mask));
+  if (x.dim() < 1 || x.sizes()[x.dim() - 1] % 2)
+    fail_with(ErrorKind::Value, "gated activation: x has shape ", shape_string(x), "; expected [..., 2H]");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() /= 2;
+  Tensor out = empty(shape.data(), static_cast<int64_t>(shape.size()), x.scalar_type(), device);
+  if (out.numel() == 0) return out;
+  const pt_tensor px = to_pt(x);
+  pt_tensor po = to_pt(out);
+  pt_tensor pp{}, pm{};
+  if (probs) pp = to_pt(*probs);
+  if (row_mask) pm = to_pt(*row_mask);
+  DeviceScope scope(device);
+  check_status(pt_gated_act_fwd(static_cast<int32_t>(act), &px, probs ? &pp : nullptr, row_mask ? &pm : nullptr,
+                                &po, current_stream(device)),
+               "gated activation forward");
+  return out;
+}
+
+// Returns (dx, dprobs): dprobs float32 [probs.numel()] when need_dprobs, else [0].
+std::tuple<Tensor, Tensor> gated_act_bwd(Tensor dy, Tensor x, std::optional<Tensor> probs,
+                                         std::optional<Tensor> row_mask, int64_t act, bool need_dprobs) {
+  const int32_t device = check_cuda("gated activation backward", named({{"dy", &dy}, {"x", &x}}, probs, row_mask));
+  need_dprobs = need_dprobs && probs.has_value();
+  Tensor dx = torch_binding::empty_like(x);
+  Tensor dprobs = empty({need_dprobs ? probs->numel() : 0}, ScalarType::Float, device);
+  if (dx.numel() == 0) {
+    if (need_dprobs) torch::stable::zero_(dprobs);
+    return {dx, dprobs};
+  }
+  const pt_tensor pdy = to_pt(dy), px = to_pt(x);
+  pt_tensor pdx = to_pt(dx);
+  pt_tensor pp{}, pm{}, pdp{};
+  if (probs) pp = to_pt(*probs);
+  if (row_mask) pm = to_pt(*row_mask);
+  if (need_dprobs) pdp = to_pt(dprobs);
+  DeviceScope scope(device);
+  check_status(pt_gated_act_bwd(static_cast<int32_t>(act), &pdy, &px, probs ? &pp : nullptr,
+                                row_mask ? &pm : nullptr, &pdx, need_dprobs ? &pdp : nullptr, current_stream(device)),
+               "gated activation backward");
+  return {dx, dprobs};
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
+  m.def("gated_act_fwd(Tensor x, Tensor? probs, Tensor? row_mask, int act) -> Tensor");
+  m.def("gated_act_bwd(Tensor dy, Tensor x, Tensor? probs, Tensor? row_mask, int act, bool need_dprobs) -> "
+        "(Tensor, Tensor)");
+}
+
+static void register_kernels(torch::stable::detail::StableLibrary& m) {
+  m.impl("gated_act_fwd", TORCH_BOX(&gated_act_fwd));
+  m.impl("gated_act_bwd", TORCH_BOX(&gated_act_bwd));
+}
+
+PT_REGISTER_CUDA_AND_CPU(register_kernels)
+
+}  // namespace primus_turbo::torch_binding
