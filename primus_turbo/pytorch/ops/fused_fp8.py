@@ -35,6 +35,10 @@ BLOCK = 128
 _FP8 = {Format.E4M3: torch.float8_e4m3fn, Format.E5M2: torch.float8_e5m2, Format.HYBRID: torch.float8_e4m3fn}
 
 
+def _opt(t):
+    return None if t is None else to_pt(t)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -131,7 +135,7 @@ def _gated_fwd_cuda(x, probs, row_mask, act: int, granularity: int, fp8_dtype, r
         x = _aligned(x)
         with device_guard(x.device):
             status = lib.pt_gated_act_fp8_fwd(
-                int(act), to_pt(x), _act._opt(probs), _act._opt(row_mask), to_pt(out) if return_hp else None,
+                int(act), to_pt(x), _opt(probs), _opt(row_mask), to_pt(out) if return_hp else None,
                 to_pt(q), to_pt(s), int(granularity), current_stream_handle(x.device),
             )
         if status:
