@@ -231,3 +231,27 @@ def test_grouped_gemm_fp8_with_a_quantized_weight_trains(name, with_t):
     wref = torch.stack([grad[starts[i]:starts[i + 1]].double().t() @ x.detach()[starts[i]:starts[i + 1]].double()
                         for i in range(groups)])
     assert snr_db(qw.grad, wref) >= 40.0  # bf16 wgrad
+
+
+@pytest.mark.parametrize("with_t", [True, False])
+def test_gemm_fp4_with_a_quantized_weight_matches_the_high_precision_path(with_t):
+    """Plain MXFP4 (no 2-D blocks, Hadamard transform or stochastic rounding): a weight quantized
+    once by create_quantized_weight gives the same forward and gradients as gemm_fp4 quantizing it."""
+    from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
+
+    config = Float4QuantConfig(scaling_recipe_for_trans=ScalingRecipe())
+    m, k, n = 128, 256, 192
+    x, w, grad = randn(m, k, grad=True), randn(n, k), randn(m, n)
+    qw, qw_t = create_quantized_weight(w, FP4, config, need_weight_transpose_cache=with_t)
+    qw.requires_grad_(True)
+    out = turbo.ops.gemm_fp4(x, QuantizedTensorPair(qw, qw_t) if with_t else qw, trans_b=True, config=config)
+    out.backward(grad)
+    x2, w2 = x.detach().clone().requires_grad_(True), w.clone().requires_grad_(True)
+    out2 = turbo.ops.gemm_fp4(x2, w2, trans_b=True, config=config)
+    out2.backward(grad)
+    assert torch.equal(out, out2)
+    if with_t:  # the dgrad copy came quantized the same way
+        assert torch.equal(x.grad, x2.grad)
+    else:  # re-quantized from the dequantized weight: a second rounding
+        assert snr_db(x.grad, x2.grad) >= FP4_MIN_SNR
+    assert torch.equal(qw.grad, w2.grad)

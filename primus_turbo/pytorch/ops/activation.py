@@ -97,7 +97,11 @@ def _gated(op: str, x, probs=None, row_mask=None, with_probs: bool = False):
         probs = probs.contiguous().view(-1)  # dprobs flows back to probs's shape through the view
     if row_mask is not None:
         row_mask = row_mask.to(torch.int64).contiguous().view(-1)
-    out = GatedActFunction.apply(x.contiguous(), probs, row_mask, _ACTS[op.split("_")[0]])
+    act = _ACTS[op.split("_")[0]]
+    if torch.is_grad_enabled() and (x.requires_grad or (probs is not None and probs.requires_grad)):
+        out = GatedActFunction.apply(x.contiguous(), probs, row_mask, act)
+    else:  # no autograd node to record: the native op alone
+        out = _fwd_op(x.contiguous(), probs, row_mask, act)
     # The with-probs variants act on rows (tokens routed to experts): [rows, H], as the original.
     return out.view(rows, out.shape[-1]) if with_probs else out
 

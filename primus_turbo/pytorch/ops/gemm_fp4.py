@@ -24,7 +24,9 @@ import dataclasses
 import torch
 
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, ScalingGranularity, ScalingRecipe
+from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor
 from primus_turbo.pytorch.ops import _mx_blocks
+from primus_turbo.pytorch.ops import _quantized_operands as _qo
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 from primus_turbo.pytorch.ops.gemm_fp8 import BLOCK_1x128, check_hp_operands, dgrad_operands, fp8_mm, wgrad_operands
 from primus_turbo.pytorch.ops.quantization import quantize_fp4
@@ -80,19 +82,53 @@ def fp4_mm(qa, sa, qb, sb, out_dtype) -> torch.Tensor:
     return fp8_mm(a8, a_s, BLOCK_1x128, b8, b_s, BLOCK_1x128, out_dtype)
 
 
+def _axis(dim: int) -> int:
+    """quantize_fp4's axis for a reduction over dim ``dim`` of a 2-D tensor as stored."""
+    return -1 if dim == 1 else 0
+
+
+def _fp4_copy(name: str, x, x_t, dim: int, forward: bool, two_d=False, rht=False, sr=False):
+    """``(q, scale_inv)`` of operand ``name`` reduced over its dim ``dim``: quantized here from a
+    high-precision tensor, or read from a QuantizedTensor (``x``, or the pair's other copy ``x_t``)
+    quantized along that dim with the same Hadamard setting (the transform must be on both
+    operands of a GEMM or on neither). A backward copy no QuantizedTensor provides is quantized
+    from the dequantized values; a forward one raises."""
+    if not isinstance(x, QuantizedTensor):
+        return _q(x, _axis(dim), two_d=two_d, rht=rht, sr=sr)
+    for src in (x, x_t):
+        if src is None:
+            continue
+        if not _mx_blocks.is_fp4(src.qdata) or src.qdata.dim() != 2:
+            raise TypeError(f"gemm_fp4: pre-quantized '{name}' must be a 2-D FP4 QuantizedTensor, got {src!r}")
+        src_rht = bool(src.scaling_recipe is not None and src.scaling_recipe.use_rht)
+        if src.quantized_axis == dim and src_rht == rht:
+            return src.qdata, src.scale_inv
+    if forward:
+        raise ValueError(
+            f"gemm_fp4: pre-quantized '{name}' is quantized along dim {x.quantized_axis}"
+            f"{' with the Hadamard transform' if rht != bool(x.scaling_recipe and x.scaling_recipe.use_rht) else ''}; "
+            f"the forward GEMM reads it along its dim {dim} (K)"
+        )
+    return _q(x.dequantize(), _axis(dim), two_d=two_d, rht=rht, sr=sr)
+
+
 class GemmFp4Function(torch.autograd.Function):
+    """op(a) @ op(b) in MXFP4; either operand a high-precision tensor (quantized here per the
+    recipe) or a QuantizedTensor (``a_t`` / ``b_t``: the copies its backward GEMM reads)."""
+
     @staticmethod
-    def forward(ctx, a, b, trans_a: bool, trans_b: bool, out_dtype, two_d: bool, rht: bool, sr: bool):
+    def forward(ctx, a, b, a_t, b_t, trans_a: bool, trans_b: bool, out_dtype, two_d: bool, rht: bool, sr: bool):
         # Forward operands, both along K: op(a) [M, K/2] and op(b)^T [N, K/2].
-        qa, sa = _q(a, 0 if trans_a else -1)
-        qb, sb = _q(b, -1 if trans_b else 0, two_d=two_d)
+        qa, sa = _fp4_copy("a", a, None, 0 if trans_a else 1, True)
+        qb, sb = _fp4_copy("b", b, None, 1 if trans_b else 0, True, two_d=two_d)
         out = fp4_mm(qa, sa, qb, sb, out_dtype)
         ctx.trans_a, ctx.trans_b, ctx.rht, ctx.sr = trans_a, trans_b, rht, sr
         ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
         # Backward copies: op(b) [K, N/2] along N (dgrad), op(a)^T [K, M/2] along M (wgrad).
-        none = a.new_empty(0)
-        qbn, sbn = _q(b, 0 if trans_b else -1, two_d=two_d) if ctx.needs_input_grad[0] else (none, none)
-        qam, sam = _q(a, -1 if trans_a else 0, rht=rht) if ctx.needs_input_grad[1] else (none, none)
+        none = qa.new_empty(0)
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        qbn, sbn = _fp4_copy("b", b, b_t, 0 if trans_b else 1, False, two_d=two_d) if need_a else (none, none)
+        qam, sam = _fp4_copy("a", a, a_t, 1 if trans_a else 0, False, rht=rht) if need_b else (none, none)
         ctx.save_for_backward(qbn, sbn, qam, sam)
         return out
 
@@ -111,7 +147,7 @@ class GemmFp4Function(torch.autograd.Function):
             qgm, sgm = _q(g, 0, rht=ctx.rht, sr=ctx.sr)
             x, y = wgrad_operands(ctx.trans_b, (qam, sam), (qgm, sgm))
             grad_b = fp4_mm(*x, *y, ctx.b_dtype)
-        return grad_a, grad_b, None, None, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None, None, None
 
 
 def _check_config(config, op: str = "gemm_fp4") -> Float4QuantConfig:
@@ -210,7 +246,14 @@ def gemm_fp4(
             new seed per eager call; under torch.compile or CUDA-graph capture the seed is fixed at
             trace / capture time.
 
-    Pre-quantized inputs (forward only): ``a=(q, scale_inv)`` with ``q [M, K/2]`` and ``trans_a=False``,
+    QuantizedTensor operands (forward and backward): an FP4 :class:`QuantizedTensor` quantized along
+    its GEMM's K (``quantize_fp4`` layouts; ``b`` e.g. from ``create_quantized_weight(w, FP4,
+    Float4QuantConfig(), need_weight_transpose_cache=True)`` as a :class:`QuantizedTensorPair` with
+    ``trans_b=True``) is read as it is; the backward reads the pair's other copy when it matches the
+    recipe (the wgrad operand of ``a`` needs the recipe's Hadamard setting), else quantizes the
+    dequantized values. Gradients reach a QuantizedTensor as high-precision tensors.
+
+    Pre-quantized tuples (forward only): ``a=(q, scale_inv)`` with ``q [M, K/2]`` and ``trans_a=False``,
     ``b=(q, scale_inv)`` with ``q [N, K/2]`` and ``trans_b=True``, as ``quantize_fp4(x, axis=-1)``
     returns them (``b`` may use 32x32 blocks); ``out_dtype`` is then required.
 
@@ -220,6 +263,8 @@ def gemm_fp4(
     its own scale: no padding of the caller's data. Violations raise ``ValueError`` before any work.
     """
     config = _check_config(config)
+    if _qo.is_quantized(a) or _qo.is_quantized(b):
+        return _gemm_fp4_quantized(a, b, bool(trans_a), bool(trans_b), out_dtype, config)
     if isinstance(a, tuple) or isinstance(b, tuple):
         if not (isinstance(a, tuple) and isinstance(b, tuple)):
             raise TypeError("gemm_fp4: pass both 'a' and 'b' pre-quantized, or neither")
@@ -233,6 +278,32 @@ def gemm_fp4(
         return ((a.t() if trans_a else a) @ (b.t() if trans_b else b)).to(out_dtype)
     r = recipe_of(config)
     return GemmFp4Function.apply(
-        a.contiguous(), b.contiguous(), bool(trans_a), bool(trans_b), out_dtype,
+        a.contiguous(), b.contiguous(), None, None, bool(trans_a), bool(trans_b), out_dtype,
         bool(r.use_2d_block), bool(r.use_rht), bool(r.use_sr),
+    )
+
+
+def _gemm_fp4_quantized(a, b, trans_a: bool, trans_b: bool, out_dtype, config):
+    """gemm_fp4 with QuantizedTensor / QuantizedTensorPair operands (either or both)."""
+    (a, a_t), (b, b_t) = _qo.split_pair("gemm_fp4", "a", a), _qo.split_pair("gemm_fp4", "b", b)
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            raise TypeError(f"gemm_fp4: argument '{name}' must be a 2-D tensor or QuantizedTensor")
+        if not isinstance(x, QuantizedTensor) and x.dtype not in _OUT_DTYPES:
+            raise TypeError(f"gemm_fp4: argument '{name}' has dtype {x.dtype}; expected float16, bfloat16 or float32")
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    if k != kb:
+        raise ValueError(f"gemm_fp4: inner dimensions do not match: op(a) is [{m}, {k}] but op(b) is [{kb}, {n}]")
+    if k % 16 or m % 16 or n % 16:
+        raise ValueError(f"gemm_fp4: with pre-quantized operands M, K and N must be multiples of 16, got {m}, {k}, {n}")
+    out_dtype = torch.promote_types(a.dtype, b.dtype) if out_dtype is None else out_dtype
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"gemm_fp4: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
+    check_cuda_tensors("gemm_fp4", a=a, b=b)
+    r = recipe_of(config)
+    a = a if isinstance(a, QuantizedTensor) else a.contiguous()
+    b = b if isinstance(b, QuantizedTensor) else b.contiguous()
+    return GemmFp4Function.apply(
+        a, b, a_t, b_t, trans_a, trans_b, out_dtype, bool(r.use_2d_block), bool(r.use_rht), bool(r.use_sr)
     )

@@ -253,6 +253,10 @@ def token_permute(
     check_cuda_tensors(op, inp=inp, routing_map=routing_map, **({"probs": probs} if probs is not None else {}))
     if routing_map.dtype == torch.int64:
         routing_map = routing_map.to(torch.int32)
+    grad = torch.is_grad_enabled() and (inp.requires_grad or (probs is not None and probs.requires_grad))
+    if not grad and num_out_tokens >= 0:  # no autograd node to record: the native op alone
+        out, pprobs, row_id_map = _permute_op(inp, routing_map, probs, num_out_tokens)
+        return out, (pprobs if probs is not None else None), row_id_map
     out, pprobs, row_id_map = _Permute.apply(
         inp.contiguous(), routing_map.contiguous(), probs.contiguous() if probs is not None else None, num_out_tokens
     )
@@ -301,6 +305,8 @@ def token_unpermute(
     extra = {"merging_probs": merging_probs} if merging_probs is not None else {}
     check_cuda_tensors(op, inp=inp, row_id_map=row_id_map, **extra)
     mp = merging_probs.contiguous() if merging_probs is not None else None
+    if not (torch.is_grad_enabled() and (inp.requires_grad or (mp is not None and mp.requires_grad))):
+        return _unpermute_op(inp, row_id_map, mp, None)[0]  # no autograd node to record
     return _Unpermute.apply(inp.contiguous(), row_id_map.contiguous(), mp)
 
 
