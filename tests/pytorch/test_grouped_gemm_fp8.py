@@ -22,17 +22,20 @@ from turbo_test_utils import poison_allocator, snr_db
 
 import primus_turbo.pytorch as turbo
 from primus_turbo._core.lib import check, lib
-from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScaleDtype, ScalingGranularity
 from primus_turbo.pytorch.ops.grouped_gemm_fp8 import _dtypes, quantize_rows, quantize_weight
 
 pytestmark = pytest.mark.gpu
 
 TW, RW, BW = ScalingGranularity.TENSORWISE, ScalingGranularity.ROWWISE, ScalingGranularity.BLOCKWISE
+MX = ScalingGranularity.MX_BLOCKWISE
 E2E_GATE = {Format.E4M3: 25.0, Format.E5M2: 20.0, Format.HYBRID: 20.0}
 KERNEL_GATE = 40.0
 
 
 def cfg(g, fmt=Format.E4M3):
+    if g == MX:
+        return Float8QuantConfig(format=fmt, granularity=g, block_size=32, scale_dtype=ScaleDtype.E8M0)
     return Float8QuantConfig(format=fmt, granularity=g, block_size=128 if g == BW else None)
 
 
@@ -103,7 +106,7 @@ def _run_and_check(lens, k, n, g, gran, fmt, trans_b, dtype=torch.bfloat16, out_
     return out
 
 
-@pytest.mark.parametrize("gran", [TW, RW, BW])
+@pytest.mark.parametrize("gran", [TW, RW, BW, MX])
 @pytest.mark.parametrize("fmt", [Format.E4M3, Format.E5M2, Format.HYBRID])
 @pytest.mark.parametrize("trans_b", [True, False])
 def test_forward_dgrad_wgrad(gran, fmt, trans_b):
@@ -121,7 +124,7 @@ def test_forward_dgrad_wgrad(gran, fmt, trans_b):
         ("random", 256, 4, 128, 128),
     ],
 )
-@pytest.mark.parametrize("gran", [TW, RW, BW])
+@pytest.mark.parametrize("gran", [TW, RW, BW, MX])
 def test_group_distributions(dist, g, m_per, k, n, gran):
     _run_and_check(_lens(dist, g, m_per, seed=g), k, n, g, gran, Format.E4M3, trans_b=True)
 

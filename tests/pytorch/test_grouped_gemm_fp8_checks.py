@@ -144,14 +144,17 @@ def test_bad_arguments_raise_clear_errors(args, kwargs, exc, match):
         turbo.ops.grouped_gemm_fp8(*args, **kwargs)
 
 
-def test_mx_blockwise_is_not_implemented():
+def test_mx_blockwise_traces_and_refuses_prequantized_tuples():
     c = Float8QuantConfig(
         granularity=ScalingGranularity.MX_BLOCKWISE,
         block_size=32,
         scale_dtype=__import__("primus_turbo.pytorch.core.low_precision", fromlist=["ScaleDtype"]).ScaleDtype.E8M0,
     )
-    with pytest.raises(NotImplementedError, match="MX_BLOCKWISE"):
-        turbo.ops.grouped_gemm_fp8(meta(4, 32), meta(2, 16, 32), lens(2), config=c)
+    assert turbo.ops.grouped_gemm_fp8(meta(4, 32), meta(2, 16, 32), lens(2), config=c).shape == (4, 16)
+    q = torch.empty(4, 32, device="meta", dtype=torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match="QuantizedTensor"):
+        turbo.ops.grouped_gemm_fp8((q, meta(4, 1)), (q.view(2, 2, 32), meta(2, 2, 1)), lens(2), config=c,
+                                   out_dtype=torch.bfloat16)
 
 
 # ---- the core's own checks (a C or JAX caller gets the same) ------------------------------------

@@ -209,7 +209,7 @@ def test_quantize_fp4_with_trans_matches_two_quantize_fp4_calls():
 # ---- grouped GEMM with quantized weights ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["tensor", "row", "block"])
+@pytest.mark.parametrize("name", ["tensor", "row", "block", "mx"])
 @pytest.mark.parametrize("with_t", [True, False])
 def test_grouped_gemm_fp8_with_a_quantized_weight_trains(name, with_t):
     config = CONFIGS[name]
@@ -255,3 +255,15 @@ def test_gemm_fp4_with_a_quantized_weight_matches_the_high_precision_path(with_t
     else:  # re-quantized from the dequantized weight: a second rounding
         assert snr_db(x.grad, x2.grad) >= FP4_MIN_SNR
     assert torch.equal(qw.grad, w2.grad)
+
+
+def test_grouped_gemm_fp8_with_a_quantized_mx_activation():
+    config = CONFIGS["mx"]
+    lens = [40, 0, 88]
+    group_lens, _ = _groups(lens)
+    m, k, n = sum(lens), 256, 128
+    x, w = randn(m, k), randn(len(lens), n, k)
+    qx = QuantizedTensor.quantize(x, E4M3, G.MX_BLOCKWISE, axis=-1, block_size=32)
+    out = turbo.ops.grouped_gemm_fp8(qx, w, group_lens, config=config)
+    ref = turbo.ops.grouped_gemm_fp8(x, w, group_lens, config=config)
+    assert torch.equal(out, ref)  # the same quantization of x, read instead of made

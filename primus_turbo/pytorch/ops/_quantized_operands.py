@@ -77,8 +77,6 @@ def grouped_weight(op: str, name: str, x: QuantizedTensor, k_dim: int):
     if _is_fp4(x.real_dtype) or x.qdata.dim() != 3:
         raise TypeError(f"{op}: argument '{name}' must be a 3-D FP8 QuantizedTensor [G, N, K], got {x!r}")
     g, two_d = x.granularity, _two_d(x.granularity, x.scaling_recipe)
-    if g == ScalingGranularity.MX_BLOCKWISE:
-        raise NotImplementedError(f"{op}: MX_BLOCKWISE grouped operands are not supported yet")
     groups, dx, dy = x.qdata.shape
     transpose = k_dim == 1
     q = transpose_last2(x.qdata) if transpose else x.qdata
@@ -87,6 +85,17 @@ def grouped_weight(op: str, name: str, x: QuantizedTensor, k_dim: int):
     s = x.scale_inv
     if g == ScalingGranularity.TENSORWISE:
         return q, _expanded(s.reshape(1, 1, 1), (groups, -(-n // 128), kb)), 128
+    if g == ScalingGranularity.MX_BLOCKWISE:
+        if two_d:
+            raise NotImplementedError(f"{op}: argument '{name}': MX_BLOCKWISE 32x32 blocks are not supported for a "
+                                      "grouped weight; quantize it along K (1-D blocks of 32)")
+        if x.quantized_axis != k_dim:
+            return None
+        s = s.reshape(groups, *s.shape[-2:])
+        s = s.transpose(1, 2) if transpose else s  # [G, N, ceil(K/32)]
+        q8, s8 = _mx_blocks.mx_fp8_to_1x128(q.reshape(groups * n, k).contiguous(),
+                                            s.reshape(groups * n, -1).contiguous())
+        return q8.view(groups, n, k), s8.view(groups, n, kb), 1
     if two_d:
         if x.block_size != 128 or dx % 128:
             raise ValueError(f"{op}: a 2-D-block '{name}' needs 128x128 blocks within each expert ({dx} rows a group)")
@@ -105,18 +114,20 @@ def grouped_weight(op: str, name: str, x: QuantizedTensor, k_dim: int):
 
 def grouped_activation(op: str, name: str, x: QuantizedTensor):
     """``(q [M, K], scale [M, ceil(K/128)])`` of a 2-D FP8 QuantizedTensor quantized along K in the
-    tight token layout (TENSORWISE, ROWWISE, BLOCKWISE 1x128)."""
+    tight token layout (TENSORWISE, ROWWISE, BLOCKWISE 1x128, MX restated as 1x128)."""
     if _is_fp4(x.real_dtype) or x.qdata.dim() != 2:
         raise TypeError(f"{op}: argument '{name}' must be a 2-D FP8 QuantizedTensor [M, K], got {x!r}")
     g = x.granularity
-    if g == ScalingGranularity.MX_BLOCKWISE or _two_d(g, x.scaling_recipe):
-        raise NotImplementedError(f"{op}: argument '{name}': {g.name} with this recipe is not supported as a grouped activation")
+    if _two_d(g, x.scaling_recipe):
+        raise NotImplementedError(f"{op}: argument '{name}': 2-D blocks are not supported for a grouped activation")
     if g != ScalingGranularity.TENSORWISE and x.quantized_axis != 1:
         raise ValueError(f"{op}: argument '{name}' must be quantized along K (axis -1), got axis {x.quantized_axis}")
-    if x.is_grouped_tensor and g == ScalingGranularity.BLOCKWISE:
+    if x.is_grouped_tensor and g in (ScalingGranularity.BLOCKWISE, ScalingGranularity.MX_BLOCKWISE):
         raise ValueError(f"{op}: argument '{name}' is in a padded per-group layout; quantize the tokens with quantize_fp8")
     m, k = x.qdata.shape
     kb = -(-k // 128)
+    if g == ScalingGranularity.MX_BLOCKWISE:
+        return _mx_blocks.mx_fp8_to_1x128(x.qdata, x.scale_inv)
     if g == ScalingGranularity.BLOCKWISE:
         if x.block_size != 128:
             raise ValueError(f"{op}: argument '{name}' has BLOCKWISE block_size {x.block_size}; the kernel reads 128")

@@ -40,6 +40,7 @@ from primus_turbo.pytorch.core import autotune, library
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity, ScalingRecipe
 from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
+from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops import _quantized_operands as _qo
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_num_cu, route_wgrad_to_main_grad
@@ -264,9 +265,13 @@ def grouped_fp8_mm(
 
 
 def quantize_rows(x: torch.Tensor, dtype: torch.dtype, g: ScalingGranularity):
-    """x ``[R, C]`` quantized along C: ``(q [R, C], scale [R, ceil(C/128)])``."""
+    """x ``[R, C]`` quantized along C: ``(q [R, C], scale [R, ceil(C/128)])``. MX_BLOCKWISE: E8M0
+    per 32, restated as 1x128 blocks (``_mx_blocks``: exact up to values 2^18 below their block's
+    largest), as the dense MX GEMM."""
     r, c = x.shape
     kb = _cdiv(c, _BLOCK)
+    if g == ScalingGranularity.MX_BLOCKWISE:
+        return _mx_blocks.mx_fp8_to_1x128(*quantize_fp8(x, dtype, g, block_size=_mx_blocks.MX_BLOCK, axis=-1))
     if g == ScalingGranularity.BLOCKWISE:
         q, s = quantize_fp8(x, dtype, g, block_size=_BLOCK, axis=-1)
         return q, s.reshape(r, kb)
@@ -324,9 +329,11 @@ def orient_weight(q: torch.Tensor, s: torch.Tensor, transpose: bool):
 def quantize_weight(w: torch.Tensor, dtype: torch.dtype, g: ScalingGranularity, transpose: bool):
     """w ``[G, X, Y]`` -> the kernel's K-major B: ``[G, X, Y]`` (K = Y) or, with ``transpose``,
     ``[G, Y, X]`` (K = X); returns ``(q, scale, b_scale_rows)``."""
-    if g != ScalingGranularity.ROWWISE:
+    if g not in (ScalingGranularity.ROWWISE, ScalingGranularity.MX_BLOCKWISE):
         return orient_weight(*quantize_weight_blocks(w, dtype, g), transpose)
-    # ROWWISE: one scale per row of the K-major operand (per output channel and expert).
+    # ROWWISE: one scale per row of the K-major operand (per output channel and expert); MX: per
+    # row and 32 along K, restated per row and 128-block. Either way quantized in the orientation
+    # the GEMM reads, so the dgrad quantizes the weight again, along N.
     n_groups = w.shape[0]
     src = transpose_last2(w) if transpose else w.contiguous()
     n, k = src.shape[1], src.shape[2]
@@ -384,7 +391,7 @@ class GroupedGemmFp8Function(torch.autograd.Function):
             qb, sb, rows = fwd_b
             if ctx.needs_input_grad[0]:
                 dgrad_b = _dgrad_weight(b, b_t, g, fwd_dtype, 3 - fwd_k)
-        elif g == ScalingGranularity.ROWWISE:
+        elif g in (ScalingGranularity.ROWWISE, ScalingGranularity.MX_BLOCKWISE):
             qb, sb, rows = quantize_weight(b, fwd_dtype, g, transpose=not trans_b)
         else:
             wq, ws = quantize_weight_blocks(b, fwd_dtype, g)
@@ -397,7 +404,7 @@ class GroupedGemmFp8Function(torch.autograd.Function):
         ctx.save_for_backward(a_hp, b_hp, group_lens, group_offs, wq, ws, qd, sd)
         ctx.dgrad_rows = dgrad_b[2] if dgrad_b else None
         ctx.num_sms = num_sms
-        ctx.fp8_wgrad = FP8_WGRAD
+        ctx.fp8_wgrad = FP8_WGRAD and g != ScalingGranularity.MX_BLOCKWISE  # (no MX token packing)
         ctx.trans_b, ctx.g, ctx.fwd_dtype, ctx.grad_dtype = trans_b, g, fwd_dtype, grad_dtype
         ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
         return out
@@ -447,17 +454,19 @@ def _check_config(config) -> Float8QuantConfig:
     if not isinstance(config, Float8QuantConfig):
         raise TypeError(f"grouped_gemm_fp8: config must be a Float8QuantConfig or None, got {type(config).__name__}")
     g = config.granularity
-    if g == ScalingGranularity.MX_BLOCKWISE:
-        raise NotImplementedError(
-            "grouped_gemm_fp8: MX_BLOCKWISE needs a per-32 block-scaled kernel, which is not available on this GPU "
-            "generation yet; use TENSORWISE, ROWWISE or BLOCKWISE"
-        )
+    if g == ScalingGranularity.MX_BLOCKWISE and config.block_size != _mx_blocks.MX_BLOCK:
+        raise ValueError(f"grouped_gemm_fp8: MX_BLOCKWISE supports block_size=32, got {config.block_size}")
     if g == ScalingGranularity.BLOCKWISE and config.block_size != _BLOCK:
         raise ValueError(f"grouped_gemm_fp8: BLOCKWISE supports block_size=128, got {config.block_size}")
     return config
 
 
 def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, num_sms):
+    if g == ScalingGranularity.MX_BLOCKWISE:
+        raise NotImplementedError(
+            "grouped_gemm_fp8: pre-quantized (q, scale_inv) tuples take TENSORWISE, ROWWISE or BLOCKWISE; pass MX "
+            "operands as QuantizedTensors"
+        )
     qa, sa = a
     qb, sb = b
     if not isinstance(qa, torch.Tensor) or qa.dtype not in _FP8_DTYPES or qa.dim() != 2:
@@ -558,9 +567,12 @@ def grouped_gemm_fp8(
             capturable, sizes may change between replays).
         group_offs: optional int64 ``[G + 1]`` group starts (default: prefix sum of group_lens).
         out_dtype: bfloat16, float16 or float32 (default: a's dtype).
-        config: :class:`Float8QuantConfig` (default E4M3 TENSORWISE): TENSORWISE, ROWWISE or
+        config: :class:`Float8QuantConfig` (default E4M3 TENSORWISE): TENSORWISE, ROWWISE,
             BLOCKWISE (block_size=128: 1x128 per token for ``a`` and the output gradient, 128x128
-            per expert for ``b``); E4M3, E5M2 or HYBRID (E5M2 output gradient).
+            per expert for ``b``) or MX_BLOCKWISE (block_size=32, E8M0 per 32 along each GEMM's K,
+            the weight included; emulated on Hopper as the dense MX path: the four scales of a
+            128-deep K block restated as one power of two for the block-scaled kernel); E4M3,
+            E5M2 or HYBRID (E5M2 output gradient).
         num_cu: SMs the persistent FP8 kernels may use (default: all), e.g. to leave room for
             overlapped communication; rounded down to an even count (clusters of 2 CTAs).
         fuse_bgrad_accum_pattern: ``"megatron"``: b's gradient is added into ``b.main_grad`` after
