@@ -65,9 +65,14 @@ def test_views_keep_the_quantized_layout():
     torch.testing.assert_close(flat.dequantize(), qt.dequantize().reshape(128, 64), rtol=0, atol=0)
     tw = QuantizedTensor.quantize(x[0], E4M3, G.TENSORWISE)
     torch.testing.assert_close(tw.t().dequantize(), tw.dequantize().t(), rtol=0, atol=0)
-    row = QuantizedTensor.quantize(x[0], E4M3, G.ROWWISE, axis=-1)
-    rt = row.t()  # re-quantized along the new axis: close, not exact
-    assert rt.quantized_axis == 0 and snr_db(rt.dequantize(), x[0].t()) >= FP8_MIN_SNR
+    for g, block in ((G.ROWWISE, None), (G.BLOCKWISE, 128), (G.MX_BLOCKWISE, 32)):
+        one_d = QuantizedTensor.quantize(x[0], E4M3, g, axis=-1, block_size=block)
+        rt = one_d.t()  # data and scales move together: exact, quantized along the new dim 0
+        assert rt.quantized_axis == 0
+        torch.testing.assert_close(rt.dequantize(), one_d.dequantize().t(), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="<= 2 dimensions"):
+        tw3 = QuantizedTensor.quantize(x, E4M3, G.TENSORWISE)
+        tw3.t()
     with pytest.raises(NotImplementedError, match="dequantize"):
         qt + 1
 
@@ -267,3 +272,11 @@ def test_grouped_gemm_fp8_with_a_quantized_mx_activation():
     out = turbo.ops.grouped_gemm_fp8(qx, w, group_lens, config=config)
     ref = turbo.ops.grouped_gemm_fp8(x, w, group_lens, config=config)
     assert torch.equal(out, ref)  # the same quantization of x, read instead of made
+
+
+def test_fp4_with_the_hadamard_transform_dequantizes_to_its_own_domain():
+    x = randn(64, 128)
+    recipe = ScalingRecipe(use_rht=True)
+    for axis in (-1, 0):
+        qt = QuantizedTensor.quantize(x, FP4, G.MX_BLOCKWISE, axis=axis, block_size=32, scaling_recipe=recipe)
+        assert snr_db(qt.dequantize(), x) >= FP4_MIN_SNR

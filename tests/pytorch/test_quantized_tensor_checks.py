@@ -91,12 +91,20 @@ def test_quantize_and_create_quantized_weight_checks():
 
 def test_gemm_fp8_quantized_operand_checks():
     qt = rowwise((32, 48))
+    row = Float8QuantConfig(granularity=G.ROWWISE)
     with pytest.raises(ValueError, match="inner dimensions"):
-        turbo.ops.gemm_fp8(torch.randn(16, 32, dtype=torch.bfloat16), qt, trans_b=True)
+        turbo.ops.gemm_fp8(torch.randn(16, 32, dtype=torch.bfloat16), qt, trans_b=True, config=row)
     with pytest.raises(ValueError, match="CUDA"):
-        turbo.ops.gemm_fp8(torch.randn(16, 48, dtype=torch.bfloat16), qt, trans_b=True)
+        turbo.ops.gemm_fp8(torch.randn(16, 48, dtype=torch.bfloat16), qt, trans_b=True, config=row)
     with pytest.raises(TypeError, match="QuantizedTensorPair"):
         turbo.ops.gemm_fp8(torch.randn(16, 48), QuantizedTensorPair(torch.randn(32, 48)), trans_b=True)
+    # The backward quantizes the gradient per config: an operand quantized otherwise is refused up front.
+    with pytest.raises(ValueError, match="ROWWISE .* config is TENSORWISE"):
+        turbo.ops.gemm_fp8(torch.randn(16, 48, dtype=torch.bfloat16), qt, trans_b=True)
+    # data_t is the same tensor quantized along its other dim, not its transpose.
+    with pytest.raises(ValueError, match="data_t has shape"):
+        turbo.ops.gemm_fp8(torch.randn(16, 48, dtype=torch.bfloat16), QuantizedTensorPair(qt, rowwise((48, 32))),
+                           trans_b=True, config=row)
 
 
 def meta(*shape, dtype=torch.bfloat16):

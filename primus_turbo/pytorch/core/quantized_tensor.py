@@ -16,9 +16,9 @@ Layouts are those of the quantize ops:
   ``grouped_quantize_fp8`` / ``grouped_quantize_fp4``, with the padded lens and offsets kept.
 
 Views that keep the quantized layout (``view`` / ``reshape`` of leading dims, ``detach``) stay
-quantized; ``t()`` / ``transpose`` of a TENSORWISE or 2-D-block tensor transposes the data (the
-scales serve both orientations), of any other a re-quantization of the dequantized values along
-the new axis. Any other torch op raises: call ``dequantize()`` first.
+quantized; ``t()`` / ``transpose`` of an FP8 tensor moves data and scales together (exact; the
+quantized dim follows), of an FP4 tensor or of 2-D blocks over a 3-D tensor it re-quantizes the
+dequantized values along the new axis. Any other torch op raises: call ``dequantize()`` first.
 """
 
 from __future__ import annotations
@@ -240,22 +240,23 @@ class QuantizedTensor(torch.Tensor):
 
         g, kw = self._granularity, dict(block_size=self._block_size, scaling_recipe=self._scaling_recipe)
         padded = self._is_grouped_tensor and g in (ScalingGranularity.BLOCKWISE, ScalingGranularity.MX_BLOCKWISE)
-        if padded and _is_fp4(self._dest_dtype):
-            if self._quantized_axis == 0:  # the padded column copy: dequantize, then gather the tokens
-                cols = qz.dequantize_fp4(self._data, self._orig_dtype, g, axis=0, scale_inv=self._scale_inv, **kw)
+        if _is_fp4(self._dest_dtype):
+            # FP4 rows are stored along the quantized dim (transposed when that is not the last):
+            # dequantize them as stored, undo the Hadamard transform, then turn them back.
+            stored = qz.dequantize_fp4(self._data, self._orig_dtype, g, axis=-1, scale_inv=self._scale_inv, **kw)
+            if self._scaling_recipe is not None and self._scaling_recipe.use_rht:
+                stored = qz.undo_rht(stored)
+            along_last = self._quantized_axis in (None, self._data.dim() - 1)
+            out = stored if along_last else stored.transpose(-2, -1)
+            if padded and not along_last:  # the padded column copy: gather the tokens back
                 from primus_turbo.pytorch.ops._group_padding import gather_groups
 
-                out = gather_groups(cols, self._orig_group_offs, self._group_offs, self.shape[0])
-            else:
-                out = qz.dequantize_fp4(self._data, self._orig_dtype, g, axis=-1, scale_inv=self._scale_inv, **kw)
+                out = gather_groups(out, self._orig_group_offs, self._group_offs, self.shape[0], self._orig_group_lens)
         elif padded:
             out = gq.grouped_dequantize_fp8(
                 self._data, self._orig_dtype, g, self._orig_group_offs, self._group_offs, axis=self._quantized_axis,
                 scale_inv=self._scale_inv, total_M=self.shape[0], **kw,
             )
-        elif _is_fp4(self._dest_dtype):
-            axis = -1 if self._quantized_axis in (None, self.dim() - 1) else self._quantized_axis
-            out = qz.dequantize_fp4(self._data, self._orig_dtype, g, axis=axis, scale_inv=self._scale_inv, **kw)
         else:
             axis = -1 if self._quantized_axis is None else self._quantized_axis
             out = qz.dequantize_fp8(self._data, self._orig_dtype, g, axis=axis, scale_inv=self._scale_inv, **kw)
@@ -317,6 +318,9 @@ class QuantizedTensor(torch.Tensor):
         return self._like(data, scale, shape, axis)
 
     def _transposed(self, d0: int, d1: int) -> "QuantizedTensor":
+        """The transpose of dims d0 and d1. FP8: exact (data and scales move together; the quantized
+        dim follows) except 2-D blocks of a 3-D tensor, whose blocks span experts: those, and FP4
+        (packed along its quantized dim), are dequantized and quantized again along the new axis."""
         nd = self.dim()
         d0, d1 = d0 % nd, d1 % nd
         if d0 == d1:
@@ -326,17 +330,20 @@ class QuantizedTensor(torch.Tensor):
         shape = list(self.shape)
         shape[d0], shape[d1] = shape[d1], shape[d0]
         swap = {d0: d1, d1: d0}
-        exact = self._granularity == ScalingGranularity.TENSORWISE or (
-            _two_d(self._granularity, self._scaling_recipe) and {d0, d1} == {nd - 2, nd - 1}
-        )
-        if exact and not _is_fp4(self._dest_dtype):
+        axis = self._quantized_axis
+        two_d = _two_d(self._granularity, self._scaling_recipe)
+        if not _is_fp4(self._dest_dtype) and not (two_d and nd > 2):
             from primus_turbo.pytorch.ops._transpose import transpose_last2
 
-            data = self._data.transpose(d0, d1).contiguous() if {d0, d1} != {nd - 2, nd - 1} else transpose_last2(self._data)
-            scale = self._scale_inv if self._scale_inv.dim() < 2 else self._scale_inv.transpose(-2, -1).contiguous()
-            return self._like(data, scale, torch.Size(shape), None)
+            last2 = {d0, d1} == {nd - 2, nd - 1}
+            data = transpose_last2(self._data) if last2 else self._data.transpose(d0, d1).contiguous()
+            s = self._scale_inv
+            if s.dim() == nd:  # 1-D groups: the scales lie as the data with the quantized dim grouped
+                s = s.transpose(d0, d1).contiguous()
+            elif s.dim() == 2:  # 2-D blocks of a 2-D tensor
+                s = s.t().contiguous()
+            return self._like(data, s, torch.Size(shape), None if axis is None else swap.get(axis, axis))
         hp = self.dequantize().transpose(d0, d1)
-        axis = self._quantized_axis
         return QuantizedTensor.quantize(
             hp.contiguous(), self._dest_dtype, self._granularity, axis=None if axis is None else swap.get(axis, axis),
             block_size=self._block_size, scaling_recipe=self._scaling_recipe,
@@ -353,7 +360,9 @@ class QuantizedTensor(torch.Tensor):
             if func in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
                 return x._reshaped(args[1])
             if func is aten.t.default:
-                return x._transposed(0, 1)
+                if x.dim() > 2:
+                    raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.dim()}D")
+                return x._transposed(0, x.dim() - 1)
             if func is aten.transpose.int:
                 return x._transposed(args[1], args[2])
             if func in (aten.clone.default, aten.contiguous.default):

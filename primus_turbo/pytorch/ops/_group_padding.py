@@ -56,11 +56,14 @@ def pad_groups(x: torch.Tensor, group_lens, group_offs, rows: int, align: int) -
     return out[:rows]
 
 
-def gather_groups(xp: torch.Tensor, group_offs: torch.Tensor, group_offs_padded: torch.Tensor, tokens: int):
-    """Rows ``[0, tokens)`` of the original layout (group g at ``group_offs[g]``) read from a padded
-    one (group g at ``group_offs_padded[g]``); rows of no group come back as zeros."""
+def gather_groups(xp: torch.Tensor, group_offs: torch.Tensor, group_offs_padded: torch.Tensor, tokens: int,
+                  group_lens: torch.Tensor | None = None):
+    """Rows ``[0, tokens)`` of the original layout (group g at ``group_offs[g]``, ``group_lens[g]``
+    rows; default: up to the next offset) read from a padded one (group g at
+    ``group_offs_padded[g]``); rows of no group come back as zeros."""
     rows = torch.arange(tokens, device=group_offs.device)
-    starts, ends = group_offs[:-1], group_offs[1:]
+    starts = group_offs[:-1]
+    ends = group_offs[1:] if group_lens is None else starts + group_lens.clamp_min(0)
     gid = (torch.searchsorted(starts.contiguous(), rows, right=True) - 1).clamp_min(0)
     inside = (rows >= starts[gid]) & (rows < ends[gid])
     if xp.shape[0] == 0 or tokens == 0:

@@ -21,13 +21,27 @@ def is_quantized(x) -> bool:
     return isinstance(x, (QuantizedTensor, QuantizedTensorPair))
 
 
-def split_pair(op: str, name: str, x):
-    """(QuantizedTensor or tensor, optional transposed-use copy) of an operand."""
+def split_pair(op: str, name: str, x, config=None):
+    """(QuantizedTensor or tensor, optional copy along the other dim) of an operand, each
+    QuantizedTensor checked against ``config`` (its granularity and block size; the backward
+    quantizes the gradient per config, and the two must pair in one GEMM)."""
+    data, data_t = (x.data, x.data_t) if isinstance(x, QuantizedTensorPair) else (x, None)
     if isinstance(x, QuantizedTensorPair):
-        if not isinstance(x.data, QuantizedTensor) or not (x.data_t is None or isinstance(x.data_t, QuantizedTensor)):
+        if not isinstance(data, QuantizedTensor) or not (data_t is None or isinstance(data_t, QuantizedTensor)):
             raise TypeError(f"{op}: argument '{name}' is a QuantizedTensorPair whose members are not QuantizedTensors")
-        return x.data, x.data_t
-    return x, None
+        if data_t is not None and (data_t.shape != data.shape or data_t.device != data.device):
+            raise ValueError(
+                f"{op}: argument '{name}': data_t has shape {tuple(data_t.shape)} on {data_t.device}; expected data's "
+                f"{tuple(data.shape)} on {data.device} (the same tensor quantized along its other dim, not transposed)"
+            )
+    if config is not None:
+        for what, q in (("", data), (".data_t", data_t)):
+            if isinstance(q, QuantizedTensor) and (q.granularity != config.granularity or q.block_size != config.block_size):
+                raise ValueError(
+                    f"{op}: pre-quantized '{name}{what}' is {q.granularity.name} (block_size {q.block_size}) but config is "
+                    f"{config.granularity.name} (block_size {config.block_size}): quantize it as the config says"
+                )
+    return data, data_t
 
 
 def _restated_mx(q: torch.Tensor, s: torch.Tensor, two_d: bool, rows: int):

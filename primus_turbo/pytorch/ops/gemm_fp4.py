@@ -100,6 +100,9 @@ def _fp4_copy(name: str, x, x_t, dim: int, forward: bool, two_d=False, rht=False
             continue
         if not _mx_blocks.is_fp4(src.qdata) or src.qdata.dim() != 2:
             raise TypeError(f"gemm_fp4: pre-quantized '{name}' must be a 2-D FP4 QuantizedTensor, got {src!r}")
+        if src.is_grouped_tensor and src.quantized_axis == 0:
+            raise ValueError(f"gemm_fp4: pre-quantized '{name}' is a padded per-group copy; pass grouped tokens to "
+                             "grouped_gemm_fp4")
         src_rht = bool(src.scaling_recipe is not None and src.scaling_recipe.use_rht)
         if src.quantized_axis == dim and src_rht == rht:
             return src.qdata, src.scale_inv
@@ -285,7 +288,7 @@ def gemm_fp4(
 
 def _gemm_fp4_quantized(a, b, trans_a: bool, trans_b: bool, out_dtype, config):
     """gemm_fp4 with QuantizedTensor / QuantizedTensorPair operands (either or both)."""
-    (a, a_t), (b, b_t) = _qo.split_pair("gemm_fp4", "a", a), _qo.split_pair("gemm_fp4", "b", b)
+    (a, a_t), (b, b_t) = _qo.split_pair("gemm_fp4", "a", a, config), _qo.split_pair("gemm_fp4", "b", b, config)
     for name, x in (("a", a), ("b", b)):
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
             raise TypeError(f"gemm_fp4: argument '{name}' must be a 2-D tensor or QuantizedTensor")

@@ -760,7 +760,7 @@ def gemm_fp8(
 
 def _gemm_fp8_quantized(a, b, trans_a: bool, trans_b: bool, out_dtype, config, pattern):
     """gemm_fp8 with QuantizedTensor / QuantizedTensorPair operands (either or both), training or not."""
-    (a, a_t), (b, b_t) = _qo.split_pair("gemm_fp8", "a", a), _qo.split_pair("gemm_fp8", "b", b)
+    (a, a_t), (b, b_t) = _qo.split_pair("gemm_fp8", "a", a, config), _qo.split_pair("gemm_fp8", "b", b, config)
     for name, x in (("a", a), ("b", b)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"gemm_fp8: argument '{name}' must be a torch.Tensor or QuantizedTensor, got {type(x).__name__}")

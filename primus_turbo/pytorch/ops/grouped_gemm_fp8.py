@@ -626,15 +626,14 @@ def grouped_gemm_fp8(
 def _quantized_forward(a, b, group_lens, group_offs, trans_b: bool, out_dtype, config, num_sms: int, pattern):
     """grouped_gemm_fp8 with a QuantizedTensor (or pair) for ``a`` and/or ``b``; differentiable."""
     op = "grouped_gemm_fp8"
-    if isinstance(a, QuantizedTensorPair):
-        a = a.data  # the wgrad reads a in high precision: its transposed copy has no use here
-    b, b_t = _qo.split_pair(op, "b", b)
+    a, _ = _qo.split_pair(op, "a", a, config)  # the wgrad reads a in high precision: a's other copy has no use
+    b, b_t = _qo.split_pair(op, "b", b, config)
     for name, x, nd in (("a", a, 2), ("b", b, 3)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor or QuantizedTensor, got {type(x).__name__}")
         if x.dim() != nd:
             raise ValueError(f"{op}: argument '{name}' must be {nd}-D, got shape {tuple(x.shape)}")
-        if not isinstance(x, QuantizedTensor) and x.dtype not in _IN_DTYPES:
+        if x.dtype not in _IN_DTYPES:  # a QuantizedTensor's dtype is the one it stands for
             raise TypeError(f"{op}: argument '{name}' has dtype {x.dtype}; expected bfloat16 or float16")
     _check_groups(group_lens, group_offs, b.shape[0])
     k = a.shape[1]
@@ -648,6 +647,7 @@ def _quantized_forward(a, b, group_lens, group_offs, trans_b: bool, out_dtype, c
     if out_dtype not in _OUT_DTYPES:
         raise TypeError(f"{op}: out_dtype {out_dtype} is not supported; expected bfloat16, float16 or float32")
     check_cuda_tensors(op, a=a, b=b, group_lens=group_lens, **({} if group_offs is None else {"group_offs": group_offs}))
+    check_group_lens_debug(op, group_lens, a.shape[0])
     if pattern is not None:
         b = route_wgrad_to_main_grad(b, pattern)
     return GroupedGemmFp8Function.apply(

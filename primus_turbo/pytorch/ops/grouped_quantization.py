@@ -2,8 +2,8 @@
 block spans two groups, in the padded per-group layouts the original library defines.
 
 - Along N (``axis`` 1 / -1, row-wise): groups are independent of the scales, but each group is
-  moved to start at a multiple of 32 rows (FP8; FP4 stays tight) so a grouped GEMM can read per-group
-  32-row tiles; MX_BLOCKWISE also pads N to a multiple of 128 (zeros).
+  moved to start at a multiple of 32 rows (of the block size with 2-D blocks; FP4 stays tight) so
+  a grouped GEMM can read per-group 32-row tiles; MX_BLOCKWISE also pads N to a multiple of 128.
 - Along the tokens (``axis`` 0 / -2, column-wise): each group starts at a multiple of 128 rows,
   zero-filled, and the result is stored transposed, ``[N, rows]``: the K-major operand of a
   variable-K (weight-gradient) grouped GEMM, blocks of 32 (MX) or ``block_size`` never crossing a
@@ -79,12 +79,14 @@ def _direction(op: str, axis) -> bool:
 
 
 def _row_copy(x, lens, offs, out_dtype, g, block, flags):
-    rows = padded_rows(x.shape[0], lens.shape[0], ROW_ALIGN)
-    xp = pad_groups(x, lens, offs, rows, ROW_ALIGN)
+    # 2-D blocks span `block` rows: groups then start at multiples of the block, not of 32.
+    align = max(ROW_ALIGN, block) if flags & qz._FLAG_2D else ROW_ALIGN
+    rows = padded_rows(x.shape[0], lens.shape[0], align)
+    xp = pad_groups(x, lens, offs, rows, align)
     if g == qz._MX:
         xp = F.pad(xp, (0, (-x.shape[1]) % COL_ALIGN))
     q, s = qz._quantize_op(xp, out_dtype, g, block, True, False, False, flags, 0)[:2]
-    return (q, s, *padded_layout(lens, ROW_ALIGN))
+    return (q, s, *padded_layout(lens, align))
 
 
 def _col_copy(x, lens, offs, out_dtype, g, block, flags):
@@ -173,8 +175,8 @@ def grouped_dequantize_fp8(
     total_M: int | None = None,
 ) -> torch.Tensor:
     """Inverse of :func:`grouped_quantize_fp8` for the same axis: ``[total_M, N']`` in ``out_dtype``,
-    the tokens back in their original rows (``group_offs``) read from the padded ones
-    (``group_offs_padded``). N' is the quantized width (MX row-wise copies keep their zero columns
+    the tokens back in their original rows (``group_offs``, gap-free: group g ends where g + 1
+    starts) read from the padded ones (``group_offs_padded``). N' is the quantized width (MX row-wise copies keep their zero columns
     up to a multiple of 128; slice ``[:, :N]``). ``total_M`` defaults to ``group_offs[-1]``, read
     from the device (pass it to stay free of host synchronization)."""
     op = "grouped_dequantize_fp8"

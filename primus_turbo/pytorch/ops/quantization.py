@@ -61,6 +61,20 @@ def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def undo_rht(y: torch.Tensor) -> torch.Tensor:
+    """The inverse random Hadamard transform along the last dim (a multiple of 16):
+    ``diag(RHT_SIGNS) @ H16 @ y / 4`` on each 16 consecutive values, computed in float32 and
+    returned in y's dtype. Takes an FP4 tensor quantized with ``use_rht`` back to its own domain."""
+    idx = torch.arange(16, device=y.device)
+    parity = torch.zeros(16, 16, dtype=torch.int64, device=y.device)
+    for bit in range(4):  # (-1)^popcount(i & j): the Sylvester-ordered H16
+        parity += ((idx[:, None] >> bit) & (idx[None, :] >> bit) & 1)
+    h = 1.0 - 2.0 * (parity % 2).float()
+    signs = torch.tensor(RHT_SIGNS, dtype=torch.float32, device=y.device)
+    g = y.float().reshape(*y.shape[:-1], -1, 16)
+    return ((g @ h.t()) / 4 * signs).reshape(y.shape).to(y.dtype)
+
+
 def _empty_group_scale_inv(fmt_max: float) -> float:
     """scale_inv the kernels give an all-zero group (fp32 arithmetic, as on the device)."""
     mult = torch.tensor(fmt_max, dtype=torch.float32) / torch.tensor(_AMAX_EPS, dtype=torch.float32)
