@@ -9,7 +9,7 @@ import importlib
 
 import torch
 
-from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingRecipe
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity
 
 _FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 _TINY = 1e-12

@@ -9,9 +9,10 @@ import torch
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity
 from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, QuantizedTensorPair, _is_fp4, _two_d
 from primus_turbo.pytorch.ops import _mx_blocks
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 from primus_turbo.pytorch.ops._transpose import transpose_last2
 
-__all__ = ["fp8_matrix", "is_quantized", "split_pair"]
+__all__ = ["dense_operands", "fp8_matrix", "grouped_activation", "grouped_weight", "is_quantized", "split_pair"]
 
 # pt_fp8_scaling codes (csrc/include/primus_turbo/gemm_fp8.h).
 TENSOR, ROW, BLOCK_1x128, BLOCK_128x128 = 0, 1, 2, 3
@@ -42,6 +43,35 @@ def split_pair(op: str, name: str, x, config=None):
                     f"{config.granularity.name} (block_size {config.block_size}): quantize it as the config says"
                 )
     return data, data_t
+
+
+_HP = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def dense_operands(op: str, a, b, trans_a: bool, trans_b: bool, out_dtype, config):
+    """The checks of a dense low-precision GEMM (``gemm_fp8``, ``gemm_fp4``) whose operands may be
+    QuantizedTensors / pairs: 2-D, high-precision dtypes, inner dims, M, K and N multiples of 16
+    (the transposed copies are FP8 rows of length M and N), one CUDA device. Returns
+    ``(a, a_t, b, b_t, out_dtype)``; out_dtype defaults to the operands' promoted dtype."""
+    (a, a_t), (b, b_t) = split_pair(op, "a", a, config), split_pair(op, "b", b, config)
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor or QuantizedTensor, got {type(x).__name__}")
+        if x.dim() != 2:
+            raise ValueError(f"{op}: argument '{name}' must be 2-D, got shape {tuple(x.shape)}")
+        if x.dtype not in _HP:  # a QuantizedTensor's dtype is the one it stands for
+            raise TypeError(f"{op}: argument '{name}' has dtype {x.dtype}; expected float16, bfloat16 or float32")
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    if k != kb:
+        raise ValueError(f"{op}: inner dimensions do not match: op(a) is [{m}, {k}] but op(b) is [{kb}, {n}]")
+    if k % 16 or m % 16 or n % 16:
+        raise ValueError(f"{op}: with pre-quantized operands M, K and N must be multiples of 16, got {m}, {k}, {n}")
+    out_dtype = torch.promote_types(a.dtype, b.dtype) if out_dtype is None else out_dtype
+    if out_dtype not in _HP:
+        raise TypeError(f"{op}: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
+    check_cuda_tensors(op, a=a, b=b)
+    return a, a_t, b, b_t, out_dtype
 
 
 def _restated_mx(q: torch.Tensor, s: torch.Tensor, two_d: bool, rows: int):

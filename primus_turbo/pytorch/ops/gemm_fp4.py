@@ -288,22 +288,7 @@ def gemm_fp4(
 
 def _gemm_fp4_quantized(a, b, trans_a: bool, trans_b: bool, out_dtype, config):
     """gemm_fp4 with QuantizedTensor / QuantizedTensorPair operands (either or both)."""
-    (a, a_t), (b, b_t) = _qo.split_pair("gemm_fp4", "a", a, config), _qo.split_pair("gemm_fp4", "b", b, config)
-    for name, x in (("a", a), ("b", b)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            raise TypeError(f"gemm_fp4: argument '{name}' must be a 2-D tensor or QuantizedTensor")
-        if not isinstance(x, QuantizedTensor) and x.dtype not in _OUT_DTYPES:
-            raise TypeError(f"gemm_fp4: argument '{name}' has dtype {x.dtype}; expected float16, bfloat16 or float32")
-    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
-    kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
-    if k != kb:
-        raise ValueError(f"gemm_fp4: inner dimensions do not match: op(a) is [{m}, {k}] but op(b) is [{kb}, {n}]")
-    if k % 16 or m % 16 or n % 16:
-        raise ValueError(f"gemm_fp4: with pre-quantized operands M, K and N must be multiples of 16, got {m}, {k}, {n}")
-    out_dtype = torch.promote_types(a.dtype, b.dtype) if out_dtype is None else out_dtype
-    if out_dtype not in _OUT_DTYPES:
-        raise TypeError(f"gemm_fp4: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
-    check_cuda_tensors("gemm_fp4", a=a, b=b)
+    a, a_t, b, b_t, out_dtype = _qo.dense_operands("gemm_fp4", a, b, trans_a, trans_b, out_dtype, config)
     r = recipe_of(config)
     a = a if isinstance(a, QuantizedTensor) else a.contiguous()
     b = b if isinstance(b, QuantizedTensor) else b.contiguous()

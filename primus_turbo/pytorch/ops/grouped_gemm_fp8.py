@@ -39,7 +39,7 @@ from primus_turbo._core.lib import PtGroupedGemmFp8Args, string_out
 from primus_turbo.pytorch.core import autotune, library
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity, ScalingRecipe
-from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
+from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor
 from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops import _quantized_operands as _qo
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
