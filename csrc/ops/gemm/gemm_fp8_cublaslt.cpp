@@ -148,7 +148,10 @@ const std::vector<cublasLtMatmulHeuristicResult_t>& algos_for(const Fp8Problem& 
 const Descriptors& descriptors_for(const Fp8Problem& p, const std::string& key) {
   thread_local std::unordered_map<std::string, std::unique_ptr<Descriptors>> cache;
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, std::make_unique<Descriptors>(p)).first;
+  if (it == cache.end()) {
+    if (cache.size() >= 4096) cache.clear();  // bounded under ever-new shapes (dynamic sequence lengths)
+    it = cache.emplace(key, std::make_unique<Descriptors>(p)).first;
+  }
   Descriptors& desc = *it->second;
   desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(p.b.scale));
   desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(p.a.scale));
