@@ -280,3 +280,28 @@ def test_fp4_with_the_hadamard_transform_dequantizes_to_its_own_domain():
     for axis in (-1, 0):
         qt = QuantizedTensor.quantize(x, FP4, G.MX_BLOCKWISE, axis=axis, block_size=32, scaling_recipe=recipe)
         assert snr_db(qt.dequantize(), x) >= FP4_MIN_SNR
+
+
+@pytest.mark.parametrize("with_t", [True, False])
+def test_grouped_gemm_fp4_with_a_quantized_weight_matches_the_high_precision_path(with_t):
+    """Plain MXFP4: the weight quantized once gives grouped_gemm_fp4's forward and wgrad bit for bit
+    (and its dgrad too when the pair carries the copy along N)."""
+    from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
+
+    config = Float4QuantConfig(scaling_recipe_for_trans=ScalingRecipe())
+    lens = [64, 0, 96]
+    group_lens, _ = _groups(lens)
+    m, k, n = sum(lens), 128, 64
+    x, w, grad = randn(m, k, grad=True), randn(len(lens), n, k), randn(m, n)
+    qw, qw_t = create_quantized_weight(w, FP4, config, need_weight_transpose_cache=with_t)
+    qw.requires_grad_(True)
+    out = turbo.ops.grouped_gemm_fp4(x, QuantizedTensorPair(qw, qw_t) if with_t else qw, group_lens, config=config)
+    out.backward(grad)
+    x2, w2 = x.detach().clone().requires_grad_(True), w.clone().requires_grad_(True)
+    out2 = turbo.ops.grouped_gemm_fp4(x2, w2, group_lens, config=config)
+    out2.backward(grad)
+    assert torch.equal(out, out2) and torch.equal(qw.grad, w2.grad)
+    if with_t:
+        assert torch.equal(x.grad, x2.grad)
+    else:
+        assert snr_db(x.grad, x2.grad) >= FP4_MIN_SNR

@@ -35,7 +35,9 @@ transform of the wgrad operands) therefore has no effect here.
 import torch
 
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
+from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor
 from primus_turbo.pytorch.ops import _mx_blocks
+from primus_turbo.pytorch.ops import _quantized_operands as _qo
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_num_cu, route_wgrad_to_main_grad
 from primus_turbo.pytorch.ops._transpose import transpose_last2
 from primus_turbo.pytorch.ops.gemm_fp4 import _check_config, _q, recipe_of
@@ -80,33 +82,91 @@ def weight_operand(w: torch.Tensor, along_last: bool, two_d: bool):
     return q8.view(g, rows, k), s8.view(g, rows, _cdiv(k, 128))
 
 
+def _quantized_weight(src: QuantizedTensor, k_dim: int):
+    """The restated B of an FP4 QuantizedTensor weight ``[G, X, Y]`` reducing over ``k_dim`` (1 or
+    2), or None when it is quantized along the other dim. FP4 data is stored per expert with its
+    rows along the other dim (``quantize_fp4``'s 3-D layouts), which is the kernel's K-major B."""
+    if not _mx_blocks.is_fp4(src.qdata) or src.qdata.dim() != 3:
+        raise TypeError(f"{_OP}: a pre-quantized 'b' must be a 3-D FP4 QuantizedTensor, got {src!r}")
+    if src.quantized_axis != k_dim or (src.scaling_recipe is not None and src.scaling_recipe.use_rht):
+        return None
+    g, rows, half = src.qdata.shape
+    k = 2 * half
+    s = src.scale_inv
+    q8, s8 = _mx_blocks.mx_fp4_to_1x128(src.qdata.reshape(g * rows, half), s.reshape(-1, s.shape[-1]))
+    return q8.view(g, rows, k), s8.view(g, rows, _cdiv(k, 128))
+
+
+def _weight(b, b_t, k_dim: int, two_d: bool, forward: bool):
+    """B reducing over dim ``k_dim`` of b ``[G, X, Y]``: quantized here from a high-precision b, read
+    from a QuantizedTensor (b, or the pair's other copy), else b dequantized and quantized again
+    (a forward copy that does not match raises)."""
+    if not isinstance(b, QuantizedTensor):
+        return weight_operand(b, along_last=k_dim == 2, two_d=two_d)
+    for src in (b,) if forward else (b_t, b):
+        got = None if src is None else _quantized_weight(src, k_dim)
+        if got is not None:
+            return got
+    if forward:
+        raise ValueError(f"{_OP}: pre-quantized 'b' is quantized along dim {b.quantized_axis} (or with the Hadamard "
+                         f"transform); the forward reads it along its dim {k_dim} (K)")
+    return weight_operand(b.dequantize(), along_last=k_dim == 2, two_d=two_d)
+
+
+def _activation(a):
+    """A from a high-precision a, or from an FP4 QuantizedTensor quantized along K (tight tokens)."""
+    if not isinstance(a, QuantizedTensor):
+        return activation_operand(a)
+    if not _mx_blocks.is_fp4(a.qdata) or a.qdata.dim() != 2 or a.quantized_axis != 1:  # (FP4 rows stay tight)
+        raise ValueError(f"{_OP}: a pre-quantized 'a' must be a 2-D FP4 QuantizedTensor quantized along K (axis -1), "
+                         "tokens unpadded")
+    if a.scaling_recipe is not None and a.scaling_recipe.use_rht:
+        raise ValueError(f"{_OP}: a pre-quantized 'a' must not carry the Hadamard transform (the weight has none)")
+    return _mx_blocks.mx_fp4_to_1x128(a.qdata, a.scale_inv)
+
+
 class GroupedGemmFp4Function(torch.autograd.Function):
+    """Per-group MXFP4 GEMM; ``a`` and ``b`` high-precision or FP4 QuantizedTensors (``b_t``: the
+    weight's copy along N for the dgrad)."""
+
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b: bool, out_dtype, two_d: bool, sr: bool, num_sms: int):
-        qa, sa = activation_operand(a)
+    def forward(ctx, a, b, b_t, group_lens, group_offs, trans_b: bool, out_dtype, two_d: bool, sr: bool,
+                num_sms: int):
+        qa, sa = _activation(a)
         # The forward's B is op(b)^T [G, N, K]: b itself with trans_b, else its per-expert transpose.
-        qb, sb = weight_operand(b, along_last=trans_b, two_d=two_d)
+        qb, sb = _weight(b, None, 2 if trans_b else 1, two_d, True)
         out = grouped_fp8_mm(qa, sa, qb, sb, group_lens, group_offs, _ROWWISE_B_SCALES, out_dtype, num_sms)
-        ctx.save_for_backward(a, b, group_lens, group_offs)
+        # The backward: the dgrad's B (made now for a QuantizedTensor weight, whose high-precision
+        # values are gone) and a in high precision for the bf16 wgrad.
+        qd = sd = b_hp = None
+        if isinstance(b, QuantizedTensor):
+            if ctx.needs_input_grad[0]:
+                qd, sd = _weight(b, b_t, 1 if trans_b else 2, two_d, False)
+        else:
+            b_hp = b
+        a_hp = (a.dequantize() if ctx.needs_input_grad[1] else None) if isinstance(a, QuantizedTensor) else a
+        ctx.save_for_backward(a_hp, b_hp, group_lens, group_offs, qd, sd)
         ctx.trans_b, ctx.two_d, ctx.sr, ctx.num_sms = trans_b, two_d, sr, num_sms
+        ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        a, b, group_lens, group_offs = ctx.saved_tensors
+        a, b, group_lens, group_offs, qd, sd = ctx.saved_tensors
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
             qg, sg = activation_operand(grad_out.contiguous(), sr=ctx.sr)
             # dgrad's B is op(b) [G, K, N] along N: b's transpose with trans_b, else b itself.
-            qb, sb = weight_operand(b, along_last=not ctx.trans_b, two_d=ctx.two_d)
-            grad_a = grouped_fp8_mm(qg, sg, qb, sb, group_lens, group_offs, _ROWWISE_B_SCALES, a.dtype, ctx.num_sms)
+            if qd is None:
+                qd, sd = weight_operand(b, along_last=not ctx.trans_b, two_d=ctx.two_d)
+            grad_a = grouped_fp8_mm(qg, sg, qd, sd, group_lens, group_offs, _ROWWISE_B_SCALES, ctx.a_dtype, ctx.num_sms)
         if ctx.needs_input_grad[1]:
             # Variable-K wgrad on the bf16/fp16 grouped GEMM (module docstring says why).
             grad_b = _grouped_gemm_wgrad_op(
                 a, grad_out.to(a.dtype).contiguous(), group_lens, group_offs, ctx.trans_b, ctx.num_sms
             )
-            grad_b = grad_b.to(b.dtype)
-        return grad_a, grad_b, None, None, None, None, None, None, None
+            grad_b = grad_b.to(ctx.b_dtype)
+        return grad_a, grad_b, None, None, None, None, None, None, None, None
 
 
 def grouped_gemm_fp4(
@@ -148,9 +208,19 @@ def grouped_gemm_fp4(
     bf16/fp16 grouped GEMM; an expert with no tokens gets a zero gradient). K and N must be
     multiples of 32 (a weight block never spans two experts, in either orientation); violations
     raise ``ValueError`` before any work.
+
+    QuantizedTensor operands (forward and backward): ``b`` a 3-D FP4 QuantizedTensor quantized
+    along K (``quantize_fp4`` axis 2 with ``trans_b``, else 1), or a QuantizedTensorPair whose
+    ``data_t`` (along N) the dgrad reads (else the dequantized weight is quantized again); ``a`` a
+    2-D FP4 QuantizedTensor along K (tokens unpadded). Their gradients are high precision (the
+    wgrad reads ``a`` dequantized).
     """
     config = _check_config(config, _OP)
     num_sms = check_num_cu(_OP, num_cu)
+    b_t = None
+    if _qo.is_quantized(a) or _qo.is_quantized(b):
+        a, _ = _qo.split_pair(_OP, "a", a, config)  # the wgrad reads a in high precision
+        b, b_t = _qo.split_pair(_OP, "b", b, config)
     if fuse_bgrad_accum_pattern is not None and isinstance(b, torch.Tensor):
         b = route_wgrad_to_main_grad(b, fuse_bgrad_accum_pattern)
     out_dtype, k, n = check_hp_operands(_OP, a, b, group_lens, group_offs, trans_b, out_dtype)
@@ -166,10 +236,14 @@ def grouped_gemm_fp4(
         group_lens=group_lens,
         **({} if group_offs is None else {"group_offs": group_offs}),
     )
-    if a.shape[0] == 0 or n == 0 or k == 0:  # nothing to quantize: the bf16 op's exact empty / zero result
+    if a.shape[0] == 0 or n == 0 or k == 0:
+        if isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor):
+            return torch.zeros((a.shape[0], n), dtype=out_dtype, device=a.device)  # an empty or zero product
+        # nothing to quantize: the bf16 op's exact empty / zero result
         return grouped_gemm(a, b, group_lens, group_offs, trans_b=trans_b, num_cu=num_cu).to(out_dtype)
     r = recipe_of(config)
+    contiguous = lambda x: x if isinstance(x, QuantizedTensor) else x.contiguous()  # noqa: E731
     return GroupedGemmFp4Function.apply(
-        a.contiguous(), b.contiguous(), group_lens, group_offs, bool(trans_b), out_dtype,
+        contiguous(a), contiguous(b), b_t, group_lens, group_offs, bool(trans_b), out_dtype,
         bool(r.use_2d_block), bool(r.use_sr), num_sms,
     )
