@@ -134,6 +134,12 @@ class QuantizedTensor(torch.Tensor):
             raise ValueError(f"QuantizedTensor.quantize: argument 'axis' is required for {granularity.name}")
         ndim = hp_tensor.dim()
         norm = _norm_axis(axis, ndim) if axis is not None else None
+        # The block size as the quantizers apply it (MX is always 32; per-tensor / per-row have none),
+        # so it compares equal to a config's.
+        if granularity == ScalingGranularity.MX_BLOCKWISE and block_size is None:
+            block_size = 32
+        elif granularity in (ScalingGranularity.TENSORWISE, ScalingGranularity.ROWWISE):
+            block_size = None
         meta = dict(shape=hp_tensor.shape, orig_dtype=hp_tensor.dtype, dest_dtype=dest_dtype, granularity=granularity,
                     block_size=block_size, scaling_recipe=scaling_recipe, quantized_axis=norm)
         grouped = group_lens is not None and granularity in (ScalingGranularity.BLOCKWISE, ScalingGranularity.MX_BLOCKWISE)
@@ -332,16 +338,15 @@ class QuantizedTensor(torch.Tensor):
         swap = {d0: d1, d1: d0}
         axis = self._quantized_axis
         two_d = _two_d(self._granularity, self._scaling_recipe)
-        if not _is_fp4(self._dest_dtype) and not (two_d and nd > 2):
+        s = self._scale_inv
+        # Exact when the scales lie as the data (1-D groups: the quantized dim grouped; 2-D blocks
+        # of a 2-D tensor) or are one value; FP4 packing and blocks spanning experts are not.
+        if not _is_fp4(self._dest_dtype) and not (two_d and nd > 2) and s.dim() in (0, nd):
             from primus_turbo.pytorch.ops._transpose import transpose_last2
 
             last2 = {d0, d1} == {nd - 2, nd - 1}
             data = transpose_last2(self._data) if last2 else self._data.transpose(d0, d1).contiguous()
-            s = self._scale_inv
-            if s.dim() == nd:  # 1-D groups: the scales lie as the data with the quantized dim grouped
-                s = s.transpose(d0, d1).contiguous()
-            elif s.dim() == 2:  # 2-D blocks of a 2-D tensor
-                s = s.t().contiguous()
+            s = s.transpose(d0, d1).contiguous() if s.dim() else s
             return self._like(data, s, torch.Size(shape), None if axis is None else swap.get(axis, axis))
         hp = self.dequantize().transpose(d0, d1)
         return QuantizedTensor.quantize(
@@ -410,11 +415,13 @@ def check_quantized_tensor(
 
 
 def weight_scaling_recipe(quant_config) -> ScalingRecipe:
-    """The recipe a weight is quantized with: 2-D blocks for BLOCKWISE (128x128) and the FP4
-    config's own recipe flag; 1-D otherwise (MXFP8 weights are scaled per 32 along K, as the MX
-    GEMM reads them)."""
+    """The recipe a weight is quantized with, as the ops quantize it: 2-D blocks for BLOCKWISE
+    (128x128) and where the FP4 config's effective recipe (``gemm_fp4.recipe_of``) asks for them
+    (32x32); 1-D otherwise (MXFP8 weights are scaled per 32 along K, as the MX GEMM reads them)."""
     if isinstance(quant_config, Float4QuantConfig):
-        return ScalingRecipe(use_2d_block=bool(quant_config.scaling_recipe.use_2d_block))
+        from primus_turbo.pytorch.ops.gemm_fp4 import recipe_of  # (the FP4 ops import this module)
+
+        return ScalingRecipe(use_2d_block=bool(recipe_of(quant_config).use_2d_block))
     return ScalingRecipe(use_2d_block=quant_config.granularity == ScalingGranularity.BLOCKWISE)
 
 

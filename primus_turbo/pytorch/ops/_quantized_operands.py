@@ -65,8 +65,8 @@ def dense_operands(op: str, a, b, trans_a: bool, trans_b: bool, out_dtype, confi
     kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
     if k != kb:
         raise ValueError(f"{op}: inner dimensions do not match: op(a) is [{m}, {k}] but op(b) is [{kb}, {n}]")
-    if k % 16 or m % 16 or n % 16:
-        raise ValueError(f"{op}: with pre-quantized operands M, K and N must be multiples of 16, got {m}, {k}, {n}")
+    if k % 16 or m % 16 or n % 16 or k == 0:
+        raise ValueError(f"{op}: with pre-quantized operands M, K and N must be multiples of 16 (K > 0), got {m}, {k}, {n}")
     out_dtype = torch.promote_types(a.dtype, b.dtype) if out_dtype is None else out_dtype
     if out_dtype not in _HP:
         raise TypeError(f"{op}: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")

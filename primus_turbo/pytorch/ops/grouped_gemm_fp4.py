@@ -236,9 +236,10 @@ def grouped_gemm_fp4(
         group_lens=group_lens,
         **({} if group_offs is None else {"group_offs": group_offs}),
     )
-    if a.shape[0] == 0 or n == 0 or k == 0:
-        if isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor):
-            return torch.zeros((a.shape[0], n), dtype=out_dtype, device=a.device)  # an empty or zero product
+    quantized = isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor)
+    if quantized and k == 0:
+        raise ValueError(f"{_OP}: pre-quantized operands need K > 0")
+    if (a.shape[0] == 0 or n == 0 or k == 0) and not quantized:
         # nothing to quantize: the bf16 op's exact empty / zero result
         return grouped_gemm(a, b, group_lens, group_offs, trans_b=trans_b, num_cu=num_cu).to(out_dtype)
     r = recipe_of(config)

@@ -641,8 +641,8 @@ def _quantized_forward(a, b, group_lens, group_offs, trans_b: bool, out_dtype, c
     if kb != k:
         raise ValueError(f"{op}: inner dimensions do not match: 'a' is {tuple(a.shape)} but 'b' {tuple(b.shape)} "
                          f"has K = {kb} (trans_b={trans_b})")
-    if k % 16 or n % 16:
-        raise ValueError(f"{op}: K={k} and N={n} must be multiples of 16 (FP8 operands are read in 16-byte rows)")
+    if k % 16 or n % 16 or k == 0:
+        raise ValueError(f"{op}: K={k} and N={n} must be multiples of 16, K > 0 (FP8 operands are read in 16-byte rows)")
     out_dtype = a.dtype if out_dtype is None else out_dtype
     if out_dtype not in _OUT_DTYPES:
         raise TypeError(f"{op}: out_dtype {out_dtype} is not supported; expected bfloat16, float16 or float32")
