@@ -132,3 +132,36 @@ def test_shuffled_recipes_are_refused():
     with pytest.raises(ValueError, match="shuffle"):
         turbo.ops.quantize_fp8(meta(4, 64), torch.float8_e4m3fn, G.BLOCKWISE, block_size=128, axis=-1,
                                scaling_recipe=ScalingRecipe(shuffle_scale=True))
+
+
+# ---- shapes through the fake (meta) implementations: the layouts without a GPU ---------------------
+
+
+def test_quantize_records_the_block_size_the_quantizer_applies():
+    qt = QuantizedTensor.quantize(meta(64, 96), torch.float8_e4m3fn, G.MX_BLOCKWISE, axis=-1)
+    assert qt.block_size == 32 and qt.scale_inv.shape == (64, 3)
+    row = QuantizedTensor.quantize(meta(64, 96), torch.float8_e4m3fn, G.ROWWISE, axis=-1, block_size=128)
+    assert row.block_size is None
+
+
+@pytest.mark.parametrize("g,block,groups", [(G.ROWWISE, None, 1), (G.BLOCKWISE, 128, 1), (G.MX_BLOCKWISE, 32, 2)])
+def test_transposes_move_data_and_scales_together(g, block, groups):
+    q = QuantizedTensor.quantize(meta(2, 64, 96), torch.float8_e4m3fn, g, axis=1, block_size=block)
+    assert q.scale_inv.shape == (2, groups, 96)
+    t = q.transpose(1, 2)
+    assert t.shape == (2, 96, 64) and t.qdata.shape == (2, 96, 64) and t.scale_inv.shape == (2, 96, groups)
+    assert t.quantized_axis == 2
+
+
+def test_grouped_ops_trace_with_quantized_mx_operands():
+    cfg = Float8QuantConfig(granularity=G.MX_BLOCKWISE, block_size=32,
+                            scale_dtype=__import__("primus_turbo.pytorch.core.low_precision",
+                                                   fromlist=["ScaleDtype"]).ScaleDtype.E8M0)
+    w, lens = meta(3, 64, 96), torch.empty(3, device="meta", dtype=torch.int64)
+    qw, qw_t = create_quantized_weight(w, torch.float8_e4m3fn, cfg, need_weight_transpose_cache=True)
+    assert qw_t.quantized_axis == 1 and qw_t.shape == w.shape
+    out = turbo.ops.grouped_gemm_fp8(meta(40, 96), QuantizedTensorPair(qw, qw_t), lens, config=cfg)
+    assert out.shape == (40, 64)
+    q, s, lens_p, offs_p = turbo.ops.grouped_quantize_fp8(meta(40, 96), torch.float8_e4m3fn, G.MX_BLOCKWISE, lens,
+                                                           axis=0, block_size=32)
+    assert q.shape == (96, 512) and s.shape == (96, 16) and lens_p.shape == (3,) and offs_p.shape == (4,)
