@@ -9,7 +9,7 @@ synchronization; CUDA-graph capturable)."""
 
 import torch
 
-__all__ = ["gather_groups", "padded_rows", "padded_layout", "pad_groups"]
+__all__ = ["gather_groups", "offsets", "padded_rows", "padded_layout", "pad_groups"]
 
 
 def padded_rows(tokens: int, groups: int, align: int) -> int:
@@ -27,13 +27,18 @@ def _clamped(group_lens: torch.Tensor, group_offs: torch.Tensor | None, tokens: 
     return starts, torch.minimum(lens, tokens - starts)
 
 
+def offsets(group_lens: torch.Tensor) -> torch.Tensor:
+    """Group starts and the end, ``[G + 1]`` int64: 0 then the running sum of the (non-negative) lens."""
+    offs = torch.zeros(group_lens.shape[0] + 1, dtype=torch.int64, device=group_lens.device)
+    offs[1:] = torch.cumsum(group_lens.clamp_min(0), 0)
+    return offs
+
+
 def padded_layout(group_lens: torch.Tensor, align: int):
     """(padded lens ``[G]``, padded offsets ``[G + 1]``), int64 on group_lens' device."""
     lens = group_lens.clamp_min(0).to(torch.int64)
     plen = (lens + align - 1) // align * align
-    offs = torch.zeros(lens.shape[0] + 1, dtype=torch.int64, device=lens.device)
-    offs[1:] = torch.cumsum(plen, 0)
-    return plen, offs
+    return plen, offsets(plen)
 
 
 def _source_rows(group_lens, group_offs, tokens: int, align: int):

@@ -11,8 +11,17 @@ from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, Quantize
 from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 from primus_turbo.pytorch.ops._transpose import transpose_last2
+from primus_turbo.pytorch.ops.quantization import _IN_DTYPES
 
-__all__ = ["dense_operands", "fp8_matrix", "grouped_activation", "grouped_weight", "is_quantized", "split_pair"]
+__all__ = [
+    "backward_copy",
+    "dense_operands",
+    "fp8_matrix",
+    "grouped_activation",
+    "grouped_weight",
+    "is_quantized",
+    "split_pair",
+]
 
 # pt_fp8_scaling codes (csrc/include/primus_turbo/gemm_fp8.h).
 TENSOR, ROW, BLOCK_1x128, BLOCK_128x128 = 0, 1, 2, 3
@@ -20,6 +29,17 @@ TENSOR, ROW, BLOCK_1x128, BLOCK_128x128 = 0, 1, 2, 3
 
 def is_quantized(x) -> bool:
     return isinstance(x, (QuantizedTensor, QuantizedTensorPair))
+
+
+def backward_copy(x: QuantizedTensor, x_t, read, requantize):
+    """The copy a backward GEMM reads from a QuantizedTensor operand: ``read`` (a restatement
+    returning None when the tensor is quantized along the wrong dim) of the pair's other copy
+    ``x_t``, else of ``x`` itself, else ``requantize(x)`` (dequantized and quantized again)."""
+    for src in (x_t, x):
+        got = None if src is None else read(src)
+        if got is not None:
+            return got
+    return requantize(x)
 
 
 def split_pair(op: str, name: str, x, config=None):
@@ -45,9 +65,6 @@ def split_pair(op: str, name: str, x, config=None):
     return data, data_t
 
 
-_HP = (torch.float32, torch.float16, torch.bfloat16)
-
-
 def dense_operands(op: str, a, b, trans_a: bool, trans_b: bool, out_dtype, config):
     """The checks of a dense low-precision GEMM (``gemm_fp8``, ``gemm_fp4``) whose operands may be
     QuantizedTensors / pairs: 2-D, high-precision dtypes, inner dims, M, K and N multiples of 16
@@ -59,7 +76,7 @@ def dense_operands(op: str, a, b, trans_a: bool, trans_b: bool, out_dtype, confi
             raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor or QuantizedTensor, got {type(x).__name__}")
         if x.dim() != 2:
             raise ValueError(f"{op}: argument '{name}' must be 2-D, got shape {tuple(x.shape)}")
-        if x.dtype not in _HP:  # a QuantizedTensor's dtype is the one it stands for
+        if x.dtype not in _IN_DTYPES:  # a QuantizedTensor's dtype is the one it stands for
             raise TypeError(f"{op}: argument '{name}' has dtype {x.dtype}; expected float16, bfloat16 or float32")
     m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
     kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
@@ -68,7 +85,7 @@ def dense_operands(op: str, a, b, trans_a: bool, trans_b: bool, out_dtype, confi
     if k % 16 or m % 16 or n % 16 or k == 0:
         raise ValueError(f"{op}: with pre-quantized operands M, K and N must be multiples of 16 (K > 0), got {m}, {k}, {n}")
     out_dtype = torch.promote_types(a.dtype, b.dtype) if out_dtype is None else out_dtype
-    if out_dtype not in _HP:
+    if out_dtype not in _IN_DTYPES:
         raise TypeError(f"{op}: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
     check_cuda_tensors(op, a=a, b=b)
     return a, a_t, b, b_t, out_dtype

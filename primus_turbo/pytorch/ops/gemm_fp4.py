@@ -87,32 +87,37 @@ def _axis(dim: int) -> int:
     return -1 if dim == 1 else 0
 
 
+def _fp4_read(name: str, src: QuantizedTensor, dim: int, rht: bool):
+    """``(q, scale_inv)`` of an FP4 QuantizedTensor read over its dim ``dim`` with the Hadamard
+    setting ``rht`` (the transform must be on both operands of a GEMM or on neither), or None when
+    it was quantized otherwise."""
+    if not _mx_blocks.is_fp4(src.qdata) or src.qdata.dim() != 2:
+        raise TypeError(f"gemm_fp4: pre-quantized '{name}' must be a 2-D FP4 QuantizedTensor, got {src!r}")
+    if src.is_grouped_tensor and src.quantized_axis == 0:
+        raise ValueError(f"gemm_fp4: pre-quantized '{name}' is a padded per-group copy; pass grouped tokens to "
+                         "grouped_gemm_fp4")
+    src_rht = bool(src.scaling_recipe is not None and src.scaling_recipe.use_rht)
+    return (src.qdata, src.scale_inv) if src.quantized_axis == dim and src_rht == rht else None
+
+
 def _fp4_copy(name: str, x, x_t, dim: int, forward: bool, two_d=False, rht=False, sr=False):
     """``(q, scale_inv)`` of operand ``name`` reduced over its dim ``dim``: quantized here from a
-    high-precision tensor, or read from a QuantizedTensor (``x``, or the pair's other copy ``x_t``)
-    quantized along that dim with the same Hadamard setting (the transform must be on both
-    operands of a GEMM or on neither). A backward copy no QuantizedTensor provides is quantized
+    high-precision tensor, or read from a QuantizedTensor (``_fp4_read``; for the backward the
+    pair's other copy ``x_t`` first). A backward copy no QuantizedTensor provides is quantized
     from the dequantized values; a forward one raises."""
     if not isinstance(x, QuantizedTensor):
         return _q(x, _axis(dim), two_d=two_d, rht=rht, sr=sr)
-    for src in (x, x_t):
-        if src is None:
-            continue
-        if not _mx_blocks.is_fp4(src.qdata) or src.qdata.dim() != 2:
-            raise TypeError(f"gemm_fp4: pre-quantized '{name}' must be a 2-D FP4 QuantizedTensor, got {src!r}")
-        if src.is_grouped_tensor and src.quantized_axis == 0:
-            raise ValueError(f"gemm_fp4: pre-quantized '{name}' is a padded per-group copy; pass grouped tokens to "
-                             "grouped_gemm_fp4")
-        src_rht = bool(src.scaling_recipe is not None and src.scaling_recipe.use_rht)
-        if src.quantized_axis == dim and src_rht == rht:
-            return src.qdata, src.scale_inv
-    if forward:
+    if not forward:
+        return _qo.backward_copy(x, x_t, lambda src: _fp4_read(name, src, dim, rht),
+                                 lambda src: _q(src.dequantize(), _axis(dim), two_d=two_d, rht=rht, sr=sr))
+    got = _fp4_read(name, x, dim, rht)
+    if got is None:
         raise ValueError(
             f"gemm_fp4: pre-quantized '{name}' is quantized along dim {x.quantized_axis}"
             f"{' with the Hadamard transform' if rht != bool(x.scaling_recipe and x.scaling_recipe.use_rht) else ''}; "
             f"the forward GEMM reads it along its dim {dim} (K)"
         )
-    return _q(x.dequantize(), _axis(dim), two_d=two_d, rht=rht, sr=sr)
+    return got
 
 
 class GemmFp4Function(torch.autograd.Function):

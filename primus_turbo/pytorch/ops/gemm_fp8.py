@@ -46,8 +46,8 @@ _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
 
-# pt_fp8_scaling codes (csrc/include/primus_turbo/gemm_fp8.h).
-TENSOR, ROW, BLOCK_1x128, BLOCK_128x128 = 0, 1, 2, 3
+# pt_fp8_scaling codes (csrc/include/primus_turbo/gemm_fp8.h), defined once with the operand restatements.
+TENSOR, ROW, BLOCK_1x128, BLOCK_128x128 = _qo.TENSOR, _qo.ROW, _qo.BLOCK_1x128, _qo.BLOCK_128x128
 
 
 # ---- the FP8 GEMM kernel call: out = (a * sa) @ (b * sb)^T ------------------------------------
@@ -311,9 +311,11 @@ def _operand_copies(name: str, x, x_t, g, dtype, code: int, fwd_dim: int, want_b
         )
     if not want_bwd:
         return fwd, None
-    src = x if x_t is None else x_t
-    bwd = _qo.fp8_matrix("gemm_fp8", f"{name} (backward copy)", src, 1 - fwd_dim)
-    return fwd, (bwd if bwd is not None else _requantized(src, dtype, g, code, 1 - fwd_dim))
+    bwd = _qo.backward_copy(
+        x, x_t, lambda src: _qo.fp8_matrix("gemm_fp8", f"{name} (backward copy)", src, 1 - fwd_dim),
+        lambda src: _requantized(src, dtype, g, code, 1 - fwd_dim),
+    )
+    return fwd, bwd
 
 
 class GemmFp8Function(torch.autograd.Function):

@@ -103,14 +103,14 @@ def _weight(b, b_t, k_dim: int, two_d: bool, forward: bool):
     (a forward copy that does not match raises)."""
     if not isinstance(b, QuantizedTensor):
         return weight_operand(b, along_last=k_dim == 2, two_d=two_d)
-    for src in (b,) if forward else (b_t, b):
-        got = None if src is None else _quantized_weight(src, k_dim)
-        if got is not None:
-            return got
-    if forward:
+    if not forward:
+        return _qo.backward_copy(b, b_t, lambda src: _quantized_weight(src, k_dim),
+                                 lambda src: weight_operand(src.dequantize(), along_last=k_dim == 2, two_d=two_d))
+    got = _quantized_weight(b, k_dim)
+    if got is None:
         raise ValueError(f"{_OP}: pre-quantized 'b' is quantized along dim {b.quantized_axis} (or with the Hadamard "
                          f"transform); the forward reads it along its dim {k_dim} (K)")
-    return weight_operand(b.dequantize(), along_last=k_dim == 2, two_d=two_d)
+    return got
 
 
 def _activation(a):

@@ -357,11 +357,10 @@ def _dgrad_weight(b, b_t, g, dtype, k_dim: int):
     """The dgrad's B from a QuantizedTensor weight, reducing over ``k_dim`` (1 or 2 of ``[G, X, Y]``):
     the pair's other copy ``b_t`` or ``b`` itself where its scales allow, else ``b`` dequantized and
     quantized again along ``k_dim``."""
-    for src in (b_t, b):
-        got = None if src is None else _qo.grouped_weight("grouped_gemm_fp8", "b", src, k_dim)
-        if got is not None:
-            return got
-    return quantize_weight(b.dequantize(), dtype, g, transpose=k_dim == 1)
+    return _qo.backward_copy(
+        b, b_t, lambda src: _qo.grouped_weight("grouped_gemm_fp8", "b", src, k_dim),
+        lambda src: quantize_weight(src.dequantize(), dtype, g, transpose=k_dim == 1),
+    )
 
 
 class GroupedGemmFp8Function(torch.autograd.Function):

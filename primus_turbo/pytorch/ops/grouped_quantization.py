@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingRecipe
 from primus_turbo.pytorch.ops import quantization as qz
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
-from primus_turbo.pytorch.ops._group_padding import gather_groups, pad_groups, padded_layout, padded_rows
+from primus_turbo.pytorch.ops._group_padding import gather_groups, offsets, pad_groups, padded_layout, padded_rows
 
 __all__ = [
     "grouped_dequantize_fp4",
@@ -46,9 +46,7 @@ def _check_groups(op: str, x, group_lens, group_offs, name_offs: str = "group_of
     check_cuda_tensors(op, x=x, group_lens=group_lens)
     lens = group_lens.to(torch.int64)
     if group_offs is None:
-        offs = torch.zeros(lens.shape[0] + 1, dtype=torch.int64, device=lens.device)
-        offs[1:] = torch.cumsum(lens.clamp_min(0), 0)
-        return lens, offs
+        return lens, offsets(lens)
     if not isinstance(group_offs, torch.Tensor) or group_offs.dim() != 1 or group_offs.dtype not in _INDEX_DTYPES:
         raise TypeError(f"{op}: argument '{name_offs}' must be a 1-D int64 (or int32) tensor")
     if group_offs.shape[0] != lens.shape[0] + 1:
