@@ -14,16 +14,15 @@ namespace primus_turbo::torch_binding {
 
 namespace {
 
-NamedTensors named(std::initializer_list<std::pair<const char*, const Tensor*>> required,
-                   const std::optional<Tensor>& probs, const std::optional<Tensor>& row_mask) {
-  NamedTensors all(required);
-  if (probs) all.push_back({"probs", &*probs});
-  if (row_mask) all.push_back({"row_mask", &*row_mask});
-  return all;
+int32_t check_devices(const char* op, NamedTensors all, const std::optional<Tensor>& probs,
+                      const std::optional<Tensor>& row_mask) {
+  add_present(all, "probs", probs);
+  add_present(all, "row_mask", row_mask);
+  return check_cuda(op, all);
 }
 
 Tensor gated_act_fwd(Tensor x, std::optional<Tensor> probs, std::optional<Tensor> row_mask, int64_t act) {
-  const int32_t device = check_cuda("gated activation", named({{"x", &x}}, probs, row_mask));
+  const int32_t device = check_devices("gated activation", {{"x", &x}}, probs, row_mask);
   if (x.dim() < 1 || x.sizes()[x.dim() - 1] % 2)
     fail_with(ErrorKind::Value, "gated activation: x has shape ", shape_string(x), "; expected [..., 2H]");
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
@@ -32,12 +31,9 @@ Tensor gated_act_fwd(Tensor x, std::optional<Tensor> probs, std::optional<Tensor
   if (out.numel() == 0) return out;
   const pt_tensor px = to_pt(x);
   pt_tensor po = to_pt(out);
-  pt_tensor pp{}, pm{};
-  if (probs) pp = to_pt(*probs);
-  if (row_mask) pm = to_pt(*row_mask);
+  OptionalPt pp(probs), pm(row_mask);
   DeviceScope scope(device);
-  check_status(pt_gated_act_fwd(static_cast<int32_t>(act), &px, probs ? &pp : nullptr, row_mask ? &pm : nullptr,
-                                &po, current_stream(device)),
+  check_status(pt_gated_act_fwd(static_cast<int32_t>(act), &px, pp.get(), pm.get(), &po, current_stream(device)),
                "gated activation forward");
   return out;
 }
@@ -45,7 +41,7 @@ Tensor gated_act_fwd(Tensor x, std::optional<Tensor> probs, std::optional<Tensor
 // Returns (dx, dprobs): dprobs float32 [probs.numel()] when need_dprobs, else [0].
 std::tuple<Tensor, Tensor> gated_act_bwd(Tensor dy, Tensor x, std::optional<Tensor> probs,
                                          std::optional<Tensor> row_mask, int64_t act, bool need_dprobs) {
-  const int32_t device = check_cuda("gated activation backward", named({{"dy", &dy}, {"x", &x}}, probs, row_mask));
+  const int32_t device = check_devices("gated activation backward", {{"dy", &dy}, {"x", &x}}, probs, row_mask);
   need_dprobs = need_dprobs && probs.has_value();
   Tensor dx = torch_binding::empty_like(x);
   Tensor dprobs = empty({need_dprobs ? probs->numel() : 0}, ScalarType::Float, device);
@@ -55,13 +51,10 @@ std::tuple<Tensor, Tensor> gated_act_bwd(Tensor dy, Tensor x, std::optional<Tens
   }
   const pt_tensor pdy = to_pt(dy), px = to_pt(x);
   pt_tensor pdx = to_pt(dx);
-  pt_tensor pp{}, pm{}, pdp{};
-  if (probs) pp = to_pt(*probs);
-  if (row_mask) pm = to_pt(*row_mask);
-  if (need_dprobs) pdp = to_pt(dprobs);
+  OptionalPt pp(probs), pm(row_mask), pdp(need_dprobs ? std::optional<Tensor>(dprobs) : std::nullopt);
   DeviceScope scope(device);
-  check_status(pt_gated_act_bwd(static_cast<int32_t>(act), &pdy, &px, probs ? &pp : nullptr,
-                                row_mask ? &pm : nullptr, &pdx, need_dprobs ? &pdp : nullptr, current_stream(device)),
+  check_status(pt_gated_act_bwd(static_cast<int32_t>(act), &pdy, &px, pp.get(), pm.get(), &pdx, pdp.get(),
+                                current_stream(device)),
                "gated activation backward");
   return {dx, dprobs};
 }

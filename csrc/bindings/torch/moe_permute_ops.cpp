@@ -15,7 +15,7 @@ namespace {
 std::tuple<Tensor, Tensor, Tensor> moe_token_permute(Tensor tokens_in, Tensor routing_map_in,
                                                      std::optional<Tensor> probs_in, int64_t num_out) {
   NamedTensors all{{"tokens", &tokens_in}, {"routing_map", &routing_map_in}};
-  if (probs_in) all.push_back({"probs", &*probs_in});
+  add_present(all, "probs", probs_in);
   const int32_t device = check_cuda("token_permute", all);
   if (tokens_in.dim() != 2 || routing_map_in.dim() != 2)
     fail_with(ErrorKind::Value, "token_permute: 'tokens' and 'routing_map' must be 2-D, got ", shape_string(tokens_in),
@@ -30,14 +30,11 @@ std::tuple<Tensor, Tensor, Tensor> moe_token_permute(Tensor tokens_in, Tensor ro
   Tensor pprobs = empty({probs ? num_out : 0}, probs ? probs->scalar_type() : ScalarType::Float, device);
   Tensor workspace = empty({pt_moe_route_workspace_ints(t, static_cast<int32_t>(e))}, ScalarType::Int, device);
   pt_tensor pt_tokens = to_pt(tokens), pt_map = mask_to_pt(routing_map), pt_out = to_pt(out);
-  pt_tensor pt_rows = to_pt(row_id_map), pt_ws = to_pt(workspace), pt_probs{}, pt_pprobs{};
-  if (probs) {
-    pt_probs = to_pt(*probs);
-    pt_pprobs = to_pt(pprobs);
-  }
+  pt_tensor pt_rows = to_pt(row_id_map), pt_ws = to_pt(workspace);
+  OptionalPt pt_probs(probs), pt_pprobs(probs ? std::optional<Tensor>(pprobs) : std::nullopt);
   DeviceScope scope(device);
-  check_status(pt_moe_permute(&pt_tokens, &pt_map, probs ? &pt_probs : nullptr, &pt_out, probs ? &pt_pprobs : nullptr,
-                              &pt_rows, &pt_ws, current_stream(device)),
+  check_status(pt_moe_permute(&pt_tokens, &pt_map, pt_probs.get(), &pt_out, pt_pprobs.get(), &pt_rows, &pt_ws,
+                              current_stream(device)),
                "token_permute");
   return {out, pprobs, row_id_map};
 }
@@ -47,8 +44,8 @@ std::tuple<Tensor, Tensor> moe_token_unpermute(Tensor input_in, Tensor row_id_ma
                                                std::optional<Tensor> merging_probs_in,
                                                std::optional<Tensor> permuted_probs_in) {
   NamedTensors all{{"input", &input_in}, {"row_id_map", &row_id_map_in}};
-  if (merging_probs_in) all.push_back({"merging_probs", &*merging_probs_in});
-  if (permuted_probs_in) all.push_back({"permuted_probs", &*permuted_probs_in});
+  add_present(all, "merging_probs", merging_probs_in);
+  add_present(all, "permuted_probs", permuted_probs_in);
   const int32_t device = check_cuda("token_unpermute", all);
   if (input_in.dim() != 2 || row_id_map_in.dim() != 2)
     fail_with(ErrorKind::Value, "token_unpermute: 'input' and 'row_id_map' must be 2-D, got ", shape_string(input_in),
@@ -60,15 +57,11 @@ std::tuple<Tensor, Tensor> moe_token_unpermute(Tensor input_in, Tensor row_id_ma
   const int64_t t = row_id_map.sizes()[0], e = row_id_map.sizes()[1];
   Tensor out = empty({t, input.sizes()[1]}, input.scalar_type(), device);
   Tensor probs_grad = permuted ? empty({t, e}, permuted->scalar_type(), device) : empty({0}, ScalarType::Float, device);
-  pt_tensor pt_in = to_pt(input), pt_rows = to_pt(row_id_map), pt_out = to_pt(out), pt_merge{}, pt_perm{}, pt_grad{};
-  if (merging) pt_merge = to_pt(*merging);
-  if (permuted) {
-    pt_perm = to_pt(*permuted);
-    pt_grad = to_pt(probs_grad);
-  }
+  pt_tensor pt_in = to_pt(input), pt_rows = to_pt(row_id_map), pt_out = to_pt(out);
+  OptionalPt pt_merge(merging), pt_perm(permuted), pt_grad(permuted ? std::optional<Tensor>(probs_grad) : std::nullopt);
   DeviceScope scope(device);
-  check_status(pt_moe_unpermute(&pt_in, &pt_rows, merging ? &pt_merge : nullptr, &pt_out, permuted ? &pt_perm : nullptr,
-                                permuted ? &pt_grad : nullptr, current_stream(device)),
+  check_status(pt_moe_unpermute(&pt_in, &pt_rows, pt_merge.get(), &pt_out, pt_perm.get(), pt_grad.get(),
+                                current_stream(device)),
                "token_unpermute");
   return {out, probs_grad};
 }

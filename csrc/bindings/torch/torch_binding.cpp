@@ -156,6 +156,10 @@ int32_t check_cuda(const char* op, const NamedTensors& tensors) {
   return device;
 }
 
+void add_present(NamedTensors& all, const char* name, const std::optional<Tensor>& t) {
+  if (t) all.push_back({name, &*t});
+}
+
 std::string shape_string(const Tensor& t) {
   std::string s = "(";
   const auto sizes = t.sizes();

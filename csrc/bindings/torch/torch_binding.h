@@ -71,6 +71,20 @@ std::string device_string(const Tensor& t);
 // Every tensor is on one CUDA device; returns its index. Messages as _checks.check_cuda_tensors.
 using NamedTensors = std::vector<std::pair<const char*, const Tensor*>>;
 int32_t check_cuda(const char* op, const NamedTensors& tensors);
+// Appends (name, t) to `all` when the optional tensor is present.
+void add_present(NamedTensors& all, const char* name, const std::optional<Tensor>& t);
+
+// An optional tensor's descriptor and the pointer the C API takes for it (null when absent).
+struct OptionalPt {
+  explicit OptionalPt(const std::optional<Tensor>& t) : present_(t.has_value()) {
+    if (present_) desc_ = to_pt(*t);
+  }
+  pt_tensor* get() { return present_ ? &desc_ : nullptr; }
+
+ private:
+  pt_tensor desc_{};
+  bool present_;
+};
 
 std::string shape_string(const Tensor& t);
 
