@@ -69,5 +69,49 @@ def main() -> None:
         print(f"{name:32s} {t3(fn)} us", flush=True)
 
 
+def c_api_layers() -> None:
+    """The same pieces one layer down: C API calls through ctypes with descriptors built once (a
+    ctypes call costs ~1 µs), so what remains is the library's own host time per call."""
+    import ctypes
+
+    from primus_turbo._core.lib import lib
+    from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, to_pt
+
+    dev, bf, e4 = "cuda", torch.bfloat16, torch.float8_e4m3fn
+    x = torch.randn(256, 256, device=dev, dtype=bf)
+    q = torch.empty(256, 256, device=dev, dtype=e4)
+    qc = torch.empty(256, 256, device=dev, dtype=e4)
+    s = torch.empty(256, 1, device=dev)
+    sc = torch.empty(256, 1, device=dev)
+    out = torch.empty(256, 256, device=dev, dtype=bf)
+    ws = torch.empty(lib.pt_gemm_workspace_bytes(), dtype=torch.uint8, device=dev)
+    qws = torch.empty(lib.pt_quantize_workspace_bytes(256, 256, 1), dtype=torch.uint8, device=dev)
+    st = current_stream_handle(x.device)
+    px, pq, pqc, ps, psc, pout = (to_pt(t) for t in (x, q, qc, s, sc, out))
+    ps1 = to_pt(s.reshape(256))
+    nul = ctypes.c_void_p()
+    calls = {
+        "C pt_quantize row only": lambda: lib.pt_quantize(px, pq, ps, None, None, 1, 0, 1, 0, 0, None, 0, st),
+        "C pt_quantize row+col": lambda: lib.pt_quantize(px, pq, ps, pqc, psc, 1, 0, 1, 0, 0, qws.data_ptr(),
+                                                         qws.numel(), st),
+        "C pt_gemm_fp8 row cublaslt": lambda: lib.pt_gemm_fp8(pq, ps1, 1, pqc, ps1, 1, pout, 0.0, 1, 0,
+                                                              ws.data_ptr(), ws.numel(), st),
+        "C pt_gemm bf16 cublaslt": lambda: lib.pt_gemm(px, px, pout, 0, 1, 1.0, 0.0, 1, 0, ws.data_ptr(),
+                                                       ws.numel(), st),
+        "torch.empty fp8 256x256": lambda: torch.empty(256, 256, device=dev, dtype=e4),
+        "torch _scaled_mm rowwise": lambda: torch._scaled_mm(q, qc.t(), s, s.reshape(1, 256), out_dtype=bf),
+    }
+    del nul
+    for name, fn in calls.items():
+        print(f"{name:32s} {t3(fn)} us", flush=True)
+    for fb in (False, True):
+        fn = lambda: G8._native_fwd(x, x, False, True, bf, e4, 1, fb)  # noqa: E731
+        print(f"{'native fwd row for_backward=' + str(fb):32s} {t3(fn)} us", flush=True)
+    fwd = G8._native_fwd(x, x, False, True, bf, e4, 1, True)
+    fn = lambda: G8._native_bwd(x, *fwd[1:], False, True, e4, 1, bf, bf, True, True, None)  # noqa: E731
+    print(f"{'native bwd row':32s} {t3(fn)} us", flush=True)
+
+
 if __name__ == "__main__":
     main()
+    c_api_layers()

@@ -25,6 +25,11 @@ NATIVE_OPS = {
     "attention_bwd": "attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? sink",
     "grouped_gemm": "grouped_gemm(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b, int num_sms)",
     "grouped_gemm_wgrad": "grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, Tensor? group_offs",
+    "gemm_fp8": "gemm_fp8(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype",
+    "gated_act_fwd": "gated_act_fwd(Tensor x, Tensor? probs, Tensor? row_mask, int act) -> Tensor",
+    "gated_act_bwd": "gated_act_bwd(Tensor dy, Tensor x, Tensor? probs, Tensor? row_mask, int act, bool need_dprobs)",
+    "moe_token_permute": "moe_token_permute(Tensor tokens, Tensor routing_map, Tensor? probs, int num_out)",
+    "moe_token_unpermute": "moe_token_unpermute(Tensor input, Tensor row_id_map, Tensor? merging_probs",
     "gemm_fp8_fwd": "gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype",
     "gemm_fp8_bwd": "gemm_fp8_bwd(Tensor grad_out, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd",
 }
@@ -64,6 +69,13 @@ def _direct(op, *args):
             lambda: _direct(
                 torch.ops.primus_turbo.gemm_fp8_fwd,
                 _cpu(16, 16), _cpu(16, 16), False, True, torch.bfloat16, torch.float8_e4m3fn, 1, False,
+            ),
+            "gemm_fp8: argument 'a' is on cpu",
+        ),
+        (
+            lambda: _direct(
+                torch.ops.primus_turbo.gemm_fp8, _cpu(16, 16), _cpu(16, 16), False, True, torch.bfloat16,
+                torch.float8_e4m3fn, 0,
             ),
             "gemm_fp8: argument 'a' is on cpu",
         ),
@@ -120,6 +132,10 @@ def test_gemm_fp8_native_path_shapes_under_fake_cuda_tensors(granularity, trans_
             True, True, None,
         )
         assert da.shape == a.shape and db.shape == b.shape
+        # Inference: the product alone.
+        with torch.no_grad():
+            out = turbo.ops.gemm_fp8(a, b, trans_a, trans_b, config=config)
+        assert out.shape == (m, n) and out.dtype == torch.bfloat16
 
 
 def test_native_ops_trace_under_compile_without_graph_breaks():

@@ -1,7 +1,6 @@
 """Host-side behaviour of turbo.ops.rmsnorm that needs no GPU: argument errors raised before any
 launch (in Python and in the core), and shapes through fake/meta tensors and torch.compile."""
 
-import ctypes
 
 import pytest
 import torch

@@ -7,6 +7,7 @@
 //   dgrad    d op(a) = grad    [M,N] x op(b)   [K,N]   (both along N)
 //   wgrad    d op(b) = op(a)^T [K,M] x grad^T  [N,M]   (both along M)
 // MX_BLOCKWISE, E5M2 x E5M2, pre-quantized operands and FP4 stay on the Python path.
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -50,11 +51,19 @@ std::vector<int64_t> scale_shape(int64_t g, int64_t m, int64_t k, bool along_k, 
   return along_k ? std::vector<int64_t>{m, cdiv(k, 128)} : std::vector<int64_t>{k, cdiv(m, 128)};
 }
 
+// Bytes of amax workspace quantize() needs (0: a row-only rowwise quantization reduces each row
+// inside its kernel), rounded up so several fit in one allocation.
+size_t quantize_workspace_bytes(int64_t m, int64_t k, int64_t g, bool want_row, bool want_col) {
+  if (g == PT_QUANT_ROWWISE && want_row && !want_col) return 0;
+  return (pt_quantize_workspace_bytes(m, k, static_cast<int32_t>(g)) + 255) / 256 * 256;
+}
+
 // x [m, k] (contiguous) quantized along k (row) and along m stored transposed [k, m] (col); either
-// may be skipped. 2-D 128x128 blocks for a BLOCKWISE weight.
+// may be skipped. 2-D 128x128 blocks for a BLOCKWISE weight. ws: quantize_workspace_bytes of
+// scratch (the caller allocates one buffer for all its quantizations).
 std::pair<std::optional<Quantized>, std::optional<Quantized>> quantize(const Tensor& x, ScalarType dtype, int64_t g,
                                                                        bool weight, bool want_row, bool want_col,
-                                                                       int32_t device, void* stream) {
+                                                                       void* ws, int32_t device, void* stream) {
   const int64_t m = x.sizes()[0], k = x.sizes()[1];
   const bool two_d = weight && g == PT_QUANT_BLOCKWISE;
   const auto [act, wgt] = scalings(g);
@@ -73,17 +82,22 @@ std::pair<std::optional<Quantized>, std::optional<Quantized>> quantize(const Ten
     pqc = to_pt(col->q);
     psc = to_pt(col->s);
   }
-  // Row-only rowwise: each row's amax is reduced inside the quantize kernel, no workspace.
-  const bool inline_amax = g == PT_QUANT_ROWWISE && want_row && !want_col;
-  const size_t ws_bytes = inline_amax ? 0 : pt_quantize_workspace_bytes(m, k, static_cast<int32_t>(g));
-  std::optional<Tensor> ws;
-  if (ws_bytes) ws = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
+  const size_t ws_bytes = quantize_workspace_bytes(m, k, g, want_row, want_col);
   check_status(pt_quantize(&px, row ? &pqr : nullptr, row ? &psr : nullptr, col ? &pqc : nullptr,
                            col ? &psc : nullptr, static_cast<int32_t>(g), g == PT_QUANT_BLOCKWISE ? 128 : 0, 1,
-                           two_d ? PT_QUANT_2D_BLOCK : 0, 0, ws ? ws->data_ptr() : nullptr, ws_bytes, stream),
+                           two_d ? PT_QUANT_2D_BLOCK : 0, 0, ws_bytes ? ws : nullptr, ws_bytes, stream),
                "gemm_fp8 quantize");
   return {row, col};
 }
+
+// One scratch allocation for several quantize() calls: the offsets of each call's share.
+struct QuantScratch {
+  std::optional<Tensor> buffer;
+  explicit QuantScratch(size_t bytes, int32_t device) {
+    if (bytes) buffer = empty({static_cast<int64_t>(bytes)}, ScalarType::Byte, device);
+  }
+  void* at(size_t offset) const { return buffer ? static_cast<char*>(buffer->data_ptr()) + offset : nullptr; }
+};
 
 // The quantizer's scales in the layout the GEMM reads (gemm_fp8.h): tensor -> 0-dim, row ->
 // [rows] (views of the same memory); 1x128 -> [kb, round_up(rows, 4)], rows contiguous, and
@@ -119,7 +133,17 @@ pt_tensor scale_descriptor(const Tensor& s, int32_t scaling) {
   return p;
 }
 
-PlanCache<Choice> g_plans;
+// A cached plan is never destroyed: a captured graph may still replay its kernel.
+PlanCache<pt_gemm_fp8_plan> g_plans;
+
+pt_gemm_fp8_plan make_plan(const pt_tensor& pa, const pt_tensor& psa, int32_t sa, const pt_tensor& pb,
+                           const pt_tensor& psb, int32_t sb, const pt_tensor& pd, float beta, int32_t device) {
+  const GemmFp8PlanRequest request{&pa, &psa, sa, &pb, &psb, sb, &pd, beta};
+  const Choice c = plan_with_python(kPlanGemmFp8, &request, device, kOp);
+  pt_gemm_fp8_plan plan = nullptr;
+  check_status(pt_gemm_fp8_plan_create(&pa, &psa, sa, &pb, &psb, sb, &pd, beta, c.backend, c.config, &plan), kOp);
+  return plan;
+}
 
 // out (+)= (x.q * x.s) @ (y.q * y.s)^T on the plan of this problem.
 void fp8_mm(const Quantized& x, const Quantized& y, const Tensor& out, float beta, int32_t device, void* stream) {
@@ -129,19 +153,26 @@ void fp8_mm(const Quantized& x, const Quantized& y, const Tensor& out, float bet
   const pt_tensor psa = scale_descriptor(sx, x.scaling), psb = scale_descriptor(sy, y.scaling);
   std::vector<int64_t> values{pa.shape[0], pa.shape[1], pb.shape[0], pa.dtype,     pb.dtype,
                               pd.dtype,    pd.strides[0], x.scaling, y.scaling, beta != 0.0f,
-                              device,      alignment(pa.data) >= 16, alignment(pb.data) >= 16,
-                              alignment(pd.data) >= 16};
+                              device,      alignment(pa.data), alignment(pb.data), alignment(pd.data)};
   const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
-  Choice c;
-  if (!g_plans.find(key, &c)) {
-    const GemmFp8PlanRequest request{&pa, &psa, x.scaling, &pb, &psb, y.scaling, &pd, beta};
-    c = plan_with_python(kPlanGemmFp8, &request, device, kOp);
-    if (!is_capturing(stream)) c = g_plans.insert(key, c);
+  pt_gemm_fp8_plan plan = nullptr;
+  // A plan made during capture may rest on a provisional choice: used once, then destroyed.
+  std::unique_ptr<pt_gemm_fp8_plan_s, void (*)(pt_gemm_fp8_plan)> owned(nullptr, pt_gemm_fp8_plan_destroy);
+  if (!g_plans.find(key, &plan)) {
+    plan = make_plan(pa, psa, x.scaling, pb, psb, y.scaling, pd, beta, device);
+    if (is_capturing(stream)) {
+      owned.reset(plan);
+    } else {
+      pt_gemm_fp8_plan kept = g_plans.insert(key, plan);
+      if (kept != plan) pt_gemm_fp8_plan_destroy(plan);
+      plan = kept;
+    }
   }
+  // cuBLASLt's workspace comes from the caching allocator per call (graph-pool safe).
   const size_t ws_bytes = pt_gemm_workspace_bytes();
   const Tensor ws = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
-  check_status(pt_gemm_fp8(&pa, &psa, x.scaling, &pb, &psb, y.scaling, const_cast<pt_tensor*>(&pd), beta, c.backend,
-                           c.config, ws.data_ptr(), ws_bytes, stream),
+  check_status(pt_gemm_fp8_plan_run(plan, pa.data, psa.data, pb.data, psb.data, pd.data, ws.data_ptr(), ws_bytes,
+                                    stream),
                kOp);
 }
 
@@ -181,11 +212,15 @@ std::tuple<int64_t, int64_t, int64_t> check_operands(const Tensor& a, const Tens
 
 Tensor empty_scalar_like(int32_t device) { return empty({0}, ScalarType::Byte, device); }
 
-// Returns (out, a_bwd, sa_bwd, b_bwd, sb_bwd): the backward's copies (along M and along N), or
-// empty placeholders when no backward follows.
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> gemm_fp8_fwd(Tensor a_in, Tensor b_in, bool trans_a, bool trans_b,
-                                                                ScalarType out_dtype, ScalarType fwd_dtype,
-                                                                int64_t granularity, bool for_backward) {
+// The forward product; with for_backward, also the copies the backward reads: a along M and b
+// along N (as the quantizer wrote them), else none.
+struct Forward {
+  Tensor out;
+  std::optional<Quantized> a_bwd, b_bwd;
+};
+
+Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b, ScalarType out_dtype,
+                ScalarType fwd_dtype, int64_t granularity, bool for_backward) {
   const auto [m, k, n] = check_operands(a_in, b_in, trans_a, trans_b, out_dtype, for_backward);
   const int32_t device = check_cuda(kOp, {{"a", &a_in}, {"b", &b_in}});
   if (m == 0 || n == 0 || k == 0)
@@ -195,20 +230,41 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> gemm_fp8_fwd(Tensor a_in, Ten
   const Tensor a = as_contiguous(a_in), b = as_contiguous(b_in);
   // a's copy along K feeds the forward, the one along M the wgrad; b's along K the forward, along
   // N the dgrad. Which of a quantizer's two outputs is which depends on the transposes.
-  auto [a_row, a_col] = quantize(a, fwd_dtype, granularity, false, !trans_a || for_backward,
-                                 trans_a || for_backward, device, stream);
-  auto [b_row, b_col] = quantize(b, fwd_dtype, granularity, true, trans_b || for_backward,
-                                 !trans_b || for_backward, device, stream);
-  const Quantized& a_fwd = trans_a ? *a_col : *a_row;
-  const Quantized& b_fwd = trans_b ? *b_row : *b_col;
-  Tensor out = empty({m, n}, out_dtype, device);
-  fp8_mm(a_fwd, b_fwd, out, 0.0f, device, stream);
-  if (!for_backward)
-    return {out, empty_scalar_like(device), empty_scalar_like(device), empty_scalar_like(device),
+  const bool a_row = !trans_a || for_backward, a_col = trans_a || for_backward;
+  const bool b_row = trans_b || for_backward, b_col = !trans_b || for_backward;
+  const auto as = a.sizes(), bs = b.sizes();
+  const size_t ws_a = quantize_workspace_bytes(as[0], as[1], granularity, a_row, a_col);
+  const size_t ws_b = quantize_workspace_bytes(bs[0], bs[1], granularity, b_row, b_col);
+  const QuantScratch scratch(ws_a + ws_b, device);
+  auto [qa_row, qa_col] = quantize(a, fwd_dtype, granularity, false, a_row, a_col, scratch.at(0), device, stream);
+  auto [qb_row, qb_col] = quantize(b, fwd_dtype, granularity, true, b_row, b_col, scratch.at(ws_a), device, stream);
+  Forward f{empty({m, n}, out_dtype, device), std::nullopt, std::nullopt};
+  fp8_mm(trans_a ? *qa_col : *qa_row, trans_b ? *qb_row : *qb_col, f.out, 0.0f, device, stream);
+  if (for_backward) {
+    f.a_bwd = trans_a ? qa_row : qa_col;
+    f.b_bwd = trans_b ? qb_col : qb_row;
+  }
+  return f;
+}
+
+// Training forward: (out, a_bwd, sa_bwd, b_bwd, sb_bwd), the backward's copies (along M and
+// along N), or empty placeholders when no backward follows.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b,
+                                                                ScalarType out_dtype, ScalarType fwd_dtype,
+                                                                int64_t granularity, bool for_backward) {
+  Forward f = forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward);
+  if (!for_backward) {
+    const int32_t device = f.out.get_device();
+    return {f.out, empty_scalar_like(device), empty_scalar_like(device), empty_scalar_like(device),
             empty_scalar_like(device)};
-  const Quantized& a_bwd = trans_a ? *a_row : *a_col;
-  const Quantized& b_bwd = trans_b ? *b_col : *b_row;
-  return {out, a_bwd.q, a_bwd.s, b_bwd.q, b_bwd.s};
+  }
+  return {f.out, f.a_bwd->q, f.a_bwd->s, f.b_bwd->q, f.b_bwd->s};
+}
+
+// Inference (no backward follows): the product only, with no placeholder outputs.
+Tensor gemm_fp8(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype,
+                int64_t granularity) {
+  return forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, false).out;
 }
 
 // Returns (grad_a, grad_b); a gradient not asked for (or accumulated into main_grad) is an empty
@@ -225,7 +281,9 @@ std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_
   const auto [act, wgt] = scalings(granularity);
   const Tensor grad = as_contiguous(grad_in);  // [M, N]
   const bool wgrad = need_b || main_grad.has_value();
-  auto [g_row, g_col] = quantize(grad, grad_dtype, granularity, false, need_a, wgrad, device, stream);
+  const QuantScratch scratch(
+      quantize_workspace_bytes(grad.sizes()[0], grad.sizes()[1], granularity, need_a, wgrad), device);
+  auto [g_row, g_col] = quantize(grad, grad_dtype, granularity, false, need_a, wgrad, scratch.at(0), device, stream);
   const Quantized a_saved{a_bwd, sa_bwd, act};  // [K, M] along M
   const Quantized b_saved{b_bwd, sb_bwd, wgt};  // [K, N] along N
   const int64_t m = grad.sizes()[0], n = grad.sizes()[1], k = a_bwd.sizes()[0];
@@ -258,6 +316,8 @@ std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype, "
         "int granularity, bool for_backward) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("gemm_fp8(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype, "
+        "int granularity) -> Tensor");
   m.def("gemm_fp8_bwd(Tensor grad_out, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd, bool trans_a, "
         "bool trans_b, ScalarType grad_dtype, int granularity, ScalarType a_dtype, ScalarType b_dtype, bool need_a, "
         "bool need_b, Tensor(a!)? main_grad) -> (Tensor, Tensor)");
@@ -265,6 +325,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
 
 static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("gemm_fp8_fwd", TORCH_BOX(&gemm_fp8_fwd));
+  m.impl("gemm_fp8", TORCH_BOX(&gemm_fp8));
   m.impl("gemm_fp8_bwd", TORCH_BOX(&gemm_fp8_bwd));
 }
 

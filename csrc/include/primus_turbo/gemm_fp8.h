@@ -39,6 +39,20 @@ PT_API pt_status pt_gemm_fp8_problem_key(const pt_tensor* a, const pt_tensor* a_
                                          const pt_tensor* d, float beta, char* key,
                                          size_t key_len);
 
+// An FP8 GEMM plan (as pt_gemm_plan): one backend config bound to a problem's sizes, dtypes,
+// scalings, strides and pointer alignment, validated once; a run takes new data and scale pointers
+// (at least as aligned as at creation) and a workspace of pt_gemm_workspace_bytes(). Bound to the
+// device current at creation; runs from several threads are safe.
+typedef struct pt_gemm_fp8_plan_s* pt_gemm_fp8_plan;
+PT_API pt_status pt_gemm_fp8_plan_create(const pt_tensor* a, const pt_tensor* a_scale, int32_t a_scaling,
+                                         const pt_tensor* b, const pt_tensor* b_scale, int32_t b_scaling,
+                                         const pt_tensor* d, float beta, int32_t backend, int32_t config,
+                                         pt_gemm_fp8_plan* plan);
+PT_API pt_status pt_gemm_fp8_plan_run(pt_gemm_fp8_plan plan, const void* a, const void* a_scale,
+                                      const void* b, const void* b_scale, void* d, void* workspace,
+                                      size_t workspace_bytes, void* stream);
+PT_API void pt_gemm_fp8_plan_destroy(pt_gemm_fp8_plan plan);
+
 // Compiles (or loads from the cache) the CUTLASS kernel of one point (dtypes, block scalings,
 // config index) for sm_90a without running it; needs no GPU. Thread-safe.
 PT_API pt_status pt_gemm_fp8_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,

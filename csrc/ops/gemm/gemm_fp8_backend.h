@@ -3,11 +3,20 @@
 
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <string>
 
 #include "ops/gemm/gemm_fp8_problem.h"
 
 namespace primus_turbo::gemm {
+
+// One config bound to one FP8 problem (sizes, dtypes, scalings, strides, alignment): runs it on
+// new data and scale pointers with no re-validation, keeping the backend's per-problem state.
+class Fp8BoundRun {
+ public:
+  virtual ~Fp8BoundRun() = default;
+  virtual void run(const Fp8Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) const = 0;
+};
 
 class Fp8Backend {
  public:
@@ -17,6 +26,9 @@ class Fp8Backend {
   virtual int num_configs(const Fp8Problem& p) const = 0;
   virtual void run(const Fp8Problem& p, int config, void* workspace, size_t workspace_bytes,
                    cudaStream_t stream) const = 0;
+  // Accepted problem -> a reusable run (rejection() is checked by the caller). The default replays
+  // run() unchanged.
+  virtual std::unique_ptr<Fp8BoundRun> bind(const Fp8Problem& p, int config) const;
 };
 
 const Fp8Backend& cublaslt_fp8_backend();

@@ -158,8 +158,45 @@ const Descriptors& descriptors_for(const Fp8Problem& p, const std::string& key) 
   return desc;
 }
 
+// Descriptors and algorithm made once per plan. The scale pointers live in the matmul descriptor,
+// so a run points it at its scales and launches under the plan's lock (plans are shared between
+// threads; the lock is uncontended in practice).
+class CublasLtFp8BoundRun final : public Fp8BoundRun {
+ public:
+  CublasLtFp8BoundRun(const Fp8Problem& p, const cublasLtMatmulHeuristicResult_t& algo, int device)
+      : desc_(p), algo_(algo), handle_(cublaslt_handle(device)) {}
+
+  void run(const Fp8Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) const override {
+    PT_CHECK_ARG(algo_.workspaceSize <= workspace_bytes, "cuBLASLt algorithm needs ", algo_.workspaceSize,
+                 " bytes of workspace, got ", workspace_bytes);
+    const float alpha = 1.0f;
+    std::lock_guard<std::mutex> lock(mutex_);
+    desc_.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(p.b.scale));
+    desc_.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(p.a.scale));
+    PT_CHECK_CUBLAS(cublasLtMatmul(handle_, desc_.op.value, &alpha, p.b.ptr, desc_.a.value, p.a.ptr,
+                                   desc_.b.value, &p.beta, p.d, desc_.d.value, p.d, desc_.d.value, &algo_.algo,
+                                   workspace, workspace_bytes, stream));
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable Descriptors desc_;
+  cublasLtMatmulHeuristicResult_t algo_;
+  cublasLtHandle_t handle_;
+};
+
 class CublasLtFp8Backend final : public Fp8Backend {
  public:
+  std::unique_ptr<Fp8BoundRun> bind(const Fp8Problem& p, int config) const override {
+    const int device = current_device();
+    const auto& algos = algos_for(p, device, heuristic_key(p, device));
+    PT_CHECK_SUPPORTED(!algos.empty(), "cuBLASLt has no algorithm for this FP8 GEMM (", p.key(), ")");
+    if (config < 0) config = 0;
+    PT_CHECK_ARG(config < static_cast<int>(algos.size()), "cuBLASLt FP8 config ", config,
+                 " is out of range [0, ", algos.size(), ")");
+    return std::make_unique<CublasLtFp8BoundRun>(p, algos[config], device);
+  }
+
   std::string rejection(const Fp8Problem& p) const override {
     std::string why = static_rejection(p);
     if (why.empty() && algos_for(p).empty())

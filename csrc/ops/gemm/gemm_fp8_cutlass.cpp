@@ -110,6 +110,30 @@ void check_config(int32_t a_scaling, int32_t b_scaling, int config) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The kernel and the launch parameters that depend only on the problem's shape; a run adds the
+// pointers and the stream.
+class CutlassFp8BoundRun final : public Fp8BoundRun {
+ public:
+  CutlassFp8BoundRun(PtGemmFp8RunFn fn, const PtGemmFp8Params& shape, std::string name)
+      : fn_(fn), shape_(shape), name_(std::move(name)) {}
+
+  void run(const Fp8Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) const override {
+    PtGemmFp8Params params = shape_;
+    params.a = p.a.ptr, params.b = p.b.ptr;
+    params.sfa = p.a.scale, params.sfb = p.b.scale;
+    params.d = p.d;
+    params.workspace = workspace, params.workspace_bytes = workspace_bytes;
+    params.stream = stream;
+    char err[1024] = {0};
+    if (fn_(&params, err, sizeof(err)) != 0) PT_THROW(PT_ERROR_CUDA, "CUTLASS FP8 GEMM ", name_, " failed: ", err);
+  }
+
+ private:
+  PtGemmFp8RunFn fn_;
+  PtGemmFp8Params shape_;
+  std::string name_;
+};
+
 class CutlassFp8Backend final : public Fp8Backend {
  public:
   std::string rejection(const Fp8Problem& p) const override {
@@ -133,6 +157,15 @@ class CutlassFp8Backend final : public Fp8Backend {
 
   void run(const Fp8Problem& p, int config, void* workspace, size_t workspace_bytes,
            cudaStream_t stream) const override {
+    make_run(p, config).run(p, workspace, workspace_bytes, stream);
+  }
+
+  std::unique_ptr<Fp8BoundRun> bind(const Fp8Problem& p, int config) const override {
+    return std::make_unique<CutlassFp8BoundRun>(make_run(p, config));
+  }
+
+ private:
+  CutlassFp8BoundRun make_run(const Fp8Problem& p, int config) const {
     const std::string why = rejection(p);
     PT_CHECK_SUPPORTED(why.empty(), why);
     if (config < 0) config = 0;
@@ -148,19 +181,14 @@ class CutlassFp8Backend final : public Fp8Backend {
     };
     PtGemmFp8Params params{};
     params.m = p.m, params.n = p.n, params.k = p.k;
-    params.a = p.a.ptr, params.lda = p.a.ld;
-    params.b = p.b.ptr, params.ldb = p.b.ld;
-    params.sfa = p.a.scale, params.sfa_ld = sf_ld(p.a.scaling, p.m);
-    params.sfb = p.b.scale, params.sfb_ld = sf_ld(p.b.scaling, p.n);
-    params.d = p.d, params.ldd = p.ldd;
+    params.lda = p.a.ld, params.ldb = p.b.ld;
+    params.sfa_ld = sf_ld(p.a.scaling, p.m), params.sfb_ld = sf_ld(p.b.scaling, p.n);
+    params.ldd = p.ldd;
     params.beta = p.beta;
-    params.workspace = workspace, params.workspace_bytes = workspace_bytes;
-    params.stream = stream;
     params.device = device;
     params.num_sms = device_info(device).sm_count;
-    char err[1024] = {0};
-    if (fn(&params, err, sizeof(err)) != 0)
-      PT_THROW(PT_ERROR_CUDA, "CUTLASS FP8 GEMM ", candidates(p.a.scaling, p.b.scaling)[config].name(), " (", p.key(), ") failed: ", err);
+    return CutlassFp8BoundRun(fn, params,
+                              str_cat(candidates(p.a.scaling, p.b.scaling)[config].name(), " (", p.key(), ")"));
   }
 };
 

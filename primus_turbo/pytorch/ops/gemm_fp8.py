@@ -413,8 +413,14 @@ def _bwd_fake(grad, a_bwd, sa_bwd, b_bwd, sb_bwd, trans_a, trans_b, grad_dtype, 
     return grad_a, grad_b
 
 
+def _infer_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity):
+    return _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, False)[0]
+
+
+library.register_fake("gemm_fp8", _infer_fake)
 library.register_fake("gemm_fp8_fwd", _fwd_fake)
 library.register_fake("gemm_fp8_bwd", _bwd_fake)
+_native_infer = native.ops.gemm_fp8.default
 _native_fwd = native.ops.gemm_fp8_fwd.default
 _native_bwd = native.ops.gemm_fp8_bwd.default
 
@@ -716,31 +722,37 @@ def gemm_fp8(
     config = _check_config(config)
     if _qo.is_quantized(a) or _qo.is_quantized(b):
         return _gemm_fp8_quantized(a, b, bool(trans_a), bool(trans_b), out_dtype, config, fuse_bgrad_accum_pattern)
-    pads = _odd_shape_padding(a, b, bool(trans_a), bool(trans_b))
-    if pads is not None and a.dtype == b.dtype and a.dtype in _IN_DTYPES:
-        return _gemm_fp8_padded(a, b, bool(trans_a), bool(trans_b), out_dtype or a.dtype, config,
-                                fuse_bgrad_accum_pattern, pads)
+    trans_a, trans_b = bool(trans_a), bool(trans_b)
     code = _NATIVE_GRANULARITY.get(config.granularity)
+    # The common case first, with nothing computed twice: plain 2-D CUDA operands whose sizes the
+    # FP8 kernels take as they are go straight to one native call.
     if (
         code is not None
         and config.format != Format.E5M2
         and isinstance(a, torch.Tensor)
         and isinstance(b, torch.Tensor)
-        and a.numel()
-        and b.numel()
-        and a.device.type == "cuda"
+        and a.is_cuda
+        and a.dim() == 2
+        and b.dim() == 2
     ):
-        if out_dtype is None:
-            out_dtype = a.dtype
-        if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
-            if fuse_bgrad_accum_pattern is not None:
-                check_main_grad_pattern(fuse_bgrad_accum_pattern)
-            fwd_dtype = torch.float8_e4m3fn
-            return _native_fwd(a, b, bool(trans_a), bool(trans_b), out_dtype, fwd_dtype, code, False)[0]
-        main_grad = _training_main_grad(b, fuse_bgrad_accum_pattern, config.granularity)
-        return NativeGemmFp8Function.apply(
-            a, b, bool(trans_a), bool(trans_b), out_dtype, config.format, config.granularity, main_grad
-        )
+        sa, sb = a.shape, b.shape
+        m, k = (sa[1], sa[0]) if trans_a else (sa[0], sa[1])
+        n = sb[0] if trans_b else sb[1]
+        training = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+        if m and n and k and not (k % 16 or (training and (m % 16 or n % 16))):
+            if out_dtype is None:
+                out_dtype = a.dtype
+            if not training:
+                if fuse_bgrad_accum_pattern is not None:
+                    check_main_grad_pattern(fuse_bgrad_accum_pattern)
+                return _native_infer(a, b, trans_a, trans_b, out_dtype, torch.float8_e4m3fn, code)
+            main_grad = _training_main_grad(b, fuse_bgrad_accum_pattern, config.granularity)
+            return NativeGemmFp8Function.apply(
+                a, b, trans_a, trans_b, out_dtype, config.format, config.granularity, main_grad
+            )
+    pads = _odd_shape_padding(a, b, trans_a, trans_b)
+    if pads is not None and a.dtype == b.dtype and a.dtype in _IN_DTYPES:
+        return _gemm_fp8_padded(a, b, trans_a, trans_b, out_dtype or a.dtype, config, fuse_bgrad_accum_pattern, pads)
     if isinstance(a, tuple) and len(a) == 3 and not isinstance(b, tuple):
         return _forward_prequantized_a_hp(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern)
     if isinstance(a, tuple) or isinstance(b, tuple):

@@ -1,0 +1,115 @@
+// FP8 GEMM plans: a problem validated and bound to one backend config once, then run on new data
+// and scale pointers with nothing but an alignment check per call (the FP8 twin of gemm_plan.cpp;
+// the per-call path of the native FP8 ops).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "ops/gemm/gemm_fp8_backend.h"
+
+using namespace primus_turbo;
+using namespace primus_turbo::gemm;
+
+namespace primus_turbo::gemm {
+
+namespace {
+
+class Fp8ReplayRun final : public Fp8BoundRun {
+ public:
+  Fp8ReplayRun(const Fp8Backend& backend, int config) : backend_(backend), config_(config) {}
+  void run(const Fp8Problem& p, void* ws, size_t ws_bytes, cudaStream_t stream) const override {
+    backend_.run(p, config_, ws, ws_bytes, stream);
+  }
+
+ private:
+  const Fp8Backend& backend_;
+  int config_;
+};
+
+// d = beta * d when the product is empty (k == 0); beta is 0 or 1 (checked when the plan is made).
+class Fp8EmptyKRun final : public Fp8BoundRun {
+ public:
+  void run(const Fp8Problem& p, void*, size_t, cudaStream_t stream) const override {
+    if (p.beta != 0.0f) return;
+    const size_t esz = p.d_dtype == PT_FLOAT32 ? 4 : 2;
+    PT_CHECK_CUDA(cudaMemset2DAsync(p.d, p.ldd * esz, 0, p.n * esz, p.m, stream));
+  }
+};
+
+uint32_t alignment_of(const void* ptr) {
+  const auto v = reinterpret_cast<uintptr_t>(ptr);
+  return v == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(v & (~v + 1), 256));
+}
+
+}  // namespace
+
+std::unique_ptr<Fp8BoundRun> Fp8Backend::bind(const Fp8Problem&, int config) const {
+  return std::make_unique<Fp8ReplayRun>(*this, config);
+}
+
+}  // namespace primus_turbo::gemm
+
+struct pt_gemm_fp8_plan_s {
+  Fp8Problem problem;  // pointers replaced per run
+  std::unique_ptr<Fp8BoundRun> bound;  // null when the output is empty
+  uint32_t align_a = 1, align_b = 1, align_d = 1;
+};
+
+extern "C" {
+
+pt_status pt_gemm_fp8_plan_create(const pt_tensor* a, const pt_tensor* a_scale, int32_t a_scaling,
+                                  const pt_tensor* b, const pt_tensor* b_scale, int32_t b_scaling,
+                                  const pt_tensor* d, float beta, int32_t backend, int32_t config,
+                                  pt_gemm_fp8_plan* plan) {
+  return api_guard([&] {
+    PT_CHECK_ARG(plan != nullptr, "pt_gemm_fp8_plan_create: 'plan' must not be null");
+    *plan = nullptr;
+    auto out = std::make_unique<pt_gemm_fp8_plan_s>();
+    out->problem = make_fp8_problem(a, a_scale, a_scaling, b, b_scale, b_scaling, d, beta);
+    const Fp8Problem& p = out->problem;
+    const Fp8Backend& be = fp8_backend_for(backend);
+    out->align_a = alignment_of(p.a.ptr);
+    out->align_b = alignment_of(p.b.ptr);
+    out->align_d = alignment_of(p.d);
+    if (p.m > 0 && p.n > 0) {
+      if (p.k == 0) {
+        PT_CHECK_SUPPORTED(p.beta == 0.0f || p.beta == 1.0f, "FP8 GEMM with K == 0 supports beta 0 or 1");
+        out->bound = std::make_unique<Fp8EmptyKRun>();
+      } else {
+        const std::string why = be.rejection(p);
+        PT_CHECK_SUPPORTED(why.empty(), why);
+        out->bound = be.bind(p, config);
+      }
+    }
+    *plan = out.release();
+  });
+}
+
+pt_status pt_gemm_fp8_plan_run(pt_gemm_fp8_plan plan, const void* a, const void* a_scale, const void* b,
+                               const void* b_scale, void* d, void* workspace, size_t workspace_bytes,
+                               void* stream) {
+  return api_guard([&] {
+    PT_CHECK_ARG(plan != nullptr, "pt_gemm_fp8_plan_run: 'plan' must not be null");
+    if (!plan->bound) return;
+    PT_CHECK_ARG(alignment_of(a) >= plan->align_a && alignment_of(b) >= plan->align_b &&
+                     alignment_of(d) >= plan->align_d,
+                 "pt_gemm_fp8_plan_run: pointers are less aligned than those the plan was made for "
+                 "(need ", plan->align_a, "/", plan->align_b, "/", plan->align_d, " bytes)");
+    PT_CHECK_ARG(a_scale != nullptr && b_scale != nullptr, "pt_gemm_fp8_plan_run: the scales must not be null");
+    Fp8Problem p = plan->problem;
+    p.a.ptr = a;
+    p.a.scale = static_cast<const float*>(a_scale);
+    p.b.ptr = b;
+    p.b.scale = static_cast<const float*>(b_scale);
+    p.d = d;
+    plan->bound->run(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
+  });
+}
+
+void pt_gemm_fp8_plan_destroy(pt_gemm_fp8_plan plan) { delete plan; }
+
+}  // extern "C"
