@@ -249,7 +249,7 @@ def run_case(case, op, dtype, copy_gbps, args) -> dict:
         t_eager = timed(eager)
     except Exception as e:  # noqa: BLE001 (e.g. out of memory on the largest weights)
         notes.append(f"eager: {type(e).__name__}"[:200])
-    del sets, x
+    sets = x = None  # free the rotating copies before the next case
     row.update({
         "Time (ms)": t_ours,
         "GB/s": gbps(nbytes, t_ours),
