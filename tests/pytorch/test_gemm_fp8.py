@@ -275,6 +275,40 @@ def test_float8_linear_from_float_matches_bf16_linear():
     assert snr_db(f8(x), lin(x).double()) >= 25.0
 
 
+@pytest.mark.parametrize("g", GRANULARITIES, ids=lambda v: v.name)
+def test_float8_linear_weight_cache_matches_and_refreshes(g, monkeypatch):
+    # Two steps of two micro-batches: the cached layer quantizes its weight once per step, and
+    # matches the layer that quantizes per call in outputs and in the accumulated gradients.
+    import primus_turbo.pytorch.modules.float8_linear as fl
+
+    calls = []
+    real = fl.create_quantized_weight
+    monkeypatch.setattr(fl, "create_quantized_weight", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(7)
+    cfg = config_for(Format.HYBRID, g)
+    ref = turbo.modules.Float8Linear(256, 128, config=cfg, device="cuda", dtype=torch.bfloat16)
+    cached = turbo.modules.Float8Linear(256, 128, config=cfg, device="cuda", dtype=torch.bfloat16,
+                                        cache_quantized_weight=True)
+    cached.load_state_dict(ref.state_dict())
+    for step in range(2):
+        for _ in range(2):
+            x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+            xr, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+            yr, yc = ref(xr), cached(xc)
+            assert snr_db(yc, yr) >= 40.0
+            dy = torch.randn_like(yr)
+            yr.backward(dy)
+            yc.backward(dy)
+            assert snr_db(xc.grad, xr.grad) >= 40.0
+        assert snr_db(cached.weight.grad, ref.weight.grad) >= 40.0
+        assert len(calls) == step + 1
+        with torch.no_grad():  # an optimizer step: the weight changes in place
+            for layer in (ref, cached):
+                layer.weight -= 0.05 * layer.weight.grad
+                layer.weight.grad = None
+                layer.bias.grad = None
+
+
 def test_backend_selection_for_fp8_precision():
     a = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)

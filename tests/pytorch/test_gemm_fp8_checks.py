@@ -141,7 +141,7 @@ def test_megatron_pattern_validates_main_grad():
 def test_float8_linear_from_float_shares_parameters():
     lin = torch.nn.Linear(32, 16, device="meta", dtype=torch.bfloat16)
     cfg = Float8QuantConfig(format=Format.HYBRID, granularity=G.ROWWISE)
-    f8 = turbo.modules.Float8Linear.from_float(lin, cfg)
+    f8 = turbo.modules.Float8Linear.from_float(lin, cfg, inplace=False)
     assert f8.weight is lin.weight and f8.bias is lin.bias and f8.config is cfg
     assert f8(meta(16, 32)).shape == (16, 16)
     with pytest.raises(ValueError, match="in_features=32"):
@@ -150,6 +150,14 @@ def test_float8_linear_from_float_shares_parameters():
         turbo.modules.Float8Linear.from_float(torch.nn.ReLU(), cfg)
     with pytest.raises(TypeError, match="Float8QuantConfig"):
         turbo.modules.Float8Linear(32, 16, config="blockwise", device="meta")
+    # inplace=True (the default, as the original): the module itself changes class.
+    lin2 = torch.nn.Linear(32, 16, device="meta", dtype=torch.bfloat16)
+    same = turbo.modules.Float8Linear.from_float(lin2, cfg, cache_quantized_weight=True)
+    assert same is lin2 and type(same) is turbo.modules.Float8Linear and same.cache_quantized_weight
+    assert "cache_quantized_weight=True" in repr(same)
+    lin3 = torch.nn.Linear(32, 16, device="meta", dtype=torch.bfloat16)
+    other = turbo.modules.Float8Linear.from_float(lin3, cfg, inplace=False)
+    assert other is not lin3 and type(lin3) is torch.nn.Linear and other.weight is lin3.weight
 
 
 def test_odd_shapes_are_padded_inside_the_op():
@@ -165,3 +173,23 @@ def test_odd_shapes_are_padded_inside_the_op():
     w.main_grad = torch.zeros(24, 40, device="meta", dtype=torch.float32)
     turbo.ops.gemm_fp8(meta(20, 40), w, trans_b=True, fuse_bgrad_accum_pattern="megatron").sum().backward()
     assert w.grad_added_to_main_grad
+
+
+@pytest.mark.parametrize("g", [G.TENSORWISE, G.ROWWISE, G.BLOCKWISE, G.MX_BLOCKWISE], ids=lambda v: v.name)
+def test_float8_linear_weight_cache_shapes_reuse_and_refresh(g):
+    block = {G.BLOCKWISE: 128, G.MX_BLOCKWISE: 32}.get(g)
+    extra = {"scale_dtype": ScaleDtype.E8M0} if g == G.MX_BLOCKWISE else {}
+    cfg = Float8QuantConfig(format=Format.HYBRID, granularity=g, block_size=block, **extra)
+    layer = turbo.modules.Float8Linear(64, 32, config=cfg, device="meta", dtype=torch.bfloat16,
+                                       cache_quantized_weight=True)
+    x = meta(16, 64, grad=True)
+    y = layer(x)
+    y.sum().backward()
+    assert y.shape == (16, 32) and x.grad.shape == (16, 64) and layer.weight.grad.shape == (32, 64)
+    first = layer._weight_cache[1]
+    layer(x)
+    assert layer._weight_cache[1] is first  # the same weight: the cached copies serve again
+    with torch.no_grad():
+        layer.weight.mul_(0.5)  # an optimizer step changes the weight in place
+    layer(x)
+    assert layer._weight_cache[1] is not first

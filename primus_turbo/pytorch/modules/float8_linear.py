@@ -4,11 +4,28 @@
 import torch
 from torch import nn
 
-from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format
+from primus_turbo.pytorch.core.quantized_tensor import (
+    QuantizedTensor,
+    QuantizedTensorPair,
+    create_quantized_weight,
+)
 from primus_turbo.pytorch.modules.linear import Linear
 from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
 
 __all__ = ["Float8Linear"]
+
+
+class _StraightThrough(torch.autograd.Function):
+    """The cached quantized weight as a function of the weight: its gradient is the weight's."""
+
+    @staticmethod
+    def forward(ctx, weight, quantized):
+        return quantized.detach()  # a fresh alias, so the cached tensor never gets a grad_fn
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
 
 
 class Float8Linear(Linear):
@@ -18,6 +35,14 @@ class Float8Linear(Linear):
     step quantizes the input, the weight and the output gradient per ``config`` (default E4M3
     tensorwise). With BLOCKWISE the weight uses 128x128 blocks and activations 1x128. Works under
     ``torch.compile(fullgraph=True)``.
+
+    Quantized weights: ``weight`` may be a :class:`QuantizedTensor` (e.g. set by a trainer that
+    quantizes once per step), used as it is. With ``cache_quantized_weight=True`` the layer keeps
+    the weight's two FP8 copies (along K for the forward, along N for the dgrad; about the
+    weight's size again in memory) and reuses them until the weight changes (its version counter
+    moves, e.g. at ``optimizer.step()``): with gradient accumulation or activation recomputation
+    the weight is quantized once per step instead of once per forward. Eager mode only (under
+    ``torch.compile`` the weight is quantized in the graph).
     """
 
     def __init__(
@@ -28,16 +53,49 @@ class Float8Linear(Linear):
         config: Float8QuantConfig | None = None,
         device=None,
         dtype=None,
+        cache_quantized_weight: bool = False,
     ):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._init_fp8(config, cache_quantized_weight)
+
+    def _init_fp8(self, config, cache_quantized_weight: bool) -> None:
         if config is not None and not isinstance(config, Float8QuantConfig):
             raise TypeError(f"Float8Linear: config must be a Float8QuantConfig or None, got {type(config).__name__}")
         self.config = config if config is not None else Float8QuantConfig()
+        self.cache_quantized_weight = bool(cache_quantized_weight)
+        self._weight_cache = None  # (key, data, data_t)
 
     @classmethod
-    def from_float(cls, linear: nn.Linear, config: Float8QuantConfig | None = None) -> "Float8Linear":
-        """A Float8Linear sharing ``linear``'s parameters (no copy)."""
-        return super().from_float(linear, config=config)
+    def from_float(
+        cls,
+        linear: nn.Module,
+        config: Float8QuantConfig | None = None,
+        inplace: bool = True,
+        cache_quantized_weight: bool = False,
+    ) -> "Float8Linear":
+        """``linear`` (an ``nn.Linear`` or ``turbo.modules.Linear``) as a Float8Linear: with
+        ``inplace`` (the default, as the original library) the module itself changes class and is
+        returned; otherwise a new module sharing its parameters (no copy)."""
+        if not inplace:
+            return super().from_float(linear, config=config, cache_quantized_weight=cache_quantized_weight)
+        if not isinstance(linear, (nn.Linear, Linear)):
+            raise TypeError(f"Float8Linear.from_float: expected an nn.Linear, got {type(linear).__name__}")
+        linear.__class__ = cls
+        linear._init_fp8(config, cache_quantized_weight)
+        return linear
+
+    def _cached_weight(self) -> QuantizedTensorPair:
+        w = self.weight
+        key = (w.data_ptr(), w._version, w.dtype, tuple(w.shape), id(self.config))
+        if self._weight_cache is None or self._weight_cache[0] != key:
+            dtype = torch.float8_e5m2 if self.config.format == Format.E5M2 else torch.float8_e4m3fn
+            with torch.no_grad():
+                data, data_t = create_quantized_weight(w.detach(), dtype, self.config, need_weight_transpose_cache=True)
+            self._weight_cache = (key, data, data_t)
+        _, data, data_t = self._weight_cache
+        if torch.is_grad_enabled() and w.requires_grad:
+            data = _StraightThrough.apply(w, data)
+        return QuantizedTensorPair(data, data_t)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
@@ -45,10 +103,18 @@ class Float8Linear(Linear):
                 f"Float8Linear: input's last dimension is {x.shape[-1]}; expected in_features={self.in_features}"
             )
         leading = x.shape[:-1]
-        out = gemm_fp8(x.reshape(-1, self.in_features), self.weight, trans_b=True, config=self.config)
+        weight = self.weight
+        if (
+            getattr(self, "cache_quantized_weight", False)
+            and not isinstance(weight, QuantizedTensor)
+            and not torch.compiler.is_compiling()
+        ):
+            weight = self._cached_weight()
+        out = gemm_fp8(x.reshape(-1, self.in_features), weight, trans_b=True, config=self.config)
         if self.bias is not None:
             out = out + self.bias
         return out.view(*leading, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, config={self.config}"
+        cache = ", cache_quantized_weight=True" if getattr(self, "cache_quantized_weight", False) else ""
+        return f"{super().extra_repr()}, config={self.config}{cache}"
