@@ -1,4 +1,5 @@
-"""FP8 / FP4 quantization on the GPU against torch references of the same math (quant_reference.py):
+"""FP8 / FP4 quantization on the GPU against torch references of the same math (quant_reference.py),
+through the unpadded layouts the GEMMs read (the public functions' padded MX layouts: their own test):
 every granularity x axis x FP8 dtype x input dtype on odd shapes, quantized values within one unit
 in the last place of the target format (in practice bitwise), scales exact, dequantization and the
 round trip, with_trans against two separate calls, FP4 recipes (2-D blocks, RHT, stochastic
@@ -13,6 +14,7 @@ import torch
 from turbo_test_utils import poison_allocator
 
 import primus_turbo.pytorch as turbo
+from primus_turbo.pytorch.ops import quantization as QZ
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
 from primus_turbo.pytorch.core.low_precision import ScalingRecipe
 
@@ -111,7 +113,7 @@ def test_quantize_fp8_matches_reference(config, dtype, in_dtype, shape):
     x = make_x(m, k, in_dtype, seed=m * 31 + k)
     recipe = ScalingRecipe(use_2d_block=True) if two_d else None
     poison_allocator(m * k * 4)
-    q, s = turbo.ops.quantize_fp8(x, dtype, g, block_size=block, axis=axis, scaling_recipe=recipe)
+    q, s = QZ.quantize_fp8_unpadded(x, dtype, g, block_size=block, axis=axis, scaling_recipe=recipe)
     gm, gk = groups(g, block, axis, two_d, m, k)
     mx = g == G.MX_BLOCKWISE
     q_ref, s_ref, v, inv = reference_fp8(x, dtype, gm, gk, mx)
@@ -124,7 +126,7 @@ def test_quantize_fp8_matches_reference(config, dtype, in_dtype, shape):
     assert_fp8_close(q, q_ref, dtype)
 
     # Dequantize: exactly q * scale_inv rounded once to the output dtype.
-    out = turbo.ops.dequantize_fp8(q, in_dtype, g, block_size=block, axis=axis, scale_inv=s, scaling_recipe=recipe)
+    out = QZ.dequantize_fp8_unpadded(q, in_dtype, g, block_size=block, axis=axis, scale_inv=s, scaling_recipe=recipe)
     assert out.dtype == in_dtype and out.shape == x.shape
     assert torch.equal(out, (q.float() * inv).to(in_dtype))
     # Round trip: within one unit in the last place of the format at the same scale (unsaturated).
@@ -149,14 +151,14 @@ def test_with_trans_matches_two_calls(config, in_dtype, shape):
     m, k = shape
     x = make_x(m, k, in_dtype, seed=7 * m + k)
     recipe = ScalingRecipe(use_2d_block=True) if two_d else None
-    q_row, s_row, q_col, s_col = turbo.ops.quantize_fp8_with_trans(x, dtype, g, block_size=block, scaling_recipe=recipe)
-    r_q, r_s = turbo.ops.quantize_fp8(x, dtype, g, block_size=block, axis=-1, scaling_recipe=recipe)
+    q_row, s_row, q_col, s_col = QZ.quantize_fp8_with_trans_unpadded(x, dtype, g, block_size=block, scaling_recipe=recipe)
+    r_q, r_s = QZ.quantize_fp8_unpadded(x, dtype, g, block_size=block, axis=-1, scaling_recipe=recipe)
     assert torch.equal(q_row.view(torch.uint8), r_q.view(torch.uint8)) and torch.equal(s_row, r_s)
     if g == G.BLOCKWISE and not two_d:  # in place, as the original: quantize_fp8(axis=0)'s output
-        c_q, c_s = turbo.ops.quantize_fp8(x, dtype, g, block_size=block, axis=0)
+        c_q, c_s = QZ.quantize_fp8_unpadded(x, dtype, g, block_size=block, axis=0)
         assert q_col.shape == (m, k) and torch.equal(q_col.view(torch.uint8), c_q.view(torch.uint8))
         assert torch.equal(s_col, c_s)
-        out = turbo.ops.dequantize_fp8(q_col, torch.float32, g, block_size=block, axis=0, scale_inv=s_col)
+        out = QZ.dequantize_fp8_unpadded(q_col, torch.float32, g, block_size=block, axis=0, scale_inv=s_col)
         assert (out - x.float()).abs().max() <= x.float().abs().max() * 0.07
         return
     assert q_col.shape == (k, m) and q_col.is_contiguous()
@@ -165,13 +167,13 @@ def test_with_trans_matches_two_calls(config, in_dtype, shape):
         assert torch.equal(q_col.view(torch.uint8), q_row.view(torch.uint8).t())
         return
     # The column quantization of x is the row quantization of x^T.
-    c_q, c_s = turbo.ops.quantize_fp8(x.t().contiguous(), dtype, g, block_size=block, axis=-1, scaling_recipe=recipe)
+    c_q, c_s = QZ.quantize_fp8_unpadded(x.t().contiguous(), dtype, g, block_size=block, axis=-1, scaling_recipe=recipe)
     assert torch.equal(q_col.view(torch.uint8), c_q.view(torch.uint8))
     assert torch.equal(s_col.view(torch.uint8), c_s.view(torch.uint8))
     if two_d:
         assert torch.equal(s_col, s_row.t())
     # And q_col dequantizes along its own rows.
-    out = turbo.ops.dequantize_fp8(q_col, torch.float32, g, block_size=block, axis=-1, scale_inv=s_col,
+    out = QZ.dequantize_fp8_unpadded(q_col, torch.float32, g, block_size=block, axis=-1, scale_inv=s_col,
                                    scaling_recipe=recipe)
     # E4M3 keeps 3 mantissa bits (relative error <= 2^-4; MX scales round up, so nothing clips).
     assert (out - x.float().t()).abs().max() <= x.float().abs().max() * 0.07
@@ -182,41 +184,41 @@ def test_all_zero_groups_and_empty_inputs():
     x[:, :128] = 0
     x[5] = 0
     for g, b, axis in [(G.ROWWISE, None, -1), (G.BLOCKWISE, 128, -1), (G.BLOCKWISE, 128, 0), (G.MX_BLOCKWISE, 32, -1)]:
-        q, s = turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, g, block_size=b, axis=axis)
+        q, s = QZ.quantize_fp8_unpadded(x, torch.float8_e4m3fn, g, block_size=b, axis=axis)
         sf = s.float()
         assert torch.isfinite(sf).all() and torch.isfinite(q.float()).all()
         assert (q.float()[x == 0] == 0).all()
-    q, s = turbo.ops.quantize_fp8(torch.zeros(8, 8, device="cuda"), torch.float8_e4m3fn, G.TENSORWISE)
+    q, s = QZ.quantize_fp8_unpadded(torch.zeros(8, 8, device="cuda"), torch.float8_e4m3fn, G.TENSORWISE)
     assert (q.float() == 0).all() and torch.isfinite(s) and s > 0
     for shape in [(0, 64), (64, 0), (0, 0)]:
         e = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
-        q, s = turbo.ops.quantize_fp8(e, torch.float8_e4m3fn, G.TENSORWISE)
+        q, s = QZ.quantize_fp8_unpadded(e, torch.float8_e4m3fn, G.TENSORWISE)
         assert q.shape == shape and s.dim() == 0 and torch.isfinite(s)
-        q, s = turbo.ops.quantize_fp8(e, torch.float8_e4m3fn, G.BLOCKWISE, block_size=128, axis=-1)
+        q, s = QZ.quantize_fp8_unpadded(e, torch.float8_e4m3fn, G.BLOCKWISE, block_size=128, axis=-1)
         assert q.shape == shape and s.shape == (shape[0], (shape[1] + 127) // 128)
-        outs = turbo.ops.quantize_fp8_with_trans(e, torch.float8_e4m3fn, G.MX_BLOCKWISE, block_size=32)
+        outs = QZ.quantize_fp8_with_trans_unpadded(e, torch.float8_e4m3fn, G.MX_BLOCKWISE, block_size=32)
         assert outs[2].shape == shape[::-1]
-        assert turbo.ops.dequantize_fp8(q, torch.bfloat16, G.BLOCKWISE, block_size=128, axis=-1, scale_inv=s).shape == shape
+        assert QZ.dequantize_fp8_unpadded(q, torch.bfloat16, G.BLOCKWISE, block_size=128, axis=-1, scale_inv=s).shape == shape
 
 
 def test_higher_rank_and_non_contiguous_input():
     x = torch.randn(4, 33, 256, device="cuda", dtype=torch.bfloat16)
-    q, s = turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, G.BLOCKWISE, block_size=128, axis=-1)
-    r_q, r_s = turbo.ops.quantize_fp8(x.reshape(-1, 256), torch.float8_e4m3fn, G.BLOCKWISE, block_size=128, axis=-1)
+    q, s = QZ.quantize_fp8_unpadded(x, torch.float8_e4m3fn, G.BLOCKWISE, block_size=128, axis=-1)
+    r_q, r_s = QZ.quantize_fp8_unpadded(x.reshape(-1, 256), torch.float8_e4m3fn, G.BLOCKWISE, block_size=128, axis=-1)
     assert q.shape == x.shape and s.shape == (4, 33, 2)
     assert torch.equal(q.view(torch.uint8).reshape(-1, 256), r_q.view(torch.uint8)) and torch.equal(s.reshape(-1, 2), r_s)
     # Along a middle or leading dim: the same as moving that dim last (ROWWISE and 1-D blocks).
     for g, block, axis in ((G.ROWWISE, None, 1), (G.ROWWISE, None, -3), (G.BLOCKWISE, 32, 1), (G.MX_BLOCKWISE, 32, 0)):
-        q, s = turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, g, block_size=block, axis=axis)
-        r_q, r_s = turbo.ops.quantize_fp8(x.movedim(axis, -1).contiguous(), torch.float8_e4m3fn, g, block_size=block, axis=-1)
+        q, s = QZ.quantize_fp8_unpadded(x, torch.float8_e4m3fn, g, block_size=block, axis=axis)
+        r_q, r_s = QZ.quantize_fp8_unpadded(x.movedim(axis, -1).contiguous(), torch.float8_e4m3fn, g, block_size=block, axis=-1)
         assert torch.equal(q.view(torch.uint8), r_q.view(torch.uint8).movedim(-1, axis))
         as_bits = (lambda t: t.view(torch.uint8)) if s.element_size() == 1 else (lambda t: t)  # E8M0
         assert torch.equal(as_bits(s), as_bits(r_s.movedim(-1, axis)))
-        back = turbo.ops.dequantize_fp8(q, torch.float32, g, block_size=block, axis=axis, scale_inv=s)
+        back = QZ.dequantize_fp8_unpadded(q, torch.float32, g, block_size=block, axis=axis, scale_inv=s)
         assert back.shape == x.shape and (back - x.float()).abs().max() <= x.float().abs().max() * 0.07
     xt = torch.randn(256, 300, device="cuda", dtype=torch.bfloat16).t()  # a transposed view
-    q, s = turbo.ops.quantize_fp8(xt, torch.float8_e4m3fn, G.ROWWISE, axis=-1)
-    r_q, r_s = turbo.ops.quantize_fp8(xt.contiguous(), torch.float8_e4m3fn, G.ROWWISE, axis=-1)
+    q, s = QZ.quantize_fp8_unpadded(xt, torch.float8_e4m3fn, G.ROWWISE, axis=-1)
+    r_q, r_s = QZ.quantize_fp8_unpadded(xt.contiguous(), torch.float8_e4m3fn, G.ROWWISE, axis=-1)
     assert torch.equal(q.view(torch.uint8), r_q.view(torch.uint8)) and torch.equal(s, r_s)
 
 
@@ -226,8 +228,8 @@ def test_mx_scales_round_up_so_nothing_clips(dtype, rel):
     # (relative 2^-4 for E4M3, 2^-3 for E5M2) on every element, the block's largest included.
     torch.manual_seed(5)
     x = torch.randn(4, 1024, 256, device="cuda", dtype=torch.bfloat16) * 3
-    q, s = turbo.ops.quantize_fp8(x, dtype, G.MX_BLOCKWISE, block_size=32, axis=-1)
-    back = turbo.ops.dequantize_fp8(q, torch.float32, G.MX_BLOCKWISE, block_size=32, axis=-1, scale_inv=s)
+    q, s = QZ.quantize_fp8_unpadded(x, dtype, G.MX_BLOCKWISE, block_size=32, axis=-1)
+    back = QZ.dequantize_fp8_unpadded(q, torch.float32, G.MX_BLOCKWISE, block_size=32, axis=-1, scale_inv=s)
     err = (back - x.float()).abs()
     tiny = 1e-5 * x.abs().max().item()  # subnormal spacing near zero
     assert (err <= rel * x.float().abs() + tiny).all(), f"max error {err.max().item():.3g}"
@@ -240,9 +242,9 @@ def test_fp4_of_a_3d_input_equals_each_group_quantized_alone():
     torch.manual_seed(9)
     x = torch.randn(3, 64, 96, device="cuda", dtype=torch.bfloat16)
     for axis, axis_2d in ((2, -1), (1, 0)):
-        q, s = turbo.ops.quantize_fp4(x, axis=axis)
+        q, s = QZ.quantize_fp4_unpadded(x, axis=axis)
         for g in range(3):
-            rq, rs = turbo.ops.quantize_fp4(x[g], axis=axis_2d)
+            rq, rs = QZ.quantize_fp4_unpadded(x[g], axis=axis_2d)
             assert torch.equal(q[g].view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s[g].view(torch.uint8), rs.view(torch.uint8))
         back = turbo.ops.dequantize_fp4(q, torch.float32, axis=axis, scale_inv=s)
         assert back.shape == x.shape and (back - x.float()).abs().max() <= x.float().abs().max() * 0.26
@@ -266,7 +268,7 @@ def test_quantize_fp4_matches_reference(axis, two_d, in_dtype, shape):
         pytest.skip("FP4 along an odd dim is rejected (covered by the checks tests)")
     x = make_x(m, k, in_dtype, seed=m + 3 * k)
     recipe = ScalingRecipe(use_2d_block=two_d)
-    q, s = turbo.ops.quantize_fp4(x, axis=axis, scaling_recipe=recipe)
+    q, s = QZ.quantize_fp4_unpadded(x, axis=axis, scaling_recipe=recipe)
     xs = x if axis == -1 else x.t()  # the quantized dim last
     rows, cols = xs.shape
     assert q.dtype == FP4 and q.shape == (rows, cols // 2) and s.dtype == torch.float8_e8m0fnu
@@ -280,7 +282,7 @@ def test_quantize_fp4_matches_reference(axis, two_d, in_dtype, shape):
     ref = (R.e2m1_values(codes).float() * inv).to(in_dtype)
     assert torch.equal(out if axis == -1 else out.t(), ref)
     if two_d and m % 2 == 0:  # the weight's transpose reuses the scales
-        _, s_t = turbo.ops.quantize_fp4(x, axis=1 if axis == 0 else 0, scaling_recipe=recipe)
+        _, s_t = QZ.quantize_fp4_unpadded(x, axis=1 if axis == 0 else 0, scaling_recipe=recipe)
         assert torch.equal(s_t.view(torch.uint8), s.view(torch.uint8).t())
 
 
@@ -288,7 +290,7 @@ def test_quantize_fp4_matches_reference(axis, two_d, in_dtype, shape):
 def test_fp4_hadamard_is_invertible(axis):
     x = make_x(256, 512, torch.bfloat16, seed=11)
     assert torch.allclose(R.inverse_rht(R.rht(x, 1 if axis == -1 else 0), 1 if axis == -1 else 0), x.double(), atol=1e-12)
-    q, s = turbo.ops.quantize_fp4(x, axis=axis, scaling_recipe=ScalingRecipe(use_rht=True))
+    q, s = QZ.quantize_fp4_unpadded(x, axis=axis, scaling_recipe=ScalingRecipe(use_rht=True))
     out = turbo.ops.dequantize_fp4(q, torch.float32, axis=axis, scale_inv=s)
     back = R.inverse_rht(out.double(), 1 if axis == -1 else 0)
     snr = 10 * torch.log10(x.double().pow(2).sum() / (back - x.double()).pow(2).sum())
@@ -305,9 +307,9 @@ def test_fp4_stochastic_rounding_is_unbiased_and_deterministic():
     row = torch.randn(1, 64, device="cuda") * 3
     x = row.expand(8192, 64).contiguous()
     recipe = ScalingRecipe(use_sr=True)
-    q1, s1 = turbo.ops.quantize_fp4(x, axis=-1, scaling_recipe=recipe, seed=123)
-    q2, _ = turbo.ops.quantize_fp4(x, axis=-1, scaling_recipe=recipe, seed=123)
-    q3, _ = turbo.ops.quantize_fp4(x, axis=-1, scaling_recipe=recipe, seed=124)
+    q1, s1 = QZ.quantize_fp4_unpadded(x, axis=-1, scaling_recipe=recipe, seed=123)
+    q2, _ = QZ.quantize_fp4_unpadded(x, axis=-1, scaling_recipe=recipe, seed=123)
+    q3, _ = QZ.quantize_fp4_unpadded(x, axis=-1, scaling_recipe=recipe, seed=124)
     assert torch.equal(q1.view(torch.uint8), q2.view(torch.uint8))
     assert not torch.equal(q1.view(torch.uint8), q3.view(torch.uint8))
     out = turbo.ops.dequantize_fp4(q1, torch.float32, axis=-1, scale_inv=s1)
@@ -321,7 +323,7 @@ def test_fp4_stochastic_rounding_is_unbiased_and_deterministic():
     assert unsat.sum() >= 48
     assert (bias <= 0.05 * step[0][unsat].double()).all(), f"mean bias {bias.max():.4g}"
     # Nearest rounding of the same data is biased somewhere; SR is not.
-    qn, sn = turbo.ops.quantize_fp4(x, axis=-1)
+    qn, sn = QZ.quantize_fp4_unpadded(x, axis=-1)
     rn = turbo.ops.dequantize_fp4(qn, torch.float32, axis=-1, scale_inv=sn)
     assert (rn.double().mean(0) - row.double()[0]).abs()[unsat].max() > bias.max()
 
@@ -333,10 +335,10 @@ def test_cuda_graph_capture_and_replay():
     x = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
 
     def run(t):
-        a = turbo.ops.quantize_fp8(t, torch.float8_e4m3fn, G.TENSORWISE)
-        b = turbo.ops.quantize_fp8_with_trans(t, torch.float8_e4m3fn, G.BLOCKWISE, block_size=128)
-        c = turbo.ops.quantize_fp8(t, torch.float8_e5m2, G.ROWWISE, axis=0)
-        d = turbo.ops.quantize_fp4(t, axis=-1, scaling_recipe=ScalingRecipe(use_sr=True), seed=5)
+        a = QZ.quantize_fp8_unpadded(t, torch.float8_e4m3fn, G.TENSORWISE)
+        b = QZ.quantize_fp8_with_trans_unpadded(t, torch.float8_e4m3fn, G.BLOCKWISE, block_size=128)
+        c = QZ.quantize_fp8_unpadded(t, torch.float8_e5m2, G.ROWWISE, axis=0)
+        d = QZ.quantize_fp4_unpadded(t, axis=-1, scaling_recipe=ScalingRecipe(use_sr=True), seed=5)
         return [*a, *b, *c, *d]
 
     run(x)  # warm up (compiles, allocates)
@@ -357,9 +359,48 @@ def test_cuda_graph_capture_and_replay():
 
 def test_torch_compile_fullgraph():
     def fn(x):
-        q, s = turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, G.BLOCKWISE, block_size=128, axis=-1)
-        return turbo.ops.dequantize_fp8(q, torch.float32, G.BLOCKWISE, block_size=128, axis=-1, scale_inv=s) * 2
+        q, s = QZ.quantize_fp8_unpadded(x, torch.float8_e4m3fn, G.BLOCKWISE, block_size=128, axis=-1)
+        return QZ.dequantize_fp8_unpadded(q, torch.float32, G.BLOCKWISE, block_size=128, axis=-1, scale_inv=s) * 2
 
     x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
     compiled = torch.compile(fn, fullgraph=True)
     assert torch.equal(compiled(x), fn(x))
+
+
+# ---- the public MX layouts (the original library's: padded to 128, axis 0 / 1 transposed) ------------
+
+
+@pytest.mark.parametrize("shape", [(127, 200), (256, 128), (3, 100, 96)], ids=lambda s: "x".join(map(str, s)))
+def test_public_mx_layouts_are_the_unpadded_ones_padded(shape):
+    torch.manual_seed(11)
+    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+    e4, pad = torch.float8_e4m3fn, lambda n: -(-n // 128) * 128
+    bits = lambda t: t.view(torch.uint8)  # noqa: E731
+    last, other = x.dim() - 1, x.dim() - 2
+    # Along the last dim: the unpadded quantization of x zero-padded to 128 columns.
+    q, s = turbo.ops.quantize_fp8(x, e4, G.MX_BLOCKWISE, block_size=32, axis=last)
+    xp = torch.nn.functional.pad(x, (0, pad(shape[-1]) - shape[-1]))
+    rq, rs = QZ.quantize_fp8_unpadded(xp, e4, G.MX_BLOCKWISE, block_size=32, axis=-1)
+    assert q.shape == xp.shape and torch.equal(bits(q), bits(rq)) and torch.equal(bits(s), bits(rs))
+    back = turbo.ops.dequantize_fp8(q, torch.float32, G.MX_BLOCKWISE, block_size=32, axis=last, scale_inv=s)
+    assert back.shape == xp.shape and (back[..., shape[-1]:] == 0).all()
+    assert (back[..., : shape[-1]] - x.float()).abs().max() <= x.float().abs().max() * 0.07
+    # Along the other dim: stored transposed ([.., N, M_pad]), dequantized back to [.., M_pad, N].
+    q, s = turbo.ops.quantize_fp8(x, e4, G.MX_BLOCKWISE, block_size=32, axis=other)
+    xt = torch.nn.functional.pad(x.transpose(-1, -2), (0, pad(shape[-2]) - shape[-2]))
+    rq, rs = QZ.quantize_fp8_unpadded(xt.contiguous(), e4, G.MX_BLOCKWISE, block_size=32, axis=-1)
+    assert q.shape == xt.shape and torch.equal(bits(q), bits(rq)) and torch.equal(bits(s), bits(rs))
+    back = turbo.ops.dequantize_fp8(q, torch.float32, G.MX_BLOCKWISE, block_size=32, axis=other, scale_inv=s)
+    assert back.shape == xt.transpose(-1, -2).shape
+    assert (back[..., : shape[-2], :] - x.float()).abs().max() <= x.float().abs().max() * 0.07
+    # with_trans: both copies as the two single calls.
+    q_r, s_r, q_c, s_c = turbo.ops.quantize_fp8_with_trans(x, e4, G.MX_BLOCKWISE, block_size=32)
+    for (a, b), axis in (((q_r, s_r), last), ((q_c, s_c), other)):
+        ra, rb = turbo.ops.quantize_fp8(x, e4, G.MX_BLOCKWISE, block_size=32, axis=axis)
+        assert torch.equal(bits(a), bits(ra)) and torch.equal(bits(b), bits(rb))
+    # FP4: the quantized dim padded to 128, the rest as the unpadded layout.
+    fq, fs = turbo.ops.quantize_fp4(x, axis=last)
+    rq, rs = QZ.quantize_fp4_unpadded(xp, axis=last)
+    assert torch.equal(bits(fq), bits(rq)) and torch.equal(bits(fs), bits(rs))
+    back = turbo.ops.dequantize_fp4(fq, torch.float32, axis=last, scale_inv=fs)
+    assert back.shape == xp.shape and (back[..., shape[-1]:] == 0).all()

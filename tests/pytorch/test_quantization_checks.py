@@ -28,18 +28,48 @@ E8M0 = torch.float8_e8m0fnu
         (G.BLOCKWISE, 128, 0, False, (3, 200), torch.float32),
         (G.BLOCKWISE, 128, None, True, (3, 2), torch.float32),
         (G.BLOCKWISE, 64, -1, False, (300, 4), torch.float32),
-        (G.MX_BLOCKWISE, 32, -1, False, (300, 7), E8M0),
-        (G.MX_BLOCKWISE, 32, 0, False, (10, 200), E8M0),
+        (G.MX_BLOCKWISE, 32, -1, False, (300, 8), E8M0),
+        (G.MX_BLOCKWISE, 32, 0, False, (200, 12), E8M0),
+        (G.MX_BLOCKWISE, 32, None, True, (10, 7), E8M0),
     ],
 )
 def test_quantize_fp8_shapes(g, block, axis, two_d, scale_shape, scale_dtype):
     x = meta(300, 200)
     recipe = ScalingRecipe(use_2d_block=True) if two_d else None
     q, s = turbo.ops.quantize_fp8(x, E4M3, g, block_size=block, axis=axis, scaling_recipe=recipe)
-    assert q.shape == (300, 200) and q.dtype == E4M3
+    # MX (1-D blocks) in the original's padded layouts: the quantized dim padded to 128, and along
+    # dim 0 stored transposed.
+    padded = g == G.MX_BLOCKWISE and not two_d
+    want_q = {-1: (300, 256), 0: (200, 384)}[axis] if padded else (300, 200)
+    assert q.shape == want_q and q.dtype == E4M3
     assert s.shape == scale_shape and s.dtype == scale_dtype
     out = turbo.ops.dequantize_fp8(q, torch.float16, g, block_size=block, axis=axis, scale_inv=s, scaling_recipe=recipe)
-    assert out.shape == (300, 200) and out.dtype == torch.float16
+    want_out = {-1: (300, 256), 0: (384, 200)}[axis] if padded else (300, 200)
+    assert out.shape == want_out and out.dtype == torch.float16
+
+
+@pytest.mark.parametrize("axis,scale_shape", [(-1, (300, 7)), (0, (10, 200))])
+def test_unpadded_mx_layouts_for_the_gemms(axis, scale_shape):
+    # The GEMMs' own layouts: nothing padded, every axis quantized in place.
+    q, s = turbo.ops.quantization.quantize_fp8_unpadded(meta(300, 200), E4M3, G.MX_BLOCKWISE, block_size=32, axis=axis)
+    assert q.shape == (300, 200) and s.shape == scale_shape
+    out = turbo.ops.quantization.dequantize_fp8_unpadded(q, torch.float32, G.MX_BLOCKWISE, block_size=32, axis=axis,
+                                                         scale_inv=s)
+    assert out.shape == (300, 200)
+
+
+def test_mx_padded_layouts_of_3d_inputs_and_with_trans():
+    # As the original: [G, M, N] along N -> [G, M, N_pad]; along M -> [G, N, M_pad] per group.
+    q, s = turbo.ops.quantize_fp8(meta(2, 150, 200), E4M3, G.MX_BLOCKWISE, block_size=32, axis=2)
+    assert q.shape == (2, 150, 256) and s.shape == (2, 150, 8)
+    q, s = turbo.ops.quantize_fp8(meta(2, 150, 200), E4M3, G.MX_BLOCKWISE, block_size=32, axis=1)
+    assert q.shape == (2, 200, 256) and s.shape == (2, 200, 8)
+    out = turbo.ops.dequantize_fp8(q, torch.bfloat16, G.MX_BLOCKWISE, block_size=32, axis=1, scale_inv=s)
+    assert out.shape == (2, 256, 200)
+    outs = turbo.ops.quantize_fp8_with_trans(meta(300, 200), E4M3, G.MX_BLOCKWISE, block_size=32)
+    assert [tuple(t.shape) for t in outs] == [(300, 256), (300, 8), (200, 384), (200, 12)]
+    outs = turbo.ops.quantize_fp8_with_trans(meta(2, 150, 200), E4M3, G.MX_BLOCKWISE, block_size=32)
+    assert [tuple(t.shape) for t in outs] == [(2, 150, 256), (2, 150, 8), (2, 200, 256), (2, 200, 8)]
 
 
 def test_higher_rank_input_keeps_its_dims_in_the_scales():
@@ -53,9 +83,12 @@ def test_higher_rank_input_keeps_its_dims_in_the_scales():
         assert q.shape == (2, 150, 200) and q.is_contiguous() and s.shape == shape, axis
         out = turbo.ops.dequantize_fp8(q, torch.bfloat16, G.ROWWISE, axis=axis, scale_inv=s)
         assert out.shape == (2, 150, 200) and out.is_contiguous()
-    q, s = turbo.ops.quantize_fp8(meta(2, 150, 200), E4M3, G.MX_BLOCKWISE, block_size=32, axis=1)
+    # The GEMMs' unpadded MX layout quantizes a middle dim in place (the public one: see above).
+    qz = turbo.ops.quantization
+    q, s = qz.quantize_fp8_unpadded(meta(2, 150, 200), E4M3, G.MX_BLOCKWISE, block_size=32, axis=1)
     assert s.shape == (2, 5, 200) and s.dtype == E8M0
-    assert turbo.ops.dequantize_fp8(q, torch.float32, G.MX_BLOCKWISE, block_size=32, axis=1, scale_inv=s).shape == (2, 150, 200)
+    out = qz.dequantize_fp8_unpadded(q, torch.float32, G.MX_BLOCKWISE, block_size=32, axis=1, scale_inv=s)
+    assert out.shape == (2, 150, 200)
     # Along the last dim, flattened scales are accepted too.
     q, s = turbo.ops.quantize_fp8(meta(2, 150, 200), E4M3, G.ROWWISE, axis=-1)
     out = turbo.ops.dequantize_fp8(q, torch.float32, G.ROWWISE, axis=-1, scale_inv=s.reshape(300, 1))
@@ -69,7 +102,7 @@ def test_higher_rank_input_keeps_its_dims_in_the_scales():
         (G.ROWWISE, None, False, [(300, 1), (200, 1)]),
         (G.BLOCKWISE, 128, False, [(300, 2), (3, 200)]),
         (G.BLOCKWISE, 128, True, [(3, 2), (2, 3)]),
-        (G.MX_BLOCKWISE, 32, False, [(300, 7), (200, 10)]),
+        (G.MX_BLOCKWISE, 32, False, [(300, 8), (200, 12)]),
     ],
 )
 def test_quantize_fp8_with_trans_shapes(g, block, two_d, shapes):
@@ -77,7 +110,9 @@ def test_quantize_fp8_with_trans_shapes(g, block, two_d, shapes):
     q_row, s_row, q_col, s_col = turbo.ops.quantize_fp8_with_trans(meta(300, 200), E4M3, g, block_size=block,
                                                                    scaling_recipe=recipe)
     in_place = g == G.BLOCKWISE and not two_d  # as the original: the column copy quantized in place
-    assert q_row.shape == (300, 200) and q_col.shape == ((300, 200) if in_place else (200, 300))
+    mx = g == G.MX_BLOCKWISE  # as the original: each quantized dim padded to 128
+    assert q_row.shape == ((300, 256) if mx else (300, 200))
+    assert q_col.shape == ((300, 200) if in_place else ((200, 384) if mx else (200, 300)))
     assert q_col.dtype == E4M3 and s_row.shape == shapes[0] and s_col.shape == shapes[1]
     if in_place:  # dequantized as quantize_fp8(axis=0)'s output
         out = turbo.ops.dequantize_fp8(q_col, torch.float32, g, block_size=block, axis=0, scale_inv=s_col)
@@ -86,14 +121,19 @@ def test_quantize_fp8_with_trans_shapes(g, block, two_d, shapes):
 
 @pytest.mark.parametrize(
     "axis,two_d,q_shape,s_shape",
-    [(-1, False, (300, 100), (300, 7)), (0, False, (200, 150), (200, 10)), (-1, True, (300, 100), (10, 7)),
-     (0, True, (200, 150), (7, 10))],
+    [(-1, False, (300, 128), (300, 8)), (0, False, (200, 192), (200, 12)), (-1, True, (300, 128), (10, 8)),
+     (0, True, (200, 192), (7, 12))],
 )
 def test_quantize_fp4_shapes(axis, two_d, q_shape, s_shape):
+    # The original's padded layouts: the quantized dim padded to 128 (the dequantized result keeps it).
     q, s = turbo.ops.quantize_fp4(meta(300, 200), axis=axis, scaling_recipe=ScalingRecipe(use_2d_block=two_d))
     assert q.shape == q_shape and q.dtype == FP4 and s.shape == s_shape and s.dtype == E8M0
     out = turbo.ops.dequantize_fp4(q, torch.bfloat16, axis=axis, scale_inv=s, scaling_recipe=ScalingRecipe(use_2d_block=two_d))
-    assert out.shape == (300, 200)
+    assert out.shape == ((300, 256) if axis == -1 else (384, 200))
+    # The GEMMs' unpadded layout.
+    q, s = turbo.ops.quantization.quantize_fp4_unpadded(meta(300, 200), axis=axis,
+                                                       scaling_recipe=ScalingRecipe(use_2d_block=two_d))
+    assert q.shape == ((300, 100) if axis == -1 else (200, 150))
 
 
 def test_fake_tensor_mode_on_cuda_device():
@@ -146,9 +186,9 @@ def test_registered_as_custom_ops():
          TypeError, "argument 'x' has dtype"),
         (lambda: turbo.ops.dequantize_fp8(meta(4, 8, dtype=E4M3), torch.float32, G.TENSORWISE, scale_inv=None),
          TypeError, "'scale_inv' must be a torch.Tensor"),
-        (lambda: turbo.ops.quantize_fp4(meta(4, 7), axis=-1), ValueError, "must be even"),
-        (lambda: turbo.ops.quantize_fp4(meta(4, 8), axis=-1, scaling_recipe=ScalingRecipe(use_rht=True)), ValueError,
-         "multiple of 16"),
+        (lambda: turbo.ops.quantization.quantize_fp4_unpadded(meta(4, 7), axis=-1), ValueError, "must be even"),
+        (lambda: turbo.ops.quantization.quantize_fp4_unpadded(meta(4, 8), axis=-1, scaling_recipe=ScalingRecipe(use_rht=True)),
+         ValueError, "multiple of 16"),
         (lambda: turbo.ops.quantize_fp4(meta(4, 32), axis=-1, scaling_recipe=ScalingRecipe(use_rht=True, use_2d_block=True)),
          ValueError, "cannot be combined"),
         (lambda: turbo.ops.quantize_fp4(meta(4, 32), granularity=G.BLOCKWISE, axis=-1), ValueError, "MX_BLOCKWISE only"),
@@ -225,14 +265,16 @@ def test_prepare_rejects_bad_dtypes():
 
 def test_quantize_fp4_of_a_3d_input_is_per_group():
     x = meta(3, 64, 96)
-    q, s = turbo.ops.quantize_fp4(x, axis=2)
-    assert q.shape == (3, 64, 48) and s.shape == (3, 64, 3)
-    assert turbo.ops.dequantize_fp4(q, torch.bfloat16, axis=-1, scale_inv=s).shape == (3, 64, 96)
-    q, s = turbo.ops.quantize_fp4(x, axis=1)  # along M, each group stored transposed
+    q, s = turbo.ops.quantize_fp4(x, axis=2)  # N padded to 128, as the original
+    assert q.shape == (3, 64, 64) and s.shape == (3, 64, 4)
+    assert turbo.ops.dequantize_fp4(q, torch.bfloat16, axis=-1, scale_inv=s).shape == (3, 64, 128)
+    q, s = turbo.ops.quantize_fp4(x, axis=1)  # along M (padded), each group stored transposed
+    assert q.shape == (3, 96, 64) and s.shape == (3, 96, 4)
+    assert turbo.ops.dequantize_fp4(q, torch.bfloat16, axis=-2, scale_inv=s).shape == (3, 128, 96)
+    q, s = turbo.ops.quantization.quantize_fp4_unpadded(x, axis=1)
     assert q.shape == (3, 96, 32) and s.shape == (3, 96, 2)
-    assert turbo.ops.dequantize_fp4(q, torch.bfloat16, axis=-2, scale_inv=s).shape == (3, 64, 96)
     q, s = turbo.ops.quantize_fp4(x, axis=-1, scaling_recipe=ScalingRecipe(use_2d_block=True))
-    assert q.shape == (3, 64, 48) and s.shape == (3, 2, 3)
+    assert q.shape == (3, 64, 64) and s.shape == (3, 2, 4)
     with pytest.raises(ValueError, match="a 3-D \\[G, M, N\\] input takes 2"):
         turbo.ops.quantize_fp4(x, axis=0)
     with pytest.raises(ValueError, match="multiple of 32"):

@@ -11,6 +11,7 @@ import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScaleDtype, ScalingRecipe
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
 from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, QuantizedTensorPair, create_quantized_weight
+from primus_turbo.pytorch.ops import quantization as qz
 
 pytestmark = pytest.mark.gpu
 
@@ -39,7 +40,8 @@ def test_quantize_matches_quantize_fp8_and_round_trips(g, block, axis, two_d, sh
     x = randn(*shape)
     recipe = ScalingRecipe(use_2d_block=two_d)
     qt = QuantizedTensor.quantize(x, E4M3, g, axis=axis, block_size=block, scaling_recipe=recipe)
-    q, s = turbo.ops.quantize_fp8(x, E4M3, g, block_size=block, axis=axis, scaling_recipe=recipe)
+    # A QuantizedTensor holds the GEMMs' unpadded layout.
+    q, s = qz.quantize_fp8_unpadded(x, E4M3, g, block_size=block, axis=axis, scaling_recipe=recipe)
     assert qt.shape == x.shape and qt.dtype == x.dtype and qt.real_dtype == E4M3
     assert torch.equal(qt.qdata.view(torch.uint8), q.view(torch.uint8))
     assert torch.equal(qt.scale_inv.reshape(-1).view(torch.uint8), s.reshape(-1).view(torch.uint8))
@@ -52,7 +54,7 @@ def test_quantize_matches_quantize_fp8_and_round_trips(g, block, axis, two_d, sh
 def test_fp4_quantize_round_trips(axis):
     x = randn(128, 96)
     qt = QuantizedTensor.quantize(x, FP4, G.MX_BLOCKWISE, axis=axis, block_size=32)
-    q, s = turbo.ops.quantize_fp4(x, FP4, G.MX_BLOCKWISE, axis=axis, block_size=32)
+    q, s = qz.quantize_fp4_unpadded(x, FP4, G.MX_BLOCKWISE, axis=axis, block_size=32)
     assert torch.equal(qt.qdata.view(torch.uint8), q.view(torch.uint8))
     assert snr_db(qt.dequantize(), x) >= FP4_MIN_SNR
 
@@ -178,7 +180,7 @@ def test_grouped_quantize_fp8_layouts_and_round_trip(g, block, lens):
     for gi, length in enumerate(lens):
         start, pstart = int(group_offs[gi]), int(offs_r[gi])
         got = q_r[pstart:pstart + length, :n].view(torch.uint8)
-        assert torch.equal(got, q_plain[start:start + length].view(torch.uint8))
+        assert torch.equal(got, q_plain[start:start + length, :n].view(torch.uint8))
         assert not q_r[pstart + length:pstart + lens_r[gi].item()].view(torch.uint8).any()
 
 

@@ -158,10 +158,10 @@ class QuantizedTensor(torch.Tensor):
             return cls(q, s, **meta, group_lens=lens_p, group_offs=offs_p, orig_group_lens=lens, orig_group_offs=offs,
                        is_grouped_tensor=True, requires_grad=hp_tensor.requires_grad)
         if fp4:
-            q, s = qz.quantize_fp4(hp_tensor, dest_dtype, granularity, block_size=block_size, axis=axis,
+            q, s = qz.quantize_fp4_unpadded(hp_tensor, dest_dtype, granularity, block_size=block_size, axis=axis,
                                    scaling_recipe=scaling_recipe)
         else:
-            q, s = qz.quantize_fp8(hp_tensor, dest_dtype, granularity, block_size=block_size, axis=axis,
+            q, s = qz.quantize_fp8_unpadded(hp_tensor, dest_dtype, granularity, block_size=block_size, axis=axis,
                                    scaling_recipe=scaling_recipe)
         extra = {}
         if group_lens is not None:  # TENSORWISE / ROWWISE: the plain layout, groups kept for the ops
@@ -265,7 +265,7 @@ class QuantizedTensor(torch.Tensor):
             )
         else:
             axis = -1 if self._quantized_axis is None else self._quantized_axis
-            out = qz.dequantize_fp8(self._data, self._orig_dtype, g, axis=axis, scale_inv=self._scale_inv, **kw)
+            out = qz.dequantize_fp8_unpadded(self._data, self._orig_dtype, g, axis=axis, scale_inv=self._scale_inv, **kw)
         if tuple(out.shape) != tuple(self.shape):  # padding columns (MX row copies)
             out = out[..., : self.shape[-1]]
         return out.contiguous()

@@ -29,7 +29,7 @@ from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops import _quantized_operands as _qo
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 from primus_turbo.pytorch.ops.gemm_fp8 import BLOCK_1x128, check_hp_operands, dgrad_operands, fp8_mm, wgrad_operands
-from primus_turbo.pytorch.ops.quantization import quantize_fp4
+from primus_turbo.pytorch.ops.quantization import quantize_fp4_unpadded
 
 __all__ = ["gemm_fp4", "FP4_TRAINING_RECIPE"]
 
@@ -71,7 +71,7 @@ def _seed(sr: bool) -> int:
 def _q(x, axis, two_d=False, rht=False, sr=False):
     """x quantized to MXFP4 along `axis` (0: stored transposed), as packed q and E8M0 scales."""
     recipe = _RECIPES[(two_d, rht, sr)]
-    return quantize_fp4(x, granularity=_MX, axis=axis, scaling_recipe=recipe, seed=_seed(sr))
+    return quantize_fp4_unpadded(x, granularity=_MX, axis=axis, scaling_recipe=recipe, seed=_seed(sr))
 
 
 def fp4_mm(qa, sa, qb, sb, out_dtype) -> torch.Tensor:

@@ -53,7 +53,7 @@ from primus_turbo.pytorch.ops.grouped_gemm import (
     grouped_gemm,
     run_planned,
 )
-from primus_turbo.pytorch.ops.quantization import quantize_fp8, quantize_fp8_row_and_transposed
+from primus_turbo.pytorch.ops.quantization import quantize_fp8_row_and_transposed, quantize_fp8_unpadded
 
 __all__ = ["grouped_gemm_fp8"]
 
@@ -271,14 +271,14 @@ def quantize_rows(x: torch.Tensor, dtype: torch.dtype, g: ScalingGranularity):
     r, c = x.shape
     kb = _cdiv(c, _BLOCK)
     if g == ScalingGranularity.MX_BLOCKWISE:
-        return _mx_blocks.mx_fp8_to_1x128(*quantize_fp8(x, dtype, g, block_size=_mx_blocks.MX_BLOCK, axis=-1))
+        return _mx_blocks.mx_fp8_to_1x128(*quantize_fp8_unpadded(x, dtype, g, block_size=_mx_blocks.MX_BLOCK, axis=-1))
     if g == ScalingGranularity.BLOCKWISE:
-        q, s = quantize_fp8(x, dtype, g, block_size=_BLOCK, axis=-1)
+        q, s = quantize_fp8_unpadded(x, dtype, g, block_size=_BLOCK, axis=-1)
         return q, s.reshape(r, kb)
     if g == ScalingGranularity.ROWWISE:
-        q, s = quantize_fp8(x, dtype, g, axis=-1)
+        q, s = quantize_fp8_unpadded(x, dtype, g, axis=-1)
     else:
-        q, s = quantize_fp8(x, dtype, g)
+        q, s = quantize_fp8_unpadded(x, dtype, g)
     return q, s.float().reshape(-1, 1).expand(r, kb).contiguous()
 
 
@@ -308,10 +308,10 @@ def quantize_weight_blocks(w: torch.Tensor, dtype: torch.dtype, g: ScalingGranul
     (``orient_weight``)."""
     n_groups, x, y = w.shape
     if g == ScalingGranularity.TENSORWISE:
-        q, s = quantize_fp8(w.reshape(n_groups * x, y), dtype, g)
+        q, s = quantize_fp8_unpadded(w.reshape(n_groups * x, y), dtype, g)
         return q.view(n_groups, x, y), _stated_per_block(s, n_groups, x, y)
     if x % _BLOCK == 0:  # 128x128 blocks of [G*X, Y] never cross experts
-        q, s = quantize_fp8(
+        q, s = quantize_fp8_unpadded(
             w.reshape(n_groups * x, y), dtype, g, block_size=_BLOCK, scaling_recipe=ScalingRecipe(use_2d_block=True)
         )
         return q.view(n_groups, x, y), s.view(n_groups, x // _BLOCK, _cdiv(y, _BLOCK))

@@ -18,6 +18,7 @@ import itertools
 import math
 
 import torch
+import torch.nn.functional as F
 
 from primus_turbo._core import check, lib
 from primus_turbo.pytorch.core import library
@@ -33,6 +34,7 @@ __all__ = [
     "quantize_fp4_with_trans",
     "quantize_fp8",
     "quantize_fp8_with_trans",
+    "MX_PADDING_ALIGN_SIZE",
 ]
 
 _IN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -272,6 +274,25 @@ def _use_2d(recipe) -> bool:
     return bool(recipe is not None and recipe.use_2d_block)
 
 
+# The original library pads an MX-quantized dim to a multiple of this (its MX*_PADDING_ALIGN_SIZE).
+MX_PADDING_ALIGN_SIZE = 128
+
+
+def _pad_dim(x: torch.Tensor, dim: int, multiple: int = MX_PADDING_ALIGN_SIZE) -> torch.Tensor:
+    """x with dim zero-padded at its end to a multiple of ``multiple`` (x itself when it is one)."""
+    extra = (-x.shape[dim]) % multiple
+    if not extra:
+        return x
+    return F.pad(x, [0, 0] * (x.dim() - 1 - dim) + [0, extra])
+
+
+def _mx_1d(granularity, recipe) -> bool:
+    """MX_BLOCKWISE with 1-D blocks: the case whose public layouts pad (see quantize_fp8)."""
+    return granularity == ScalingGranularity.MX_BLOCKWISE and not (
+        isinstance(recipe, ScalingRecipe) and recipe.use_2d_block
+    )
+
+
 def _as_2d(x: torch.Tensor) -> torch.Tensor:
     # The rows as a product, not -1: a reshape cannot infer it when the last dim is 0.
     return x.contiguous().reshape(math.prod(x.shape[:-1]), x.shape[-1]) if x.dim() != 2 else x.contiguous()
@@ -332,6 +353,43 @@ def quantize_fp8(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantizes x (float32/float16/bfloat16) to FP8; returns ``(q, scale_inv)``.
 
+    MX_BLOCKWISE (1-D blocks) uses the original library's padded layouts: the quantized dim is
+    zero-padded to a multiple of 128; along the last dim q is ``[..., K_pad]`` with scale_inv
+    ``[..., K_pad/32]``; along the other dim of a 2-D ``[M, N]`` (axis 0) or 3-D ``[G, M, N]``
+    (axis 1) input q is stored transposed, ``[N, M_pad]`` / ``[G, N, M_pad]``, scale_inv
+    ``[N, M_pad/32]`` / ``[G, N, M_pad/32]`` (:func:`dequantize_fp8` with the same axis returns
+    ``[M_pad, N]`` / ``[G, M_pad, N]``). Every other case: :func:`quantize_fp8_unpadded`.
+    """
+    if _mx_1d(granularity, scaling_recipe) and isinstance(x, torch.Tensor):
+        dim = _axis_dim("quantize_fp8", axis, x.dim())
+        kw = {"block_size": block_size, "scaling_recipe": scaling_recipe}
+        if dim == x.dim() - 1:
+            return quantize_fp8_unpadded(_pad_dim(x, dim), out_dtype, granularity, axis=-1, **kw)
+        if x.dim() == 2:  # the kernels' transposed column output of the padded x
+            _common_args("quantize_fp8", x, _HP_KIND, out_dtype, _FP8_KIND, granularity, block_size)
+            q_row, s_row, q_col, s_col = _quantize_op(_pad_dim(x, 0).contiguous(), out_dtype, _MX, MX_BLOCK_SIZE,
+                                                      False, True, True, 0, 0)
+            return q_col, s_col
+        if x.dim() == 3 and dim == 1:
+            return quantize_fp8_unpadded(_pad_dim(x, 1).transpose(1, 2), out_dtype, granularity, axis=-1, **kw)
+        q, s = quantize_fp8(x.movedim(dim, -1), out_dtype, granularity, axis=-1, **kw)
+        return q.movedim(-1, dim).contiguous(), s.movedim(-1, dim).contiguous()
+    return quantize_fp8_unpadded(x, out_dtype, granularity, block_size=block_size, axis=axis,
+                                 scaling_recipe=scaling_recipe)
+
+
+def quantize_fp8_unpadded(
+    x: torch.Tensor,
+    out_dtype: torch.dtype,
+    granularity: ScalingGranularity,
+    *,
+    block_size: int | None = None,
+    axis: int | None = None,
+    scaling_recipe: ScalingRecipe | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_fp8` in the layouts the GEMMs read (MX included: nothing padded, every
+    axis quantized as it lies).
+
     q has x's shape and ``out_dtype`` (``torch.float8_e4m3fn`` or ``torch.float8_e5m2``), contiguous.
     scale_inv (fp32 unless MX):
       TENSORWISE: 0-dim (axis ignored).
@@ -351,7 +409,7 @@ def quantize_fp8(
     if x.dim() == 2:  # along M: the kernels' in-place column output, scales [groups, K]
         return _quantize_op(x.contiguous(), out_dtype, g, block, False, True, False, 0, 0)[2:]
     # Any other dim: quantize with that dim moved last, then move it back.
-    q, s = quantize_fp8(x.movedim(dim, -1), out_dtype, granularity, block_size=block_size, axis=-1)
+    q, s = quantize_fp8_unpadded(x.movedim(dim, -1), out_dtype, granularity, block_size=block_size, axis=-1)
     return q.movedim(-1, dim).contiguous(), s.movedim(-1, dim).contiguous()
 
 
@@ -365,6 +423,40 @@ def quantize_fp8_row_and_transposed(x: torch.Tensor, out_dtype, granularity, blo
 
 
 def quantize_fp8_with_trans(
+    x: torch.Tensor,
+    out_dtype: torch.dtype,
+    granularity: ScalingGranularity,
+    *,
+    block_size: int | None = None,
+    scaling_recipe: ScalingRecipe | None = None,
+    scaling_recipe_for_trans: ScalingRecipe | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both FP8 quantizations of x: ``(q_row, scale_inv_row, q_col, scale_inv_col)``.
+
+    MX_BLOCKWISE (1-D blocks), as the original library: x ``[M, K]`` gives q_row ``[M, K_pad]``,
+    scale_inv_row ``[M, K_pad/32]``, q_col ``[K, M_pad]``, scale_inv_col ``[K, M_pad/32]`` (each
+    quantized dim zero-padded to a multiple of 128); a 3-D ``[G, M, K]`` input is quantized per
+    group (``[G, M, K_pad]``, ``[G, K, M_pad]``). Every other case:
+    :func:`quantize_fp8_with_trans_unpadded`.
+    """
+    recipes_1d = not (_use_2d(scaling_recipe) or _use_2d(scaling_recipe_for_trans))
+    if _mx_1d(granularity, None) and recipes_1d and isinstance(x, torch.Tensor):
+        kw = {"block_size": block_size}
+        if x.dim() == 3:
+            return (*quantize_fp8(x, out_dtype, granularity, axis=2, **kw),
+                    *quantize_fp8(x, out_dtype, granularity, axis=1, **kw))
+        _common_args("quantize_fp8_with_trans", x, _HP_KIND, out_dtype, _FP8_KIND, granularity, block_size)
+        x2 = _as_2d(x)
+        m, k = x2.shape
+        q_row, s_row, q_col, s_col = _quantize_op(_pad_dim(_pad_dim(x2, 0), 1).contiguous(), out_dtype, _MX,
+                                                  MX_BLOCK_SIZE, True, True, True, 0, 0)
+        return q_row[:m], s_row[:m], q_col[:k], s_col[:k]
+    return quantize_fp8_with_trans_unpadded(x, out_dtype, granularity, block_size=block_size,
+                                            scaling_recipe=scaling_recipe,
+                                            scaling_recipe_for_trans=scaling_recipe_for_trans)
+
+
+def quantize_fp8_with_trans_unpadded(
     x: torch.Tensor,
     out_dtype: torch.dtype,
     granularity: ScalingGranularity,
@@ -410,6 +502,31 @@ def dequantize_fp8(
     scale_inv: torch.Tensor,
     scaling_recipe: ScalingRecipe | None = None,
 ) -> torch.Tensor:
+    """The inverse of :func:`quantize_fp8` for the same granularity, axis and recipe. MX_BLOCKWISE
+    (1-D blocks) reads the original library's padded layouts and keeps the padding: x
+    ``[..., K_pad]`` along the last dim gives ``[..., K_pad]``; the transposed ``[N, M_pad]`` /
+    ``[G, N, M_pad]`` of axis 0 / 1 gives ``[M_pad, N]`` / ``[G, M_pad, N]``. Every other case:
+    :func:`dequantize_fp8_unpadded`."""
+    if _mx_1d(granularity, scaling_recipe) and isinstance(x, torch.Tensor) and x.dim() in (2, 3):
+        dim = _axis_dim("dequantize_fp8", axis, x.dim())
+        if dim == x.dim() - 2:
+            out = dequantize_fp8_unpadded(x, out_dtype, granularity, block_size=block_size, axis=-1,
+                                          scale_inv=scale_inv)
+            return out.transpose(-1, -2).contiguous()
+    return dequantize_fp8_unpadded(x, out_dtype, granularity, block_size=block_size, axis=axis, scale_inv=scale_inv,
+                                   scaling_recipe=scaling_recipe)
+
+
+def dequantize_fp8_unpadded(
+    x: torch.Tensor,
+    out_dtype: torch.dtype,
+    granularity: ScalingGranularity,
+    *,
+    block_size: int | None = None,
+    axis: int | None = None,
+    scale_inv: torch.Tensor,
+    scaling_recipe: ScalingRecipe | None = None,
+) -> torch.Tensor:
     """``x * scale_inv`` in ``out_dtype`` (float32/float16/bfloat16), x's shape; the scales laid out
     as :func:`quantize_fp8` returns them for the same granularity, axis and recipe (a transposed
     output of :func:`quantize_fp8_with_trans` is dequantized with axis -1, BLOCKWISE's in-place one
@@ -430,7 +547,7 @@ def dequantize_fp8(
             f"{op}: argument 'scale_inv' has shape {tuple(scale_inv.shape)}; expected x's rank ({x.dim()}) "
             f"with dim {dim} holding the groups along axis {axis}"
         )
-    out = dequantize_fp8(
+    out = dequantize_fp8_unpadded(
         x.movedim(dim, -1), out_dtype, granularity, block_size=block_size, axis=-1, scale_inv=scale_inv.movedim(dim, -1)
     )
     return out.movedim(-1, dim).contiguous()
@@ -442,6 +559,29 @@ _seed_counter = itertools.count(1)
 
 
 def quantize_fp4(
+    x: torch.Tensor,
+    out_dtype: torch.dtype = _FP4_DTYPE,
+    granularity: ScalingGranularity = ScalingGranularity.MX_BLOCKWISE,
+    *,
+    block_size: int | None = MX_BLOCK_SIZE,
+    axis: int | None = None,
+    scaling_recipe: ScalingRecipe | None = None,
+    seed: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 in the original library's padded layouts: :func:`quantize_fp4_unpadded` of x with the
+    quantized dim zero-padded to a multiple of 128, so along the last dim q is ``[M, K_pad/2]``,
+    scale_inv ``[M, K_pad/32]``, and along the rows (stored transposed) ``[K, M_pad/2]``,
+    ``[K, M_pad/32]`` (3-D per group: ``[G, M, N_pad/2]``, ``[G, N, M_pad/2]``).
+    :func:`dequantize_fp4` keeps the padding (``[M, K_pad]`` / ``[M_pad, K]``)."""
+    if isinstance(x, torch.Tensor) and x.dim() in (2, 3) and isinstance(axis, int) and not isinstance(axis, bool):
+        along_last = _fp4_batched_along_last("quantize_fp4", axis) if x.dim() == 3 else \
+            _along_last("quantize_fp4", axis, 2)
+        x = _pad_dim(x, x.dim() - 1 if along_last else x.dim() - 2)
+    return quantize_fp4_unpadded(x, out_dtype, granularity, block_size=block_size, axis=axis,
+                                 scaling_recipe=scaling_recipe, seed=seed)
+
+
+def quantize_fp4_unpadded(
     x: torch.Tensor,
     out_dtype: torch.dtype = _FP4_DTYPE,
     granularity: ScalingGranularity = ScalingGranularity.MX_BLOCKWISE,
@@ -474,8 +614,8 @@ def quantize_fp4(
         if scaling_recipe is not None and _use_2d(scaling_recipe) and rows % 32:
             raise ValueError(f"{op}: 2-D blocks of a [G, M, N] input need {rows} rows a group to be a multiple of 32 "
                              "(a block must not span two groups)")
-        q, s = quantize_fp4(src.reshape(groups * rows, cols), out_dtype, granularity, block_size=block_size, axis=-1,
-                            scaling_recipe=scaling_recipe, seed=seed)
+        q, s = quantize_fp4_unpadded(src.reshape(groups * rows, cols), out_dtype, granularity, block_size=block_size,
+                                     axis=-1, scaling_recipe=scaling_recipe, seed=seed)
         return q.view(groups, rows, q.shape[-1]), s.view(groups, -1, s.shape[-1])
     if scaling_recipe is not None and not isinstance(scaling_recipe, ScalingRecipe):
         raise TypeError(f"{op}: scaling_recipe must be a ScalingRecipe or None, got {type(scaling_recipe).__name__}")
@@ -510,6 +650,23 @@ def quantize_fp4_with_trans(
     scaling_recipe_for_trans: ScalingRecipe | None = None,
     seed: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`quantize_fp4_with_trans_unpadded` in the original library's padded layouts (each
+    copy's quantized dim zero-padded to a multiple of 128, as :func:`quantize_fp4`)."""
+    return _fp4_with_trans(quantize_fp4, x, out_dtype, granularity, block_size, axis, scaling_recipe,
+                           scaling_recipe_for_trans, seed)
+
+
+def quantize_fp4_with_trans_unpadded(
+    x: torch.Tensor,
+    out_dtype: torch.dtype = _FP4_DTYPE,
+    granularity: ScalingGranularity = ScalingGranularity.MX_BLOCKWISE,
+    *,
+    block_size: int | None = MX_BLOCK_SIZE,
+    axis: int | None = None,
+    scaling_recipe: ScalingRecipe | None = None,
+    scaling_recipe_for_trans: ScalingRecipe | None = None,
+    seed: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Both MXFP4 quantizations of x: ``(q_row, scale_inv_row, q_col, scale_inv_col)``, q_row as
     :func:`quantize_fp4` along the last dim, q_col along the rows and stored transposed (axis 0 of
     :func:`quantize_fp4`: ``[K, M/2]`` for x ``[M, K]``; ``[G, N, M/2]`` per group for x
@@ -518,6 +675,12 @@ def quantize_fp4_with_trans(
     the random Hadamard transform or stochastic rounding only on the wgrad operand. Each copy is
     one quantize launch; with stochastic rounding, ``seed`` seeds the row copy and ``seed + 1``
     the transposed one."""
+    return _fp4_with_trans(quantize_fp4_unpadded, x, out_dtype, granularity, block_size, axis, scaling_recipe,
+                           scaling_recipe_for_trans, seed)
+
+
+def _fp4_with_trans(quantize, x, out_dtype, granularity, block_size, axis, scaling_recipe, scaling_recipe_for_trans,
+                    seed):
     op = "quantize_fp4_with_trans"
     if axis is not None:
         raise ValueError(f"{op}: argument 'axis' must be None (both directions are produced), got {axis!r}")
@@ -527,10 +690,10 @@ def quantize_fp4_with_trans(
     row_recipe = scaling_recipe or ScalingRecipe()
     col_recipe = scaling_recipe_for_trans or row_recipe
     last, first = (-1, -2) if x.dim() == 3 else (-1, 0)
-    q_row, s_row = quantize_fp4(x, out_dtype, granularity, block_size=block_size, axis=last,
-                                scaling_recipe=row_recipe, seed=seed)
-    q_col, s_col = quantize_fp4(x, out_dtype, granularity, block_size=block_size, axis=first,
-                                scaling_recipe=col_recipe, seed=None if seed is None else seed + 1)
+    q_row, s_row = quantize(x, out_dtype, granularity, block_size=block_size, axis=last, scaling_recipe=row_recipe,
+                            seed=seed)
+    q_col, s_col = quantize(x, out_dtype, granularity, block_size=block_size, axis=first, scaling_recipe=col_recipe,
+                            seed=None if seed is None else seed + 1)
     return q_row, s_row, q_col, s_col
 
 
