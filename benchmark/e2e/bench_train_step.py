@@ -98,9 +98,10 @@ FAMILIES = (
 )
 
 
-def kernel_breakdown(run_step, reset, steps: int = 3) -> tuple[dict, float]:
+def kernel_breakdown(run_step, reset, steps: int = 3, top: int = 0) -> tuple[dict, float]:
     """(ms per step per kernel family, GPU-busy ms per step) from torch.profiler; reset() runs
-    between steps (outside the profile) so each step is what the timed one is."""
+    between steps (outside the profile) so each step is what the timed one is. ``top`` > 0 also
+    prints the kernels that take the most time per step, with their family and launch count."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -112,16 +113,18 @@ def kernel_breakdown(run_step, reset, steps: int = 3) -> tuple[dict, float]:
         torch.cuda.synchronize()
     out = {name: 0.0 for name, _ in FAMILIES}
     out["other"] = 0.0
+    kernels = {}  # name -> [ms, launches, family]
     for evt in prof.events():
         if evt.device_type != torch.autograd.DeviceType.CUDA:
             continue
         ms = evt.device_time_total / 1000.0 if hasattr(evt, "device_time_total") else evt.cuda_time_total / 1000.0
-        for name, pattern in FAMILIES:
-            if pattern.search(evt.name):
-                out[name] += ms
-                break
-        else:
-            out["other"] += ms
+        family = next((name for name, pattern in FAMILIES if pattern.search(evt.name)), "other")
+        out[family] += ms
+        entry = kernels.setdefault(evt.name, [0.0, 0, family])
+        entry[0] += ms
+        entry[1] += 1
+    for name, (ms, count, family) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"    {ms / steps:8.3f} ms/step {count // steps:5d} launches  {family:16s} {name[:110]}")
     per_step = {k: v / steps for k, v in out.items()}
     return per_step, sum(per_step.values())
 
@@ -142,6 +145,7 @@ def main() -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--output-dir", default=str(bu.DEFAULT_RESULTS_DIR))
     p.add_argument("--no-summary", action="store_true")
+    p.add_argument("--top-kernels", type=int, default=0, help="print each variant's N most expensive kernels")
     p.add_argument("--attn-backend", choices=("auto", "TURBO", "CUDNN"), default="auto",
                    help="attention backend of the turbo variants (auto: unset, the library's choice)")
     args = p.parse_args()
@@ -219,7 +223,8 @@ def main() -> int:
             row["optimizer_ms"] = statistics.median(opt_times)
             row["tflops"] = flops / (row["step_ms"] * 1e-3) / 1e12
             if on_gpu:
-                families, busy = kernel_breakdown(fwd_bwd, lambda: opt.zero_grad(set_to_none=True))
+                families, busy = kernel_breakdown(fwd_bwd, lambda: opt.zero_grad(set_to_none=True),
+                                                  top=args.top_kernels)
                 row["gpu_busy_ms"] = busy
                 row["gpu_busy_share"] = busy / row["step_ms"]
                 for name, ms in families.items():

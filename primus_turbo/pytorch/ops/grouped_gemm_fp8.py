@@ -53,7 +53,7 @@ from primus_turbo.pytorch.ops.grouped_gemm import (
     grouped_gemm,
     run_planned,
 )
-from primus_turbo.pytorch.ops.quantization import quantize_fp8_row_and_transposed, quantize_fp8_unpadded
+from primus_turbo.pytorch.ops.quantization import quantize_fp8_transposed, quantize_fp8_unpadded
 
 __all__ = ["grouped_gemm_fp8"]
 
@@ -233,7 +233,7 @@ def quantize_tokens_transposed(x, group_lens, group_offs, width: int, dtype, g: 
     kernel's K-major operand and its MN-major 1x128 scales."""
     xp = pad_tokens(x, group_lens, group_offs, width)
     block = _BLOCK if g == ScalingGranularity.BLOCKWISE else None
-    _, _, q_col, s_col = quantize_fp8_row_and_transposed(xp, dtype, g, block_size=block)
+    q_col, s_col = quantize_fp8_transposed(xp, dtype, g, block_size=block)  # the row copy is never read
     c, kb = x.shape[1], width // _BLOCK
     if g == ScalingGranularity.BLOCKWISE:
         return q_col, s_col.reshape(c, kb).t().contiguous()

@@ -422,6 +422,14 @@ def quantize_fp8_row_and_transposed(x: torch.Tensor, out_dtype, granularity, blo
     return _quantize_op(_as_2d(x), out_dtype, g, block, True, True, True, _FLAG_2D if two_d else 0, 0)
 
 
+def quantize_fp8_transposed(x: torch.Tensor, out_dtype, granularity, block_size=None):
+    """Only the transposed copy of :func:`quantize_fp8_row_and_transposed`: x ``[M, K]`` (leading
+    dims flattened) quantized along M and stored ``[K, M]``, scales ``[K, 1]`` (ROWWISE),
+    ``[K, ceil(M/B)]`` (1-D blocks) or 0-dim (TENSORWISE). ``(q, scale_inv)``; no row copy written."""
+    g, block = _granularity_and_block("quantize_fp8", granularity, block_size)
+    return _quantize_op(_as_2d(x), out_dtype, g, block, False, True, True, 0, 0)[2:]
+
+
 def quantize_fp8_with_trans(
     x: torch.Tensor,
     out_dtype: torch.dtype,
