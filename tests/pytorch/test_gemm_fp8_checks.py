@@ -193,3 +193,59 @@ def test_float8_linear_weight_cache_shapes_reuse_and_refresh(g):
         layer.weight.mul_(0.5)  # an optimizer step changes the weight in place
     layer(x)
     assert layer._weight_cache[1] is not first
+
+
+def _cached_layer():
+    cfg = Float8QuantConfig(format=Format.HYBRID, granularity=G.ROWWISE)
+    return turbo.modules.Float8Linear(64, 32, config=cfg, device="meta", dtype=torch.bfloat16,
+                                      cache_quantized_weight=True)
+
+
+def test_float8_linear_weight_cache_is_dropped_when_it_could_be_stale():
+    import copy
+
+    layer = _cached_layer()
+    x = meta(16, 64, grad=True)
+    layer(x)
+    assert layer._weight_cache is not None
+    # Any torch optimizer step drops it (an optimizer may write through .data, which keeps the
+    # version counter), as do invalidate_weight_cache(), .to() and an in-place config edit.
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    layer(x).sum().backward()
+    opt.step()
+    assert layer._weight_cache is None
+    layer(x)
+    layer.invalidate_weight_cache()
+    assert layer._weight_cache is None
+    layer(x)
+    layer.to(torch.float32)
+    assert layer._weight_cache is None
+    layer(meta(16, 64, dtype=torch.float32))
+    first = layer._weight_cache[1]
+    layer.config.format = Format.E4M3
+    layer(meta(16, 64, dtype=torch.float32))
+    assert layer._weight_cache[1] is not first
+    # Copies and pickles leave the cache behind.
+    assert copy.deepcopy(layer)._weight_cache is None
+
+
+def test_float8_linear_weight_cache_skips_inference_mode():
+    layer = _cached_layer()
+    with torch.inference_mode():
+        layer(meta(16, 64))
+    assert layer._weight_cache is None  # inference tensors could not serve a later backward
+    x = meta(16, 64, grad=True)
+    layer(x).sum().backward()
+    assert layer.weight.grad.shape == (32, 64)
+
+
+def test_float8_linear_from_float_in_place_refuses_subclasses():
+    class Custom(torch.nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    cfg = Float8QuantConfig(format=Format.HYBRID, granularity=G.ROWWISE)
+    with pytest.raises(TypeError, match="pass inplace=False"):
+        turbo.modules.Float8Linear.from_float(Custom(32, 16, device="meta"), cfg)
+    new = turbo.modules.Float8Linear.from_float(Custom(32, 16, device="meta"), cfg, inplace=False)
+    assert type(new) is turbo.modules.Float8Linear

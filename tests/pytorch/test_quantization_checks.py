@@ -279,3 +279,21 @@ def test_quantize_fp4_of_a_3d_input_is_per_group():
         turbo.ops.quantize_fp4(x, axis=0)
     with pytest.raises(ValueError, match="multiple of 32"):
         turbo.ops.quantize_fp4(meta(3, 40, 96), axis=-1, scaling_recipe=ScalingRecipe(use_2d_block=True))
+
+
+def test_mx_padded_paths_check_arguments_before_padding():
+    # CPU input, a bad recipe, a scalar: named errors, not a padded copy first.
+    with pytest.raises(ValueError, match="is on cpu"):
+        turbo.ops.quantize_fp8(torch.randn(4, 40), E4M3, G.MX_BLOCKWISE, block_size=32, axis=0)
+    with pytest.raises(ValueError, match="is on cpu"):
+        turbo.ops.quantize_fp4(torch.randn(4, 40), axis=-1)
+    with pytest.raises(TypeError, match="ScalingRecipe"):
+        turbo.ops.quantize_fp8(meta(4, 40), E4M3, G.MX_BLOCKWISE, block_size=32, axis=0, scaling_recipe="x")
+    with pytest.raises(ValueError, match="shuffle"):
+        turbo.ops.quantize_fp8(meta(4, 40), E4M3, G.MX_BLOCKWISE, block_size=32, axis=0,
+                               scaling_recipe=ScalingRecipe(shuffle_scale=True))
+    with pytest.raises(ValueError, match="at least 1 dimension"):
+        turbo.ops.quantize_fp8(meta(), E4M3, G.MX_BLOCKWISE, block_size=32, axis=-1)
+    with pytest.raises(TypeError, match="argument 'x' has dtype"):
+        turbo.ops.dequantize_fp8(meta(4, 40), torch.float32, G.MX_BLOCKWISE, block_size=32, axis=0,
+                                 scale_inv=meta(40, 1))

@@ -133,7 +133,8 @@ pt_tensor scale_descriptor(const Tensor& s, int32_t scaling) {
   return p;
 }
 
-// A cached plan is never destroyed: a captured graph may still replay its kernel.
+// Cached plans are kept for the process (cheap to keep, costly to rebuild), up to kMaxPlans.
+constexpr size_t kMaxPlans = 4096;
 PlanCache<pt_gemm_fp8_plan> g_plans;
 
 pt_gemm_fp8_plan make_plan(const pt_tensor& pa, const pt_tensor& psa, int32_t sa, const pt_tensor& pb,
@@ -156,11 +157,13 @@ void fp8_mm(const Quantized& x, const Quantized& y, const Tensor& out, float bet
                               device,      alignment(pa.data), alignment(pb.data), alignment(pd.data)};
   const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
   pt_gemm_fp8_plan plan = nullptr;
-  // A plan made during capture may rest on a provisional choice: used once, then destroyed.
+  // A plan made during capture may rest on a provisional choice, and past kMaxPlans problems
+  // (ever-new shapes) the cache stops growing: such a plan is used once, then destroyed (a launch
+  // keeps nothing of it).
   std::unique_ptr<pt_gemm_fp8_plan_s, void (*)(pt_gemm_fp8_plan)> owned(nullptr, pt_gemm_fp8_plan_destroy);
   if (!g_plans.find(key, &plan)) {
     plan = make_plan(pa, psa, x.scaling, pb, psb, y.scaling, pd, beta, device);
-    if (is_capturing(stream)) {
+    if (is_capturing(stream) || g_plans.size() >= kMaxPlans) {
       owned.reset(plan);
     } else {
       pt_gemm_fp8_plan kept = g_plans.insert(key, plan);

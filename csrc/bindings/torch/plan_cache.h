@@ -86,6 +86,10 @@ class PlanCache {
     std::lock_guard<std::mutex> lock(mutex_);
     plans_.clear();
   }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return plans_.size();
+  }
 
  private:
   std::mutex mutex_;

@@ -7,11 +7,12 @@ high-precision tensor; the op reads it without quantizing again, and its gradien
 
 A ``QuantizedTensor`` is a ``torch.Tensor`` subclass whose shape and dtype are those of the
 high-precision tensor it stands for; the quantized buffers live inside (``qdata``, ``scale_inv``).
-Layouts are those of the quantize ops:
+Layouts are the GEMMs' (the quantize ops' unpadded ones; the public MX quantizers pad to 128):
 
-- FP8 (``quantize_fp8``): ``qdata`` has the tensor's shape; ``scale_inv`` per ``quantized_axis``.
-- FP4 (``quantize_fp4``): along the last dim ``qdata`` is ``[..., K/2]``; along the first dim of a
-  2-D tensor it is stored transposed, ``[K, M/2]``.
+- FP8 (``quantize_fp8_unpadded``): ``qdata`` has the tensor's shape; ``scale_inv`` per
+  ``quantized_axis``.
+- FP4 (``quantize_fp4_unpadded``): along the last dim ``qdata`` is ``[..., K/2]``; along the first
+  dim of a 2-D tensor it is stored transposed, ``[K, M/2]``.
 - Grouped tokens (``group_lens`` given, BLOCKWISE / MX): the padded per-group layouts of
   ``grouped_quantize_fp8`` / ``grouped_quantize_fp4``, with the padded lens and offsets kept.
 

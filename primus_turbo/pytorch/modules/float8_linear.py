@@ -1,5 +1,7 @@
 """turbo.modules.Float8Linear: torch.nn.Linear with its three matmuls in FP8 (turbo.ops.gemm_fp8)."""
 
+import copy
+import weakref
 
 import torch
 from torch import nn
@@ -28,6 +30,26 @@ class _StraightThrough(torch.autograd.Function):
         return grad, None
 
 
+# Layers holding a quantized-weight cache: every torch optimizer step drops their caches (an
+# optimizer that writes through ``param.data`` leaves the version counter where it was).
+_CACHING_LAYERS = weakref.WeakSet()
+_STEP_HOOK = None
+
+
+def _drop_weight_caches(*_):
+    for layer in list(_CACHING_LAYERS):
+        layer.invalidate_weight_cache()
+
+
+def _track(layer) -> None:
+    global _STEP_HOOK
+    _CACHING_LAYERS.add(layer)
+    if _STEP_HOOK is None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _STEP_HOOK = register_optimizer_step_post_hook(_drop_weight_caches)
+
+
 class Float8Linear(Linear):
     """``y = x @ weight^T + bias`` where the forward, dgrad and wgrad GEMMs run in FP8.
 
@@ -40,9 +62,11 @@ class Float8Linear(Linear):
     quantizes once per step), used as it is. With ``cache_quantized_weight=True`` the layer keeps
     the weight's two FP8 copies (along K for the forward, along N for the dgrad; about the
     weight's size again in memory) and reuses them until the weight changes (its version counter
-    moves, e.g. at ``optimizer.step()``): with gradient accumulation or activation recomputation
-    the weight is quantized once per step instead of once per forward. Eager mode only (under
-    ``torch.compile`` the weight is quantized in the graph).
+    moves, or any torch optimizer steps): with gradient accumulation or activation recomputation
+    the weight is quantized once per step instead of once per forward. Code that changes the weight
+    through ``weight.data`` outside a torch optimizer (which leaves the version counter as it was),
+    or edits ``config`` in place, calls :meth:`invalidate_weight_cache`. Eager training only:
+    under ``torch.compile`` and ``torch.inference_mode`` the weight is quantized per call.
     """
 
     def __init__(
@@ -64,6 +88,26 @@ class Float8Linear(Linear):
         self.config = config if config is not None else Float8QuantConfig()
         self.cache_quantized_weight = bool(cache_quantized_weight)
         self._weight_cache = None  # (key, data, data_t)
+        if self.cache_quantized_weight:
+            _track(self)
+
+    def invalidate_weight_cache(self) -> None:
+        """Drops the cached FP8 copies of the weight; the next forward quantizes it again."""
+        self._weight_cache = None
+
+    def _apply(self, fn, *args, **kwargs):  # .to() / .cuda() / .half(): the copies would be stale
+        self.invalidate_weight_cache()
+        return super()._apply(fn, *args, **kwargs)
+
+    def __getstate__(self):  # pickling and deepcopy leave the cache behind
+        state = self.__dict__.copy()
+        state["_weight_cache"] = None
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        if getattr(self, "cache_quantized_weight", False):
+            _track(self)
 
     @classmethod
     def from_float(
@@ -80,17 +124,23 @@ class Float8Linear(Linear):
             return super().from_float(linear, config=config, cache_quantized_weight=cache_quantized_weight)
         if not isinstance(linear, (nn.Linear, Linear)):
             raise TypeError(f"Float8Linear.from_float: expected an nn.Linear, got {type(linear).__name__}")
+        if type(linear) not in (nn.Linear, Linear):  # a subclass's forward / a parametrization would be lost
+            raise TypeError(
+                f"Float8Linear.from_float: inplace=True converts an nn.Linear itself, not a "
+                f"{type(linear).__name__} (a subclass or a parametrized layer); pass inplace=False"
+            )
         linear.__class__ = cls
         linear._init_fp8(config, cache_quantized_weight)
         return linear
 
     def _cached_weight(self) -> QuantizedTensorPair:
         w = self.weight
-        key = (w.data_ptr(), w._version, w.dtype, tuple(w.shape), id(self.config))
+        key = (w.data_ptr(), w._version, w.dtype, tuple(w.shape), w.device, self.config)
         if self._weight_cache is None or self._weight_cache[0] != key:
             dtype = torch.float8_e5m2 if self.config.format == Format.E5M2 else torch.float8_e4m3fn
             with torch.no_grad():
                 data, data_t = create_quantized_weight(w.detach(), dtype, self.config, need_weight_transpose_cache=True)
+            key = key[:-1] + (copy.copy(self.config),)  # an in-place edit of config must not match
             self._weight_cache = (key, data, data_t)
         _, data, data_t = self._weight_cache
         if torch.is_grad_enabled() and w.requires_grad:
@@ -108,6 +158,7 @@ class Float8Linear(Linear):
             getattr(self, "cache_quantized_weight", False)
             and not isinstance(weight, QuantizedTensor)
             and not torch.compiler.is_compiling()
+            and not torch.is_inference_mode_enabled()  # inference tensors cannot serve a later backward
         ):
             weight = self._cached_weight()
         out = gemm_fp8(x.reshape(-1, self.in_features), weight, trans_b=True, config=self.config)

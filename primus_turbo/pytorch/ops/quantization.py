@@ -360,13 +360,15 @@ def quantize_fp8(
     ``[N, M_pad/32]`` / ``[G, N, M_pad/32]`` (:func:`dequantize_fp8` with the same axis returns
     ``[M_pad, N]`` / ``[G, M_pad, N]``). Every other case: :func:`quantize_fp8_unpadded`.
     """
-    if _mx_1d(granularity, scaling_recipe) and isinstance(x, torch.Tensor):
+    if _mx_1d(granularity, scaling_recipe):
+        # Every argument checked before anything is padded or copied.
+        _common_args("quantize_fp8", x, _HP_KIND, out_dtype, _FP8_KIND, granularity, block_size)
+        _use_2d(scaling_recipe)
         dim = _axis_dim("quantize_fp8", axis, x.dim())
         kw = {"block_size": block_size, "scaling_recipe": scaling_recipe}
         if dim == x.dim() - 1:
             return quantize_fp8_unpadded(_pad_dim(x, dim), out_dtype, granularity, axis=-1, **kw)
         if x.dim() == 2:  # the kernels' transposed column output of the padded x
-            _common_args("quantize_fp8", x, _HP_KIND, out_dtype, _FP8_KIND, granularity, block_size)
             q_row, s_row, q_col, s_col = _quantize_op(_pad_dim(x, 0).contiguous(), out_dtype, _MX, MX_BLOCK_SIZE,
                                                       False, True, True, 0, 0)
             return q_col, s_col
@@ -516,6 +518,9 @@ def dequantize_fp8(
     ``[G, N, M_pad]`` of axis 0 / 1 gives ``[M_pad, N]`` / ``[G, M_pad, N]``. Every other case:
     :func:`dequantize_fp8_unpadded`."""
     if _mx_1d(granularity, scaling_recipe) and isinstance(x, torch.Tensor) and x.dim() in (2, 3):
+        _common_args("dequantize_fp8", x, _FP8_KIND, out_dtype, _HP_KIND, granularity, block_size)
+        _check_scale_inv("dequantize_fp8", x, scale_inv)
+        _use_2d(scaling_recipe)
         dim = _axis_dim("dequantize_fp8", axis, x.dim())
         if dim == x.dim() - 2:
             out = dequantize_fp8_unpadded(x, out_dtype, granularity, block_size=block_size, axis=-1,
@@ -582,6 +587,7 @@ def quantize_fp4(
     ``[K, M_pad/32]`` (3-D per group: ``[G, M, N_pad/2]``, ``[G, N, M_pad/2]``).
     :func:`dequantize_fp4` keeps the padding (``[M, K_pad]`` / ``[M_pad, K]``)."""
     if isinstance(x, torch.Tensor) and x.dim() in (2, 3) and isinstance(axis, int) and not isinstance(axis, bool):
+        _common_args("quantize_fp4", x, _HP_KIND, out_dtype, _FP4_KIND, granularity, block_size, mx_only=True)
         along_last = _fp4_batched_along_last("quantize_fp4", axis) if x.dim() == 3 else \
             _along_last("quantize_fp4", axis, 2)
         x = _pad_dim(x, x.dim() - 1 if along_last else x.dim() - 2)
