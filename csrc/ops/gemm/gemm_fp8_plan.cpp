@@ -10,45 +10,15 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "ops/gemm/gemm_fp8_backend.h"
+#include "ops/gemm/plan_runs.h"
 
 using namespace primus_turbo;
 using namespace primus_turbo::gemm;
 
 namespace primus_turbo::gemm {
 
-namespace {
-
-class Fp8ReplayRun final : public Fp8BoundRun {
- public:
-  Fp8ReplayRun(const Fp8Backend& backend, int config) : backend_(backend), config_(config) {}
-  void run(const Fp8Problem& p, void* ws, size_t ws_bytes, cudaStream_t stream) const override {
-    backend_.run(p, config_, ws, ws_bytes, stream);
-  }
-
- private:
-  const Fp8Backend& backend_;
-  int config_;
-};
-
-// d = beta * d when the product is empty (k == 0); beta is 0 or 1 (checked when the plan is made).
-class Fp8EmptyKRun final : public Fp8BoundRun {
- public:
-  void run(const Fp8Problem& p, void*, size_t, cudaStream_t stream) const override {
-    if (p.beta != 0.0f) return;
-    const size_t esz = p.d_dtype == PT_FLOAT32 ? 4 : 2;
-    PT_CHECK_CUDA(cudaMemset2DAsync(p.d, p.ldd * esz, 0, p.n * esz, p.m, stream));
-  }
-};
-
-uint32_t alignment_of(const void* ptr) {
-  const auto v = reinterpret_cast<uintptr_t>(ptr);
-  return v == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(v & (~v + 1), 256));
-}
-
-}  // namespace
-
 std::unique_ptr<Fp8BoundRun> Fp8Backend::bind(const Fp8Problem&, int config) const {
-  return std::make_unique<Fp8ReplayRun>(*this, config);
+  return std::make_unique<ReplayRun<Fp8BoundRun, Fp8Backend, Fp8Problem>>(*this, config);
 }
 
 }  // namespace primus_turbo::gemm
@@ -78,7 +48,7 @@ pt_status pt_gemm_fp8_plan_create(const pt_tensor* a, const pt_tensor* a_scale, 
     if (p.m > 0 && p.n > 0) {
       if (p.k == 0) {
         PT_CHECK_SUPPORTED(p.beta == 0.0f || p.beta == 1.0f, "FP8 GEMM with K == 0 supports beta 0 or 1");
-        out->bound = std::make_unique<Fp8EmptyKRun>();
+        out->bound = std::make_unique<EmptyKRun<Fp8BoundRun, Fp8Problem>>();
       } else {
         const std::string why = be.rejection(p);
         PT_CHECK_SUPPORTED(why.empty(), why);

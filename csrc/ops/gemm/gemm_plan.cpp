@@ -9,6 +9,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "ops/gemm/gemm_backend.h"
+#include "ops/gemm/plan_runs.h"
 #include "runtime/device.h"
 
 using namespace primus_turbo;
@@ -16,40 +17,8 @@ using namespace primus_turbo::gemm;
 
 namespace primus_turbo::gemm {
 
-namespace {
-
-class ReplayRun final : public BoundRun {
- public:
-  ReplayRun(const Backend& backend, int config) : backend_(backend), config_(config) {}
-  void run(const Problem& p, void* ws, size_t ws_bytes, cudaStream_t stream) const override {
-    backend_.run(p, config_, ws, ws_bytes, stream);
-  }
-
- private:
-  const Backend& backend_;
-  int config_;
-};
-
-// d = beta * d when the product is empty (k == 0); beta is 0 or 1 (checked when the plan is made).
-class EmptyKRun final : public BoundRun {
- public:
-  void run(const Problem& p, void*, size_t, cudaStream_t stream) const override {
-    if (p.beta != 0.0f) return;
-    const size_t esz = p.d_dtype == PT_FLOAT32 ? 4 : 2;
-    PT_CHECK_CUDA(cudaMemset2DAsync(p.d, p.ldd * esz, 0, p.n * esz, p.m, stream));
-  }
-};
-
-// Largest power of two (at most 256) dividing the address: what alignment-sensitive kernels see.
-uint32_t alignment_of(const void* ptr) {
-  const auto v = reinterpret_cast<uintptr_t>(ptr);
-  return v == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(v & (~v + 1), 256));
-}
-
-}  // namespace
-
 std::unique_ptr<BoundRun> Backend::bind(const Problem&, int config) const {
-  return std::make_unique<ReplayRun>(*this, config);
+  return std::make_unique<ReplayRun<BoundRun, Backend, Problem>>(*this, config);
 }
 
 }  // namespace primus_turbo::gemm
@@ -80,7 +49,7 @@ pt_status pt_gemm_plan_create(const pt_tensor* a, const pt_tensor* b, const pt_t
       if (p.k == 0) {
         PT_CHECK_SUPPORTED(p.beta == 0.0f || p.beta == 1.0f,
                            "GEMM with k == 0 supports beta 0 or 1, got ", p.beta);
-        out->bound = std::make_unique<EmptyKRun>();
+        out->bound = std::make_unique<EmptyKRun<BoundRun, Problem>>();
       } else {
         const std::string why = be.rejection(p);
         PT_CHECK_SUPPORTED(why.empty(), why);
