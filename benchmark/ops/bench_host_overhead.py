@@ -20,9 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_utils as bu  # noqa: E402
 
 
-def _cases(turbo):
-    """name -> (ours forward, torch forward, ours fwd+bwd, torch fwd+bwd); each a no-arg callable."""
-    dev, bf16 = "cuda", torch.bfloat16
+def _cases(turbo, dev="cuda"):
+    """name -> (ours forward, torch forward, ours fwd+bwd, torch fwd+bwd); each a no-arg callable.
+    ``dev="meta"`` builds the same calls on meta tensors (the CPU test that every case is well formed)."""
+    bf16 = torch.bfloat16
 
     def t(*shape, grad=True, dtype=bf16):
         return torch.randn(*shape, device=dev, dtype=dtype, requires_grad=grad)
@@ -132,7 +133,137 @@ def _cases(turbo):
     cases["token_permute"] = (
         ours_permute, torch_permute, step(ours_permute, (tokens,), gp), step(torch_permute, (tokens,), gp),
     )
+    _more_cases(turbo, cases, t, step, dev)
     return cases
+
+
+def _more_cases(turbo, cases, t, step, dev):
+    """The other ops of turbo.ops against their nearest torch expression."""
+    from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, Float8QuantConfig, ScalingGranularity
+
+    G = ScalingGranularity
+    x, r, w, gx = t(256, 1024), t(256, 1024), t(1024), t(256, 1024, grad=False)
+
+    def torch_rms_residual():
+        return F.rms_norm(x + r, (1024,), w, 1e-6)
+
+    cases["rmsnorm_residual"] = (
+        lambda: turbo.ops.rmsnorm_residual(x, r, w)[0], torch_rms_residual,
+        step(lambda: turbo.ops.rmsnorm_residual(x, r, w)[0], (x, r, w), gx), step(torch_rms_residual, (x, r, w), gx),
+    )
+    xg, gh = t(256, 2048), t(256, 1024, grad=False)
+
+    def torch_geglu():
+        gate, up = xg.chunk(2, dim=-1)
+        return F.gelu(gate) * up
+
+    cases["geglu"] = (
+        lambda: turbo.ops.geglu(xg), torch_geglu, step(lambda: turbo.ops.geglu(xg), (xg,), gh), step(torch_geglu, (xg,), gh),
+    )
+    probs = t(256, dtype=torch.float32)
+
+    def torch_swiglu_probs():
+        gate, up = xg.chunk(2, dim=-1)
+        return F.silu(gate) * up * probs[:, None]
+
+    cases["swiglu_with_probs"] = (
+        lambda: turbo.ops.swiglu_with_probs(xg, probs), torch_swiglu_probs,
+        step(lambda: turbo.ops.swiglu_with_probs(xg, probs), (xg, probs), gh),
+        step(torch_swiglu_probs, (xg, probs), gh),
+    )
+    a, b, g = t(256, 256), t(256, 256), t(256, 256, grad=False)
+
+    def matmul():
+        return torch.matmul(a, b.t())
+
+    for name, cfg in (
+        ("gemm_fp8_tensorwise", Float8QuantConfig(granularity=G.TENSORWISE)),
+        ("gemm_fp8_blockwise", Float8QuantConfig(granularity=G.BLOCKWISE, block_size=128)),
+        ("gemm_fp4", Float4QuantConfig()),
+    ):
+        op = turbo.ops.gemm_fp4 if name == "gemm_fp4" else turbo.ops.gemm_fp8
+        ours = (lambda op, cfg: lambda: op(a, b, trans_b=True, config=cfg))(op, cfg)
+        cases[name] = (ours, matmul, step(ours, (a, b), g), step(matmul, (a, b), g))
+    groups = 4
+    ga, gb, gg = t(groups * 64, 256), t(groups, 256, 256), t(groups * 64, 256, grad=False)
+    lens = torch.full((groups,), 64, device=dev, dtype=torch.int64)
+    offs = torch.arange(64, groups * 64 + 1, 64, device=dev, dtype=torch.int32)
+    block = Float8QuantConfig(granularity=G.BLOCKWISE, block_size=128)
+
+    def grouped_fp8():
+        return turbo.ops.grouped_gemm_fp8(ga, gb, lens, trans_b=True, config=block)
+
+    def grouped_mm():
+        return torch._grouped_mm(ga, gb.transpose(-2, -1), offs=offs)
+
+    cases["grouped_gemm_fp8_blockwise"] = (
+        grouped_fp8, grouped_mm, step(grouped_fp8, (ga, gb), gg), step(grouped_mm, (ga, gb), gg),
+    )
+    xq = t(256, 1024, grad=False)
+
+    def torch_tensorwise():
+        s = xq.abs().amax().float() / 448.0
+        return (xq / s).to(torch.float8_e4m3fn), s
+
+    def ours_tensorwise():
+        return turbo.ops.quantize_fp8(xq, torch.float8_e4m3fn, G.TENSORWISE)
+
+    cases["quantize_fp8_tensorwise"] = (ours_tensorwise, torch_tensorwise, ours_tensorwise, torch_tensorwise)
+    qx, sx = turbo.ops.quantize_fp8(xq, torch.float8_e4m3fn, G.ROWWISE, axis=-1)
+
+    def ours_dequant():
+        return turbo.ops.dequantize_fp8(qx, torch.bfloat16, G.ROWWISE, axis=-1, scale_inv=sx)
+
+    def torch_dequant():
+        return (qx.float() * sx).to(torch.bfloat16)
+
+    cases["dequantize_fp8_rowwise"] = (ours_dequant, torch_dequant, ours_dequant, torch_dequant)
+    # MoE: the combine (token_unpermute) against index_add_, the router against softmax + topk.
+    tokens, experts, topk = 256, 8, 2
+    top = torch.rand(tokens, experts, device=dev).topk(topk, -1).indices
+    rmap = torch.zeros(tokens, experts, dtype=torch.bool, device=dev).scatter_(1, top, True)
+    _, _, row_id_map = turbo.ops.token_permute(t(tokens, 1024, grad=False), routing_map=rmap,
+                                               num_out_tokens=tokens * topk)
+    expert_out = t(tokens * topk, 1024)
+    src = top.reshape(-1).argsort(stable=True) // topk
+
+    def ours_unpermute():
+        return turbo.ops.token_unpermute(expert_out, row_id_map)
+
+    def torch_unpermute():
+        return torch.zeros(tokens, 1024, device=dev, dtype=expert_out.dtype).index_add_(0, src, expert_out)
+
+    cases["token_unpermute"] = (
+        ours_unpermute, torch_unpermute, step(ours_unpermute, (expert_out,), gx), step(torch_unpermute, (expert_out,), gx),
+    )
+    logits, gl = t(tokens, 64, dtype=torch.float32), t(tokens, 64, grad=False, dtype=torch.float32)
+
+    def ours_router():
+        return turbo.ops.fused_group_topk_routing_with_aux_score(logits, 4, score_function="softmax")[1]
+
+    def torch_router():
+        scores = torch.softmax(logits, -1)
+        vals, idx = scores.topk(4, -1)
+        return torch.zeros_like(scores).scatter(1, idx, vals)
+
+    cases["moe_routing"] = (ours_router, torch_router, step(ours_router, (logits,), gl), step(torch_router, (logits,), gl))
+    # Packed sequences: two sequences of 64 against SDPA on the same tokens as one batch of 2.
+    vq, vk, vv, vg = t(128, 4, 64), t(128, 4, 64), t(128, 4, 64), t(128, 4, 64, grad=False)
+    cu = torch.tensor([0, 64, 128], device=dev, dtype=torch.int32)
+
+    def ours_varlen():
+        return turbo.ops.flash_attn_varlen_func(vq, vk, vv, cu, cu, 64, 64, causal=True)
+
+    def sdpa_batched():
+        def bhsd(z):
+            return z.view(2, 64, 4, 64).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(bhsd(vq), bhsd(vk), bhsd(vv), is_causal=True)
+        return out.transpose(1, 2).reshape(128, 4, 64)
+
+    cases["flash_attn_varlen"] = (
+        ours_varlen, sdpa_batched, step(ours_varlen, (vq, vk, vv), vg), step(sdpa_batched, (vq, vk, vv), vg),
+    )
 
 
 def interleaved_min(ours, theirs, iters: int, warmup: int, rounds: int = 5) -> tuple[float, float]:

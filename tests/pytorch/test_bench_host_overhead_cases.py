@@ -1,0 +1,42 @@
+"""The host-overhead benchmark's cases are well formed: each of its four calls per op (ours and
+torch's, forward and forward+backward) runs once on meta tensors, so a changed signature breaks
+here and not in the middle of a GPU run."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import primus_turbo.pytorch as turbo
+
+_BENCH = Path(__file__).resolve().parents[2] / "benchmark" / "ops" / "bench_host_overhead.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_host_overhead", _BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return _bench()._cases(turbo, dev="meta")
+
+
+def test_every_case_runs_on_meta_tensors(cases):
+    assert len(cases) >= 20
+    for name, calls in cases.items():
+        for which, fn in zip(("ours fwd", "torch fwd", "ours fwd+bwd", "torch fwd+bwd"), calls):
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 -- say which call broke
+                raise AssertionError(f"{name}: {which}: {type(e).__name__}: {e}") from e
+
+
+def test_interleaved_min_keeps_the_fastest_round_of_each(monkeypatch):
+    bench = _bench()
+    times = iter([5.0, 9.0, 4.0, 8.0, 6.0, 7.0])
+    monkeypatch.setattr(bench.bu, "host_us_per_call", lambda fn, n, warmup: next(times))
+    assert bench.interleaved_min(lambda: None, lambda: None, iters=30, warmup=1, rounds=3) == (4.0, 7.0)
