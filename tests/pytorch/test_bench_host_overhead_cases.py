@@ -6,7 +6,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import torch
 
 import primus_turbo.pytorch as turbo
 
