@@ -171,11 +171,16 @@ void fp8_mm(const Quantized& x, const Quantized& y, const Tensor& out, float bet
       plan = kept;
     }
   }
-  // cuBLASLt's workspace comes from the caching allocator per call (graph-pool safe).
-  const size_t ws_bytes = pt_gemm_workspace_bytes();
-  const Tensor ws = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
-  check_status(pt_gemm_fp8_plan_run(plan, pa.data, psa.data, pb.data, psb.data, pd.data, ws.data_ptr(), ws_bytes,
-                                    stream),
+  // The workspace comes from the caching allocator per call (graph-pool safe), and only where the
+  // plan's algorithm reads one.
+  std::optional<Tensor> ws;
+  size_t ws_bytes = 0;
+  if (pt_gemm_fp8_plan_needs_workspace(plan)) {
+    ws_bytes = pt_gemm_workspace_bytes();
+    ws = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
+  }
+  check_status(pt_gemm_fp8_plan_run(plan, pa.data, psa.data, pb.data, psb.data, pd.data, ws ? ws->data_ptr() : nullptr,
+                                    ws_bytes, stream),
                kOp);
 }
 

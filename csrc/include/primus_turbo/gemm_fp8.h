@@ -51,6 +51,8 @@ PT_API pt_status pt_gemm_fp8_plan_create(const pt_tensor* a, const pt_tensor* a_
 PT_API pt_status pt_gemm_fp8_plan_run(pt_gemm_fp8_plan plan, const void* a, const void* a_scale,
                                       const void* b, const void* b_scale, void* d, void* workspace,
                                       size_t workspace_bytes, void* stream);
+// Whether the plan's runs read a workspace (0: pass none).
+PT_API int32_t pt_gemm_fp8_plan_needs_workspace(pt_gemm_fp8_plan plan);
 PT_API void pt_gemm_fp8_plan_destroy(pt_gemm_fp8_plan plan);
 
 // Compiles (or loads from the cache) the CUTLASS kernel of one point (dtypes, block scalings,

@@ -171,7 +171,7 @@ PT_API pt_status pt_gemm_plan_create(const pt_tensor* a, const pt_tensor* b, con
                                      int32_t backend, int32_t config, pt_gemm_plan* plan);
 PT_API pt_status pt_gemm_plan_run(pt_gemm_plan plan, const void* a, const void* b, void* d,
                                   void* workspace, size_t workspace_bytes, void* stream);
-// Whether the plan's backend needs a workspace (cuBLASLt) or not.
+// Whether the plan's runs read a workspace (a cuBLASLt algorithm that asks for one); 0: pass none.
 PT_API int32_t pt_gemm_plan_needs_workspace(pt_gemm_plan plan);
 PT_API void pt_gemm_plan_destroy(pt_gemm_plan plan);
 #include "primus_turbo/gemm_fp8.h"  // ---- FP8 GEMM

@@ -135,6 +135,8 @@ class CublasLtBoundRun final : public BoundRun {
                                    stream));
   }
 
+  size_t workspace_bytes() const override { return algo_.workspaceSize; }
+
  private:
   Descriptors desc_;
   cublasLtMatmulHeuristicResult_t algo_;

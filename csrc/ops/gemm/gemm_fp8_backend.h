@@ -16,6 +16,8 @@ class Fp8BoundRun {
  public:
   virtual ~Fp8BoundRun() = default;
   virtual void run(const Fp8Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) const = 0;
+  // Whether a run reads its workspace (cuBLASLt: the algorithm says; otherwise assumed).
+  virtual bool needs_workspace() const { return true; }
 };
 
 class Fp8Backend {

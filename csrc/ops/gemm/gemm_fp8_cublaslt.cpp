@@ -178,6 +178,8 @@ class CublasLtFp8BoundRun final : public Fp8BoundRun {
                                    workspace, workspace_bytes, stream));
   }
 
+  bool needs_workspace() const override { return algo_.workspaceSize > 0; }
+
  private:
   mutable std::mutex mutex_;
   mutable Descriptors desc_;

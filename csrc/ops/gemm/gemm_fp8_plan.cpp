@@ -80,6 +80,10 @@ pt_status pt_gemm_fp8_plan_run(pt_gemm_fp8_plan plan, const void* a, const void*
   });
 }
 
+int32_t pt_gemm_fp8_plan_needs_workspace(pt_gemm_fp8_plan plan) {
+  return plan != nullptr && plan->bound && plan->bound->needs_workspace() ? 1 : 0;
+}
+
 void pt_gemm_fp8_plan_destroy(pt_gemm_fp8_plan plan) { delete plan; }
 
 }  // extern "C"
