@@ -40,19 +40,11 @@ uint32_t ptr_alignment(const void* p) {
 
 cublasLtHandle_t handle_for(int device) { return cublaslt_handle(device); }
 
-template <class T, cublasStatus_t (*Destroy)(T)>
-struct Owned {
-  T value = nullptr;
-  ~Owned() {
-    if (value) Destroy(value);
-  }
-};
-
 // The descriptors of one call. Built per call: they are small host objects.
 struct Descriptors {
-  Owned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> op;
-  Owned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> a, b, d;
-  Owned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> pref;
+  OwnedMatmulDesc op;
+  OwnedLayout a, b, d;
+  OwnedPreference pref;
 
   explicit Descriptors(const Problem& p) {
     const cudaDataType_t ab = to_cuda_type(p.ab_dtype), dt = to_cuda_type(p.d_dtype);

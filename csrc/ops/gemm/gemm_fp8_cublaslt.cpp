@@ -45,18 +45,10 @@ int32_t scale_mode(int32_t scaling) {
 }
 #endif
 
-template <class T, cublasStatus_t (*Destroy)(T)>
-struct Owned {
-  T value = nullptr;
-  ~Owned() {
-    if (value) Destroy(value);
-  }
-};
-
 struct Descriptors {
-  Owned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> op;
-  Owned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> a, b, d;
-  Owned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> pref;
+  OwnedMatmulDesc op;
+  OwnedLayout a, b, d;
+  OwnedPreference pref;
 
   template <class V>
   void set(cublasLtMatmulDescAttributes_t attr, const V& v) {
