@@ -183,6 +183,12 @@ BAD_ARGS = [
     ({"window_size": (-2, 0)}, ValueError, "argument 'window_size'"),
     ({"window_size": (1.5, 0)}, TypeError, "argument 'window_size'"),
     ({"window_size": 3}, TypeError, "argument 'window_size'"),
+    ({"window_size": (2**32, 0)}, ValueError, r"argument 'window_size'.*2\^31"),  # would wrap in int32
+    ({"window_size": (0, 2**63)}, ValueError, "argument 'window_size'"),
+    ({"window_size": (True, False)}, TypeError, "argument 'window_size'"),
+    ({"softmax_scale": 1e300}, ValueError, "finite in float32"),  # inf once read as float32
+    ({"softmax_scale": 10**400}, ValueError, "argument 'softmax_scale'"),
+    ({"dropout_p": None}, TypeError, "argument 'dropout_p'"),
     ({"softmax_scale": float("inf")}, ValueError, "argument 'softmax_scale'"),
     ({"softmax_scale": "0.1"}, TypeError, "argument 'softmax_scale'"),
     ({"dropout_p": 0.1}, NotImplementedError, "dropout_p"),
@@ -216,6 +222,7 @@ VARLEN_BAD_ARGS = [
     ({"cu_seqlens_q": None}, ValueError, "'cu_seqlens_q' and 'cu_seqlens_k' are required"),
     ({"max_seqlen_q": -1}, ValueError, "'max_seqlen_q'"),
     ({"max_seqlen_k": 2.5}, TypeError, "argument 'max_seqlen_k' must be an int"),
+    ({"max_seqlen_q": 2**40}, ValueError, r"'max_seqlen_q'.*2\^30"),  # the core's limit, in the fake op too
     ({"q": meta(2, 15, 8, 128)}, ValueError, r"argument 'q' has shape \[2, 15, 8, 128\]; expected \[total_tokens"),
     ({"k": meta(40, 3, 128), "v": meta(40, 3, 128)}, ValueError, "argument 'k' has 3 heads"),
     ({"v": meta(41, 2, 128)}, ValueError, "argument 'v' has shape"),
@@ -327,6 +334,32 @@ def test_hf_attention_function_on_meta():
         primus_turbo_attention_forward(module, q, k, k, None, softcap=30.0)
     with pytest.raises(NotImplementedError, match="2-D padding mask"):
         primus_turbo_attention_forward(module, q, k, k, meta(2, 1, 16, 16))
+    # Packed offsets need a batch of one row and both of them; masks must fit the batch.
+    offs = torch.tensor([0, 8, 16], dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="batch of 2"):
+        primus_turbo_attention_forward(module, q, k, k, None, cu_seq_lens_q=offs, cu_seq_lens_k=offs)
+    with pytest.raises(ValueError, match="both cu_seq_lens_q and cu_seq_lens_k"):
+        primus_turbo_attention_forward(module, q, k, k, None, cu_seq_lens_q=offs)
+    with pytest.raises(ValueError, match="'attention_mask' has shape"):
+        primus_turbo_attention_forward(module, q, k, k, torch.ones(3, 16, dtype=torch.bool, device="meta"))
+    with pytest.raises(ValueError, match="'sliding_window'"):
+        primus_turbo_attention_forward(module, q, k, k, None, sliding_window=-1)
+    with pytest.raises(TypeError, match="argument 'query'"):
+        primus_turbo_attention_forward(module, [1.0], k, k, None)
+
+
+def test_turbo_attention_module_argument_errors():
+    with pytest.raises(TypeError, match="argument 'window_size' must be a pair"):
+        turbo.modules.TurboAttention(window_size=5)
+    with pytest.raises(ValueError, match="num_heads"):
+        turbo.modules.TurboAttention(learnable_sink=True, num_heads=True)
+    with pytest.raises(TypeError, match="argument 'dtype'"):
+        turbo.modules.TurboAttention(learnable_sink=True, num_heads=8, dtype=torch.int32)
+    attn = turbo.modules.TurboAttention(layout="bhsd")
+    with pytest.raises(ValueError, match="argument 'q' must be a 4-D tensor"):
+        attn(meta(8, 16), meta(8, 16), meta(8, 16))
+    with pytest.raises(ValueError, match="argument 'k' must be a 4-D tensor"):
+        attn(meta(2, 8, 16, 64), [1.0], meta(2, 2, 16, 64))
 
 
 @pytest.mark.parametrize("model", ["llama", "mistral_window", "gpt_oss_sinks", "packed"])

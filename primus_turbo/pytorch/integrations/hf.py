@@ -63,6 +63,12 @@ def primus_turbo_attention_forward(
         )
     if softcap is not None:
         raise NotImplementedError("primus_turbo attention: logit soft-capping ('softcap') is not supported")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise TypeError(f"primus_turbo attention: argument '{name}' must be a 4-D [B, H, S, D] torch.Tensor")
+    if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+                                       or sliding_window < 0):
+        raise ValueError(f"primus_turbo attention: 'sliding_window' must be a positive int or None, got {sliding_window!r}")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     sink = s_aux if s_aux is not None else getattr(module, "sinks", None)
     # transformers' window counts the query itself: sliding_window keys in all.
@@ -75,6 +81,13 @@ def primus_turbo_attention_forward(
     kw = {"softmax_scale": scaling, "causal": bool(causal), "window_size": window, "sink": sink}
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if (cu_q is None) != (cu_k is None):
+        raise ValueError("primus_turbo attention: pass both cu_seq_lens_q and cu_seq_lens_k (packed sequences) or neither")
+    if cu_q is not None and q.shape[0] != 1:
+        raise ValueError(
+            f"primus_turbo attention: packed sequences (cu_seq_lens_q / cu_seq_lens_k) come in one row of the batch; "
+            f"got a batch of {q.shape[0]}"
+        )
     if cu_q is None and attention_mask is None and q.shape[0] == 1 and 1 < q.shape[1] == k.shape[1]:
         cu_q = cu_k = _packed_offsets(kwargs.get("position_ids"))
     if cu_q is not None and cu_k is not None:  # a padding-free batch: sequences packed in one row
@@ -102,7 +115,11 @@ def _packed_offsets(position_ids):
     return torch.cat((starts, end))
 
 
-def _longest(cu: torch.Tensor) -> int:
+def _longest(cu) -> int:
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.shape[0] < 2:
+        raise ValueError(
+            "primus_turbo attention: 'cu_seq_lens_q' / 'cu_seq_lens_k' must be 1-D tensors of num_seqs + 1 >= 2 offsets"
+        )
     return int((cu[1:] - cu[:-1]).max())
 
 
@@ -115,6 +132,13 @@ def _padded(q, k, v, mask, kw):
             "use transformers >= 4.53, where register_hf_attention() asks for FlashAttention's masks"
         )
     b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    if mask.shape[0] != b or mask.shape[1] < sk:
+        raise ValueError(
+            f"primus_turbo attention: 'attention_mask' has shape {tuple(mask.shape)}; expected [{b}, >= {sk}] "
+            "(batch, key length)"
+        )
+    if b == 0 or sq == 0:
+        return q.new_zeros(b, sq, q.shape[2], v.shape[-1])
     mask_k = mask[:, -sk:].bool()
     mask_q = mask_k[:, -sq:]  # queries are the last tokens (left padding when decoding), as in transformers
     cu_k, max_k = _offsets(mask_k)

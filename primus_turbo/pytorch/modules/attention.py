@@ -63,17 +63,26 @@ class TurboAttention(nn.Module):
         self.dropout_p = dropout_p
         self.softmax_scale = softmax_scale
         self.causal = causal
-        self.window_size = tuple(window_size)
+        try:
+            self.window_size = tuple(window_size)
+            if len(self.window_size) != 2:
+                raise TypeError
+        except TypeError:
+            raise TypeError(
+                f"TurboAttention: argument 'window_size' must be a pair (left, right), got {window_size!r}"
+            ) from None
         self.alibi_slopes = alibi_slopes
         self.deterministic = deterministic
         self.return_lse = return_lse
         self.return_attn_probs = return_attn_probs
         self.layout = layout
         if learnable_sink:
-            if not isinstance(num_heads, int) or num_heads < 1:
+            if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
                 raise ValueError(
                     f"TurboAttention: learnable_sink needs 'num_heads' (the heads of q), got {num_heads!r}"
                 )
+            if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+                raise TypeError(f"TurboAttention: argument 'dtype' (of the sinks) must be a float dtype, got {dtype!r}")
             self.sinks = nn.Parameter(torch.empty(num_heads, device=device, dtype=dtype or torch.float32))
         else:
             self.register_parameter("sinks", None)
@@ -126,6 +135,12 @@ class TurboAttention(nn.Module):
             return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
         dims = _TRANSPOSE[self.layout]
         if dims is not None:
+            for name, t in (("q", q), ("k", k), ("v", v)):
+                if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                    raise ValueError(
+                        f"TurboAttention: argument '{name}' must be a 4-D tensor in layout {self.layout!r}, got "
+                        f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
+                    )
             q, k, v = q.transpose(*dims), k.transpose(*dims), v.transpose(*dims)
         result = flash_attn_func(q, k, v, **kwargs)
         if dims is None:

@@ -30,6 +30,11 @@ HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256))
 _NO_WINDOW = (-1, -1)
 
 
+_F32_MAX = 3.4028234663852886e38  # the kernels take the scale in float32
+_INT32_MAX = 2**31 - 1  # window sides travel as int32
+_MAX_SEQLEN = 2**30  # the core's limit on a sequence
+
+
 def _is_int(x) -> bool:
     return isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool)
 
@@ -76,11 +81,13 @@ def _check_args(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
             "or 256 for both, or 192 for q/k with 128 for v"
         )
     if not isinstance(softmax_scale, torch.SymFloat) and (
-        not isinstance(softmax_scale, float) or not math.isfinite(softmax_scale)
+        not isinstance(softmax_scale, float) or not math.isfinite(softmax_scale) or abs(softmax_scale) > _F32_MAX
     ):  # a SymFloat (D ** -0.5 of a dynamic head dim) is checked by the native op
-        raise ValueError(f"{op}: argument 'softmax_scale' must be finite, got {softmax_scale!r}")
-    if not (_is_int(wl) and _is_int(wr) and wl >= -1 and wr >= -1):
-        raise ValueError(f"{op}: argument 'window_size' is ({wl}, {wr}); each side must be >= 0, or -1 for unbounded")
+        raise ValueError(f"{op}: argument 'softmax_scale' must be finite in float32, got {softmax_scale!r}")
+    if not (_is_int(wl) and _is_int(wr) and -1 <= wl <= _INT32_MAX and -1 <= wr <= _INT32_MAX):
+        raise ValueError(
+            f"{op}: argument 'window_size' is ({wl}, {wr}); each side must be in [0, 2^31), or -1 for unbounded"
+        )
     if packed:
         num_seqs = (
             cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dim() == 1 else 0
@@ -93,9 +100,13 @@ def _check_args(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
             if t.dim() != 1 or num_seqs < 1 or t.shape[0] != num_seqs + 1:
                 want = f"[{num_seqs + 1}] (num_seqs + 1)" if num_seqs >= 1 else "[num_seqs + 1] with num_seqs >= 1"
                 raise ValueError(f"{op}: argument '{name}' has shape {list(t.shape)}; expected {want}")
-        if not (_is_int(max_seqlen_q) and _is_int(max_seqlen_k) and max_seqlen_q >= 0 and max_seqlen_k >= 0):
+        if not (
+            _is_int(max_seqlen_q) and _is_int(max_seqlen_k)
+            and 0 <= max_seqlen_q <= _MAX_SEQLEN and 0 <= max_seqlen_k <= _MAX_SEQLEN
+        ):
             raise ValueError(
-                f"{op}: arguments 'max_seqlen_q' and 'max_seqlen_k' must be >= 0, got {max_seqlen_q!r} and {max_seqlen_k!r}"
+                f"{op}: arguments 'max_seqlen_q' and 'max_seqlen_k' must be in [0, 2^30], got {max_seqlen_q!r} and "
+                f"{max_seqlen_k!r}"
             )
     if sink is not None:
         if not isinstance(sink, torch.Tensor) or not sink.is_floating_point():
@@ -161,6 +172,8 @@ class FlashAttnFunction(torch.autograd.Function):
 
 def _unsupported(op, dropout_p, bias, alibi_slopes, return_attn_probs) -> None:
     """The original's arguments these kernels do not implement: refuse rather than ignore."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"{op}: argument 'dropout_p' must be a float (0.0), got {type(dropout_p).__name__}")
     if dropout_p:
         raise NotImplementedError(
             f"{op}: attention dropout is not supported (argument 'dropout_p' must be 0.0, got {dropout_p!r})"
@@ -183,23 +196,36 @@ def _window(op, window_size, causal: bool):
     else:
         try:
             left, right = window_size
+            if isinstance(left, bool) or isinstance(right, bool):
+                raise TypeError
             if type(left) is not int or type(right) is not int:
                 left, right = operator.index(left), operator.index(right)  # numpy ints; never floats
         except (TypeError, ValueError):
             raise TypeError(
                 f"{op}: argument 'window_size' must be a pair of ints (left, right), got {window_size!r}"
             ) from None
+        if not (-1 <= left <= _INT32_MAX and -1 <= right <= _INT32_MAX):
+            raise ValueError(
+                f"{op}: argument 'window_size' is ({left}, {right}); each side must be in [0, 2^31), or -1 for unbounded"
+            )
     return left, (0 if causal else right)
 
 
 def _scale(op, softmax_scale, q) -> float:
     if softmax_scale is None:
         return q.shape[-1] ** -0.5 if isinstance(q, torch.Tensor) and q.dim() else 1.0
-    if type(softmax_scale) is float:
-        return softmax_scale
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"{op}: argument 'softmax_scale' must be a float or None, got {type(softmax_scale).__name__}")
-    return float(softmax_scale)
+    if type(softmax_scale) is not float:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(
+                f"{op}: argument 'softmax_scale' must be a float or None, got {type(softmax_scale).__name__}"
+            )
+        try:
+            softmax_scale = float(softmax_scale)
+        except OverflowError:
+            softmax_scale = math.inf
+    if not math.isfinite(softmax_scale) or abs(softmax_scale) > _F32_MAX:  # the kernels read it as float32
+        raise ValueError(f"{op}: argument 'softmax_scale' must be finite in float32, got {softmax_scale!r}")
+    return softmax_scale
 
 
 def _float32_sink(sink):
@@ -212,7 +238,7 @@ def _float32_sink(sink):
 def _common_args(op, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes, return_attn_probs, sink):
     """What both entry points do with their shared keywords: refuse the unsupported ones, then
     (softmax scale, window left, window right, float32 sink)."""
-    if dropout_p or bias is not None or alibi_slopes is not None or return_attn_probs:
+    if type(dropout_p) is not float or dropout_p or bias is not None or alibi_slopes is not None or return_attn_probs:
         _unsupported(op, dropout_p, bias, alibi_slopes, return_attn_probs)
     scale = _scale(op, softmax_scale, q)
     wl, wr = _window(op, window_size, causal)
