@@ -96,6 +96,15 @@ def test_grouped_linear_checks_input():
         layer(meta(4, 12, dtype=torch.float32), lens(2))
     with pytest.raises(ValueError, match="group_num"):
         turbo.modules.GroupedLinear(0, 16, 8)
+    for bad in ((2.5, 16, 8), (2, 16, 1.5), ("4", 16, 8)):
+        with pytest.raises(TypeError, match="must be an int"):
+            turbo.modules.GroupedLinear(*bad)
+    with pytest.raises(ValueError, match="in_features and out_features"):
+        turbo.modules.GroupedLinear(2, -1, 8)
+    with pytest.raises(TypeError, match="input must be a torch.Tensor"):
+        layer([1.0], lens(2))
+    with pytest.raises(TypeError, match="argument 'group_offs'"):
+        turbo.ops.grouped_gemm(meta(8, 16), meta(2, 8, 16), lens(2), group_offs=[0, 4, 8], trans_b=True)
     assert layer.weight.shape == (2, 8, 16)
 
 

@@ -58,6 +58,27 @@ def test_prequantized_forward_shapes(g):
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
 
 
+def test_prequantized_tuples_are_checked_like_the_rest():
+    g = ScalingGranularity.ROWWISE
+    qa, sa = meta(32, 256, dtype=E4M3), meta(32, 1, dtype=torch.float32)
+    qb, sb = meta(2, 48, 256, dtype=E4M3), meta(2, 48, 1, dtype=torch.float32)
+
+    def call(a=(qa, sa), b=(qb, sb), **kw):
+        kw.setdefault("out_dtype", torch.bfloat16)
+        return turbo.ops.grouped_gemm_fp8(a, b, lens(2), config=cfg(g), **kw)
+
+    with pytest.raises(ValueError, match="argument 'a_scale_inv' is on cpu"):
+        call(a=(qa, torch.empty(32, 1)))
+    with pytest.raises(TypeError, match="out_dtype"):
+        call(out_dtype=torch.int32)
+    with pytest.raises(TypeError, match="pair \\(q, scale_inv\\)"):
+        call(a=(qa,))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        call(a=(meta(32, 72, dtype=E4M3), sa), b=(meta(2, 48, 72, dtype=E4M3), sb))
+    with pytest.raises(ValueError, match="fuse_bgrad_accum_pattern"):
+        call(fuse_bgrad_accum_pattern="megatron")
+
+
 def test_fake_tensor_mode_on_cuda_device():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

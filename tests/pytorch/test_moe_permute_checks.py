@@ -159,7 +159,7 @@ def test_moe_shapes_on_meta_and_backward():
         scales_per_token=2, use_fp8=True,
     )
     assert out.dtype == torch.float8_e4m3fn and ps.shape == (12, 2) and pp is None
-    # Zero tokens: no rows, the padding rows of the map remain.
+    # Zero tokens: no rows (as the original), the padding rows of the map remain.
     out, rmap, *_ = turbo.ops.moe_permute(
         meta(0, 32), meta(0, 2, dtype=torch.int32), num_local_experts=8, num_topk=2, pad_multiple=8,
         num_permuted_tokens=16,
@@ -198,7 +198,8 @@ def _permute_args(**kw):
     "kwargs,exc,match",
     [
         ({"probs_layout": "dense"}, ValueError, "probs_layout must be"),
-        ({"num_topk": 0}, ValueError, "requires num_topk > 0"),
+        ({"num_topk": 0}, ValueError, "num_topk >= 1"),  # expert indices need a topk
+        ({"num_topk": 0, "probs": meta(6, 2, dtype=torch.float32)}, ValueError, "requires num_topk > 0"),
         ({"num_local_experts": 0}, ValueError, "argument 'num_local_experts'"),
         ({"num_local_experts": 2000}, ValueError, "argument 'num_local_experts'"),
         ({"pad_multiple": -1}, ValueError, "argument 'pad_multiple'"),
@@ -326,3 +327,16 @@ def test_core_rejects_bad_route_descriptors():
         check(lib.pt_moe_rows_scatter(to_pt(x), to_pt(rmap), 8, None, None, to_pt(n), 1, to_pt(out), None, None, None))
     with pytest.raises(ValueError, match="argument 'src' has dtype"):
         check(lib.pt_moe_rows_gather(to_pt(x.to(torch.float8_e4m3fn)), to_pt(rmap), 8, None, to_pt(x), None, None))
+
+
+def test_audit_fixes_restore_shape_zero_tokens_and_probs_layout():
+    import torch as _t
+
+    tokens, rmap = _t.empty(0, 32, device="meta"), _t.zeros(0, 4, dtype=_t.bool, device="meta")
+    out, _, row_id_map = turbo.ops.token_permute(tokens, routing_map=rmap, num_out_tokens=16)
+    with pytest.raises(TypeError, match="argument 'restore_shape'"):
+        turbo.ops.token_unpermute(out, row_id_map, restore_shape=8)
+    # A routing map without probs takes the default probs_layout.
+    perm = turbo.ops.moe_permute(_t.empty(8, 32, device="meta"), _t.zeros(8, 4, dtype=_t.bool, device="meta"),
+                                 num_local_experts=4, num_permuted_tokens=16)
+    assert perm[0].shape == (16, 32)

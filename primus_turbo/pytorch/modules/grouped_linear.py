@@ -21,8 +21,13 @@ class GroupedLinear(nn.Module):
 
     def __init__(self, group_num: int, in_features: int, out_features: int, device=None, dtype=None):
         super().__init__()
+        for name, value in (("group_num", group_num), ("in_features", in_features), ("out_features", out_features)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"GroupedLinear: {name} must be an int, got {value!r}")
         if group_num < 1:
             raise ValueError(f"GroupedLinear: group_num must be at least 1, got {group_num}")
+        if in_features < 0 or out_features < 0:
+            raise ValueError(f"GroupedLinear: in_features and out_features must be >= 0, got {in_features}, {out_features}")
         self.group_num = group_num
         self.in_features = in_features
         self.out_features = out_features
@@ -36,6 +41,8 @@ class GroupedLinear(nn.Module):
     def forward(
         self, x: torch.Tensor, group_lens: torch.Tensor, group_offs: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"GroupedLinear: input must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 2 or x.shape[-1] != self.in_features:
             raise ValueError(
                 f"GroupedLinear: input has shape {tuple(x.shape)}; expected [tokens, in_features={self.in_features}]"

@@ -252,7 +252,10 @@ def grouped_gemm(
     checks the sizes on the host instead (a sync): negative lengths or a sum above ``M`` raise
     ``ValueError``.
     """
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(group_lens, torch.Tensor)):
+    if not (
+        isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(group_lens, torch.Tensor)
+        and (group_offs is None or isinstance(group_offs, torch.Tensor))
+    ):
         _forward_shape(a, b, group_lens, group_offs, trans_b)  # raises the TypeError naming the argument
     num_sms = check_num_cu("grouped_gemm", num_cu)
     check_schedule("grouped_gemm", schedule)

@@ -466,6 +466,9 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, n
             "grouped_gemm_fp8: pre-quantized (q, scale_inv) tuples take TENSORWISE, ROWWISE or BLOCKWISE; pass MX "
             "operands as QuantizedTensors"
         )
+    for name, pair in (("a", a), ("b", b)):
+        if len(pair) != 2:
+            raise TypeError(f"grouped_gemm_fp8: pre-quantized '{name}' must be a pair (q, scale_inv), got {len(pair)} items")
     qa, sa = a
     qb, sb = b
     if not isinstance(qa, torch.Tensor) or qa.dtype not in _FP8_DTYPES or qa.dim() != 2:
@@ -480,12 +483,16 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, n
         )
     if out_dtype is None:
         raise ValueError("grouped_gemm_fp8: out_dtype is required when the operands are pre-quantized")
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"grouped_gemm_fp8: out_dtype {out_dtype} is not supported; expected bfloat16, float16 or float32")
     m, k = qa.shape
     n_groups, n, kb_ = qb.shape
     if kb_ != k:
         raise ValueError(
             f"grouped_gemm_fp8: inner dimensions do not match: a is {tuple(qa.shape)}, b is {tuple(qb.shape)}"
         )
+    if k % 16 or n % 16:
+        raise ValueError(f"grouped_gemm_fp8: K={k} and N={n} must be multiples of 16 (FP8 rows are read 16 bytes at a time)")
     _check_groups(group_lens, group_offs, n_groups)
     kb = _cdiv(k, _BLOCK)
     for name, s in (("a", sa), ("b", sb)):
@@ -505,7 +512,8 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, n
         raise ValueError(
             f"grouped_gemm_fp8: pre-quantized 'b' scale_inv has shape {tuple(sb.shape)}; expected {list(want_b)}"
         )
-    check_cuda_tensors("grouped_gemm_fp8", a=qa, b=qb, group_lens=group_lens)
+    extra = {"group_offs": group_offs} if isinstance(group_offs, torch.Tensor) else {}
+    check_cuda_tensors("grouped_gemm_fp8", a=qa, b=qb, a_scale_inv=sa, b_scale_inv=sb, group_lens=group_lens, **extra)
     if g != ScalingGranularity.BLOCKWISE:
         sa = sa.float().reshape(-1, 1).expand(m, kb)
     if g == ScalingGranularity.ROWWISE:
@@ -601,6 +609,11 @@ def grouped_gemm_fp8(
     if isinstance(a, tuple) or isinstance(b, tuple):
         if not (isinstance(a, tuple) and isinstance(b, tuple)):
             raise TypeError("grouped_gemm_fp8: pass both 'a' and 'b' pre-quantized, or neither")
+        if fuse_bgrad_accum_pattern is not None:
+            raise ValueError(
+                "grouped_gemm_fp8: fuse_bgrad_accum_pattern needs a trainable weight; pre-quantized (q, scale_inv) "
+                "tuples have no backward"
+            )
         return _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, num_sms)
     out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype)
     if k % 16 or n % 16:

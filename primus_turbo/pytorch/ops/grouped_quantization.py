@@ -190,6 +190,8 @@ def grouped_dequantize_fp8(
         raise ValueError(
             f"{op}: 'group_offs' has {group_offs.shape[0]} entries but 'group_offs_padded' {group_offs_padded.shape[0]}"
         )
+    if group_offs.shape[0] < 2:
+        raise ValueError(f"{op}: argument 'group_offs' needs num_groups + 1 >= 2 entries, got {group_offs.shape[0]}")
     tokens = _total_rows(group_offs, total_M)
     out = qz.dequantize_fp8_unpadded(x, out_dtype, granularity, block_size=block_size, axis=-1, scale_inv=scale_inv,
                             scaling_recipe=scaling_recipe)

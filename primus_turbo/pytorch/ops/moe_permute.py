@@ -9,6 +9,8 @@ They move data and never round it: a permuted row is a bit copy of its token, an
 without probabilities is a sum in a fixed order (fp32)."""
 
 
+import operator
+
 import torch
 
 from primus_turbo._core import check, lib
@@ -193,6 +195,19 @@ def _check_tokens(op: str, name: str, t) -> None:
         raise ValueError(f"{op}: argument '{name}' has shape {tuple(t.shape)}; expected [num_tokens, hidden]")
 
 
+def _shape_pair(op: str, shape) -> tuple:
+    """``restore_shape`` as a (num_tokens, hidden) pair of ints, or a TypeError naming it."""
+    try:
+        pair = tuple(shape)
+        if len(pair) != 2 or any(isinstance(d, bool) for d in pair):
+            raise TypeError
+        return tuple(operator.index(d) for d in pair)  # ints and numpy ints; never floats
+    except TypeError:
+        raise TypeError(
+            f"{op}: argument 'restore_shape' must be a (num_tokens, hidden) pair of ints, got {shape!r}"
+        ) from None
+
+
 def _check_probs(op: str, name: str, p, shape) -> None:
     if not isinstance(p, torch.Tensor) or p.dtype not in _DTYPES:
         raise TypeError(f"{op}: argument '{name}' must be a float32, float16 or bfloat16 torch.Tensor")
@@ -298,7 +313,7 @@ def token_unpermute(
         raise ValueError(f"{op}: argument 'row_id_map' has {row_id_map.shape[1]} experts; expected 1 to {MAX_EXPERTS}")
     if merging_probs is not None:
         _check_probs(op, "merging_probs", merging_probs, row_id_map.shape)
-    if restore_shape is not None and tuple(restore_shape) != (row_id_map.shape[0], inp.shape[1]):
+    if restore_shape is not None and _shape_pair(op, restore_shape) != (row_id_map.shape[0], inp.shape[1]):
         raise ValueError(
             f"{op}: argument 'restore_shape' is {tuple(restore_shape)}; expected ({row_id_map.shape[0]}, {inp.shape[1]})"
         )
@@ -346,7 +361,7 @@ def _moe_permute_cuda(tokens, expert_map, probs, scaling_factor, num_experts: in
             context="moe_permute",
         )
         in_use = ws[_rows_in_use_index(t, e) :][:1]
-        if t == 0:
+        if t == 0:  # no tokens, no rows (as the original: its permuted tokens are [0, hidden] then)
             m = 0
         elif num_out > 0:
             m = num_out
@@ -569,6 +584,7 @@ def moe_permute(
             = 1), rows past the used ones are zero. ``<= 0``: the exact count, read on the host (one
             device synchronization; not under CUDA graph capture). No synchronization when given:
             ``num_tokens * topk`` (``+ num_local_experts * (pad_multiple - 1)`` with padding) always fits.
+            With no tokens the output has no rows, whatever this says (as the original library).
         scaling_factor: ``[num_tokens, scales_per_token]`` float32 scales of FP8 tokens, carried to
             ``permuted_scaling_factor`` (used only with ``use_fp8``).
         probs: ``[num_tokens, num_topk]`` (``probs_layout="topk"``, index map) or ``[num_tokens,
@@ -590,7 +606,9 @@ def moe_permute(
     op = "moe_permute"
     if probs_layout not in ("routing_map", "topk"):
         raise ValueError(f"{op}: probs_layout must be 'routing_map' or 'topk', got {probs_layout!r}")
-    if probs_layout == "topk" and (isinstance(num_topk, bool) or not isinstance(num_topk, int) or num_topk <= 0):
+    if probs is not None and probs_layout == "topk" and (
+        isinstance(num_topk, bool) or not isinstance(num_topk, int) or num_topk <= 0
+    ):
         raise ValueError(f"{op}: probs_layout='topk' requires num_topk > 0")
     e = _int_arg(op, "num_local_experts", num_local_experts, 1, MAX_EXPERTS)
     _int_arg(op, "num_topk", num_topk, 0, MAX_EXPERTS)
@@ -709,7 +727,7 @@ def moe_unpermute(
         raise ValueError(f"{op}: argument 'row_id_map' has shape {tuple(row_id_map.shape)}; expected "
                          f"[num_tokens + pad_multiple, {2 * e + 1}] for {e} experts")
     try:
-        t, h = (int(v) for v in restore_shape)
+        t, h = (operator.index(v) for v in restore_shape)  # never a float, truncated
     except (TypeError, ValueError):
         raise ValueError(f"{op}: argument 'restore_shape' must be (num_tokens, hidden); got {restore_shape!r}") from None
     if h != permuted_tokens.shape[1] or t < 0 or t > row_id_map.shape[0]:
