@@ -165,3 +165,17 @@ def test_grouped_ops_trace_with_quantized_mx_operands():
     q, s, lens_p, offs_p = turbo.ops.grouped_quantize_fp8(meta(40, 96), torch.float8_e4m3fn, G.MX_BLOCKWISE, lens,
                                                            axis=0, block_size=32)
     assert q.shape == (96, 512) and s.shape == (96, 16) and lens_p.shape == (3,) and offs_p.shape == (4,)
+
+
+def test_transpose_dims_and_weight_dtype_are_checked():
+    from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, Float8QuantConfig, Format
+
+    w = torch.empty(64, 128, device="meta", dtype=torch.bfloat16)
+    qt = QuantizedTensor.quantize(w, torch.float8_e4m3fn, G.ROWWISE, axis=-1)
+    for dims in ((0, 5), (0, -3)):
+        with pytest.raises(IndexError, match="out of range"):
+            qt.transpose(*dims)
+    with pytest.raises(ValueError, match="does not match the config's format"):
+        create_quantized_weight(w, torch.float8_e4m3fn, Float8QuantConfig(format=Format.E5M2))
+    with pytest.raises(ValueError, match="does not match the config's format"):
+        create_quantized_weight(w, torch.float8_e4m3fn, Float4QuantConfig())

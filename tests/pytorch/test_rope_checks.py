@@ -44,6 +44,41 @@ def test_fake_tensor_mode_on_cuda_device():
     assert qo.shape == q.shape and ko.shape == k.shape and qo.device.type == "cuda"
 
 
+def test_fake_cuda_tensors_get_the_eager_checks():
+    # torch.compile traces with fake CUDA tensors: the fake op runs the checks the C++ core would.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 4, 64, device="cuda", dtype=torch.float16)
+        bad = [
+            ({"q": torch.empty(2, 8, 4, 64, device="cuda", dtype=torch.int32)}, TypeError, "argument 'q'"),
+            ({"q": torch.empty(8, 4, 64, device="cuda", dtype=torch.float16)}, ValueError, "layout 'bshd'"),
+            ({"rotary_dim": 31}, ValueError, "rotary_dim"),
+            ({"theta": -1.0}, ValueError, "theta"),
+            ({"cos": torch.empty(16, device="cuda"), "sin": torch.empty(16, device="cuda")}, ValueError,
+             "argument 'cos' has shape"),
+            ({"cos": torch.empty(16, 32, device="cuda")}, ValueError, "'cos' and 'sin'"),
+            ({"interleaved": "no"}, TypeError, "interleaved"),
+        ]
+        for overrides, exc, match in bad:
+            args = {"q": q, "k": q, **overrides}
+            with pytest.raises(exc, match=match):
+                turbo.ops.rope(args.pop("q"), args.pop("k"), **args)
+
+
+def test_rope_cos_sin_checks_its_arguments():
+    for kwargs, match in (
+        ({"max_position": 16, "rotary_dim": 63}, "even"),
+        ({"max_position": -1, "rotary_dim": 64}, "max_position"),
+        ({"max_position": 16.0, "rotary_dim": 64}, "max_position"),
+        ({"max_position": 16, "rotary_dim": 64, "theta": 0.0}, "theta"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            turbo.ops.rope_cos_sin(**kwargs)
+    cos, sin = turbo.ops.rope_cos_sin(16, 64)
+    assert cos.shape == sin.shape == (16, 32)
+
+
 def test_torch_compile_traces_without_graph_break():
     def fn(q, k, pos):
         qo, ko = turbo.ops.rope(q, k, positions=pos, rotary_dim=32)

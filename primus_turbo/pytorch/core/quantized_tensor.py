@@ -32,6 +32,7 @@ import torch
 from primus_turbo.pytorch.core.low_precision import (
     Float4QuantConfig,
     Float8QuantConfig,
+    Format,
     ScalingGranularity,
     ScalingRecipe,
     float4_e2m1fn_x2,
@@ -329,6 +330,9 @@ class QuantizedTensor(torch.Tensor):
         dim follows) except 2-D blocks of a 3-D tensor, whose blocks span experts: those, and FP4
         (packed along its quantized dim), are dequantized and quantized again along the new axis."""
         nd = self.dim()
+        for d in (d0, d1):
+            if isinstance(d, bool) or not isinstance(d, int) or not -nd <= d < nd:
+                raise IndexError(f"QuantizedTensor.transpose: dim {d!r} is out of range for a {nd}-D tensor")
         d0, d1 = d0 % nd, d1 % nd
         if d0 == d1:
             return self._like(self._data, self._scale_inv, self.shape, self._quantized_axis)
@@ -440,6 +444,15 @@ def create_quantized_weight(
     if not isinstance(quant_config, (Float8QuantConfig, Float4QuantConfig)):
         raise TypeError(f"create_quantized_weight: quant_config must be a Float8QuantConfig or Float4QuantConfig, "
                         f"got {type(quant_config).__name__}")
+    if isinstance(quant_config, Float4QuantConfig):
+        wanted = (torch.uint8,) + ((float4_e2m1fn_x2,) if float4_e2m1fn_x2 is not None else ())
+    else:  # HYBRID quantizes weights (and activations) to E4M3, gradients to E5M2
+        wanted = (torch.float8_e5m2,) if quant_config.format == Format.E5M2 else (torch.float8_e4m3fn,)
+    if dest_dtype not in wanted:
+        raise ValueError(
+            f"create_quantized_weight: dest_dtype {dest_dtype} does not match the config's format "
+            f"({quant_config.format}); expected {wanted[-1]}"
+        )
     recipe = weight_scaling_recipe(quant_config)
     g = quant_config.granularity
     w = QuantizedTensor.quantize(weight, dest_dtype, g, axis=-1, block_size=quant_config.block_size, scaling_recipe=recipe)

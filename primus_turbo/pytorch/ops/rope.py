@@ -103,6 +103,12 @@ def _check_args(q, k, cos, sin, positions, cu_seqlens, theta, rotary_dim, layout
 
 
 def _rope_fake(q, k, cos, sin, positions, cu_seqlens, rotary_dim, theta, interleaved, layout, backward):
+    # The checks of the eager path (fake CUDA tensors take its native branch, whose C++ checks do
+    # not run under torch.compile's tracing).
+    names = {code: name for name, code in _LAYOUTS.items()}
+    if layout not in names:
+        raise ValueError(f"rope: layout code {layout} is not one of {sorted(names)}")
+    _check_args(q, k, cos, sin, positions, cu_seqlens, theta, rotary_dim, names[layout])
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
@@ -170,11 +176,14 @@ def rope(
         or q.device.type != "cuda"  # meta / fake tensors: the fake implementation's checks
         or type(theta) not in (float, int)
         or (rotary_dim is not None and type(rotary_dim) is not int)
+        or (cos is not None and not (isinstance(cos, torch.Tensor) and cos.dim() == 2))
     ):
         rotary_dim = _check_args(q, k, cos, sin, positions, cu_seqlens, theta, rotary_dim, layout)
     elif rotary_dim is None:
         rotary_dim = 2 * cos.shape[1] if cos is not None else q.shape[-1]
-    args = (q, k, cos, sin, positions, cu_seqlens, rotary_dim, float(theta), bool(interleaved), _LAYOUTS[layout])
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"rope: argument 'interleaved' must be a bool, got {interleaved!r}")
+    args = (q, k, cos, sin, positions, cu_seqlens, rotary_dim, float(theta), interleaved, _LAYOUTS[layout])
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         return RopeFunction.apply(*args)
     return _rope_op(*args, False)
@@ -184,6 +193,13 @@ def rope_cos_sin(
     max_position: int, rotary_dim: int, theta: float = 10000.0, device=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 ``(cos, sin)`` tables ``[max_position, rotary_dim // 2]`` for :func:`rope` (computed in float64)."""
+    for name, v, lo in (("max_position", max_position, 0), ("rotary_dim", rotary_dim, 2)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"rope_cos_sin: argument '{name}' must be an int >= {lo}, got {v!r}")
+    if rotary_dim % 2:
+        raise ValueError(f"rope_cos_sin: argument 'rotary_dim' must be even, got {rotary_dim}")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
+        raise ValueError(f"rope_cos_sin: argument 'theta' must be a positive finite number, got {theta!r}")
     inv_freq = theta ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim)
     angles = torch.arange(max_position, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
     return angles.cos().float(), angles.sin().float()
