@@ -418,9 +418,8 @@ def test_attention_backend_setting_reaches_the_native_op_and_others_are_refused(
             GlobalBackendManager.set_attn_backend(setting, auto_tune=tune)
             assert turbo.ops.flash_attn_func(q, q, q).shape == (1, 4, 2, 64)
             assert seen[-1] == code, setting
-        GlobalBackendManager.set_attn_backend("CUTLASS")
-        with pytest.raises(NotImplementedError, match="attention backend CUTLASS is not available; choose TURBO"):
-            turbo.ops.flash_attn_func(q, q, q)
+        with pytest.raises(ValueError, match="CUTLASS is not an attention backend"):
+            GlobalBackendManager.set_attn_backend("CUTLASS")
         GlobalBackendManager.set_attn_backend(None)
         monkeypatch.setenv("PRIMUS_TURBO_ATTN_BACKEND", "CUBLASLT")
         with pytest.raises(NotImplementedError, match="attention backend CUBLASLT"):

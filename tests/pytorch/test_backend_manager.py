@@ -103,3 +103,20 @@ def test_autotune_cache_persists_across_processes(tmp_path):
     cache.write_text(cache.read_text() + "GEMM|H100|9x9x9\tCUTLASS:1\tdeadbeefdeadbeef\n")
     out = subprocess.run([sys.executable, "-c", code, "load"], check=True, env=env, capture_output=True, text=True, cwd=tmp_path)
     assert out.stdout.strip() == "CUTLASS:4"
+
+
+def test_backends_of_another_family_and_non_bool_flags_are_refused():
+    from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager
+
+    try:
+        with pytest.raises(ValueError, match="NCCL is not a GEMM backend"):
+            GlobalBackendManager.set_gemm_backend(BackendType.NCCL)
+        with pytest.raises(ValueError, match="CUBLASLT is not an attention backend"):
+            GlobalBackendManager.set_attn_backend(BackendType.CUBLASLT)
+        with pytest.raises(TypeError, match="auto_tune must be a bool"):
+            GlobalBackendManager.set_gemm_backend(None, auto_tune="yes")
+        with pytest.raises(TypeError, match="enabled must be a bool or None"):
+            GlobalBackendManager.set_auto_tune("no")
+        GlobalBackendManager.set_grouped_gemm_backend("HIPBLASLT")  # the original's name: accepted
+    finally:
+        GlobalBackendManager.reset()

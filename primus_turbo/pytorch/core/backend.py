@@ -79,6 +79,21 @@ _ENV_VARS = {
 }
 
 
+# What each family can be set to (a backend with no kernel for one op of the family falls back to
+# another, warned, when the op runs).
+_FAMILY_BACKENDS = {
+    OpFamily.GEMM: (BackendType.CUBLASLT, BackendType.CUTLASS),
+    OpFamily.GROUPED_GEMM: (BackendType.CUBLASLT, BackendType.CUTLASS),
+    OpFamily.ATTN: (BackendType.TURBO, BackendType.CUDNN),
+    OpFamily.MOE_DISPATCH_COMBINE: (BackendType.NCCL, BackendType.DEEP_EP, BackendType.TURBO),
+}
+
+
+def _check_flag(name: str, value, allow_none: bool = False) -> None:
+    if not (isinstance(value, bool) or (allow_none and value is None)):
+        raise TypeError(f"{name} must be a bool{' or None' if allow_none else ''}, got {value!r}")
+
+
 class BackendChoice:
     """A resolved setting: a fixed backend, autotune, or neither."""
 
@@ -161,7 +176,18 @@ class GlobalBackendManager:
 
     @staticmethod
     def _set(op: OpFamily, backend, precision, auto_tune: bool) -> None:
-        check(lib.pt_backend_set(op.value, _to_precision(precision), _to_backend(backend), int(auto_tune)))
+        code = _to_backend(backend)
+        _check_flag("auto_tune", auto_tune)
+        allowed = _FAMILY_BACKENDS[op]
+        if code and BackendType(code) not in allowed:
+            words = {OpFamily.GEMM: "GEMM", OpFamily.GROUPED_GEMM: "grouped GEMM", OpFamily.ATTN: "attention",
+                     OpFamily.MOE_DISPATCH_COMBINE: "MoE dispatch/combine"}[op]
+            article = "an" if words[0] in "aeiou" else "a"
+            raise ValueError(
+                f"set_{op.name.lower()}_backend: {BackendType(code).name} is not {article} {words} backend; "
+                f"expected one of {', '.join(b.name for b in allowed)} or None"
+            )
+        check(lib.pt_backend_set(op.value, _to_precision(precision), code, int(auto_tune)))
 
     @staticmethod
     def get_backend(op: OpFamily, precision) -> Optional[BackendChoice]:
@@ -182,7 +208,8 @@ class GlobalBackendManager:
     @staticmethod
     def set_auto_tune(enabled: Optional[bool]) -> None:
         """True/False overrides PRIMUS_TURBO_AUTO_TUNE; None returns control to it."""
-        check(lib.pt_autotune_set_enabled(-1 if enabled is None else int(bool(enabled))))
+        _check_flag("set_auto_tune: enabled", enabled, allow_none=True)
+        check(lib.pt_autotune_set_enabled(-1 if enabled is None else int(enabled)))
 
     @staticmethod
     def auto_tune_enabled() -> bool:
