@@ -121,3 +121,20 @@ def test_core_empty_rows_and_prepare_errors():
     check(lib.pt_layernorm_fwd(e, desc([8]), desc([8]), e, desc([0], 0, ptr=None), desc([0], 0, ptr=None), 1e-5, None))
     with pytest.raises(ValueError, match="argument 'kind'"):
         check(lib.pt_norm_prepare(3, 2, 2, 128))
+
+
+def test_scalar_input_and_module_arguments_are_named():
+    with pytest.raises(ValueError, match="argument 'x' must have at least 1 dimension"):
+        turbo.ops.layernorm(torch.tensor(1.0, device="meta"))
+    for cls in (turbo.modules.LayerNorm, turbo.modules.RMSNorm):
+        with pytest.raises(ValueError, match="normalized_shape must be positive"):
+            cls(-1)
+        with pytest.raises(TypeError, match="normalized_shape must be an int"):
+            cls("ab")
+        with pytest.raises(TypeError, match="argument 'dtype'"):
+            cls(8, dtype=torch.int32)
+        layer = cls(16, device="meta")
+        with pytest.raises(TypeError, match="input has dtype torch.int32"):
+            layer(torch.empty(4, 16, device="meta", dtype=torch.int32))
+        with pytest.raises(TypeError, match="input must be a torch.Tensor"):
+            layer([1.0] * 16)

@@ -14,14 +14,31 @@ __all__ = ["RMSNorm", "LayerNorm"]
 def _normalized_shape(normalized_shape, name: str) -> tuple:
     if isinstance(normalized_shape, numbers.Integral):
         normalized_shape = (normalized_shape,)
-    shape = tuple(int(d) for d in normalized_shape)
+    try:
+        shape = tuple(normalized_shape)
+    except TypeError:
+        shape = None
+    if shape is None or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape):
+        raise TypeError(f"{name}: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+    shape = tuple(int(d) for d in shape)
     if not shape:
         raise ValueError(f"{name}: normalized_shape must name at least one dimension")
+    if any(d < 1 for d in shape):
+        raise ValueError(f"{name}: normalized_shape must be positive, got {shape}")
     return shape
+
+
+def _check_dtype(dtype, name: str) -> None:
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{name}: argument 'dtype' must be a floating-point torch.dtype, got {dtype!r}")
 
 
 def _flatten(x: torch.Tensor, shape: tuple, name: str):
     """x as [..., hidden] with the trailing normalized dimensions merged; checks they match."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: input must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name}: input has dtype {x.dtype}; expected float32, float16 or bfloat16")
     n = len(shape)
     if x.dim() < n or tuple(x.shape[-n:]) != shape:
         raise ValueError(f"{name}: input shape {tuple(x.shape)} does not end with normalized_shape {shape}")
@@ -57,6 +74,7 @@ class RMSNorm(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        _check_dtype(dtype, "RMSNorm")
         self.normalized_shape = _normalized_shape(normalized_shape, "RMSNorm")
         self.eps = eps
         self.elementwise_affine = elementwise_affine
@@ -104,6 +122,7 @@ class LayerNorm(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        _check_dtype(dtype, "LayerNorm")
         self.normalized_shape = _normalized_shape(normalized_shape, "LayerNorm")
         self.eps = eps
         self.elementwise_affine = elementwise_affine

@@ -8,8 +8,9 @@ GEMM reads FP8 directly:
 Contract: the value quantized is the op's output *rounded to x's dtype*, so ``(q, scale_inv)`` is
 bit-identical to ``turbo.ops.quantize_fp8(op(x), dtype, granularity, block_size=..., axis=-1)`` on
 the unfused output: same scale (``FMT_MAX / max(amax, 1e-30)``, scale_inv stored), same rounding
-(nearest even, saturating), same layouts (ROWWISE ``[M, 1]``, BLOCKWISE 1x128 ``[M, ceil(H/128)]``
-with a partial last block). Those are the layouts ``turbo.ops.gemm_fp8`` takes as a pre-quantized
+(nearest even, saturating), same layouts (ROWWISE ``[..., 1]``, BLOCKWISE 1x128
+``[..., ceil(H/128)]`` with a partial last block, ``...`` the output's leading dims: ``[M, 1]`` for
+a 2-D output). Those are the layouts ``turbo.ops.gemm_fp8`` takes as a pre-quantized
 ``a=(q, scale_inv)`` (2-D q, ``trans_a=False``).
 
 Autograd (straight-through quantization): q and scale_inv are not differentiable. With
@@ -259,8 +260,8 @@ def rmsnorm_fp8(
 
     Returns ``(q, scale_inv)``, or ``(q, scale_inv, y)`` with ``return_hp``: q has x's shape and
     the FP8 dtype of ``config.format`` (E4M3; E5M2; HYBRID is E4M3); scale_inv is float32
-    ``[M, 1]`` (ROWWISE) or ``[M, ceil(hidden/128)]`` (BLOCKWISE, block_size=128), M the product
-    of x's leading dimensions; y is the rmsnorm output in x's dtype. ``config`` None means E4M3
+    ``[..., 1]`` (ROWWISE) or ``[..., ceil(hidden/128)]`` (BLOCKWISE, block_size=128), ``...``
+    x's leading dimensions (as ``quantize_fp8`` along -1); y is the rmsnorm output in x's dtype. ``config`` None means E4M3
     ROWWISE. Bit-identical to ``quantize_fp8(rmsnorm(x, gamma), ..., axis=-1)``.
 
     hidden must be a multiple of 8 (float16/bfloat16) or 4 (float32). Differentiable through y
@@ -344,7 +345,8 @@ def swiglu_fp8(
 ):
     """``turbo.ops.swiglu(x)`` quantized to FP8 in the same pass: ``(q, scale_inv)`` or, with
     ``return_hp``, ``(q, scale_inv, out)``. x ``[..., 2H]`` = ``[gate | up]``; q ``[..., H]``;
-    scale_inv ``[M, 1]`` (ROWWISE) or ``[M, ceil(H/128)]`` (BLOCKWISE, block_size=128). H must be a
+    scale_inv ``[..., 1]`` (ROWWISE) or ``[..., ceil(H/128)]`` (BLOCKWISE, block_size=128), ``...``
+    x's leading dimensions. H must be a
     multiple of 8 (float16/bfloat16) or 4 (float32). Config, contract and autograd as
     :func:`rmsnorm_fp8`. With ``probs`` (float32, one per row) and optionally ``row_mask``: the MoE
     variant, ``turbo.ops.swiglu_with_probs(x, probs, row_mask)`` quantized (masked rows: q = 0

@@ -211,6 +211,8 @@ def layernorm(x: torch.Tensor, gamma=None, beta=None, eps: float = 1e-5) -> torc
         gamma, beta: ``[hidden]``, ``x``'s dtype or float32 (both the same), or None (1 and 0).
     """
     like = gamma if isinstance(gamma, torch.Tensor) else beta if isinstance(beta, torch.Tensor) else None
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        _check_args("layernorm", x, eps, {})  # names x (not the gamma / beta it would default)
     if isinstance(x, torch.Tensor) and x.dim() >= 1:
         dtype = like.dtype if like is not None else x.dtype
         if gamma is None:
