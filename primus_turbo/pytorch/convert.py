@@ -114,6 +114,8 @@ def convert_model(
     Mixture-of-experts expert weights are not converted yet (``turbo.modules.GroupedLinear`` needs
     the experts' weights as one [E, N, K] tensor, which model code stores in several layouts).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"convert_model: model must be a torch.nn.Module, got {type(model).__name__}")
     if fp8_config is not None and not isinstance(fp8_config, Float8QuantConfig):
         raise TypeError(f"convert_model: fp8_config must be a Float8QuantConfig or None, got {type(fp8_config).__name__}")
 

@@ -249,3 +249,40 @@ def test_float8_linear_from_float_in_place_refuses_subclasses():
         turbo.modules.Float8Linear.from_float(Custom(32, 16, device="meta"), cfg)
     new = turbo.modules.Float8Linear.from_float(Custom(32, 16, device="meta"), cfg, inplace=False)
     assert type(new) is turbo.modules.Float8Linear
+
+
+def test_audit_fixes_for_prequantized_operands_and_modules():
+    e4 = torch.float8_e4m3fn
+    qa, qb = meta(32, 64, dtype=e4), meta(48, 64, dtype=e4)
+    sa, sb = meta(32, 1, dtype=torch.float32), meta(48, 1, dtype=torch.float32)
+    row = Float8QuantConfig(granularity=G.ROWWISE)
+    with pytest.raises(ValueError, match="argument 'a_scale_inv' is on cpu"):
+        turbo.ops.gemm_fp8((qa, torch.empty(32, 1)), (qb, sb), trans_b=True, out_dtype=torch.bfloat16, config=row)
+    with pytest.raises(TypeError, match="pair \\(q, scale_inv\\)"):
+        turbo.ops.gemm_fp8((qa, sa, sa, sa), (qb, sb), trans_b=True, out_dtype=torch.bfloat16, config=row)
+    with pytest.raises(TypeError, match="out_dtype"):
+        turbo.ops.gemm_fp8((qa, sa), (qb, sb), trans_b=True, out_dtype=torch.int32, config=row)
+    mx = Float8QuantConfig(granularity=G.MX_BLOCKWISE, block_size=32, scale_dtype=ScaleDtype.E8M0)
+    with pytest.raises(NotImplementedError, match="ROWWISE or BLOCKWISE"):
+        turbo.ops.gemm_fp8((qa, sa, meta(32, 64)), meta(48, 64), trans_b=True, config=mx)
+    with pytest.raises(TypeError, match="argument 'trans_a' must be a bool"):
+        turbo.ops.gemm(meta(32, 64), meta(64, 48), trans_a="yes")
+    with pytest.raises(TypeError, match="out_dtype must be a torch.dtype"):
+        turbo.ops.gemm(meta(32, 64), meta(64, 48), out_dtype="bf16")
+    with pytest.raises(TypeError, match="argument 'b'"):
+        turbo.ops.gemm(meta(32, 64), None)
+    for layer in (turbo.modules.Linear(64, 32, device="meta"), turbo.modules.Float8Linear(64, 32, device="meta")):
+        with pytest.raises(TypeError, match="input must be a torch.Tensor"):
+            layer([1.0] * 64)
+        with pytest.raises(ValueError, match="at least 1 dimension"):
+            layer(torch.tensor(1.0, device="meta"))
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        turbo.convert_model(None)
+
+
+def test_gemm_float32_output_of_bf16_operands_trains():
+    a, b = meta(32, 64, grad=True), meta(64, 48, grad=True)
+    out = turbo.ops.gemm(a, b, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    out.sum().backward()  # the float32 gradient meets bf16 operands
+    assert a.grad.dtype == torch.bfloat16 and b.grad.shape == (64, 48)

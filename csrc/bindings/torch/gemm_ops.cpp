@@ -3,6 +3,7 @@
 // sizes, layouts, dtypes and alignment) is looked up by the problem; on a miss the planner the
 // Python layer registered (autotune, backend settings, fallbacks, distributed agreement) picks the
 // backend and config once, and the plan is kept.
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -24,12 +25,16 @@ pt_gemm_plan make_plan(const pt_tensor& a, const pt_tensor& b, const pt_tensor& 
   return plan;
 }
 
-// A row- or column-major view is read in place; any other strides are copied once.
+// A row- or column-major view (unit stride along one dim, the other at least that dim's length)
+// is read in place; any other strides are copied once, broadcast ones (stride 0) included: the
+// GEMMs read a leading dimension, which must cover a row.
 Tensor matrix_operand(const Tensor& t) {
   const auto sizes = t.sizes();
   const auto strides = t.strides();
-  if (strides[1] == 1 || strides[0] == 1 || sizes[0] <= 1 || sizes[1] <= 1) return t;
-  return as_contiguous(t);
+  const bool row_major = strides[1] == 1 && strides[0] >= std::max<int64_t>(sizes[1], 1);
+  const bool col_major = strides[0] == 1 && strides[1] >= std::max<int64_t>(sizes[0], 1);
+  if (row_major || col_major) return t;
+  return fresh_copy(t);  // standard strides even where torch calls the view contiguous (size-1 dims)
 }
 
 void check_float(const char* name, ScalarType t) {

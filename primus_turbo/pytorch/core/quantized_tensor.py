@@ -90,6 +90,15 @@ class QuantizedTensor(torch.Tensor):
             raise TypeError(f"QuantizedTensor: orig_dtype {orig_dtype} must be float32, float16 or bfloat16")
         if not isinstance(granularity, ScalingGranularity):
             raise TypeError(f"QuantizedTensor: granularity must be a ScalingGranularity, got {granularity!r}")
+        fp4 = _is_fp4(dest_dtype)
+        if (data.dtype not in (_FP4, torch.uint8)) if fp4 else (data.dtype != dest_dtype):
+            raise TypeError(f"QuantizedTensor: 'data' has dtype {data.dtype}; dest_dtype {dest_dtype} needs it")
+        if scale_inv.device != data.device:
+            raise ValueError(f"QuantizedTensor: 'scale_inv' is on {scale_inv.device} but 'data' on {data.device}")
+        if not is_grouped_tensor and data.numel() * (2 if fp4 else 1) != math.prod(shape):
+            raise ValueError(
+                f"QuantizedTensor: 'data' of shape {tuple(data.shape)} cannot hold a tensor of shape {tuple(shape)}"
+            )
         self = torch.Tensor._make_wrapper_subclass(
             cls, torch.Size(shape), dtype=orig_dtype, device=data.device, requires_grad=requires_grad
         )

@@ -12,7 +12,7 @@ from primus_turbo.pytorch.core.quantized_tensor import (
     QuantizedTensorPair,
     create_quantized_weight,
 )
-from primus_turbo.pytorch.modules.linear import Linear
+from primus_turbo.pytorch.modules.linear import Linear, check_input
 from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
 
 __all__ = ["Float8Linear"]
@@ -148,6 +148,7 @@ class Float8Linear(Linear):
         return QuantizedTensorPair(data, data_t)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_input("Float8Linear", x)
         if x.shape[-1] != self.in_features:
             raise ValueError(
                 f"Float8Linear: input's last dimension is {x.shape[-1]}; expected in_features={self.in_features}"

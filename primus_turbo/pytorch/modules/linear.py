@@ -10,6 +10,14 @@ from primus_turbo.pytorch.ops.gemm import gemm
 __all__ = ["Linear"]
 
 
+def check_input(name: str, x) -> None:
+    """A Linear's input: a tensor of at least one dimension (named errors, not torch's)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: input must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 1:
+        raise ValueError(f"{name}: input must have at least 1 dimension (the features), got a scalar")
+
+
 class Linear(nn.Module):
     """``y = x @ weight^T + bias`` with ``weight`` of shape ``[out_features, in_features]``.
 
@@ -50,6 +58,7 @@ class Linear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_input(type(self).__name__, x)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Linear: input's last dimension is {x.shape[-1]}; expected in_features={self.in_features}")
         leading = x.shape[:-1]

@@ -51,6 +51,8 @@ def check_main_grad(weight: torch.Tensor, pattern: Optional[str]) -> Optional[to
         raise TypeError(f"weight.main_grad has dtype {main_grad.dtype}; expected float32 or {weight.dtype}")
     if main_grad.stride(-1) != 1:
         raise ValueError("weight.main_grad must be row-major (unit stride on its last dimension)")
+    if main_grad.device != weight.device:
+        raise ValueError(f"weight.main_grad is on {main_grad.device}; expected the weight's device {weight.device}")
     weight.grad_added_to_main_grad = True
     return main_grad
 

@@ -164,6 +164,8 @@ class GemmFunction(torch.autograd.Function):
         a, b = ctx.saved_tensors
         ta, tb = ctx.trans_a, ctx.trans_b
         grad_a = grad_b = None
+        if grad_out.dtype != a.dtype:  # a float32 output of 16-bit operands: the backward GEMMs read a's dtype
+            grad_out = grad_out.to(a.dtype)
         if ctx.needs_input_grad[0]:
             # d op(a) = grad_out @ op(b)^T, written in a's own orientation.
             if ta:
@@ -204,10 +206,15 @@ def gemm(
 
     Any row- or column-major view works (other strides are copied once). Differentiable.
     """
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        _gemm_shape(a, b, trans_a, trans_b, out_dtype)  # raises the TypeError naming the argument
+    for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
+        if not isinstance(flag, (bool, int)) or flag not in (0, 1):
+            raise TypeError(f"gemm: argument '{name}' must be a bool, got {flag!r}")
     if out_dtype is None:
-        if not isinstance(a, torch.Tensor):
-            _gemm_shape(a, b, trans_a, trans_b, out_dtype)  # raises the TypeError naming 'a'
         out_dtype = a.dtype
+    elif not isinstance(out_dtype, torch.dtype):
+        raise TypeError(f"gemm: out_dtype must be a torch.dtype or None, got {out_dtype!r}")
     if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         if fuse_bgrad_accum_pattern is not None:
             check_main_grad_pattern(fuse_bgrad_accum_pattern)  # no wgrad will be made to accumulate

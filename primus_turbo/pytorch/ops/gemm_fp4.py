@@ -188,6 +188,8 @@ def recipe_of(config: Float4QuantConfig) -> ScalingRecipe:
 
 
 def _prequantized(x, name: str, trans: bool, must_trans: bool):
+    if len(x) != 2:
+        raise TypeError(f"gemm_fp4: pre-quantized '{name}' must be a pair (q, scale_inv), got {len(x)} items")
     q, s = x
     if not isinstance(q, torch.Tensor) or not _mx_blocks.is_fp4(q) or q.dim() != 2:
         raise TypeError(
@@ -222,7 +224,7 @@ def _forward_prequantized(a, b, trans_a, trans_b, out_dtype):
         raise ValueError("gemm_fp4: out_dtype is required when 'a' is pre-quantized")
     if out_dtype not in _OUT_DTYPES:
         raise TypeError(f"gemm_fp4: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
-    check_cuda_tensors("gemm_fp4", a=qa, b=qb)
+    check_cuda_tensors("gemm_fp4", a=qa, b=qb, a_scale_inv=sa, b_scale_inv=sb)
     return fp4_mm(qa, sa, qb, sb, out_dtype)
 
 

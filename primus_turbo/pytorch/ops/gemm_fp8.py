@@ -517,9 +517,13 @@ def _gemm_fp8_padded(a, b, trans_a, trans_b, out_dtype, config, pattern, pads):
 
 
 def _prequantized(x, name: str, trans: bool, must_trans: bool, scaling: int, mx: bool = False):
+    if len(x) != 2:
+        raise TypeError(f"gemm_fp8: pre-quantized '{name}' must be a pair (q, scale_inv), got {len(x)} items")
     q, s = x
     if not isinstance(q, torch.Tensor) or q.dtype not in _FP8_DTYPES or q.dim() != 2:
         raise TypeError(f"gemm_fp8: pre-quantized '{name}' must be (q, scale_inv) with q a 2-D float8 tensor")
+    if isinstance(s, torch.Tensor):  # the kernels read the scales through a raw pointer
+        check_cuda_tensors("gemm_fp8", **{name: q, f"{name}_scale_inv": s})
     if bool(trans) != must_trans:
         raise ValueError(
             f"gemm_fp8: a pre-quantized '{name}' must be stored K-major (trans_{name}={must_trans}): quantize "
@@ -560,9 +564,13 @@ def _forward_prequantized(a, b, trans_a, trans_b, out_dtype, g):
     qb, sb = _prequantized(b, "b", trans_b, True, wgt, mx)
     if qa.shape[1] != qb.shape[1]:
         raise ValueError(f"gemm_fp8: inner dimensions do not match: a is {tuple(qa.shape)}, b is {tuple(qb.shape)}")
+    if qa.shape[1] % 16:
+        raise ValueError(f"gemm_fp8: K={qa.shape[1]} must be a multiple of 16 (FP8 rows are read 16 bytes at a time)")
     if out_dtype is None:
         raise ValueError("gemm_fp8: out_dtype is required when 'a' is pre-quantized")
-    check_cuda_tensors("gemm_fp8", a=qa, b=qb)
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"gemm_fp8: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
+    check_cuda_tensors("gemm_fp8", a=qa, b=qb, a_scale_inv=sa, b_scale_inv=sb)
     return fp8_mm(qa, sa, act, qb, sb, wgt, out_dtype)
 
 
@@ -606,6 +614,11 @@ class GemmFp8PrequantAFunction(GemmFp8Function):
 
 
 def _forward_prequantized_a_hp(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern):
+    if config.granularity not in (ScalingGranularity.ROWWISE, ScalingGranularity.BLOCKWISE):
+        raise NotImplementedError(
+            f"gemm_fp8: a pre-quantized (q, scale_inv, a_hp) activation takes ROWWISE or BLOCKWISE (what "
+            f"rmsnorm_fp8 / swiglu_fp8 make), not {config.granularity.name}"
+        )
     q, s, a_hp = a
     act, _ = _scalings(config.granularity)
     qa, sa = _prequantized((q, s), "a", trans_a, False, act)
@@ -630,7 +643,7 @@ def _forward_prequantized_a_hp(a, b, trans_a, trans_b, out_dtype, config, fuse_b
     out_dtype = a_hp.dtype if out_dtype is None else out_dtype
     if out_dtype not in _OUT_DTYPES:
         raise TypeError(f"gemm_fp8: out_dtype {out_dtype} is not supported; expected float32, float16 or bfloat16")
-    check_cuda_tensors("gemm_fp8", a=qa, b=b)
+    check_cuda_tensors("gemm_fp8", a=qa, b=b, a_scale_inv=sa, a_hp=a_hp)
     main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)
     if main_grad is not None and config.granularity == ScalingGranularity.BLOCKWISE:
         raise ValueError("gemm_fp8: fuse_bgrad_accum_pattern='megatron' supports TENSORWISE and ROWWISE, not BLOCKWISE")
