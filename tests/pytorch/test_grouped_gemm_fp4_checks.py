@@ -101,12 +101,6 @@ def test_uses_the_grouped_fp8_kernel_op():
         ((meta(4, 32), meta(2, 32, 32), lens(2)), {"num_cu": True}, ValueError, "num_cu"),
         ((meta(4, 32), meta(2, 32, 32), lens(2)), {"config": Float8QuantConfig()}, TypeError, "Float4QuantConfig"),
         ((meta(4, 32), meta(2, 32, 32), lens(2)), {"config": "fp4"}, TypeError, "grouped_gemm_fp4: config must be"),
-        (
-            (meta(4, 32), meta(2, 32, 32), lens(2)),
-            {"config": Float4QuantConfig(scaling_recipe="2d")},
-            TypeError,
-            "ScalingRecipe",
-        ),
         ((meta(4, 32), None, lens(2)), {}, TypeError, "argument 'b' must be a torch.Tensor"),
     ],
 )

@@ -63,6 +63,11 @@ class ScalingRecipe:
     shuffle_scale: bool = False
     shuffle_out: bool = False
 
+    def __post_init__(self):
+        for name in ("use_2d_block", "use_sr", "use_rht", "rowwise", "colwise", "shuffle_scale", "shuffle_out"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"ScalingRecipe: {name} must be a bool, got {getattr(self, name)!r}")
+
 
 @dataclass
 class Float8QuantConfig:
@@ -80,6 +85,8 @@ class Float8QuantConfig:
         if self.strategy != ScalingStrategy.DYNAMIC:
             raise ValueError(f"Float8QuantConfig: strategy {self.strategy} is not supported; expected DYNAMIC")
         g = self.granularity
+        if self.block_size is not None and (isinstance(self.block_size, bool) or not isinstance(self.block_size, int)):
+            raise TypeError(f"Float8QuantConfig: block_size must be an int or None, got {self.block_size!r}")
         if g == ScalingGranularity.BLOCKWISE:
             if self.block_size is None:
                 raise ValueError("Float8QuantConfig: BLOCKWISE granularity needs block_size (e.g. 128)")
@@ -126,6 +133,12 @@ class Float4QuantConfig:
             raise ValueError(f"Float4QuantConfig: use_preshuffle must be a bool, got {self.use_preshuffle!r}")
         if self.scaling_recipe is None:
             self.scaling_recipe = ScalingRecipe()
+        for name in ("scaling_recipe", "scaling_recipe_for_trans"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, ScalingRecipe):
+                raise TypeError(f"Float4QuantConfig: {name} must be a ScalingRecipe or None, got {value!r}")
+        if self.strategy != ScalingStrategy.DYNAMIC:
+            raise ValueError(f"Float4QuantConfig: strategy {self.strategy} is not supported; expected DYNAMIC")
         if self.format != Format.E2M1_X2:
             raise ValueError(f"Float4QuantConfig: format must be E2M1_X2, got {self.format}")
         if self.granularity != ScalingGranularity.MX_BLOCKWISE:
