@@ -179,3 +179,12 @@ def test_transpose_dims_and_weight_dtype_are_checked():
         create_quantized_weight(w, torch.float8_e4m3fn, Float8QuantConfig(format=Format.E5M2))
     with pytest.raises(ValueError, match="does not match the config's format"):
         create_quantized_weight(w, torch.float8_e4m3fn, Float4QuantConfig())
+
+
+def test_reshape_to_a_wrong_size_is_named():
+    w = torch.empty(64, 256, device="meta", dtype=torch.bfloat16)
+    qt = QuantizedTensor.quantize(w, torch.float8_e4m3fn, G.ROWWISE, axis=-1)
+    for shape in ((3, 256), (-1, 3, 256), (-1, -1, 256)):
+        with pytest.raises(ValueError, match="shape"):
+            qt.view(*shape)
+    assert qt.view(4, 16, 256).shape == (4, 16, 256)

@@ -315,9 +315,16 @@ class QuantizedTensor(torch.Tensor):
     def _reshaped(self, shape) -> "QuantizedTensor":
         """A reshape that keeps the last dim (and so every scale group): data and scales follow."""
         shape = list(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)) else shape)
+        if shape.count(-1) > 1 or any(d < -1 for d in shape):
+            raise ValueError(f"QuantizedTensor: invalid shape {tuple(shape)} for a reshape")
         if -1 in shape:  # aten.view gets the sizes as written: infer the one -1
             known = math.prod(d for d in shape if d != -1)
             shape[shape.index(-1)] = self.numel() // known if known else 0
+        if math.prod(shape) != self.numel():
+            raise ValueError(
+                f"QuantizedTensor: shape {tuple(shape)} is invalid for a tensor of shape {tuple(self.shape)} "
+                f"({self.numel()} elements)"
+            )
         shape = torch.Size(shape)
         if shape == self.shape:
             return self._like(self._data, self._scale_inv, shape, self._quantized_axis)
