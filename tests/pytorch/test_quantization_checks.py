@@ -297,3 +297,9 @@ def test_mx_padded_paths_check_arguments_before_padding():
     with pytest.raises(TypeError, match="argument 'x' has dtype"):
         turbo.ops.dequantize_fp8(meta(4, 40), torch.float32, G.MX_BLOCKWISE, block_size=32, axis=0,
                                  scale_inv=meta(40, 1))
+
+
+def test_fp4_seed_must_be_an_int():
+    for seed in (1.5, "x", True):
+        with pytest.raises(TypeError, match="argument 'seed'"):
+            turbo.ops.quantize_fp4(meta(4, 64), axis=-1, scaling_recipe=ScalingRecipe(use_sr=True), seed=seed)
