@@ -450,3 +450,15 @@ def test_forced_backend_reaches_the_traced_graph():
         torch._dynamo.reset()
     calls = [n for g in graphs for n in g.nodes if "attention_fwd" in str(n.target)]
     assert calls and calls[0].args[-1] == 3, [n.args for n in calls]  # pt_backend CUDNN
+
+
+def test_backward_op_checks_its_saved_tensors():
+    q, k, v = qkv()
+    out, lse = torch.ops.primus_turbo.attention_fwd(q, k, v, None, None, None, 16, 16, 0.1, -1, -1, 0)
+    args = (None, None, None, 16, 16, 0.1, -1, -1, 0, False)
+    with pytest.raises(ValueError, match="argument 'dout' has shape"):
+        torch.ops.primus_turbo.attention_bwd(out[:, :8], q, k, v, out, lse, *args)
+    with pytest.raises(ValueError, match="argument 'lse' has shape"):
+        torch.ops.primus_turbo.attention_bwd(out, q, k, v, out, lse[:, :4], *args)
+    dq, dk, dv, _ = torch.ops.primus_turbo.attention_bwd(out, q, k, v, out, lse, *args)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape

@@ -141,6 +141,18 @@ def _fwd_fake(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
 def _bwd_fake(
     dout, q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr, backend, det
 ):
+    # The forward's checks, then the saved tensors against what the forward made of them.
+    want_out, want_lse = _fwd_fake(
+        q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr, backend
+    )
+    for name, t, want in (("dout", dout, want_out), ("out", out, want_out), ("lse", lse, want_lse)):
+        if not isinstance(t, torch.Tensor) or t.shape != want.shape:
+            raise ValueError(
+                f"flash_attn backward: argument '{name}' has shape {tuple(getattr(t, 'shape', ()))}; expected "
+                f"{tuple(want.shape)}"
+            )
+    if dout.dtype != q.dtype or out.dtype != q.dtype or lse.dtype != torch.float32:
+        raise TypeError("flash_attn backward: 'dout' and 'out' must have q's dtype and 'lse' float32")
     dsink = q.new_empty((sink.shape[0] if sink is not None else 0,), dtype=torch.float32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsink
 
