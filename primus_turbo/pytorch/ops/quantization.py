@@ -586,11 +586,16 @@ def quantize_fp4(
     scale_inv ``[M, K_pad/32]``, and along the rows (stored transposed) ``[K, M_pad/2]``,
     ``[K, M_pad/32]`` (3-D per group: ``[G, M, N_pad/2]``, ``[G, N, M_pad/2]``).
     :func:`dequantize_fp4` keeps the padding (``[M, K_pad]`` / ``[M_pad, K]``)."""
-    if isinstance(x, torch.Tensor) and x.dim() in (2, 3) and isinstance(axis, int) and not isinstance(axis, bool):
+    if isinstance(x, torch.Tensor) and isinstance(axis, int) and not isinstance(axis, bool):
         _common_args("quantize_fp4", x, _HP_KIND, out_dtype, _FP4_KIND, granularity, block_size, mx_only=True)
-        along_last = _fp4_batched_along_last("quantize_fp4", axis) if x.dim() == 3 else \
-            _along_last("quantize_fp4", axis, 2)
-        x = _pad_dim(x, x.dim() - 1 if along_last else x.dim() - 2)
+        if x.dim() == 3:
+            along_last = _fp4_batched_along_last("quantize_fp4", axis)
+        else:
+            along_last = _along_last("quantize_fp4", axis, x.dim())
+        if along_last:
+            x = _pad_dim(x, x.dim() - 1)
+        elif x.dim() in (2, 3):  # other ranks quantize the rows of the flattened leading dims as they are
+            x = _pad_dim(x, x.dim() - 2)
     return quantize_fp4_unpadded(x, out_dtype, granularity, block_size=block_size, axis=axis,
                                  scaling_recipe=scaling_recipe, seed=seed)
 
