@@ -303,3 +303,12 @@ def test_fp4_seed_must_be_an_int():
     for seed in (1.5, "x", True):
         with pytest.raises(TypeError, match="argument 'seed'"):
             turbo.ops.quantize_fp4(meta(4, 64), axis=-1, scaling_recipe=ScalingRecipe(use_sr=True), seed=seed)
+
+
+def test_dequantize_fake_checks_the_scales_like_the_core():
+    q, s = turbo.ops.quantize_fp8(meta(64, 256), E4M3, G.BLOCKWISE, block_size=128, axis=-1)
+    with pytest.raises(ValueError, match="argument 'scale_inv'"):
+        turbo.ops.quantization._dequantize_op(q, meta(100, 3, dtype=torch.float32), torch.float32, 2, 128, -1, 0)
+    with pytest.raises(ValueError, match="argument 'scale_inv'"):
+        turbo.ops.quantization._dequantize_op(q, s.to(torch.int32), torch.float32, 2, 128, -1, 0)
+    assert turbo.ops.quantization._dequantize_op(q, s, torch.float32, 2, 128, -1, 0).shape == (64, 256)

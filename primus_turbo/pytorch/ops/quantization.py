@@ -177,7 +177,16 @@ def _dequantize_cuda(q, scale_inv, out_dtype, granularity: int, block_size: int,
 
 def _dequantize_fake(q, scale_inv, out_dtype, granularity, block_size, axis, flags):
     m, k = q.shape
-    return q.new_empty((m, 2 * k if q.dtype == _FP4_DTYPE else k), dtype=out_dtype)
+    k = 2 * k if q.dtype == _FP4_DTYPE else k
+    # The core's scale check, so a traced call fails where the eager one would.
+    want = _scale_shape(granularity, block_size, m, k, axis != 0, False, bool(flags & _FLAG_2D))
+    sdt = _E8M0 if granularity == _MX else torch.float32
+    if scale_inv.dtype not in (sdt, torch.uint8 if granularity == _MX else sdt) or scale_inv.numel() != math.prod(want):
+        raise ValueError(
+            f"dequantize: argument 'scale_inv' is {scale_inv.dtype} {tuple(scale_inv.shape)}; expected {sdt} "
+            f"{tuple(want)} for q of shape {tuple(q.shape)}"
+        )
+    return q.new_empty((m, k), dtype=out_dtype)
 
 
 _quantize_op = library.define_op(
