@@ -156,21 +156,10 @@ void fp8_mm(const Quantized& x, const Quantized& y, const Tensor& out, float bet
                               pd.dtype,    pd.strides[0], x.scaling, y.scaling, beta != 0.0f,
                               device,      alignment(pa.data), alignment(pb.data), alignment(pd.data)};
   const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
-  pt_gemm_fp8_plan plan = nullptr;
-  // A plan made during capture may rest on a provisional choice, and past kMaxPlans problems
-  // (ever-new shapes) the cache stops growing: such a plan is used once, then destroyed (a launch
-  // keeps nothing of it).
-  std::unique_ptr<pt_gemm_fp8_plan_s, void (*)(pt_gemm_fp8_plan)> owned(nullptr, pt_gemm_fp8_plan_destroy);
-  if (!g_plans.find(key, &plan)) {
-    plan = make_plan(pa, psa, x.scaling, pb, psb, y.scaling, pd, beta, device);
-    if (is_capturing(stream) || g_plans.size() >= kMaxPlans) {
-      owned.reset(plan);
-    } else {
-      pt_gemm_fp8_plan kept = g_plans.insert(key, plan);
-      if (kept != plan) pt_gemm_fp8_plan_destroy(plan);
-      plan = kept;
-    }
-  }
+  OwnedPlan<pt_gemm_fp8_plan> owned(nullptr, pt_gemm_fp8_plan_destroy);
+  const pt_gemm_fp8_plan plan = cached_plan(
+      g_plans, key, stream, owned,
+      [&] { return make_plan(pa, psa, x.scaling, pb, psb, y.scaling, pd, beta, device); }, kMaxPlans);
   // The workspace comes from the caching allocator per call (graph-pool safe), and only where the
   // plan's algorithm reads one.
   std::optional<Tensor> ws;

@@ -84,19 +84,9 @@ void run_gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& out, bool ta
     values.insert(values.end(), {t->shape[0], t->shape[1], t->strides[0], t->strides[1], t->dtype, alignment(t->data)});
   values.insert(values.end(), {(ta ? 1 : 0) | (tb ? 2 : 0) | (beta != 0.0f ? 4 : 0), device});
   const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
-  pt_gemm_plan plan = nullptr;
-  // A plan made during capture may rest on a provisional choice: used once, then destroyed.
-  std::unique_ptr<pt_gemm_plan_s, void (*)(pt_gemm_plan)> owned(nullptr, pt_gemm_plan_destroy);
-  if (!g_plans.find(key, &plan)) {
-    plan = make_plan(pa, pb, pd, ta, tb, beta, device);
-    if (is_capturing(stream)) {
-      owned.reset(plan);
-    } else {
-      pt_gemm_plan kept = g_plans.insert(key, plan);
-      if (kept != plan) pt_gemm_plan_destroy(plan);
-      plan = kept;
-    }
-  }
+  OwnedPlan<pt_gemm_plan> owned(nullptr, pt_gemm_plan_destroy);
+  const pt_gemm_plan plan =
+      cached_plan(g_plans, key, stream, owned, [&] { return make_plan(pa, pb, pd, ta, tb, beta, device); });
   // cuBLASLt's workspace comes from the caching allocator per call: a cached buffer would be an
   // untracked allocation to CUDA-graph pools.
   std::optional<Tensor> ws;

@@ -4,12 +4,16 @@
 // autotune and its distributed agreement stay in Python and run once per new problem).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "bindings/torch/torch_binding.h"  // is_capturing
 #include "primus_turbo/primus_turbo.h"
 
 namespace primus_turbo::torch_binding {
@@ -95,5 +99,27 @@ class PlanCache {
   std::mutex mutex_;
   std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;
 };
+
+// A core plan handle (pt_gemm_plan, pt_gemm_fp8_plan) and its destroy function, owning.
+template <class Plan>
+using OwnedPlan = std::unique_ptr<std::remove_pointer_t<Plan>, void (*)(Plan)>;
+
+// The plan for key: the cached one, else make()'s. A plan made during CUDA-graph capture may rest
+// on a provisional choice, and past max_cached problems (ever-new shapes) the cache stops growing:
+// such a plan goes to `owned`, used for this call and then destroyed (a launch keeps nothing of it).
+template <class Plan, class Make>
+Plan cached_plan(PlanCache<Plan>& cache, const PlanKey& key, void* stream, OwnedPlan<Plan>& owned, Make&& make,
+                 size_t max_cached = std::numeric_limits<size_t>::max()) {
+  Plan plan = nullptr;
+  if (cache.find(key, &plan)) return plan;
+  plan = make();
+  if (is_capturing(stream) || cache.size() >= max_cached) {
+    owned.reset(plan);
+    return plan;
+  }
+  const Plan kept = cache.insert(key, plan);
+  if (kept != plan) owned.reset(plan);  // another thread's plan was kept: this one goes
+  return kept;
+}
 
 }  // namespace primus_turbo::torch_binding
