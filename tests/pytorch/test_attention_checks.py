@@ -79,7 +79,7 @@ def test_varlen_shapes_forward_and_backward_on_meta():
 
 
 def test_varlen_accepts_int64_offsets_and_host_int_like_lengths():
-    import numpy as np
+    np = pytest.importorskip("numpy")
 
     q, k, v = packed()
     out = fa_varlen(q, k, v, cu(3, torch.int64), cu(3, torch.int64), np.int64(10), 20)
@@ -346,6 +346,13 @@ def test_hf_attention_function_on_meta():
         primus_turbo_attention_forward(module, q, k, k, None, sliding_window=-1)
     with pytest.raises(TypeError, match="argument 'query'"):
         primus_turbo_attention_forward(module, [1.0], k, k, None)
+
+
+def test_numpy_scalars_are_numbers():
+    np = pytest.importorskip("numpy")
+
+    q, k, v = qkv()
+    assert fa(q, k, v, dropout_p=np.float32(0.0), softmax_scale=0.1).shape == q.shape
 
 
 def test_turbo_attention_module_argument_errors():

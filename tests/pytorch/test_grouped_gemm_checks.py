@@ -101,6 +101,9 @@ def test_grouped_linear_checks_input():
             turbo.modules.GroupedLinear(*bad)
     with pytest.raises(ValueError, match="in_features and out_features"):
         turbo.modules.GroupedLinear(2, -1, 8)
+    np = pytest.importorskip("numpy")
+
+    assert turbo.modules.GroupedLinear(np.int64(2), torch.tensor(16), 8, device="meta").weight.shape == (2, 8, 16)
     with pytest.raises(TypeError, match="input must be a torch.Tensor"):
         layer([1.0], lens(2))
     with pytest.raises(TypeError, match="argument 'group_offs'"):

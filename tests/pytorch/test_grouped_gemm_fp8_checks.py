@@ -73,8 +73,12 @@ def test_prequantized_tuples_are_checked_like_the_rest():
         call(out_dtype=torch.int32)
     with pytest.raises(TypeError, match="pair \\(q, scale_inv\\)"):
         call(a=(qa,))
-    with pytest.raises(ValueError, match="multiples of 16"):
+    with pytest.raises(ValueError, match="K=72 must be a multiple of 16"):
         call(a=(meta(32, 72, dtype=E4M3), sa), b=(meta(2, 48, 72, dtype=E4M3), sb))
+    # N needs only 16-byte output rows: 24 bf16 columns are fine, 20 are not.
+    assert call(b=(meta(2, 24, 256, dtype=E4M3), meta(2, 24, 1, dtype=torch.float32))).shape == (32, 24)
+    with pytest.raises(ValueError, match="N=20 of 8"):
+        call(b=(meta(2, 20, 256, dtype=E4M3), meta(2, 20, 1, dtype=torch.float32)))
     with pytest.raises(ValueError, match="fuse_bgrad_accum_pattern"):
         call(fuse_bgrad_accum_pattern="megatron")
 

@@ -303,6 +303,9 @@ def test_fp4_seed_must_be_an_int():
     for seed in (1.5, "x", True):
         with pytest.raises(TypeError, match="argument 'seed'"):
             turbo.ops.quantize_fp4(meta(4, 64), axis=-1, scaling_recipe=ScalingRecipe(use_sr=True), seed=seed)
+    np = pytest.importorskip("numpy")
+
+    turbo.ops.quantize_fp4(meta(4, 64), axis=-1, scaling_recipe=ScalingRecipe(use_sr=True), seed=np.int64(3))
 
 
 def test_dequantize_fake_checks_the_scales_like_the_core():

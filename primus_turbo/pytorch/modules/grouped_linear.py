@@ -1,6 +1,7 @@
 """turbo.modules.GroupedLinear: the expert layer of a mixture of experts on turbo.ops.grouped_gemm."""
 
 import math
+import operator
 from typing import Optional
 
 import torch
@@ -21,9 +22,15 @@ class GroupedLinear(nn.Module):
 
     def __init__(self, group_num: int, in_features: int, out_features: int, device=None, dtype=None):
         super().__init__()
+        sizes = {}
         for name, value in (("group_num", group_num), ("in_features", in_features), ("out_features", out_features)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"GroupedLinear: {name} must be an int, got {value!r}")
+            try:
+                if isinstance(value, bool):
+                    raise TypeError
+                sizes[name] = operator.index(value)  # ints, numpy and torch integers; never floats
+            except TypeError:
+                raise TypeError(f"GroupedLinear: {name} must be an int, got {value!r}") from None
+        group_num, in_features, out_features = sizes["group_num"], sizes["in_features"], sizes["out_features"]
         if group_num < 1:
             raise ValueError(f"GroupedLinear: group_num must be at least 1, got {group_num}")
         if in_features < 0 or out_features < 0:

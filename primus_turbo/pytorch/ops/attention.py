@@ -14,6 +14,7 @@ cost no copy. TURBO's backward accumulates without atomics: it is always determi
 """
 
 import math
+import numbers
 import operator
 
 import torch
@@ -184,7 +185,7 @@ class FlashAttnFunction(torch.autograd.Function):
 
 def _unsupported(op, dropout_p, bias, alibi_slopes, return_attn_probs) -> None:
     """The original's arguments these kernels do not implement: refuse rather than ignore."""
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"{op}: argument 'dropout_p' must be a float (0.0), got {type(dropout_p).__name__}")
     if dropout_p:
         raise NotImplementedError(

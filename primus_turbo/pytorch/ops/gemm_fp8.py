@@ -614,10 +614,10 @@ class GemmFp8PrequantAFunction(GemmFp8Function):
 
 
 def _forward_prequantized_a_hp(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern):
-    if config.granularity not in (ScalingGranularity.ROWWISE, ScalingGranularity.BLOCKWISE):
+    if config.granularity == ScalingGranularity.MX_BLOCKWISE:
         raise NotImplementedError(
-            f"gemm_fp8: a pre-quantized (q, scale_inv, a_hp) activation takes ROWWISE or BLOCKWISE (what "
-            f"rmsnorm_fp8 / swiglu_fp8 make), not {config.granularity.name}"
+            "gemm_fp8: a pre-quantized (q, scale_inv, a_hp) activation takes TENSORWISE, ROWWISE or BLOCKWISE "
+            "(rmsnorm_fp8 / swiglu_fp8 make ROWWISE and BLOCKWISE), not MX_BLOCKWISE"
         )
     q, s, a_hp = a
     act, _ = _scalings(config.granularity)

@@ -491,8 +491,12 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, n
         raise ValueError(
             f"grouped_gemm_fp8: inner dimensions do not match: a is {tuple(qa.shape)}, b is {tuple(qb.shape)}"
         )
-    if k % 16 or n % 16:
-        raise ValueError(f"grouped_gemm_fp8: K={k} and N={n} must be multiples of 16 (FP8 rows are read 16 bytes at a time)")
+    n_align = 16 // out_dtype.itemsize  # the output's rows are written 16 bytes at a time
+    if k % 16 or n % n_align:
+        raise ValueError(
+            f"grouped_gemm_fp8: K={k} must be a multiple of 16 (FP8 rows are read 16 bytes at a time) and N={n} of "
+            f"{n_align} (a {out_dtype} output row in 16-byte stores)"
+        )
     _check_groups(group_lens, group_offs, n_groups)
     kb = _cdiv(k, _BLOCK)
     for name, s in (("a", sa), ("b", sb)):

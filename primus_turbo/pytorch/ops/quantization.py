@@ -16,6 +16,7 @@ Conventions (the contract the FP8/FP4 GEMMs build on):
 
 import itertools
 import math
+import operator
 
 import torch
 import torch.nn.functional as F
@@ -662,8 +663,13 @@ def quantize_fp4_unpadded(
     flags = (_FLAG_2D if r.use_2d_block else 0) | (_FLAG_RHT if r.use_rht else 0) | (_FLAG_SR if r.use_sr else 0)
     if seed is None:
         seed = next(_seed_counter) if r.use_sr else 0
-    elif isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"{op}: argument 'seed' must be an int or None, got {seed!r}")
+    else:
+        try:
+            if isinstance(seed, bool):
+                raise TypeError
+            seed = operator.index(seed)  # ints and numpy / torch integers; never floats
+        except TypeError:
+            raise TypeError(f"{op}: argument 'seed' must be an int or None, got {seed!r}") from None
     q_row, s_row, q_col, s_col = _quantize_op(x2, _FP4_DTYPE, g, block, along_k, not along_k, True, flags, int(seed))
     q, s = (q_row, s_row) if along_k else (q_col, s_col)
     return (q.view(torch.uint8) if out_dtype == torch.uint8 and q.dtype != torch.uint8 else q), s
