@@ -247,6 +247,89 @@ def _more_cases(turbo, cases, t, step, dev):
         return torch.zeros_like(scores).scatter(1, idx, vals)
 
     cases["moe_routing"] = (ours_router, torch_router, step(ours_router, (logits,), gl), step(torch_router, (logits,), gl))
+    # Fused norm / activation + FP8 quantization against the unfused torch expression.
+    def torch_rms_rowwise():
+        y = F.rms_norm(x, (1024,), w, 1e-6)
+        s = y.abs().amax(-1, keepdim=True).float() / 448.0
+        return (y / s).to(torch.float8_e4m3fn), s, y
+
+    row = Float8QuantConfig(granularity=G.ROWWISE)
+    cases["rmsnorm_fp8_rowwise"] = (
+        lambda: turbo.ops.rmsnorm_fp8(x, w, config=row, return_hp=True), torch_rms_rowwise,
+        step(lambda: turbo.ops.rmsnorm_fp8(x, w, config=row, return_hp=True)[2], (x, w), gx),
+        step(lambda: torch_rms_rowwise()[2], (x, w), gx),
+    )
+
+    def torch_swiglu_rowwise():
+        gate, up = xg.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+        s = y.abs().amax(-1, keepdim=True).float() / 448.0
+        return (y / s).to(torch.float8_e4m3fn), s, y
+
+    cases["swiglu_fp8_rowwise"] = (
+        lambda: turbo.ops.swiglu_fp8(xg, config=row, return_hp=True), torch_swiglu_rowwise,
+        step(lambda: turbo.ops.swiglu_fp8(xg, config=row, return_hp=True)[2], (xg,), gh),
+        step(lambda: torch_swiglu_rowwise()[2], (xg,), gh),
+    )
+    # Expert-index permutation against torch's argsort gather; routing-map helpers against torch.
+    idx = top.to(torch.int32)
+    tok = t(tokens, 1024)
+    gperm = t(tokens * topk, 1024, grad=False)
+    flat_order = idx.reshape(-1).long().argsort(stable=True)
+
+    def ours_moe_permute():
+        return turbo.ops.moe_permute(tok, idx, num_local_experts=experts, num_topk=topk,
+                                     num_permuted_tokens=tokens * topk)[0]
+
+    def torch_moe_permute():
+        return tok[flat_order // topk]
+
+    cases["moe_permute"] = (
+        ours_moe_permute, torch_moe_permute,
+        step(ours_moe_permute, (tok,), gperm), step(torch_moe_permute, (tok,), gperm),
+    )
+    pidx = t(tokens, topk, dtype=torch.float32)
+    gmh = t(tokens, experts, grad=False, dtype=torch.float32)
+
+    def ours_multihot():
+        return turbo.ops.indices_to_multihot(idx, pidx, experts)[1]
+
+    def torch_multihot():
+        return torch.zeros(tokens, experts, device=dev).scatter(1, idx.long(), pidx)
+
+    cases["indices_to_multihot"] = (
+        ours_multihot, torch_multihot, step(ours_multihot, (pidx,), gmh), step(torch_multihot, (pidx,), gmh),
+    )
+    tpe = torch.full((experts,), 32, device=dev, dtype=torch.int64)
+
+    def ours_mask():
+        return turbo.ops.tokens_per_expert_to_mask(tpe, 512)
+
+    def torch_mask():
+        return (torch.arange(512, device=dev) < tpe.sum()).long()
+
+    cases["tokens_per_expert_to_mask"] = (ours_mask, torch_mask, ours_mask, torch_mask)
+    fp4 = Float4QuantConfig()
+
+    def grouped_fp4():
+        return turbo.ops.grouped_gemm_fp4(ga, gb, lens, trans_b=True, config=fp4)
+
+    cases["grouped_gemm_fp4"] = (
+        grouped_fp4, grouped_mm, step(grouped_fp4, (ga, gb), gg), step(grouped_mm, (ga, gb), gg),
+    )
+
+    def ours_with_trans():
+        return turbo.ops.quantize_fp8_with_trans(xq, torch.float8_e4m3fn, G.BLOCKWISE, block_size=128)
+
+    def torch_with_trans():
+        def blocks(z):
+            zb = z.float().view(z.shape[0], -1, 128)
+            s = zb.abs().amax(-1, keepdim=True) / 448.0
+            return (zb / s).to(torch.float8_e4m3fn).view(z.shape), s.squeeze(-1)
+
+        return (*blocks(xq), *blocks(xq.t().contiguous()))
+
+    cases["quantize_fp8_with_trans_blockwise"] = (ours_with_trans, torch_with_trans, ours_with_trans, torch_with_trans)
     # Packed sequences: two sequences of 64 against SDPA on the same tokens as one batch of 2.
     vq, vk, vv, vg = t(128, 4, 64), t(128, 4, 64), t(128, 4, 64), t(128, 4, 64, grad=False)
     cu = torch.tensor([0, 64, 128], device=dev, dtype=torch.int32)
