@@ -12,7 +12,7 @@ from primus_turbo.pytorch.core.quantized_tensor import (
     QuantizedTensorPair,
     create_quantized_weight,
 )
-from primus_turbo.pytorch.modules.linear import Linear, check_input
+from primus_turbo.pytorch.modules.linear import Linear
 from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
 
 __all__ = ["Float8Linear"]
@@ -147,13 +147,7 @@ class Float8Linear(Linear):
             data = _StraightThrough.apply(w, data)
         return QuantizedTensorPair(data, data_t)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_input("Float8Linear", x)
-        if x.shape[-1] != self.in_features:
-            raise ValueError(
-                f"Float8Linear: input's last dimension is {x.shape[-1]}; expected in_features={self.in_features}"
-            )
-        leading = x.shape[:-1]
+    def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:
         weight = self.weight
         if (
             getattr(self, "cache_quantized_weight", False)
@@ -162,10 +156,7 @@ class Float8Linear(Linear):
             and not torch.is_inference_mode_enabled()  # inference tensors cannot serve a later backward
         ):
             weight = self._cached_weight()
-        out = gemm_fp8(x.reshape(-1, self.in_features), weight, trans_b=True, config=self.config)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.view(*leading, self.out_features)
+        return gemm_fp8(x2d, weight, trans_b=True, config=self.config)
 
     def extra_repr(self) -> str:
         cache = ", cache_quantized_weight=True" if getattr(self, "cache_quantized_weight", False) else ""

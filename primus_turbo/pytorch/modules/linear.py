@@ -10,7 +10,7 @@ from primus_turbo.pytorch.ops.gemm import gemm
 __all__ = ["Linear"]
 
 
-def check_input(name: str, x) -> None:
+def _check_input(name: str, x) -> None:
     """A Linear's input: a tensor of at least one dimension (named errors, not torch's)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: input must be a torch.Tensor, got {type(x).__name__}")
@@ -58,14 +58,19 @@ class Linear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_input(type(self).__name__, x)
+        name = type(self).__name__
+        _check_input(name, x)
         if x.shape[-1] != self.in_features:
-            raise ValueError(f"Linear: input's last dimension is {x.shape[-1]}; expected in_features={self.in_features}")
+            raise ValueError(f"{name}: input's last dimension is {x.shape[-1]}; expected in_features={self.in_features}")
         leading = x.shape[:-1]
-        out = gemm(x.reshape(-1, self.in_features), self.weight, trans_b=True)
+        out = self._matmul(x.reshape(-1, self.in_features))
         if self.bias is not None:
             out = out + self.bias
         return out.view(*leading, self.out_features)
+
+    def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:
+        """x2d [rows, in_features] @ weight^T (subclasses pick the GEMM)."""
+        return gemm(x2d, self.weight, trans_b=True)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
