@@ -18,8 +18,8 @@ class BoundRun {
   virtual ~BoundRun() = default;
   virtual void run(const Problem& p, void* workspace, size_t workspace_bytes,
                    cudaStream_t stream) const = 0;
-  // Workspace bytes a run reads (0: none; the default is the backend's full workspace).
-  virtual size_t workspace_bytes() const;
+  // Whether a run reads its workspace (cuBLASLt: the algorithm says; otherwise assumed).
+  virtual bool needs_workspace() const { return true; }
 };
 
 class Backend {
@@ -47,7 +47,5 @@ const Backend& backend_for(int32_t backend);
 
 // cuBLASLt's recommended workspace on Hopper; the binding allocates it per call.
 constexpr size_t kWorkspaceBytes = 32u << 20;
-
-inline size_t BoundRun::workspace_bytes() const { return kWorkspaceBytes; }
 
 }  // namespace primus_turbo::gemm

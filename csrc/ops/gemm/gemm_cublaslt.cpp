@@ -127,7 +127,7 @@ class CublasLtBoundRun final : public BoundRun {
                                    stream));
   }
 
-  size_t workspace_bytes() const override { return algo_.workspaceSize; }
+  bool needs_workspace() const override { return algo_.workspaceSize > 0; }
 
  private:
   Descriptors desc_;

@@ -54,7 +54,7 @@ pt_status pt_gemm_plan_create(const pt_tensor* a, const pt_tensor* b, const pt_t
         const std::string why = be.rejection(p);
         PT_CHECK_SUPPORTED(why.empty(), why);
         out->bound = be.bind(p, config < 0 ? be.default_config(p) : config);
-        out->needs_workspace = be.needs_workspace() && out->bound->workspace_bytes() > 0;
+        out->needs_workspace = be.needs_workspace() && out->bound->needs_workspace();
       }
     }
     *plan = out.release();
