@@ -170,10 +170,10 @@ class QuantizedTensor(torch.Tensor):
                        is_grouped_tensor=True, requires_grad=hp_tensor.requires_grad)
         if fp4:
             q, s = qz.quantize_fp4_unpadded(hp_tensor, dest_dtype, granularity, block_size=block_size, axis=axis,
-                                   scaling_recipe=scaling_recipe)
+                                            scaling_recipe=scaling_recipe)
         else:
             q, s = qz.quantize_fp8_unpadded(hp_tensor, dest_dtype, granularity, block_size=block_size, axis=axis,
-                                   scaling_recipe=scaling_recipe)
+                                            scaling_recipe=scaling_recipe)
         extra = {}
         if group_lens is not None:  # TENSORWISE / ROWWISE: the plain layout, groups kept for the ops
             lens, offs = gq._check_groups("QuantizedTensor.quantize", hp_tensor, group_lens, None)

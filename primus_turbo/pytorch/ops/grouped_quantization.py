@@ -194,7 +194,7 @@ def grouped_dequantize_fp8(
         raise ValueError(f"{op}: argument 'group_offs' needs num_groups + 1 >= 2 entries, got {group_offs.shape[0]}")
     tokens = _total_rows(group_offs, total_M)
     out = qz.dequantize_fp8_unpadded(x, out_dtype, granularity, block_size=block_size, axis=-1, scale_inv=scale_inv,
-                            scaling_recipe=scaling_recipe)
+                                     scaling_recipe=scaling_recipe)
     padded = out if along_n else out.t()
     return gather_groups(padded, group_offs.to(torch.int64), group_offs_padded.to(torch.int64), tokens)
 
@@ -236,8 +236,8 @@ def grouped_quantize_fp4(
     _check_fp4_grouped(op, x, out_dtype, granularity, block_size)
     lens, offs = _check_groups(op, x, group_lens, group_offs)
     if _direction(op, axis):
-        q, s = qz.quantize_fp4_unpadded(x, out_dtype, granularity, block_size=block_size, axis=-1, scaling_recipe=scaling_recipe,
-                               seed=seed)
+        q, s = qz.quantize_fp4_unpadded(x, out_dtype, granularity, block_size=block_size, axis=-1,
+                                        scaling_recipe=scaling_recipe, seed=seed)
         return q, s, lens, offs
     return _fp4_col_copy(x.contiguous(), lens, offs, out_dtype, granularity, block_size, scaling_recipe, seed)
 
@@ -261,7 +261,7 @@ def grouped_quantize_fp4_with_trans(
     _check_fp4_grouped(op, x, out_dtype, granularity, block_size)
     lens, offs = _check_groups(op, x, group_lens, group_offs)
     q_row, s_row = qz.quantize_fp4_unpadded(x, out_dtype, granularity, block_size=block_size, axis=-1,
-                                   scaling_recipe=scaling_recipe, seed=seed)
+                                            scaling_recipe=scaling_recipe, seed=seed)
     col_recipe = scaling_recipe if scaling_recipe_for_trans is None else scaling_recipe_for_trans
     col = _fp4_col_copy(x.contiguous(), lens, offs, out_dtype, granularity, block_size, col_recipe,
                         None if seed is None else seed + 1)
