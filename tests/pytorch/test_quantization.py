@@ -179,6 +179,26 @@ def test_with_trans_matches_two_calls(config, in_dtype, shape):
     assert (out - x.float().t()).abs().max() <= x.float().abs().max() * 0.07
 
 
+@pytest.mark.parametrize("shape", [(1, 128), (127, 200), (300, 4096), (4097, 129)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_mn_major_block_scales_are_the_gemm_layout_of_the_same_values(shape):
+    """PT_QUANT_SCALES_MN_MAJOR (the native FP8 GEMM's layout): the same q and scales as the default
+    layout, stored [blocks, round_up(rows, 4)] with the padding zeroed."""
+    m, k = shape
+    x = make_x(m, k, torch.bfloat16, seed=m + 3 * k)
+    e4m3, g = torch.float8_e4m3fn, 2  # pt_quant_granularity BLOCKWISE
+    ref = QZ._quantize_op(x, e4m3, g, 128, True, True, True, 0, 0)
+    ru4 = lambda n: -(-n // 4) * 4
+    poison_allocator(4 * QZ._cdiv(k, 128) * ru4(m))  # unwritten padding would read as NaN
+    q_row, s_row, q_col, s_col = QZ._quantize_op(x, e4m3, g, 128, True, True, True, QZ._FLAG_MN_MAJOR, 0)
+    assert s_row.shape == (QZ._cdiv(k, 128), ru4(m)) and s_col.shape == (QZ._cdiv(m, 128), ru4(k))
+    assert torch.equal(q_row.view(torch.uint8), ref[0].view(torch.uint8))
+    assert torch.equal(q_col.view(torch.uint8), ref[2].view(torch.uint8))
+    assert torch.equal(s_row[:, :m], ref[1].t()) and torch.equal(s_col[:, :k], ref[3].t())
+    assert not s_row[:, m:].any() and not s_col[:, k:].any()
+    row_only = QZ._quantize_op(x, e4m3, g, 128, True, False, True, QZ._FLAG_MN_MAJOR, 0)  # the rows kernel
+    assert torch.equal(row_only[0].view(torch.uint8), ref[0].view(torch.uint8)) and torch.equal(row_only[1], s_row)
+
+
 def test_all_zero_groups_and_empty_inputs():
     x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     x[:, :128] = 0

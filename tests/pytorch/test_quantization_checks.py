@@ -225,6 +225,10 @@ def quantize(x, q_row, s_row, q_col=None, s_col=None, g=2, block=128, trans=1, f
         ((desc([4, 8]), desc([4, 8], 3), desc([4, 1], 0)), {"flags": 2}, "FP4 options"),
         ((desc([4, 7]), desc([4, 3], 6), desc([4, 1], 5)), {"g": 3, "block": 32}, "must be even"),
         ((desc([4, 8]), desc([4, 4], 6), desc([4, 1], 0)), {"g": 3, "block": 32}, "float8_e8m0fnu"),
+        # MN-major scales (the FP8 GEMM's 1x128 layout): [ceil(k/B), round_up(m, 4)], 1-D BLOCKWISE only.
+        ((desc([6, 8]), desc([6, 8], 3), desc([6, 1], 0)), {"flags": 8}, r"'s_row' has shape \[6, 1\]; expected \[1, 8\]"),
+        ((desc([6, 8]), desc([6, 8], 3), desc([1, 8], 0)), {"flags": 9}, "MN-major scales"),
+        ((desc([6, 8]), desc([6, 8], 3), desc([1, 8], 0)), {"flags": 8, "g": 1, "ws": 64}, "MN-major scales"),
     ],
 )
 def test_core_rejects_bad_descriptors(args, kwargs, match):

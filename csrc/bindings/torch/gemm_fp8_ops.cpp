@@ -43,12 +43,15 @@ std::pair<int32_t, int32_t> scalings(int64_t granularity) {
   }
 }
 
-// Scale shape of one output of pt_quantize (x [m, k]); mirrors quantization.py: _scale_shape.
+int64_t round_up4(int64_t a) { return cdiv(a, 4) * 4; }
+
+// Scale shape of one output of pt_quantize (x [m, k]). 1-D blocks are written MN-major
+// (PT_QUANT_SCALES_MN_MAJOR), the layout the GEMM reads, so no restatement follows.
 std::vector<int64_t> scale_shape(int64_t g, int64_t m, int64_t k, bool along_k, bool two_d) {
   if (g == PT_QUANT_TENSORWISE) return {};
   if (g == PT_QUANT_ROWWISE) return along_k ? std::vector<int64_t>{m, 1} : std::vector<int64_t>{k, 1};
   if (two_d) return along_k ? std::vector<int64_t>{cdiv(m, 128), cdiv(k, 128)} : std::vector<int64_t>{cdiv(k, 128), cdiv(m, 128)};
-  return along_k ? std::vector<int64_t>{m, cdiv(k, 128)} : std::vector<int64_t>{k, cdiv(m, 128)};
+  return along_k ? std::vector<int64_t>{cdiv(k, 128), round_up4(m)} : std::vector<int64_t>{cdiv(m, 128), round_up4(k)};
 }
 
 // Bytes of amax workspace quantize() needs (0: a row-only rowwise quantization reduces each row
@@ -83,9 +86,10 @@ std::pair<std::optional<Quantized>, std::optional<Quantized>> quantize(const Ten
     psc = to_pt(col->s);
   }
   const size_t ws_bytes = quantize_workspace_bytes(m, k, g, want_row, want_col);
+  const int32_t flags = two_d ? PT_QUANT_2D_BLOCK : g == PT_QUANT_BLOCKWISE ? PT_QUANT_SCALES_MN_MAJOR : 0;
   check_status(pt_quantize(&px, row ? &pqr : nullptr, row ? &psr : nullptr, col ? &pqc : nullptr,
                            col ? &psc : nullptr, static_cast<int32_t>(g), g == PT_QUANT_BLOCKWISE ? 128 : 0, 1,
-                           two_d ? PT_QUANT_2D_BLOCK : 0, 0, ws_bytes ? ws : nullptr, ws_bytes, stream),
+                           flags, 0, ws_bytes ? ws : nullptr, ws_bytes, stream),
                "gemm_fp8 quantize");
   return {row, col};
 }
@@ -100,18 +104,14 @@ struct QuantScratch {
 };
 
 // The quantizer's scales in the layout the GEMM reads (gemm_fp8.h): tensor -> 0-dim, row ->
-// [rows] (views of the same memory); 1x128 -> [kb, round_up(rows, 4)], rows contiguous, and
-// 128x128 -> [ceil(rows/128), round_up(kb, 4)] (small copies).
+// [rows] (views of the same memory); 1x128 -> [kb, round_up(rows, 4)], rows contiguous, as the
+// quantizer wrote them; 128x128 -> [ceil(rows/128), round_up(kb, 4)] (a small copy where kb % 4).
 Tensor kernel_scale(const Quantized& x) {
-  const int64_t rows = x.q.sizes()[0], k = x.q.sizes()[1], kb = cdiv(k, 128);
+  const int64_t kb = cdiv(x.q.sizes()[1], 128);
   switch (x.scaling) {
     case PT_FP8_SCALING_TENSOR:
-    case PT_FP8_SCALING_ROW: return x.s;  // the descriptor is reshaped in gemm_operand_scale
-    case PT_FP8_SCALING_BLOCK_1x128: {
-      const Tensor t = torch::stable::transpose(x.s, 0, 1);  // [kb, rows]
-      const std::vector<int64_t> pad{0, (4 - rows % 4) % 4};
-      return as_contiguous(torch::stable::pad(t, pad));
-    }
+    case PT_FP8_SCALING_ROW:  // the descriptor is reshaped in gemm_operand_scale
+    case PT_FP8_SCALING_BLOCK_1x128: return x.s;
     default: {
       const int64_t extra = (4 - kb % 4) % 4;
       if (!extra) return x.s;

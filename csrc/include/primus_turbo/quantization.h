@@ -18,6 +18,8 @@ typedef enum pt_quant_flags {
   PT_QUANT_2D_BLOCK = 1,  // square block_size x block_size blocks (weights)
   PT_QUANT_RHT = 2,       // FP4: 16-point random Hadamard transform along the quantized dimension
   PT_QUANT_SR = 4,        // FP4: stochastic rounding, deterministic for a given seed
+  PT_QUANT_SCALES_MN_MAJOR = 8,  // BLOCKWISE 1-D blocks: scales in the layout the 1x128 block-scaled
+                                 // GEMM reads (see pt_quantize)
 } pt_quant_flags;
 
 // Quantizes a contiguous 2-D x [m, k] (float32/float16/bfloat16) with scale = FMT_MAX / amax per
@@ -31,6 +33,10 @@ typedef enum pt_quant_flags {
 //   q_col / s_col: quantized along m. col_transposed: q_col [k, m] (FP4 [k, m/2]), s_col k
 //                  (ROWWISE), [k, ceil(m/B)], [ceil(k/B), ceil(m/B)] (2-D); otherwise q_col [m, k],
 //                  s_col k (ROWWISE), [ceil(m/B), k]. FP4 column output is always transposed.
+// PT_QUANT_SCALES_MN_MAJOR (BLOCKWISE, 1-D blocks, column output transposed): each output's scales
+// are stored blocks-major with that output's rows contiguous and their count rounded up to 4, as
+// the FP8 GEMM reads 1x128 scales (gemm_fp8.h): s_row [ceil(k/B), round_up(m, 4)], s_col
+// [ceil(m/B), round_up(k, 4)]; the padding entries are set to 0.
 // s_* hold scale_inv (fp32, x ~ q * scale_inv) or E8M0 bytes (float8_e8m0fnu or uint8). TENSORWISE
 // and ROWWISE reduce the amax on the device first (workspace: pt_quantize_workspace_bytes, 16-byte
 // aligned); nothing synchronizes with the host, so the call can be captured in a CUDA graph. An

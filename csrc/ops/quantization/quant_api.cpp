@@ -64,6 +64,20 @@ pt_status pt_quantize(const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_row, pt
     qp.sr = p.sr;
     qp.seed = seed;
     qp.stream = stream;
+    if (p.mn_major) {
+      // GEMM layout: [blocks, round_up(rows, 4)]; the kernel writes the real rows, the padding is
+      // zeroed here (a strided memset, only when a row count is not a multiple of 4).
+      const int64_t ld_row = (p.m + 3) / 4 * 4, ld_col = (p.k + 3) / 4 * 4;
+      qp.s_row_ld_mn = p.row ? ld_row : 0;
+      qp.s_col_ld_mn = p.col ? ld_col : 0;
+      const auto zero_pad = [&](void* scales, int64_t rows, int64_t ld, int64_t blocks) {
+        if (rows == ld) return;
+        PT_CHECK_CUDA(cudaMemset2DAsync(static_cast<float*>(scales) + rows, ld * sizeof(float), 0,
+                                        (ld - rows) * sizeof(float), blocks, s));
+      };
+      if (p.row) zero_pad(s_row->data, p.m, ld_row, (p.k + p.block - 1) / p.block);
+      if (p.col) zero_pad(s_col->data, p.k, ld_col, (p.m + p.block - 1) / p.block);
+    }
 
     if (inline_row_amax) {
       // Row output only: each row's amax inside the quantize kernel (one launch, one DRAM read).

@@ -10,6 +10,7 @@ namespace primus_turbo::quant {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up4(int64_t a) { return ceil_div(a, 4) * 4; }
 
 bool is_float_dtype(int32_t dt) { return dt == PT_FLOAT32 || dt == PT_FLOAT16 || dt == PT_BFLOAT16; }
 
@@ -86,7 +87,8 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
   PT_CHECK_ARG(x->ndim == 2, "argument 'x' has shape ", shape_string(*x), "; expected a 2-D tensor [m, k]");
   PT_CHECK_ARG(is_float_dtype(x->dtype), "argument 'x' has dtype ", dtype_name(x->dtype),
                "; expected float32, float16 or bfloat16");
-  PT_CHECK_ARG((flags & ~(PT_QUANT_2D_BLOCK | PT_QUANT_RHT | PT_QUANT_SR)) == 0, "argument 'flags' is ", flags,
+  PT_CHECK_ARG((flags & ~(PT_QUANT_2D_BLOCK | PT_QUANT_RHT | PT_QUANT_SR | PT_QUANT_SCALES_MN_MAJOR)) == 0,
+               "argument 'flags' is ", flags,
                "; unknown bits set");
   QuantProblem p;
   p.m = x->shape[0];
@@ -115,6 +117,7 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
   p.block_2d = (flags & PT_QUANT_2D_BLOCK) != 0;
   p.rht = (flags & PT_QUANT_RHT) != 0;
   p.sr = (flags & PT_QUANT_SR) != 0;
+  p.mn_major = (flags & PT_QUANT_SCALES_MN_MAJOR) != 0;
   check_granularity_block(granularity, block_size, p.fp4());
   const bool blocks = granularity == PT_QUANT_BLOCKWISE || granularity == PT_QUANT_MX_BLOCKWISE;
   if (!blocks) p.block = 0;
@@ -123,6 +126,9 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
   PT_CHECK_ARG(!p.block_2d || !p.col || p.col_transposed,
                "2-D blocks with a column output need it transposed ('col_transposed')");
   PT_CHECK_ARG(!(p.rht || p.sr) || p.fp4(), "random Hadamard transform and stochastic rounding are FP4 options");
+  PT_CHECK_ARG(!p.mn_major || (granularity == PT_QUANT_BLOCKWISE && !p.block_2d && (!p.col || p.col_transposed)),
+               "MN-major scales (PT_QUANT_SCALES_MN_MAJOR) are for BLOCKWISE 1-D blocks with a transposed column "
+               "output");
   if (p.fp4()) {
     PT_CHECK_ARG(!p.col || p.col_transposed, "FP4 column output is stored transposed [k, m/2]");
     PT_CHECK_ARG(!p.row || p.k % 2 == 0, "argument 'x' has shape ", shape_string(*x),
@@ -147,6 +153,7 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
     if (granularity == PT_QUANT_TENSORWISE) check_numel(s_row, "s_row", 1, "one scale for the tensor");
     else if (granularity == PT_QUANT_ROWWISE) check_numel(s_row, "s_row", m, "one scale per row");
     else if (p.block_2d) check_shape2(s_row, "s_row", ceil_div(m, B), ceil_div(k, B));
+    else if (p.mn_major) check_shape2(s_row, "s_row", ceil_div(k, B), round_up4(m));
     else check_shape2(s_row, "s_row", m, ceil_div(k, B));
   }
   if (p.col) {
@@ -158,6 +165,7 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
     if (granularity == PT_QUANT_TENSORWISE) check_numel(s_col, "s_col", 1, "one scale for the tensor");
     else if (granularity == PT_QUANT_ROWWISE) check_numel(s_col, "s_col", k, "one scale per column of x");
     else if (p.block_2d) check_shape2(s_col, "s_col", ceil_div(k, B), ceil_div(m, B));
+    else if (p.mn_major) check_shape2(s_col, "s_col", ceil_div(m, B), round_up4(k));
     else if (p.col_transposed) check_shape2(s_col, "s_col", k, ceil_div(m, B));
     else check_shape2(s_col, "s_col", ceil_div(m, B), k);
   }

@@ -17,6 +17,7 @@ struct QuantProblem {
   int32_t block = 0;  // elements per scale along the quantized dim (blockwise / MX)
   bool row = false, col = false, col_transposed = false;
   bool block_2d = false, rht = false, sr = false;
+  bool mn_major = false;  // PT_QUANT_SCALES_MN_MAJOR
   bool fp4() const { return q_dtype == PT_FLOAT4_E2M1_X2; }
 };
 

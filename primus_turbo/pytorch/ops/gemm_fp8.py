@@ -394,7 +394,7 @@ def _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_bac
     out = a.new_empty((m, n), dtype=out_dtype)
     if not for_backward:
         return out, placeholder(), placeholder(), placeholder(), placeholder()
-    s_a = {0: (), 1: (k, 1), 2: (k, _cdiv(m, 128))}[granularity]
+    s_a = {0: (), 1: (k, 1), 2: (_cdiv(m, 128), k)}[granularity]  # 1x128: MN-major, as the GEMM reads it
     s_b = {0: (), 1: (k, 1), 2: (_cdiv(k, 128), _cdiv(n, 128))}[granularity]
     f32 = torch.float32
     return (

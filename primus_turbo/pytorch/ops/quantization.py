@@ -50,7 +50,7 @@ _GRANULARITY = {
     ScalingGranularity.MX_BLOCKWISE: 3,
 }
 _TENSORWISE, _ROWWISE, _BLOCKWISE, _MX = 0, 1, 2, 3
-_FLAG_2D, _FLAG_RHT, _FLAG_SR = 1, 2, 4
+_FLAG_2D, _FLAG_RHT, _FLAG_SR, _FLAG_MN_MAJOR = 1, 2, 4, 8
 _AMAX_EPS = 1e-30
 MX_BLOCK_SIZE = 32
 
@@ -87,8 +87,11 @@ def _empty_group_scale_inv(fmt_max: float) -> float:
 # ---- shapes: one place for the kernel wrapper and the fake implementation ------------------------
 
 
-def _scale_shape(g: int, block: int, m: int, k: int, along_k: bool, transposed: bool, two_d: bool):
+def _scale_shape(g: int, block: int, m: int, k: int, along_k: bool, transposed: bool, two_d: bool,
+                 mn_major: bool = False):
     """Shape of the scale tensor of one output (see pt_quantize in quantization.h)."""
+    if mn_major:  # 1-D blocks as the FP8 GEMM reads them: blocks-major, rows padded to 4
+        return (_cdiv(k, block), -(-m // 4) * 4) if along_k else (_cdiv(m, block), -(-k // 4) * 4)
     if g == _TENSORWISE:
         return ()
     if g == _ROWWISE:
@@ -104,16 +107,16 @@ def _outputs(x, out_dtype, g, block, row, col, col_transposed, flags):
     m, k = x.shape
     fp4 = out_dtype == _FP4_DTYPE
     sdt = _E8M0 if g == _MX else torch.float32
-    two_d = bool(flags & _FLAG_2D)
+    two_d, mn = bool(flags & _FLAG_2D), bool(flags & _FLAG_MN_MAJOR)
     if row:
         q_row = x.new_empty((m, k // 2) if fp4 else (m, k), dtype=out_dtype)
-        s_row = x.new_empty(_scale_shape(g, block, m, k, True, False, two_d), dtype=sdt)
+        s_row = x.new_empty(_scale_shape(g, block, m, k, True, False, two_d, mn), dtype=sdt)
     else:  # absent outputs are distinct empty tensors (a custom op's outputs must not alias)
         q_row, s_row = x.new_empty((0,), dtype=torch.uint8), x.new_empty((0,), dtype=torch.uint8)
     if col:
         shape = (k, m // 2) if fp4 else ((k, m) if col_transposed else (m, k))
         q_col = x.new_empty(shape, dtype=out_dtype)
-        s_col = x.new_empty(_scale_shape(g, block, m, k, False, col_transposed, two_d), dtype=sdt)
+        s_col = x.new_empty(_scale_shape(g, block, m, k, False, col_transposed, two_d, mn), dtype=sdt)
     else:
         q_col, s_col = x.new_empty((0,), dtype=torch.uint8), x.new_empty((0,), dtype=torch.uint8)
     return q_row, s_row, q_col, s_col

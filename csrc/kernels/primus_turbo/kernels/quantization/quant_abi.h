@@ -40,6 +40,8 @@ typedef struct PtQuantParams {
   void* stream;
   int row_amax_inline;  // row output only, row_block == 0: each row's amax computed in the same
                         // kernel (a block per row, read twice, the second time from L2)
+  int64_t s_row_ld_mn;  // > 0: 1-D block scales of the row output at s_row[block * s_row_ld_mn + row]
+  int64_t s_col_ld_mn;  // > 0: the same for the transposed column output, s_col[block * ld + column of x]
 } PtQuantParams;
 
 // Absolute maxima of a contiguous [m, k] tensor, accumulated with atomic max into buffers the

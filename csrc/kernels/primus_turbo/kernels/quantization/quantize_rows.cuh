@@ -104,7 +104,8 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const PtQuan
       if (ext) {
         if (c == 0 && (p.amax_row_per_row || r == 0)) store_scale_at(p.s_row, p.amax_row_per_row ? r : 0, sc, p.e8m0);
       } else if (lane % group_lanes == 0) {
-        store_scale_at(p.s_row, r * ld_s + c / p.row_block, sc, p.e8m0);
+        const int64_t at = p.s_row_ld_mn ? (c / p.row_block) * p.s_row_ld_mn + r : r * ld_s + c / p.row_block;
+        store_scale_at(p.s_row, at, sc, p.e8m0);
       }
       uint8_t q[kRowElems];
 #pragma unroll

@@ -219,7 +219,8 @@ __device__ __forceinline__ void row_output(TileSmem<S> s, const PtQuantParams& p
     } else if ((32 * sg) % B == 0 && (!p.block_2d || r % B == 0)) {
       const int64_t ld = (k + B - 1) / B;
       const int64_t row = p.block_2d ? gr / B : gr;
-      store_scale_at(p.s_row, row * ld + gc / B, sc, p.e8m0);
+      const int64_t at = p.s_row_ld_mn ? (gc / B) * p.s_row_ld_mn + gr : row * ld + gc / B;
+      store_scale_at(p.s_row, at, sc, p.e8m0);
     }
   }
   __syncthreads();
@@ -285,7 +286,9 @@ __device__ __forceinline__ void col_output(TileSmem<S> s, const PtQuantParams& p
       }
     } else if ((32 * seg) % B == 0 && (!p.block_2d || c % B == 0)) {
       const int64_t ldm = (m + B - 1) / B;
-      if (p.col_transposed) {
+      if (p.s_col_ld_mn) {
+        store_scale_at(p.s_col, (gr0 / B) * p.s_col_ld_mn + gc, sc, p.e8m0);
+      } else if (p.col_transposed) {
         store_scale_at(p.s_col, (p.block_2d ? gc / B : gc) * ldm + gr0 / B, sc, p.e8m0);
       } else {
         store_scale_at(p.s_col, (gr0 / B) * k + gc, sc, p.e8m0);
