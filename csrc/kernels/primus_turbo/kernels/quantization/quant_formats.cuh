@@ -35,6 +35,10 @@ struct E4M3 {
   static constexpr float kMax = 448.0f;
   static constexpr bool kFp4 = false;
   __device__ static uint8_t encode(float v) { return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3); }
+  // Two values in one conversion instruction: a in the low byte, b in the high byte.
+  __device__ static uint16_t encode2(float a, float b) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  }
   __device__ static float decode(uint8_t b) {
     return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
   }
@@ -44,6 +48,9 @@ struct E5M2 {
   static constexpr float kMax = 57344.0f;
   static constexpr bool kFp4 = false;
   __device__ static uint8_t encode(float v) { return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2); }
+  __device__ static uint16_t encode2(float a, float b) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E5M2);
+  }
   __device__ static float decode(uint8_t b) {
     return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E5M2)));
   }
@@ -112,6 +119,13 @@ __device__ __forceinline__ Scale make_scale(float amax, bool e8m0) {
     s.e8m0 = 0;
   }
   return s;
+}
+
+// Four FP8 codes of v * mult packed into a word, first value in the low byte (two conversions).
+template <class F>
+__device__ __forceinline__ uint32_t encode4(float a, float b, float c, float d, float mult) {
+  return static_cast<uint32_t>(F::encode2(a * mult, b * mult)) |
+         (static_cast<uint32_t>(F::encode2(c * mult, d * mult)) << 16);
 }
 
 __device__ __forceinline__ void store_scale_at(void* dst, int64_t i, const Scale& sc, bool e8m0) {

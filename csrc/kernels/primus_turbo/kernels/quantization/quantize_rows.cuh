@@ -63,6 +63,19 @@ __device__ __forceinline__ void rht16_pair(float (&v)[kRowElems], int lane) {
   }
 }
 
+// (row, first column) of chunk `chunk` of a row-major walk with `per_row` chunks a row; 32-bit
+// division when both fit (a 64-bit one costs dozens of instructions, per chunk and lane).
+__device__ __forceinline__ void chunk_position(int64_t chunk, int64_t per_row, int64_t& row, int64_t& col) {
+  if ((static_cast<uint64_t>(chunk) | static_cast<uint64_t>(per_row)) >> 32 == 0) {
+    const uint32_t r = static_cast<uint32_t>(chunk) / static_cast<uint32_t>(per_row);
+    row = r;
+    col = (static_cast<uint32_t>(chunk) - r * static_cast<uint32_t>(per_row)) * static_cast<int64_t>(kRowChunk);
+  } else {
+    row = chunk / per_row;
+    col = (chunk % per_row) * kRowChunk;
+  }
+}
+
 template <class T, class F>
 __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const PtQuantParams p) {
   const int lane = threadIdx.x % 32;
@@ -82,8 +95,12 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const PtQuan
 #pragma unroll
     for (int u = 0; u < kRowUnroll; ++u) {
       const int64_t chunk = base + u * warps;
-      row[u] = chunk < total ? chunk / chunks_per_row : m;  // m: nothing to do
-      col[u] = chunk < total ? (chunk % chunks_per_row) * kRowChunk + lane * kRowElems : k;
+      row[u] = m;  // m, k: nothing to do
+      col[u] = k;
+      if (chunk < total) {
+        chunk_position(chunk, chunks_per_row, row[u], col[u]);
+        col[u] += lane * kRowElems;
+      }
       load8(x, m, k, row[u], col[u], vec, v[u]);
     }
 #pragma unroll
@@ -107,18 +124,25 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const PtQuan
         const int64_t at = p.s_row_ld_mn ? (c / p.row_block) * p.s_row_ld_mn + r : r * ld_s + c / p.row_block;
         store_scale_at(p.s_row, at, sc, p.e8m0);
       }
-      uint8_t q[kRowElems];
+      const bool full = c + kRowElems <= k;
+      if constexpr (!F::kFp4) {
+        const float* e = v[u];
+        uint2 w;
+        w.x = encode4<F>(e[0], e[1], e[2], e[3], sc.mult);
+        w.y = encode4<F>(e[4], e[5], e[6], e[7], sc.mult);
+        uint8_t* out = static_cast<uint8_t*>(p.q_row) + r * k + c;
+        if (full && k % kRowElems == 0) {
+          *reinterpret_cast<uint2*>(out) = w;
+        } else {
+          for (int j = 0; j < kRowElems && c + j < k; ++j) out[j] = static_cast<uint8_t>((j < 4 ? w.x : w.y) >> (8 * (j % 4)));
+        }
+      } else {
+        uint8_t q[kRowElems];
 #pragma unroll
-      for (int j = 0; j < kRowElems; ++j) {
-        if constexpr (F::kFp4) {
+        for (int j = 0; j < kRowElems; ++j) {
           q[j] = p.sr ? F::encode_sr(v[u][j] * sc.mult, hash_uniform(p.seed, static_cast<uint64_t>(r * k + c + j)))
                       : F::encode(v[u][j] * sc.mult);
-        } else {
-          q[j] = F::encode(v[u][j] * sc.mult);
         }
-      }
-      const bool full = c + kRowElems <= k;
-      if constexpr (F::kFp4) {
         uint8_t* out = static_cast<uint8_t*>(p.q_row) + r * (k / 2) + c / 2;
         uint32_t packed = 0;
 #pragma unroll
@@ -127,16 +151,6 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const PtQuan
           *reinterpret_cast<uint32_t*>(out) = packed;
         } else {
           for (int j = 0; j < 4 && c + 2 * j < k; ++j) out[j] = static_cast<uint8_t>(packed >> (8 * j));
-        }
-      } else {
-        uint8_t* out = static_cast<uint8_t*>(p.q_row) + r * k + c;
-        if (full && k % kRowElems == 0) {
-          uint2 w;
-          w.x = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<uint32_t>(q[3]) << 24);
-          w.y = q[4] | (q[5] << 8) | (q[6] << 16) | (static_cast<uint32_t>(q[7]) << 24);
-          *reinterpret_cast<uint2*>(out) = w;
-        } else {
-          for (int j = 0; j < kRowElems && c + j < k; ++j) out[j] = q[j];
         }
       }
     }
@@ -175,16 +189,13 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rowwise_kernel(const PtQ
     for (int64_t c = static_cast<int64_t>(threadIdx.x) * kRowElems; c < k; c += kStep) {
       float v[kRowElems];
       load8(x, m, k, r, c, vec, v);
-      uint8_t q[kRowElems];
-#pragma unroll
-      for (int j = 0; j < kRowElems; ++j) q[j] = F::encode(v[j] * sc.mult);
+      uint2 w;
+      w.x = encode4<F>(v[0], v[1], v[2], v[3], sc.mult);
+      w.y = encode4<F>(v[4], v[5], v[6], v[7], sc.mult);
       if (vec) {
-        uint2 w;
-        w.x = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<uint32_t>(q[3]) << 24);
-        w.y = q[4] | (q[5] << 8) | (q[6] << 16) | (static_cast<uint32_t>(q[7]) << 24);
         *reinterpret_cast<uint2*>(out_row + c) = w;
       } else {
-        for (int j = 0; j < kRowElems && c + j < k; ++j) out_row[c + j] = q[j];
+        for (int j = 0; j < kRowElems && c + j < k; ++j) out_row[c + j] = static_cast<uint8_t>((j < 4 ? w.x : w.y) >> (8 * (j % 4)));
       }
     }
   }
@@ -208,8 +219,12 @@ __global__ void __launch_bounds__(kRowThreads) amax_rows_kernel(const PtQuantAma
 #pragma unroll
     for (int u = 0; u < kRowUnroll; ++u) {
       const int64_t chunk = base + u * warps;
-      row[u] = chunk < total ? chunk / chunks_per_row : m;
-      const int64_t c = chunk < total ? (chunk % chunks_per_row) * kRowChunk + lane * kRowElems : k;
+      int64_t c = k;
+      row[u] = m;
+      if (chunk < total) {
+        chunk_position(chunk, chunks_per_row, row[u], c);
+        c += lane * kRowElems;
+      }
       load8(x, m, k, row[u], c, vec, v[u]);
     }
 #pragma unroll

@@ -232,11 +232,19 @@ __device__ __forceinline__ void row_output(TileSmem<S> s, const PtQuantParams& p
     if (gc >= k) continue;
     const float4 v = read4(s.tile + r * kLdOf<S> + 4 * lane);
     const float mult = s.row_mult[r * kSegs + lane / 8];
-    const int64_t idx = gr * k + gc;
-    uint8_t q[4] = {quantize_one<F>(v.x, mult, p, idx), quantize_one<F>(v.y, mult, p, idx + 1),
-                    quantize_one<F>(v.z, mult, p, idx + 2), quantize_one<F>(v.w, mult, p, idx + 3)};
     const bool full = gc + 4 <= k;
-    if constexpr (F::kFp4) {
+    if constexpr (!F::kFp4) {
+      const uint32_t w = encode4<F>(v.x, v.y, v.z, v.w, mult);
+      uint8_t* out = static_cast<uint8_t*>(p.q_row) + gr * k + gc;
+      if (full && k % 4 == 0) {
+        *reinterpret_cast<uint32_t*>(out) = w;
+      } else {
+        for (int j = 0; j < 4 && gc + j < k; ++j) out[j] = static_cast<uint8_t>(w >> (8 * j));
+      }
+    } else {
+      const int64_t idx = gr * k + gc;
+      uint8_t q[4] = {quantize_one<F>(v.x, mult, p, idx), quantize_one<F>(v.y, mult, p, idx + 1),
+                      quantize_one<F>(v.z, mult, p, idx + 2), quantize_one<F>(v.w, mult, p, idx + 3)};
       uint8_t* out = static_cast<uint8_t*>(p.q_row) + gr * (k / 2) + gc / 2;
       const uint8_t b0 = q[0] | (q[1] << 4), b1 = q[2] | (q[3] << 4);
       if (full && k % 4 == 0) {
@@ -244,13 +252,6 @@ __device__ __forceinline__ void row_output(TileSmem<S> s, const PtQuantParams& p
       } else {
         out[0] = b0;  // k is even, so a valid first pair is whole
         if (gc + 2 < k) out[1] = b1;
-      }
-    } else {
-      uint8_t* out = static_cast<uint8_t*>(p.q_row) + gr * k + gc;
-      if (full && k % 4 == 0) {
-        *reinterpret_cast<uint32_t*>(out) = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<uint32_t>(q[3]) << 24);
-      } else {
-        for (int j = 0; j < 4 && gc + j < k; ++j) out[j] = q[j];
       }
     }
   }
@@ -294,16 +295,40 @@ __device__ __forceinline__ void col_output(TileSmem<S> s, const PtQuantParams& p
         store_scale_at(p.s_col, (gr0 / B) * k + gc, sc, p.e8m0);
       }
     }
-    // Quantize the 32 values of this segment.
-    alignas(16) uint8_t q[32];
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      q[j] = quantize_one<F>(to_float(s.tile[(32 * seg + j) * kLdOf<S> + c]), sc.mult, p, (gr0 + j) * k + gc);
-    }
     const bool full = gr0 + 32 <= m;
     uint8_t* base = static_cast<uint8_t*>(p.q_col);
-    if constexpr (F::kFp4) {
-      // Transposed only: [k, m/2].
+    if constexpr (!F::kFp4) {
+      // The segment's 32 codes packed straight into eight words (a byte array would live in
+      // local memory), converted two at a time.
+      const S* col = s.tile + 32 * seg * kLdOf<S> + c;
+      uint32_t w[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        w[j] = encode4<F>(to_float(col[(4 * j) * kLdOf<S>]), to_float(col[(4 * j + 1) * kLdOf<S>]),
+                          to_float(col[(4 * j + 2) * kLdOf<S>]), to_float(col[(4 * j + 3) * kLdOf<S>]), sc.mult);
+      }
+      if (p.col_transposed) {
+        uint8_t* out = base + gc * m + gr0;
+        if (full && m % 16 == 0) {
+          reinterpret_cast<uint4*>(out)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+          reinterpret_cast<uint4*>(out)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 32; ++j)
+            if (gr0 + j < m) out[j] = static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)));
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          if (gr0 + j < m) base[(gr0 + j) * k + gc] = static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)));
+      }
+    } else {
+      // FP4 (transposed only, [k, m/2]): the 32 values of this segment, two per byte.
+      alignas(16) uint8_t q[32];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        q[j] = quantize_one<F>(to_float(s.tile[(32 * seg + j) * kLdOf<S> + c]), sc.mult, p, (gr0 + j) * k + gc);
+      }
       alignas(16) uint8_t b[16];
 #pragma unroll
       for (int j = 0; j < 16; ++j) b[j] = q[2 * j] | (q[2 * j + 1] << 4);
@@ -313,16 +338,6 @@ __device__ __forceinline__ void col_output(TileSmem<S> s, const PtQuantParams& p
       } else {
         for (int j = 0; j < 16 && gr0 + 2 * j < m; ++j) out[j] = b[j];
       }
-    } else if (p.col_transposed) {
-      uint8_t* out = base + gc * m + gr0;
-      if (full && m % 16 == 0) {
-        reinterpret_cast<uint4*>(out)[0] = *reinterpret_cast<const uint4*>(q);
-        reinterpret_cast<uint4*>(out)[1] = *reinterpret_cast<const uint4*>(q + 16);
-      } else {
-        for (int j = 0; j < 32 && gr0 + j < m; ++j) out[j] = q[j];
-      }
-    } else {
-      for (int j = 0; j < 32 && gr0 + j < m; ++j) base[(gr0 + j) * k + gc] = q[j];
     }
   }
 }
