@@ -79,6 +79,10 @@ def main() -> None:
 
     names = args.examples or sorted(p.name for p in EXAMPLES.glob("example_*.py"))
     gpu = gpu_short_name()
+    stamp = run_stamp(gpu)
+    cols = ["example", "cold_s", "warm_s", "compiled", "loaded", "ok", "within_target", "error", "gpu", "date",
+            "commit"]
+    out_path = results_dir_for(args.output_dir, gpu) / "cold_start.csv"
     rows = []
     if args.install_seconds is not None:
         rows.append({"example": "install", "cold_s": args.install_seconds, "ok": True})
@@ -92,11 +96,9 @@ def main() -> None:
         rows.append(row)
         print(f"{row['example']:36s} cold {cold['seconds']:6.1f} s  warm {warm['seconds'] or float('nan'):6.1f} s  "
               f"compiled {row['compiled']}  {'OK' if cold['ok'] else 'FAIL: ' + row['error']}", flush=True)
-    stamp = run_stamp(gpu)
+        path = write_csv(out_path, [{**r, **stamp} for r in rows], cols)  # after each: a cut-off run keeps the rest
     rows = [{**r, **stamp} for r in rows]
-    cols = ["example", "cold_s", "warm_s", "compiled", "loaded", "ok", "within_target", "error", "gpu", "date",
-            "commit"]
-    path = write_csv(results_dir_for(args.output_dir, gpu) / "cold_start.csv", rows, cols)
+    path = write_csv(out_path, rows, cols)
     print(format_table(rows, ["example", "cold_s", "warm_s", "compiled", "ok"], digits=1))
     print(f"wrote {path}")
 
