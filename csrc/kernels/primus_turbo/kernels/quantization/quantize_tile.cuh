@@ -226,6 +226,20 @@ __device__ __forceinline__ void row_output(TileSmem<S> s, const PtQuantParams& p
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t gc = k0 + 4 * lane;
+  if constexpr (!F::kFp4) {
+    // Interior tile (nearly all of them): no bounds, the output pointer strided instead of
+    // recomputed from 64-bit products, four codes per lane and row.
+    if (m0 + kTile <= m && k0 + kTile <= k && k % 4 == 0) {
+      uint8_t* out = static_cast<uint8_t*>(p.q_row) + (m0 + warp) * k + gc;
+      const int64_t step = kWarps * k;
+#pragma unroll 4
+      for (int r = warp; r < kTile; r += kWarps, out += step) {
+        const float4 v = read4(s.tile + r * kLdOf<S> + 4 * lane);
+        *reinterpret_cast<uint32_t*>(out) = encode4<F>(v.x, v.y, v.z, v.w, s.row_mult[r * kSegs + lane / 8]);
+      }
+      return;
+    }
+  }
   for (int r = warp; r < kTile; r += kWarps) {
     const int64_t gr = m0 + r;
     if (gr >= m) break;

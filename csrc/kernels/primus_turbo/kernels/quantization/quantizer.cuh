@@ -45,6 +45,19 @@ inline dim3 tile_grid(int64_t m, int64_t k) {
   return dim3(static_cast<unsigned>((m + kTile - 1) / kTile), static_cast<unsigned>((k + kTile - 1) / kTile));
 }
 
+// SMs of the current device (cached per device; 132 when the query fails).
+inline int64_t sm_count() {
+  static std::atomic<int> cached[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  int n = cached[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+    cached[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
 // Opts a tile kernel into its dynamic shared memory (above the 48 KiB default) once per device.
 template <auto kKernel, size_t kBytes>
 int reserve_smem(char* err, size_t err_len) {
@@ -93,8 +106,10 @@ struct Quantizer {
       }
     }
     if (p->q_col == nullptr && !p->block_2d) {
+      // A few resident waves of blocks that walk the rows (grid-stride): a warp's setup (divisions,
+      // scale strides) is paid once for many chunks instead of once per two.
       const int64_t chunks = p->m * ((p->k + kRowChunk - 1) / kRowChunk);
-      const int64_t grid = std::min<int64_t>((chunks + 8 * kRowUnroll - 1) / (8 * kRowUnroll), INT32_MAX);
+      const int64_t grid = std::min<int64_t>((chunks + 8 * kRowUnroll - 1) / (8 * kRowUnroll), sm_count() * 8);
       quantize_rows_kernel<T, F><<<static_cast<unsigned>(grid), kRowThreads, 0, stream>>>(*p);
       return report_launch("quantize (rows)", err, err_len);
     }
