@@ -118,48 +118,85 @@ __device__ __forceinline__ void load_tile(const T* __restrict__ x, int64_t m, in
   }
 }
 
+// Two 16-bit tile values as one register: their |max| is one instruction (HMNMX2), exact, and
+// NaN-ignoring like fmaxf, so amax is taken on the stored values without converting each to fp32.
+template <class S>
+struct PairOf;
+template <>
+struct PairOf<__nv_bfloat16> {
+  using T = __nv_bfloat162;
+};
+template <>
+struct PairOf<__half> {
+  using T = __half2;
+};
+
+template <class P>
+__device__ __forceinline__ float pair_max(P a) {
+  return fmaxf(__low2float(a), __high2float(a));
+}
+
 // Stage A for rows: amax of each 32-column segment (a warp per row, 4 consecutive values per
 // lane). With rht the tile is transformed in place first.
 template <class S>
 __device__ __forceinline__ void row_segment_amax(TileSmem<S> s, bool rht) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < kTile; r += kWarps) {
-    S* p = s.tile + r * kLdOf<S> + 4 * lane;
-    const float4 f = read4(p);
-    float v[4] = {f.x, f.y, f.z, f.w};
-    if constexpr (std::is_same_v<S, float>) {
+  if constexpr (!std::is_same_v<S, float>) {  // 16-bit tile (never transformed in place)
+    using P = typename PairOf<S>::T;
+    for (int r = warp; r < kTile; r += kWarps) {
+      const P* p = reinterpret_cast<const P*>(s.tile + r * kLdOf<S> + 4 * lane);
+      float a = pair_max(__hmax2(__habs2(p[0]), __habs2(p[1])));
+      a = warp_max(a, 8);
+      if (lane % 8 == 0) s.seg_row[r * kSegs + lane / 8] = a;
+    }
+  } else {
+    for (int r = warp; r < kTile; r += kWarps) {
+      float* p = s.tile + r * kLdOf<S> + 4 * lane;
+      const float4 f = read4(p);
+      float v[4] = {f.x, f.y, f.z, f.w};
       if (rht) {
         rht16_lanes(v, lane);
         *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
       }
+      float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+      a = warp_max(a, 8);
+      if (lane % 8 == 0) s.seg_row[r * kSegs + lane / 8] = a;
     }
-    float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-    a = warp_max(a, 8);
-    if (lane % 8 == 0) s.seg_row[r * kSegs + lane / 8] = a;
   }
 }
 
-// Stage A for columns: a thread per column and half tile (64 rows, two 32-row segments).
+// Stage A for columns: a thread per column and half tile (64 rows, two 32-row segments); for a
+// 16-bit tile, a thread per pair of columns and 32-row segment, reading both columns at once.
 template <class S>
 __device__ __forceinline__ void col_segment_amax(TileSmem<S> s, bool rht) {
-  const int c = threadIdx.x % kTile, half = threadIdx.x / kTile;
-  for (int seg = 2 * half; seg < 2 * half + 2; ++seg) {
-    float a = 0.0f;
-    for (int g = 0; g < 32; g += 16) {
-      float v[16];
+  if constexpr (!std::is_same_v<S, float>) {
+    using P = typename PairOf<S>::T;
+    static_assert(kThreads == (kTile / 2) * kSegs, "one thread per column pair and segment");
+    const int c = 2 * (threadIdx.x % (kTile / 2)), seg = threadIdx.x / (kTile / 2);
+    const S* col = s.tile + 32 * seg * kLdOf<S> + c;
+    P a = __habs2(*reinterpret_cast<const P*>(col));
 #pragma unroll
-      for (int j = 0; j < 16; ++j) v[j] = to_float(s.tile[(32 * seg + g + j) * kLdOf<S> + c]);
-      if constexpr (std::is_same_v<S, float>) {
+    for (int j = 1; j < 32; ++j) a = __hmax2(a, __habs2(*reinterpret_cast<const P*>(col + j * kLdOf<S>)));
+    s.seg_col[seg * kTile + c] = __low2float(a);
+    s.seg_col[seg * kTile + c + 1] = __high2float(a);
+  } else {
+    const int c = threadIdx.x % kTile, half = threadIdx.x / kTile;
+    for (int seg = 2 * half; seg < 2 * half + 2; ++seg) {
+      float a = 0.0f;
+      for (int g = 0; g < 32; g += 16) {
+        float v[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) v[j] = s.tile[(32 * seg + g + j) * kLdOf<S> + c];
         if (rht) {
           rht16(v);
 #pragma unroll
           for (int j = 0; j < 16; ++j) s.tile[(32 * seg + g + j) * kLdOf<S> + c] = v[j];
         }
-      }
 #pragma unroll
-      for (int j = 0; j < 16; ++j) a = fmaxf(a, fabsf(v[j]));
+        for (int j = 0; j < 16; ++j) a = fmaxf(a, fabsf(v[j]));
+      }
+      s.seg_col[seg * kTile + c] = a;
     }
-    s.seg_col[seg * kTile + c] = a;
   }
 }
 
