@@ -5,10 +5,9 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/tensor.h"
-#include "runtime/device.h"  // arch_for_device
 #include "ops/quantization/quant_kernels.h"
 #include "ops/quantization/quant_problem.h"
-#include "runtime/device.h"
+#include "runtime/device.h"  // arch_for_device, device_info
 
 using namespace primus_turbo;
 using namespace primus_turbo::quant;
@@ -64,6 +63,7 @@ pt_status pt_quantize(const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_row, pt
     qp.sr = p.sr;
     qp.seed = seed;
     qp.stream = stream;
+    qp.num_sms = device_info(device).sm_count;
     if (p.mn_major) {
       // GEMM layout: [blocks, round_up(rows, 4)]; the kernel writes the real rows, the padding is
       // zeroed here (a strided memset, only when a row count is not a multiple of 4).
@@ -92,6 +92,7 @@ pt_status pt_quantize(const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_row, pt
       ap.k = p.k;
       ap.x = x->data;
       ap.stream = stream;
+      ap.num_sms = qp.num_sms;
       if (p.granularity == PT_QUANT_TENSORWISE) {
         ap.amax_tensor = ws;
         qp.amax_row = qp.amax_col = ws;

@@ -42,6 +42,7 @@ typedef struct PtQuantParams {
                         // kernel (a block per row, read twice, the second time from L2)
   int64_t s_row_ld_mn;  // > 0: 1-D block scales of the row output at s_row[block * s_row_ld_mn + row]
   int64_t s_col_ld_mn;  // > 0: the same for the transposed column output, s_col[block * ld + column of x]
+  int num_sms;          // SMs of the device: sizes the grid-stride launches
 } PtQuantParams;
 
 // Absolute maxima of a contiguous [m, k] tensor, accumulated with atomic max into buffers the
@@ -53,6 +54,7 @@ typedef struct PtQuantAmaxParams {
   float* amax_rows;
   float* amax_cols;
   void* stream;
+  int num_sms;  // SMs of the device: sizes the grid-stride launch
 } PtQuantAmaxParams;
 
 // out[r, c] = q[r, c] * scale_inv[(r / block_m) * ld_s + c / block_k]; q is [m, k] (FP4 packed

@@ -45,19 +45,6 @@ inline dim3 tile_grid(int64_t m, int64_t k) {
   return dim3(static_cast<unsigned>((m + kTile - 1) / kTile), static_cast<unsigned>((k + kTile - 1) / kTile));
 }
 
-// SMs of the current device (cached per device; 132 when the query fails).
-inline int64_t sm_count() {
-  static std::atomic<int> cached[64];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
-  int n = cached[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
-    cached[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 // Opts a tile kernel into its dynamic shared memory (above the 48 KiB default) once per device.
 template <auto kKernel, size_t kBytes>
 int reserve_smem(char* err, size_t err_len) {
@@ -100,7 +87,7 @@ struct Quantizer {
     auto stream = static_cast<cudaStream_t>(p->stream);
     if constexpr (!F::kFp4) {
       if (p->row_amax_inline && p->q_col == nullptr && !p->block_2d && !p->rht) {
-        const int64_t grid = std::min<int64_t>(p->m, 132 * 16);
+        const int64_t grid = std::min<int64_t>(p->m, int64_t{p->num_sms} * 16);
         quantize_rowwise_kernel<T, F><<<static_cast<unsigned>(grid), kRowThreads, 0, stream>>>(*p);
         return report_launch("quantize (rowwise)", err, err_len);
       }
@@ -109,7 +96,7 @@ struct Quantizer {
       // A few resident waves of blocks that walk the rows (grid-stride): a warp's setup (divisions,
       // scale strides) is paid once for many chunks instead of once per two.
       const int64_t chunks = p->m * ((p->k + kRowChunk - 1) / kRowChunk);
-      const int64_t grid = std::min<int64_t>((chunks + 8 * kRowUnroll - 1) / (8 * kRowUnroll), sm_count() * 8);
+      const int64_t grid = std::min<int64_t>((chunks + 8 * kRowUnroll - 1) / (8 * kRowUnroll), int64_t{p->num_sms} * 8);
       quantize_rows_kernel<T, F><<<static_cast<unsigned>(grid), kRowThreads, 0, stream>>>(*p);
       return report_launch("quantize (rows)", err, err_len);
     }
@@ -124,7 +111,7 @@ struct Quantizer {
     if (p->amax_cols == nullptr) {
       const int64_t chunks = p->m * ((p->k + kRowChunk - 1) / kRowChunk);
       // Enough blocks to fill the GPU; each warp then walks many chunks (fewer atomics).
-      const int64_t grid = std::min<int64_t>((chunks + 8 * kRowUnroll - 1) / (8 * kRowUnroll), 132 * 8);
+      const int64_t grid = std::min<int64_t>((chunks + 8 * kRowUnroll - 1) / (8 * kRowUnroll), int64_t{p->num_sms} * 8);
       amax_rows_kernel<T><<<static_cast<unsigned>(grid), kRowThreads, 0, stream>>>(*p);
       return report_launch("amax (rows)", err, err_len);
     }
