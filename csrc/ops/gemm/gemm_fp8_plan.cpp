@@ -26,7 +26,7 @@ std::unique_ptr<Fp8BoundRun> Fp8Backend::bind(const Fp8Problem&, int config) con
 struct pt_gemm_fp8_plan_s {
   Fp8Problem problem;  // pointers replaced per run
   std::unique_ptr<Fp8BoundRun> bound;  // null when the output is empty
-  uint32_t align_a = 1, align_b = 1, align_d = 1;
+  PlanAlignment align;
 };
 
 extern "C" {
@@ -42,9 +42,7 @@ pt_status pt_gemm_fp8_plan_create(const pt_tensor* a, const pt_tensor* a_scale, 
     out->problem = make_fp8_problem(a, a_scale, a_scaling, b, b_scale, b_scaling, d, beta);
     const Fp8Problem& p = out->problem;
     const Fp8Backend& be = fp8_backend_for(backend);
-    out->align_a = alignment_of(p.a.ptr);
-    out->align_b = alignment_of(p.b.ptr);
-    out->align_d = alignment_of(p.d);
+    out->align = PlanAlignment::of(p.a.ptr, p.b.ptr, p.d);
     if (p.m > 0 && p.n > 0) {
       if (p.k == 0) {
         PT_CHECK_SUPPORTED(p.beta == 0.0f || p.beta == 1.0f, "FP8 GEMM with K == 0 supports beta 0 or 1");
@@ -65,10 +63,7 @@ pt_status pt_gemm_fp8_plan_run(pt_gemm_fp8_plan plan, const void* a, const void*
   return api_guard([&] {
     PT_CHECK_ARG(plan != nullptr, "pt_gemm_fp8_plan_run: 'plan' must not be null");
     if (!plan->bound) return;
-    PT_CHECK_ARG(alignment_of(a) >= plan->align_a && alignment_of(b) >= plan->align_b &&
-                     alignment_of(d) >= plan->align_d,
-                 "pt_gemm_fp8_plan_run: pointers are less aligned than those the plan was made for "
-                 "(need ", plan->align_a, "/", plan->align_b, "/", plan->align_d, " bytes)");
+    plan->align.check("pt_gemm_fp8_plan_run", a, b, d);
     PT_CHECK_ARG(a_scale != nullptr && b_scale != nullptr, "pt_gemm_fp8_plan_run: the scales must not be null");
     Fp8Problem p = plan->problem;
     p.a.ptr = a;

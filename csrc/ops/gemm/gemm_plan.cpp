@@ -27,7 +27,7 @@ struct pt_gemm_plan_s {
   Problem problem;  // pointers replaced per run
   std::unique_ptr<BoundRun> bound;  // null when the output is empty
   bool needs_workspace = false;
-  uint32_t align_a = 1, align_b = 1, align_d = 1;
+  PlanAlignment align;
 };
 
 extern "C" {
@@ -42,9 +42,7 @@ pt_status pt_gemm_plan_create(const pt_tensor* a, const pt_tensor* b, const pt_t
     out->problem = make_problem(a, b, d, trans_a, trans_b, alpha, beta);
     const Problem& p = out->problem;
     const Backend& be = backend_for(backend);
-    out->align_a = alignment_of(p.a.ptr);
-    out->align_b = alignment_of(p.b.ptr);
-    out->align_d = alignment_of(p.d);
+    out->align = PlanAlignment::of(p.a.ptr, p.b.ptr, p.d);
     if (p.m > 0 && p.n > 0) {
       if (p.k == 0) {
         PT_CHECK_SUPPORTED(p.beta == 0.0f || p.beta == 1.0f,
@@ -66,10 +64,7 @@ pt_status pt_gemm_plan_run(pt_gemm_plan plan, const void* a, const void* b, void
   return api_guard([&] {
     PT_CHECK_ARG(plan != nullptr, "pt_gemm_plan_run: 'plan' must not be null");
     if (!plan->bound) return;
-    PT_CHECK_ARG(alignment_of(a) >= plan->align_a && alignment_of(b) >= plan->align_b &&
-                     alignment_of(d) >= plan->align_d,
-                 "pt_gemm_plan_run: pointers are less aligned than those the plan was made for "
-                 "(need ", plan->align_a, "/", plan->align_b, "/", plan->align_d, " bytes)");
+    plan->align.check("pt_gemm_plan_run", a, b, d);
     Problem p = plan->problem;
     p.a.ptr = a;
     p.b.ptr = b;
