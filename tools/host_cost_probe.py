@@ -6,7 +6,8 @@ host-bound. Needs a GPU.
     python3 -P tools/host_cost_probe.py
 """
 import importlib
-import time
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -14,20 +15,15 @@ import torch.nn.functional as F
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.ops import quantization as QZ
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmark.ops.bench_utils import host_us_per_call  # noqa: E402
+
 G = importlib.import_module("primus_turbo.pytorch.ops.gemm")  # the package re-exports the functions
 G8 = importlib.import_module("primus_turbo.pytorch.ops.gemm_fp8")
 
 
 def t(fn, n=2000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+    return host_us_per_call(fn, iters=n, warmup=50)
 
 
 def t3(fn):
