@@ -32,6 +32,11 @@ NATIVE_OPS = {
     "moe_token_unpermute": "moe_token_unpermute(Tensor input, Tensor row_id_map, Tensor? merging_probs",
     "gemm_fp8_fwd": "gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype",
     "gemm_fp8_bwd": "gemm_fp8_bwd(Tensor grad_out, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd",
+    "moe_index_permute": "moe_index_permute(Tensor tokens, Tensor expert_map, Tensor? probs, Tensor? scaling_factor",
+    "grouped_gemm_fp8_fwd": "grouped_gemm_fp8_fwd(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b",
+    "grouped_gemm_fp8_bwd": "grouped_gemm_fp8_bwd(Tensor grad_out, Tensor a, Tensor b, Tensor wq, Tensor ws",
+    "grouped_gemm_fp8_mm": "grouped_gemm_fp8_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens",
+    "grouped_gemm_fp8_wgrad_mm": "grouped_gemm_fp8_wgrad_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale",
 }
 
 
@@ -138,6 +143,35 @@ def test_gemm_fp8_native_path_shapes_under_fake_cuda_tensors(granularity, trans_
         assert out.shape == (m, n) and out.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("granularity", [ScalingGranularity.TENSORWISE, ScalingGranularity.ROWWISE, ScalingGranularity.BLOCKWISE])
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_grouped_gemm_fp8_native_path_shapes_under_fake_cuda_tensors(granularity, trans_b):
+    block = 128 if granularity == ScalingGranularity.BLOCKWISE else None
+    config = Float8QuantConfig(format=Format.HYBRID, granularity=granularity, block_size=block)
+    m, k, n, g = 48, 256, 128, 3
+    code = {ScalingGranularity.TENSORWISE: 0, ScalingGranularity.ROWWISE: 1, ScalingGranularity.BLOCKWISE: 2}[granularity]
+    with FakeTensorMode():
+        a = torch.empty((m, k), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        b = torch.empty((g, n, k) if trans_b else (g, k, n), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        lens = torch.empty((g,), device="cuda", dtype=torch.int64)
+        out = turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=trans_b, config=config)  # the native autograd path
+        assert out.shape == (m, n) and out.dtype == torch.bfloat16
+        fp8 = torch.float8_e4m3fn
+        _, wq, ws = torch.ops.primus_turbo.grouped_gemm_fp8_fwd(
+            a, b, lens, None, trans_b, torch.bfloat16, fp8, code, 0, True
+        )
+        if granularity == ScalingGranularity.ROWWISE:  # the backward quantizes b again
+            assert wq.numel() == 0 and ws.numel() == 0
+        else:
+            assert wq.shape == b.shape and wq.dtype == fp8
+            assert ws.shape == (() if code == 0 else (g, b.shape[1] // 128, -(-b.shape[2] // 128)))
+        grad = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        da, db = torch.ops.primus_turbo.grouped_gemm_fp8_bwd(
+            grad, a, b, wq, ws, lens, None, trans_b, torch.float8_e5m2, fp8, code, 0, True, True
+        )
+        assert da.shape == a.shape and db.shape == b.shape
+
+
 def test_native_ops_trace_under_compile_without_graph_breaks():
     def fn(x, w, g, q, k):
         y = turbo.ops.rmsnorm(turbo.ops.gemm(x, w, trans_b=True), g)
@@ -171,7 +205,7 @@ def test_planner_builds_each_ops_problem_and_reports_its_choice_or_error(monkeyp
     import contextlib
     import ctypes
 
-    from primus_turbo._core.lib import PtGroupedGemmArgs
+    from primus_turbo._core.lib import PtGroupedGemmArgs, PtGroupedGemmFp8Args
     from primus_turbo.pytorch.core import autotune, tensor_bridge
     from primus_turbo.pytorch.core.backend import BackendType
     import sys
@@ -180,6 +214,7 @@ def test_planner_builds_each_ops_problem_and_reports_its_choice_or_error(monkeyp
     gemm_mod = sys.modules["primus_turbo.pytorch.ops.gemm"]
     fp8_mod = sys.modules["primus_turbo.pytorch.ops.gemm_fp8"]
     grouped_mod = sys.modules["primus_turbo.pytorch.ops.grouped_gemm"]
+    grouped_fp8_mod = sys.modules["primus_turbo.pytorch.ops.grouped_gemm_fp8"]
 
     seen = []
 
@@ -189,7 +224,7 @@ def test_planner_builds_each_ops_problem_and_reports_its_choice_or_error(monkeyp
 
     monkeypatch.setattr(autotune, "select", fake_select)
     monkeypatch.setattr(tensor_bridge, "device_guard", lambda device: contextlib.nullcontext())
-    for mod in (gemm_mod, fp8_mod, grouped_mod):
+    for mod in (gemm_mod, fp8_mod, grouped_mod, grouped_fp8_mod):
         monkeypatch.setattr(mod, "current_stream_handle", lambda device: 0)
 
     bf16, f32, e4m3, i64 = 2, 0, 3, 8
@@ -206,7 +241,14 @@ def test_planner_builds_each_ops_problem_and_reports_its_choice_or_error(monkeyp
     )
     backend, config = ctypes.c_int32(), ctypes.c_int32()
     message = ctypes.create_string_buffer(256)
+    fa, fsa, fb, fsb, fd = (_descriptor((64, 32), e4m3), _descriptor((64, 1), f32), _descriptor((2, 48, 32), e4m3),
+                            _descriptor((2, 1, 1), f32), _descriptor((64, 48), bf16))
+    grouped_fp8_req = PtGroupedGemmFp8Args(
+        ctypes.pointer(fa), ctypes.pointer(fsa), ctypes.pointer(fb), ctypes.pointer(fsb), ctypes.pointer(lens), None,
+        ctypes.pointer(fd), 128, 0, 0, 0,
+    )
     for op, req, name in (
+        (native.PLAN_GROUPED_GEMM_FP8, grouped_fp8_req, "GroupedGemmFp8Problem"),
         (native.PLAN_GEMM, gemm_req, "GemmProblem"),
         (native.PLAN_GEMM_FP8, fp8_req, "Fp8GemmProblem"),
         (native.PLAN_GROUPED_GEMM, grouped_req, "GroupedGemmProblem"),

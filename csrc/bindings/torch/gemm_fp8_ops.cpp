@@ -14,9 +14,9 @@
 
 #include <torch/csrc/stable/ops.h>
 
+#include "bindings/torch/fp8_quantize.h"
 #include "bindings/torch/plan_cache.h"
 #include "bindings/torch/torch_binding.h"
-#include "primus_turbo/quantization.h"
 
 namespace primus_turbo::torch_binding {
 
@@ -24,84 +24,15 @@ namespace {
 
 constexpr const char* kOp = "gemm_fp8";
 
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// An FP8 operand quantized along its last dimension, with its scales as the quantizer wrote them.
-struct Quantized {
-  Tensor q;
-  Tensor s;
-  int32_t scaling;  // pt_fp8_scaling
-};
-
-// (activation / gradient scaling, weight scaling) of a pt_quant_granularity.
-std::pair<int32_t, int32_t> scalings(int64_t granularity) {
-  switch (granularity) {
-    case PT_QUANT_TENSORWISE: return {PT_FP8_SCALING_TENSOR, PT_FP8_SCALING_TENSOR};
-    case PT_QUANT_ROWWISE: return {PT_FP8_SCALING_ROW, PT_FP8_SCALING_ROW};
-    case PT_QUANT_BLOCKWISE: return {PT_FP8_SCALING_BLOCK_1x128, PT_FP8_SCALING_BLOCK_128x128};
-    default: fail_with(ErrorKind::NotImplemented, kOp, ": granularity code ", granularity, " has no native path");
-  }
-}
-
-int64_t round_up4(int64_t a) { return cdiv(a, 4) * 4; }
-
-// Scale shape of one output of pt_quantize (x [m, k]). 1-D blocks are written MN-major
-// (PT_QUANT_SCALES_MN_MAJOR), the layout the GEMM reads, so no restatement follows.
-std::vector<int64_t> scale_shape(int64_t g, int64_t m, int64_t k, bool along_k, bool two_d) {
-  if (g == PT_QUANT_TENSORWISE) return {};
-  if (g == PT_QUANT_ROWWISE) return along_k ? std::vector<int64_t>{m, 1} : std::vector<int64_t>{k, 1};
-  if (two_d) return along_k ? std::vector<int64_t>{cdiv(m, 128), cdiv(k, 128)} : std::vector<int64_t>{cdiv(k, 128), cdiv(m, 128)};
-  return along_k ? std::vector<int64_t>{cdiv(k, 128), round_up4(m)} : std::vector<int64_t>{cdiv(m, 128), round_up4(k)};
-}
-
-// Bytes of amax workspace quantize() needs (0: a row-only rowwise quantization reduces each row
-// inside its kernel), rounded up so several fit in one allocation.
-size_t quantize_workspace_bytes(int64_t m, int64_t k, int64_t g, bool want_row, bool want_col) {
-  if (g == PT_QUANT_ROWWISE && want_row && !want_col) return 0;
-  return (pt_quantize_workspace_bytes(m, k, static_cast<int32_t>(g)) + 255) / 256 * 256;
-}
-
-// x [m, k] (contiguous) quantized along k (row) and along m stored transposed [k, m] (col); either
-// may be skipped. 2-D 128x128 blocks for a BLOCKWISE weight. ws: quantize_workspace_bytes of
-// scratch (the caller allocates one buffer for all its quantizations).
+// x [m, k] quantized for the dense GEMM: 1x128 scales blocks-major (the layout the GEMM reads, no
+// restatement follows), 128x128 blocks for a BLOCKWISE weight.
 std::pair<std::optional<Quantized>, std::optional<Quantized>> quantize(const Tensor& x, ScalarType dtype, int64_t g,
                                                                        bool weight, bool want_row, bool want_col,
                                                                        void* ws, int32_t device, void* stream) {
-  const int64_t m = x.sizes()[0], k = x.sizes()[1];
   const bool two_d = weight && g == PT_QUANT_BLOCKWISE;
-  const auto [act, wgt] = scalings(g);
-  const int32_t scaling = weight ? wgt : act;
-  std::optional<Quantized> row, col;
-  pt_tensor px = to_pt(x), pqr{}, psr{}, pqc{}, psc{};
-  if (want_row) {
-    const auto ss = scale_shape(g, m, k, true, two_d);
-    row = Quantized{empty({m, k}, dtype, device), empty(ss.data(), ss.size(), ScalarType::Float, device), scaling};
-    pqr = to_pt(row->q);
-    psr = to_pt(row->s);
-  }
-  if (want_col) {
-    const auto ss = scale_shape(g, m, k, false, two_d);
-    col = Quantized{empty({k, m}, dtype, device), empty(ss.data(), ss.size(), ScalarType::Float, device), scaling};
-    pqc = to_pt(col->q);
-    psc = to_pt(col->s);
-  }
-  const size_t ws_bytes = quantize_workspace_bytes(m, k, g, want_row, want_col);
-  const int32_t flags = two_d ? PT_QUANT_2D_BLOCK : g == PT_QUANT_BLOCKWISE ? PT_QUANT_SCALES_MN_MAJOR : 0;
-  check_status(pt_quantize(&px, row ? &pqr : nullptr, row ? &psr : nullptr, col ? &pqc : nullptr,
-                           col ? &psc : nullptr, static_cast<int32_t>(g), g == PT_QUANT_BLOCKWISE ? 128 : 0, 1,
-                           flags, 0, ws_bytes ? ws : nullptr, ws_bytes, stream),
-               "gemm_fp8 quantize");
-  return {row, col};
+  return quantize_fp8(x, QuantSpec{dtype, g, two_d, !two_d}, want_row, want_col, ws, device, stream,
+                      "gemm_fp8 quantize");
 }
-
-// One scratch allocation for several quantize() calls: the offsets of each call's share.
-struct QuantScratch {
-  std::optional<Tensor> buffer;
-  explicit QuantScratch(size_t bytes, int32_t device) {
-    if (bytes) buffer = empty({static_cast<int64_t>(bytes)}, ScalarType::Byte, device);
-  }
-  void* at(size_t offset) const { return buffer ? static_cast<char*>(buffer->data_ptr()) + offset : nullptr; }
-};
 
 // The quantizer's scales in the layout the GEMM reads (gemm_fp8.h): tensor -> 0-dim, row ->
 // [rows] (views of the same memory); 1x128 -> [kb, round_up(rows, 4)], rows contiguous, as the
@@ -275,7 +206,7 @@ std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_
   const int32_t device = check_cuda(kOp, tensors);
   DeviceScope scope(device);
   void* stream = current_stream(device);
-  const auto [act, wgt] = scalings(granularity);
+  const auto [act, wgt] = fp8_scalings(granularity, kOp);
   const Tensor grad = as_contiguous(grad_in);  // [M, N]
   const bool wgrad = need_b || main_grad.has_value();
   const QuantScratch scratch(

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/torch/grouped_gemm_run.h"
 #include "bindings/torch/plan_cache.h"
 #include "bindings/torch/torch_binding.h"
 #include "primus_turbo/grouped_gemm.h"
@@ -36,8 +37,47 @@ void check_matrix(const char* name, const Tensor& t, int64_t ndim, const Tensor*
               dtype_name(like->scalar_type()), ")");
 }
 
-// Messages as ops/grouped_gemm.py: _check_groups. Returns G.
-int64_t check_groups(const Tensor& lens, const std::optional<Tensor>& offs, int64_t num_groups) {
+int32_t check_devices(const Tensor& a, const Tensor& b, const char* b_name, const Tensor& lens,
+                      const std::optional<Tensor>& offs) {
+  NamedTensors all{{"a", &a}, {b_name, &b}, {"group_lens", &lens}};
+  if (offs) all.push_back({"group_offs", &*offs});
+  return check_cuda(kOp, all);
+}
+
+Tensor grouped_gemm(Tensor a, Tensor b, Tensor group_lens, std::optional<Tensor> group_offs, bool trans_b,
+                    int64_t num_sms) {
+  check_matrix("a", a, 2, nullptr);
+  check_matrix("b", b, 3, &a);
+  check_group_tensors(group_lens, group_offs, b.sizes()[0]);
+  const auto bs = b.sizes();
+  const int64_t kb = trans_b ? bs[2] : bs[1], n = trans_b ? bs[1] : bs[2];
+  if (kb != a.sizes()[1])
+    fail_with(ErrorKind::Value, kOp, ": inner dimensions do not match: 'a' is ", shape_string(a), " but 'b' ",
+              shape_string(b), " has K = ", kb, " (trans_b=", trans_b ? "True" : "False", ")");
+  const int32_t device = check_devices(a, b, "b", group_lens, group_offs);
+  Tensor out = empty({a.sizes()[0], n}, a.scalar_type(), device);
+  grouped_gemm_run(a, b, group_lens, group_offs, out, false, trans_b, num_sms, device);
+  return out;
+}
+
+Tensor grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, std::optional<Tensor> group_offs,
+                          bool trans_b, int64_t num_sms) {
+  check_matrix("a", a, 2, nullptr);
+  check_matrix("grad_out", grad_out, 2, &a);
+  const int64_t g = check_group_tensors(group_lens, group_offs, -1);
+  if (grad_out.sizes()[0] != a.sizes()[0])
+    fail_with(ErrorKind::Value, kOp, ": argument 'grad_out' has shape ", shape_string(grad_out), "; expected ",
+              a.sizes()[0], " rows like 'a'");
+  const int64_t k = a.sizes()[1], n = grad_out.sizes()[1];
+  const int32_t device = check_devices(a, grad_out, "grad_out", group_lens, group_offs);
+  Tensor out = trans_b ? empty({g, n, k}, a.scalar_type(), device) : empty({g, k, n}, a.scalar_type(), device);
+  grouped_gemm_run(a, grad_out, group_lens, group_offs, out, true, trans_b, num_sms, device);
+  return out;
+}
+
+}  // namespace
+
+int64_t check_group_tensors(const Tensor& lens, const std::optional<Tensor>& offs, int64_t num_groups) {
   if (lens.scalar_type() != ScalarType::Long)
     fail_with(ErrorKind::Type, kOp, ": argument 'group_lens' has dtype ", dtype_name(lens.scalar_type()),
               "; expected torch.int64");
@@ -58,10 +98,7 @@ int64_t check_groups(const Tensor& lens, const std::optional<Tensor>& offs, int6
   return g;
 }
 
-// PRIMUS_TURBO_CHECK_GROUP_LENS=1: read the group sizes back (a host sync, so never during a CUDA
-// graph capture) and reject negative lengths and lengths that add up to more than the rows; the
-// default path never synchronizes and instead clamps every group into the rows on the device.
-void check_group_lens_on_host(const Tensor& lens, int64_t rows, void* stream) {
+void check_group_lens_on_host(const char* op, const Tensor& lens, int64_t rows, void* stream) {
   const char* flag = std::getenv("PRIMUS_TURBO_CHECK_GROUP_LENS");
   if (!flag || !*flag || std::string(flag) == "0" || is_capturing(stream)) return;
   std::vector<int64_t> host(static_cast<size_t>(lens.numel()));
@@ -69,26 +106,19 @@ void check_group_lens_on_host(const Tensor& lens, int64_t rows, void* stream) {
     if (cudaMemcpyAsync(host.data(), lens.data_ptr(), host.size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
                         static_cast<cudaStream_t>(stream)) != cudaSuccess ||
         cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) != cudaSuccess)
-      fail_with(ErrorKind::Runtime, kOp, ": could not read 'group_lens' back for PRIMUS_TURBO_CHECK_GROUP_LENS");
+      fail_with(ErrorKind::Runtime, op, ": could not read 'group_lens' back for PRIMUS_TURBO_CHECK_GROUP_LENS");
   }
   int64_t total = 0;
   for (size_t g = 0; g < host.size(); ++g) {
     if (host[g] < 0)
-      fail_with(ErrorKind::Value, kOp, ": group_lens[", g, "] = ", host[g], " is negative");
+      fail_with(ErrorKind::Value, op, ": group_lens[", g, "] = ", host[g], " is negative");
     total += host[g];
   }
   if (total > rows)
-    fail_with(ErrorKind::Value, kOp, ": group_lens adds up to ", total, ", more than the ", rows, " rows of 'a'");
+    fail_with(ErrorKind::Value, op, ": group_lens adds up to ", total, ", more than the ", rows, " rows of 'a'");
 }
 
-int32_t check_devices(const Tensor& a, const Tensor& b, const char* b_name, const Tensor& lens,
-                      const std::optional<Tensor>& offs) {
-  NamedTensors all{{"a", &a}, {b_name, &b}, {"group_lens", &lens}};
-  if (offs) all.push_back({"group_offs", &*offs});
-  return check_cuda(kOp, all);
-}
-
-void run(const Tensor& a_in, const Tensor& b_in, const Tensor& lens_in, const std::optional<Tensor>& offs_in,
+void grouped_gemm_run(const Tensor& a_in, const Tensor& b_in, const Tensor& lens_in, const std::optional<Tensor>& offs_in,
          const Tensor& out, bool wgrad, bool trans_b, int64_t num_sms, int32_t device) {
   if (out.numel() == 0) return;
   const Tensor a = as_contiguous(a_in), b = as_contiguous(b_in), lens = as_contiguous(lens_in);
@@ -103,7 +133,7 @@ void run(const Tensor& a_in, const Tensor& b_in, const Tensor& lens_in, const st
                                   trans_b ? 1 : 0, static_cast<int32_t>(num_sms)};
   DeviceScope scope(device);
   void* stream = current_stream(device);
-  check_group_lens_on_host(lens, pa.shape[0], stream);
+  check_group_lens_on_host(kOp, lens, pa.shape[0], stream);
 
   std::vector<int64_t> values{pa.shape[0], pa.shape[1], pb.shape[0], pb.shape[1], pb.ndim > 2 ? pb.shape[2] : -1,
                               pl.shape[0], offs ? 1 : 0, pa.dtype, (wgrad ? 1 : 0) | (trans_b ? 2 : 0), device,
@@ -123,39 +153,6 @@ void run(const Tensor& a_in, const Tensor& b_in, const Tensor& lens_in, const st
                                stream),
                kOp);
 }
-
-Tensor grouped_gemm(Tensor a, Tensor b, Tensor group_lens, std::optional<Tensor> group_offs, bool trans_b,
-                    int64_t num_sms) {
-  check_matrix("a", a, 2, nullptr);
-  check_matrix("b", b, 3, &a);
-  check_groups(group_lens, group_offs, b.sizes()[0]);
-  const auto bs = b.sizes();
-  const int64_t kb = trans_b ? bs[2] : bs[1], n = trans_b ? bs[1] : bs[2];
-  if (kb != a.sizes()[1])
-    fail_with(ErrorKind::Value, kOp, ": inner dimensions do not match: 'a' is ", shape_string(a), " but 'b' ",
-              shape_string(b), " has K = ", kb, " (trans_b=", trans_b ? "True" : "False", ")");
-  const int32_t device = check_devices(a, b, "b", group_lens, group_offs);
-  Tensor out = empty({a.sizes()[0], n}, a.scalar_type(), device);
-  run(a, b, group_lens, group_offs, out, false, trans_b, num_sms, device);
-  return out;
-}
-
-Tensor grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, std::optional<Tensor> group_offs,
-                          bool trans_b, int64_t num_sms) {
-  check_matrix("a", a, 2, nullptr);
-  check_matrix("grad_out", grad_out, 2, &a);
-  const int64_t g = check_groups(group_lens, group_offs, -1);
-  if (grad_out.sizes()[0] != a.sizes()[0])
-    fail_with(ErrorKind::Value, kOp, ": argument 'grad_out' has shape ", shape_string(grad_out), "; expected ",
-              a.sizes()[0], " rows like 'a'");
-  const int64_t k = a.sizes()[1], n = grad_out.sizes()[1];
-  const int32_t device = check_devices(a, grad_out, "grad_out", group_lens, group_offs);
-  Tensor out = trans_b ? empty({g, n, k}, a.scalar_type(), device) : empty({g, k, n}, a.scalar_type(), device);
-  run(a, grad_out, group_lens, group_offs, out, true, trans_b, num_sms, device);
-  return out;
-}
-
-}  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("grouped_gemm(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b, int num_sms) -> Tensor");

@@ -1,8 +1,13 @@
 // primus_turbo::moe_token_permute / moe_token_unpermute: the routing-mask token permutation
 // (token_permute / token_unpermute and each other's backward) in one native call each: outputs,
 // workspace and the launch, no Python between them. The core checks shapes, dtypes and the mask.
+// primus_turbo::moe_index_permute: moe_permute's forward (map build, sizing, scatter) likewise.
+#include <cuda_runtime_api.h>
+
 #include <optional>
 #include <tuple>
+
+#include <torch/csrc/stable/ops.h>
 
 #include "bindings/torch/torch_binding.h"
 #include "primus_turbo/moe_permute.h"
@@ -66,17 +71,93 @@ std::tuple<Tensor, Tensor> moe_token_unpermute(Tensor input_in, Tensor row_id_ma
   return {out, probs_grad};
 }
 
+// A [1] int32 view of element `index` of an int32 buffer, as a descriptor.
+pt_tensor element_descriptor(const Tensor& buffer, int64_t index) {
+  pt_tensor p = to_pt(buffer);
+  p.data = static_cast<int32_t*>(buffer.data_ptr()) + index;
+  p.ndim = 1;
+  p.shape[0] = 1;
+  p.strides[0] = 1;
+  return p;
+}
+
+// moe_permute by a routing map or top-k expert indices (ops/moe_permute.py checks the arguments):
+// builds row_id_map, sizes the output (num_out > 0: as given; else the exact row count, one host
+// synchronization) and scatters tokens, probabilities and FP8 scales. Returns (output, row_id_map,
+// tokens_per_expert, overflow_flag, num_dispatched, permuted_scales, permuted_probs).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> moe_index_permute(
+    Tensor tokens, Tensor expert_map, std::optional<Tensor> probs, std::optional<Tensor> scaling_factor,
+    int64_t num_experts, int64_t pad_multiple, int64_t num_out, bool probs_topk) {
+  NamedTensors all{{"tokens", &tokens}, {"expert_map", &expert_map}};
+  add_present(all, "probs", probs);
+  add_present(all, "scaling_factor", scaling_factor);
+  const int32_t device = check_cuda("moe_permute", all);
+  if (tokens.dim() != 2 || expert_map.dim() != 2)
+    fail_with(ErrorKind::Value, "moe_permute: 'tokens' and 'expert_map' must be 2-D, got ", shape_string(tokens),
+              " and ", shape_string(expert_map));
+  if (num_experts < 1 || num_experts > 1024)
+    fail_with(ErrorKind::Value, "moe_permute: num_local_experts must be 1 to 1024, got ", num_experts);
+  const int64_t t = tokens.sizes()[0], h = tokens.sizes()[1], e = num_experts, p = pad_multiple > 0 ? pad_multiple : 0;
+  const auto e32 = static_cast<int32_t>(e);
+  DeviceScope scope(device);
+  void* stream = current_stream(device);
+  Tensor row_id_map = empty({t + p, 2 * e + 1}, ScalarType::Int, device);
+  if (t == 0) torch::stable::zero_(row_id_map);
+  Tensor tokens_per_expert = empty({e}, ScalarType::Long, device);
+  Tensor overflow = empty({1}, ScalarType::Int, device), dispatched = empty({1}, ScalarType::Int, device);
+  const int64_t ws_ints = pt_moe_route_workspace_ints(t, e32);
+  Tensor ws = empty({ws_ints}, ScalarType::Int, device);
+  const pt_tensor pt_map = mask_to_pt(expert_map);
+  pt_tensor pt_rows = to_pt(row_id_map), pt_ws = to_pt(ws), pt_tpe = to_pt(tokens_per_expert);
+  pt_tensor pt_ovf = to_pt(overflow), pt_nd = to_pt(dispatched);
+  check_status(pt_moe_route_build(&pt_map, e32, static_cast<int32_t>(pad_multiple > 1 ? pad_multiple : 1),
+                                  num_out > 0 ? num_out : -1, probs_topk ? 1 : 0, &pt_rows, &pt_ws, &pt_tpe, &pt_ovf,
+                                  &pt_nd, stream),
+               "moe_permute");
+  pt_tensor in_use = element_descriptor(ws, ws_ints - 3);  // the builder's count of rows in use
+  int64_t m = num_out;
+  if (t == 0) {
+    m = 0;  // no tokens, no rows (as the original library)
+  } else if (num_out <= 0) {
+    if (is_capturing(stream))
+      fail_with(ErrorKind::Value, "moe_permute: num_permuted_tokens <= 0 reads the row count on the host, which a "
+                "CUDA graph capture cannot do; pass num_permuted_tokens");
+    int32_t rows = 0;
+    if (cudaMemcpyAsync(&rows, in_use.data, sizeof(rows), cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)) !=
+            cudaSuccess ||
+        cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) != cudaSuccess)
+      fail_with(ErrorKind::Runtime, "moe_permute: could not read the permuted row count back");
+    m = rows;
+  }
+  Tensor out = empty({m, h}, tokens.scalar_type(), device);
+  Tensor pprobs = empty({probs ? m : 0}, probs ? probs->scalar_type() : ScalarType::Float, device);
+  const int64_t s = scaling_factor ? scaling_factor->sizes()[1] : 0;
+  Tensor pscales = empty({scaling_factor ? m : 0, s}, ScalarType::Float, device);
+  const pt_tensor pt_tokens = to_pt(tokens);
+  pt_tensor pt_out = to_pt(out);
+  OptionalPt pt_probs(probs), pt_scales(scaling_factor);
+  OptionalPt pt_pprobs(probs ? std::optional<Tensor>(pprobs) : std::nullopt);
+  OptionalPt pt_pscales(scaling_factor ? std::optional<Tensor>(pscales) : std::nullopt);
+  check_status(pt_moe_rows_scatter(&pt_tokens, &pt_rows, e32, pt_probs.get(), pt_scales.get(), &in_use, 0, &pt_out,
+                                   pt_pprobs.get(), pt_pscales.get(), stream),
+               "moe_permute");
+  return {out, row_id_map, tokens_per_expert, overflow, dispatched, pscales, pprobs};
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("moe_token_permute(Tensor tokens, Tensor routing_map, Tensor? probs, int num_out) -> (Tensor, Tensor, Tensor)");
   m.def("moe_token_unpermute(Tensor input, Tensor row_id_map, Tensor? merging_probs, Tensor? permuted_probs) -> "
         "(Tensor, Tensor)");
+  m.def("moe_index_permute(Tensor tokens, Tensor expert_map, Tensor? probs, Tensor? scaling_factor, int num_experts, "
+        "int pad_multiple, int num_out, bool probs_topk) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("moe_token_permute", TORCH_BOX(&moe_token_permute));
   m.impl("moe_token_unpermute", TORCH_BOX(&moe_token_unpermute));
+  m.impl("moe_index_permute", TORCH_BOX(&moe_index_permute));
 }
 
 PT_REGISTER_CUDA_AND_CPU(register_kernels)

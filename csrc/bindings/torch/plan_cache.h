@@ -19,9 +19,10 @@
 namespace primus_turbo::torch_binding {
 
 // Which problem a planner request describes (the Python planner dispatches on it).
-enum PlannerOp : int32_t { kPlanGemm = 0, kPlanGroupedGemm = 1, kPlanGemmFp8 = 2 };
+enum PlannerOp : int32_t { kPlanGemm = 0, kPlanGroupedGemm = 1, kPlanGemmFp8 = 2, kPlanGroupedGemmFp8 = 3 };
 
-// kPlanGemm's request; kPlanGroupedGemm's is pt_grouped_gemm_args.
+// kPlanGemm's request; kPlanGroupedGemm's is pt_grouped_gemm_args, kPlanGroupedGemmFp8's
+// pt_grouped_gemm_fp8_args.
 struct GemmPlanRequest {
   const pt_tensor* a;
   const pt_tensor* b;

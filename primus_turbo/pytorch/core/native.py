@@ -70,6 +70,7 @@ def raises_python_errors(fn):
 PLAN_GEMM = 0
 PLAN_GROUPED_GEMM = 1
 PLAN_GEMM_FP8 = 2
+PLAN_GROUPED_GEMM_FP8 = 3
 _P = ctypes.POINTER
 _PLANNER = ctypes.CFUNCTYPE(
     ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, _P(ctypes.c_int32), _P(ctypes.c_int32),

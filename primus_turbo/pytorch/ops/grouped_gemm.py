@@ -161,19 +161,6 @@ class GroupedGemmProblem(autotune.TunableProblem):
             check(status, context=f"grouped_gemm on {backend.name}")
 
 
-def run_planned(plans: dict, key, problem) -> None:
-    """Runs problem with the (backend, config, workspace bytes) cached under key in plans, choosing
-    it (autotune or default) on the first call; a choice made during capture is not cached (it may
-    be provisional). Used by the FP8 grouped GEMM (the bf16 one plans natively)."""
-    plan = plans.get(key)
-    if plan is None:
-        backend, config = autotune.select(problem, problem.out.device)
-        plan = (backend, config, problem.workspace_bytes(backend, config))
-        if not torch.cuda.is_current_stream_capturing():
-            plans[key] = plan
-    problem.run(plan[0], plan[1], ws_bytes=plan[2])
-
-
 native.register_planner(native.PLAN_GROUPED_GEMM, GroupedGemmProblem.from_request)
 
 

@@ -35,14 +35,14 @@ import os
 import torch
 
 from primus_turbo._core import check, lib
-from primus_turbo._core.lib import PtGroupedGemmFp8Args, string_out
-from primus_turbo.pytorch.core import autotune, library
-from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, settings_token
+from primus_turbo._core.lib import PtGroupedGemmFp8Args, PtTensor, string_out
+from primus_turbo.pytorch.core import autotune, library, native
+from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity, ScalingRecipe
 from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor
 from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops import _quantized_operands as _qo
-from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
+from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_num_cu, route_wgrad_to_main_grad
 from primus_turbo.pytorch.ops._group_padding import pad_groups
 from primus_turbo.pytorch.ops._transpose import transpose_last2
@@ -51,7 +51,6 @@ from primus_turbo.pytorch.ops.grouped_gemm import (
     _grouped_gemm_wgrad_op,
     check_group_lens_debug,
     grouped_gemm,
-    run_planned,
 )
 from primus_turbo.pytorch.ops.quantization import quantize_fp8_transposed, quantize_fp8_unpadded
 
@@ -74,35 +73,35 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class GroupedGemmFp8Problem(autotune.TunableProblem):
+    """The planner's view of one FP8 grouped GEMM call, built from the native op's request (the
+    launch itself is native: csrc/bindings/torch/grouped_gemm_fp8_ops.cpp)."""
+
     op = OpFamily.GROUPED_GEMM
     precision = PrecisionType.FP8
     default_backend = BackendType.CUTLASS
     backends = (BackendType.CUTLASS,)
 
-    def __init__(
-        self, a, sa, b, sb, group_lens, group_offs, out, b_scale_rows: int, num_sms: int = 0, tokens: int = -1
-    ):
-        self.out = out
-        self._pts = [to_pt(t) for t in (a, sa, b, sb, group_lens)]
-        self._offs = to_pt(group_offs) if group_offs is not None else None
-        self._out = to_pt(out)
-        pa, psa, pb, psb, pl = (ctypes.pointer(t) for t in self._pts)
+    def __init__(self, pts, offs, b_scale_rows: int, num_sms: int, wgrad: bool, tokens: int, device: torch.device):
+        """pts: the descriptors of a, a_scale, b, b_scale, group_lens and the output (owned here:
+        the args struct points at them)."""
+        self._pts, self._offs = pts, offs
+        pa, psa, pb, psb, pl, pd = (ctypes.pointer(t) for t in self._pts)
         po = ctypes.pointer(self._offs) if self._offs is not None else None
-        self.args = PtGroupedGemmFp8Args(
-            pa,
-            psa,
-            pb,
-            psb,
-            pl,
-            po,
-            ctypes.pointer(self._out),
-            int(b_scale_rows),
-            int(num_sms),
-            int(tokens >= 0),
-            max(int(tokens), 0),
-        )
+        self.args = PtGroupedGemmFp8Args(pa, psa, pb, psb, pl, po, pd, int(b_scale_rows), int(num_sms), int(wgrad),
+                                         int(tokens))
         self.ref = ctypes.byref(self.args)
-        self.stream = current_stream_handle(out.device)
+        self.device = device
+        self.stream = current_stream_handle(device)
+
+    @classmethod
+    def from_request(cls, request: int, device: int) -> "GroupedGemmFp8Problem":
+        """From the native op's planner request (a pt_grouped_gemm_fp8_args alive during the call)."""
+        args = PtGroupedGemmFp8Args.from_address(request)
+        copy = PtTensor.from_buffer_copy
+        pts = [copy(p.contents) for p in (args.a, args.a_scale, args.b, args.b_scale, args.group_lens, args.d)]
+        offs = copy(args.group_offs.contents) if args.group_offs else None
+        return cls(pts, offs, args.b_scale_rows, args.num_sms, bool(args.wgrad), args.tokens,
+                   torch.device("cuda", device))
 
     def key(self) -> str:
         return string_out(lib.pt_grouped_gemm_fp8_problem_key, self.ref, size=512)
@@ -128,92 +127,29 @@ class GroupedGemmFp8Problem(autotune.TunableProblem):
     def run(self, backend: BackendType, config: int, for_tuning: bool = False, ws_bytes: int | None = None) -> None:
         if ws_bytes is None:
             ws_bytes = self.workspace_bytes(backend, config)
-        ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=self.out.device)
+        ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=self.device)
         status = lib.pt_grouped_gemm_fp8(self.ref, backend.value, config, ws.data_ptr(), ws_bytes, self.stream)
         if status:
             check(status, context=f"grouped_gemm_fp8 on {backend.name}")
 
 
-_plans = {}
-
-
-def _mm_cuda(a, a_scale, b, b_scale, group_lens, group_offs, b_scale_rows: int, out_dtype: torch.dtype, num_sms: int):
-    out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
-    if out.numel() == 0:
-        return out
-    a, a_scale, b, b_scale = a.contiguous(), a_scale.contiguous(), b.contiguous(), b_scale.contiguous()
-    group_lens = group_lens.contiguous()
-    group_offs = group_offs.contiguous() if group_offs is not None else None
-    with device_guard(out.device):
-        problem = GroupedGemmFp8Problem(a, a_scale, b, b_scale, group_lens, group_offs, out, b_scale_rows, num_sms)
-        key = (
-            a.shape,
-            b.shape,
-            a.dtype,
-            b.dtype,
-            out_dtype,
-            b_scale_rows,
-            num_sms,
-            group_offs is None,
-            out.device.index,
-            a.data_ptr() % 16 == 0,
-            b.data_ptr() % 16 == 0,
-            out.data_ptr() % 16 == 0,
-            settings_token(OpFamily.GROUPED_GEMM),
-        )
-        run_planned(_plans, key, problem)
-    return out
+native.register_planner(native.PLAN_GROUPED_GEMM_FP8, GroupedGemmFp8Problem.from_request)
 
 
 def _mm_fake(a, a_scale, b, b_scale, group_lens, group_offs, b_scale_rows, out_dtype, num_sms):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
-_mm_op = library.define_op(
-    "grouped_gemm_fp8_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens, "
-    "Tensor? group_offs, int b_scale_rows, ScalarType out_dtype, int num_sms) -> Tensor",
-    _mm_cuda,
-    _mm_fake,
-)
-
-
-def _wgrad_mm_cuda(a, a_scale, b, b_scale, group_lens, group_offs, tokens: int, out_dtype: torch.dtype, num_sms: int):
-    out = torch.empty((group_lens.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
-    if out.numel() == 0:
-        return out
-    a, a_scale, b, b_scale = a.contiguous(), a_scale.contiguous(), b.contiguous(), b_scale.contiguous()
-    group_lens = group_lens.contiguous()
-    group_offs = group_offs.contiguous() if group_offs is not None else None
-    with device_guard(out.device):
-        problem = GroupedGemmFp8Problem(a, a_scale, b, b_scale, group_lens, group_offs, out, 1, num_sms, tokens)
-        key = (
-            "wgrad",
-            a.shape,
-            b.shape,
-            a.dtype,
-            b.dtype,
-            out_dtype,
-            tokens,
-            num_sms,
-            group_lens.shape[0],
-            group_offs is None,
-            out.device.index,
-            settings_token(OpFamily.GROUPED_GEMM),
-        )
-        run_planned(_plans, key, problem)
-    return out
-
-
 def _wgrad_mm_fake(a, a_scale, b, b_scale, group_lens, group_offs, tokens, out_dtype, num_sms):
     return a.new_empty((group_lens.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
-_wgrad_mm_op = library.define_op(
-    "grouped_gemm_fp8_wgrad_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens, "
-    "Tensor? group_offs, int tokens, ScalarType out_dtype, int num_sms) -> Tensor",
-    _wgrad_mm_cuda,
-    _wgrad_mm_fake,
-)
+# Native ops (csrc/bindings/torch/grouped_gemm_fp8_ops.cpp): the kernel on operands quantized
+# elsewhere (pre-quantized, QuantizedTensor, MX and FP4 paths) and the composed forward / backward.
+library.register_fake("grouped_gemm_fp8_mm", _mm_fake)
+library.register_fake("grouped_gemm_fp8_wgrad_mm", _wgrad_mm_fake)
+_mm_op = native.ops.grouped_gemm_fp8_mm.default
+_wgrad_mm_op = native.ops.grouped_gemm_fp8_wgrad_mm.default
 
 
 def padded_width(tokens: int, groups: int) -> int:
@@ -444,6 +380,84 @@ class GroupedGemmFp8Function(torch.autograd.Function):
         return grad_a, grad_b, None, None, None, None, None, None, None, None
 
 
+# pt_quant_granularity codes of the granularities the native forward / backward take.
+_NATIVE_GRANULARITY = {
+    ScalingGranularity.TENSORWISE: 0,
+    ScalingGranularity.ROWWISE: 1,
+    ScalingGranularity.BLOCKWISE: 2,
+}
+
+
+def _fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granularity, num_sms, for_backward):
+    out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype)
+    if k % 16 or n % 16:
+        raise ValueError(f"grouped_gemm_fp8: K={k} and N={n} must be multiples of 16 (FP8 operands are read in "
+                         "16-byte rows, and the dgrad reads rows of length N)")
+    placeholder = lambda: a.new_empty((0,), dtype=torch.uint8)
+    out = a.new_empty((a.shape[0], n), dtype=out_dtype)
+    if not for_backward or granularity == 1:  # ROWWISE: the backward quantizes b again, along N
+        return out, placeholder(), placeholder()
+    g, x, y = b.shape
+    s = () if granularity == 0 else (g, x // _BLOCK, _cdiv(y, _BLOCK))
+    return out, b.new_empty(b.shape, dtype=fwd_dtype), b.new_empty(s, dtype=torch.float32)
+
+
+def _bwd_fake(grad_out, a, b, wq, ws, group_lens, group_offs, trans_b, grad_dtype, fwd_dtype, granularity, num_sms,
+              need_a, need_b):
+    placeholder = lambda: a.new_empty((0,), dtype=torch.uint8)
+    grad_a = a.new_empty(a.shape) if need_a else placeholder()
+    grad_b = a.new_empty(b.shape) if need_b else placeholder()
+    return grad_a, grad_b
+
+
+library.register_fake("grouped_gemm_fp8_fwd", _fwd_fake)
+library.register_fake("grouped_gemm_fp8_bwd", _bwd_fake)
+_fwd_op = native.ops.grouped_gemm_fp8_fwd.default
+_bwd_op = native.ops.grouped_gemm_fp8_bwd.default
+
+
+class NativeGroupedGemmFp8Function(torch.autograd.Function):
+    """bf16/fp16 ``a`` and ``b`` at TENSORWISE, ROWWISE or BLOCKWISE: one native call per direction
+    (quantization, scale layouts, weight orientation and the launches in C++)."""
+
+    @staticmethod
+    def forward(ctx, a, b, group_lens, group_offs, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity,
+                num_sms: int):
+        fwd_dtype, grad_dtype = _dtypes(fmt)
+        code = _NATIVE_GRANULARITY[g]
+        out, wq, ws = _fwd_op(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, code, num_sms,
+                              ctx.needs_input_grad[0])
+        ctx.save_for_backward(a, b, group_lens, group_offs, wq, ws)
+        ctx.trans_b, ctx.g, ctx.code, ctx.num_sms = trans_b, g, code, num_sms
+        ctx.fwd_dtype, ctx.grad_dtype = fwd_dtype, grad_dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a, b, group_lens, group_offs, wq, ws = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        fp8_wgrad = need_b and FP8_WGRAD
+        grad_a, grad_b = _bwd_op(grad_out, a, b, wq, ws, group_lens, group_offs, ctx.trans_b, ctx.grad_dtype,
+                                 ctx.fwd_dtype, ctx.code, ctx.num_sms, need_a, need_b and not fp8_wgrad)
+        if fp8_wgrad:
+            grad_b = grouped_fp8_wgrad(a, grad_out.contiguous(), group_lens, group_offs, ctx.trans_b, ctx.fwd_dtype,
+                                       ctx.grad_dtype, ctx.g, b.dtype, ctx.num_sms)
+        return grad_a if need_a else None, grad_b if need_b else None, None, None, None, None, None, None, None
+
+
+def _native_ok(a, b, g) -> bool:
+    """Whether the native forward / backward take these operands: plain bf16/fp16 tensors of the
+    right ranks, a non-empty problem, a granularity it composes and 128x128 weight blocks that stay
+    inside one expert. Anything else (and every error message) goes through the Python path."""
+    if g not in _NATIVE_GRANULARITY or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    if a.dim() != 2 or b.dim() != 3 or a.dtype not in _IN_DTYPES or b.dtype != a.dtype or not a.is_cuda:
+        return False
+    if 0 in a.shape or 0 in b.shape:
+        return False
+    return g != ScalingGranularity.BLOCKWISE or b.shape[1] % _BLOCK == 0
+
+
 # ---- public op ----------------------------------------------------------------------------------
 
 
@@ -619,6 +633,11 @@ def grouped_gemm_fp8(
                 "tuples have no backward"
             )
         return _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, num_sms)
+    if _native_ok(a, b, g):  # checks, quantization and launches in C++
+        return NativeGroupedGemmFp8Function.apply(
+            a, b, group_lens, group_offs, bool(trans_b), a.dtype if out_dtype is None else out_dtype, config.format, g,
+            num_sms,
+        )
     out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype)
     if k % 16 or n % 16:
         raise ValueError(

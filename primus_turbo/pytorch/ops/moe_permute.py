@@ -332,64 +332,6 @@ _FP8_TOKENS = tuple(
 )
 
 
-def _moe_permute_cuda(tokens, expert_map, probs, scaling_factor, num_experts: int, pad_multiple: int, num_out: int,
-                      probs_topk: bool):
-    t, h = tokens.shape
-    dev = tokens.device
-    e, p = num_experts, max(pad_multiple, 0)
-    row_id_map = (torch.zeros if t == 0 else torch.empty)((t + p, 2 * e + 1), dtype=torch.int32, device=dev)
-    tokens_per_expert = torch.empty((e,), dtype=torch.int64, device=dev)
-    overflow = torch.empty((1,), dtype=torch.int32, device=dev)
-    dispatched = torch.empty((1,), dtype=torch.int32, device=dev)
-    ws = torch.empty((_workspace_ints(t, e),), dtype=torch.int32, device=dev)
-    emap = expert_map.view(torch.uint8) if expert_map.dtype == torch.bool else expert_map
-    stream = current_stream_handle(dev)
-    with device_guard(dev):
-        _call(
-            lib.pt_moe_route_build,
-            to_pt(emap),
-            e,
-            max(pad_multiple, 1),
-            num_out if num_out > 0 else -1,
-            int(probs_topk),
-            to_pt(row_id_map),
-            to_pt(ws),
-            to_pt(tokens_per_expert),
-            to_pt(overflow),
-            to_pt(dispatched),
-            stream,
-            context="moe_permute",
-        )
-        in_use = ws[_rows_in_use_index(t, e) :][:1]
-        if t == 0:  # no tokens, no rows (as the original: its permuted tokens are [0, hidden] then)
-            m = 0
-        elif num_out > 0:
-            m = num_out
-        else:  # the exact size: one device synchronization
-            m = int(in_use.item())
-        out = torch.empty((m, h), dtype=tokens.dtype, device=dev)
-        pprobs = torch.empty((m if probs is not None else 0,), dtype=probs.dtype if probs is not None else torch.float32,
-                             device=dev)
-        s = scaling_factor.shape[1] if scaling_factor is not None else 0
-        pscales = torch.empty((m if scaling_factor is not None else 0, s), dtype=torch.float32, device=dev)
-        _call(
-            lib.pt_moe_rows_scatter,
-            to_pt(tokens),
-            to_pt(row_id_map),
-            e,
-            _opt(probs),
-            _opt(scaling_factor),
-            to_pt(in_use),
-            0,
-            to_pt(out),
-            to_pt(pprobs) if probs is not None else None,
-            to_pt(pscales) if scaling_factor is not None else None,
-            stream,
-            context="moe_permute",
-        )
-    return out, row_id_map, tokens_per_expert, overflow, dispatched, pscales, pprobs
-
-
 def _moe_permute_fake(tokens, expert_map, probs, scaling_factor, num_experts, pad_multiple, num_out, probs_topk):
     t, h = tokens.shape
     e, p = num_experts, max(pad_multiple, 0)
@@ -478,12 +420,9 @@ def _moe_scatter_fake(src, row_id_map, src_probs, num_rows, num_experts):
     return src.new_empty((num_rows, src.shape[1])), probs
 
 
-_moe_permute_op = library.define_op(
-    "moe_index_permute(Tensor tokens, Tensor expert_map, Tensor? probs, Tensor? scaling_factor, int num_experts, "
-    "int pad_multiple, int num_out, bool probs_topk) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-    _moe_permute_cuda,
-    _moe_permute_fake,
-)
+# Native (csrc/bindings/torch/moe_permute_ops.cpp): map build, sizing and scatter in one call.
+library.register_fake("moe_index_permute", _moe_permute_fake)
+_moe_permute_op = native.ops.moe_index_permute.default
 _moe_gather_op = library.define_op(
     "moe_index_gather(Tensor src, Tensor row_id_map, Tensor? src_probs, SymInt num_tokens, int num_experts, "
     "int probs_width) -> (Tensor, Tensor)",

@@ -1,0 +1,59 @@
+// FP8 quantization as the native GEMM ops compose it (dense gemm_fp8_ops.cpp, grouped
+// grouped_gemm_fp8_ops.cpp): one pt_quantize call writes an operand's copy along its last
+// dimension (row) and/or along its first, stored transposed (col), from one read of the input; the
+// caller allocates one scratch buffer for the amax workspaces of all its quantizations.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "bindings/torch/torch_binding.h"
+#include "primus_turbo/quantization.h"
+
+namespace primus_turbo::torch_binding {
+
+inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// An FP8 operand quantized along its last dimension, with its scales as the quantizer wrote them.
+struct Quantized {
+  Tensor q;
+  Tensor s;
+  int32_t scaling;  // pt_fp8_scaling
+};
+
+// How an operand is quantized: a pt_quant_granularity (FP8: TENSORWISE, ROWWISE, BLOCKWISE with
+// 128-element blocks), 2-D 128x128 blocks for a BLOCKWISE weight, and where 1-D block scales go:
+// blocks-major as the dense 1x128 GEMM reads them (PT_QUANT_SCALES_MN_MAJOR), or [rows, blocks].
+struct QuantSpec {
+  ScalarType dtype;
+  int64_t granularity;
+  bool two_d = false;
+  bool mn_major = false;
+};
+
+// (activation / gradient scaling, weight scaling) of a granularity; raises for the others.
+std::pair<int32_t, int32_t> fp8_scalings(int64_t granularity, const char* op);
+
+// Bytes of amax workspace quantize_fp8() needs (0: a row-only rowwise quantization reduces each
+// row inside its kernel), rounded up so several fit in one allocation.
+size_t quantize_workspace_bytes(int64_t m, int64_t k, int64_t granularity, bool want_row, bool want_col);
+
+// One scratch allocation for several quantize_fp8() calls; at(offset) is a call's share.
+struct QuantScratch {
+  std::optional<Tensor> buffer;
+  QuantScratch(size_t bytes, int32_t device);
+  void* at(size_t offset) const;
+};
+
+// x [m, k] (contiguous) quantized along k (row, [m, k]) and along m stored transposed (col,
+// [k, m]); either may be skipped. Scales: TENSORWISE 0-dim; ROWWISE [rows, 1]; 1x128 [rows, kb]
+// or, with mn_major, [kb, round_up(rows, 4)]; 2-D [ceil(rows/128), kb].
+std::pair<std::optional<Quantized>, std::optional<Quantized>> quantize_fp8(const Tensor& x, const QuantSpec& spec,
+                                                                           bool want_row, bool want_col, void* ws,
+                                                                           int32_t device, void* stream,
+                                                                           const char* context);
+
+}  // namespace primus_turbo::torch_binding

@@ -1,0 +1,311 @@
+// primus_turbo::grouped_gemm_fp8_fwd / _bwd: the FP8 mixture-of-experts grouped GEMM (TENSORWISE,
+// ROWWISE, BLOCKWISE; E4M3, E5M2 or HYBRID) composed in one native call per direction: quantize the
+// tokens and the expert weights, state their scales in the layout the kernel reads, orient the
+// weight K-major, pick the plan, launch. And primus_turbo::grouped_gemm_fp8_mm / _wgrad_mm: the
+// kernel alone on operands quantized elsewhere (pre-quantized tensors, FP4 and MX emulation).
+//
+// The kernel (grouped_gemm_fp8.h) reads A [M, K] with scales [M, ceil(K/128)] and B [G, N, K] with
+// scales per row or per 128x128 block of each expert, both K-major. With b [G, X, Y] as given
+// (trans_b: [G, N, K], else [G, K, N]):
+//   forward  out = a    [M,K] x op(b)^T [G,N,K]   (b as it lies with trans_b, else transposed)
+//   dgrad    da  = grad [M,N] x op(b)   [G,K,N]   (b transposed with trans_b, else as it lies)
+//   wgrad    db  = per-group a^T grad on the bf16/fp16 grouped GEMM (ops/grouped_gemm_fp8.py says why)
+// TENSORWISE and BLOCKWISE weights are quantized once, as they lie, and both orientations come from
+// that copy (a 128x128 block keeps its scale when transposed); ROWWISE scales belong to one
+// orientation, so the backward quantizes the weight again along N. Group sizes stay on the device.
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include <torch/csrc/stable/ops.h>
+
+#include "bindings/torch/fp8_quantize.h"
+#include "bindings/torch/grouped_gemm_run.h"
+#include "bindings/torch/plan_cache.h"
+#include "primus_turbo/grouped_gemm_fp8.h"
+#include "primus_turbo/layout.h"
+
+namespace primus_turbo::torch_binding {
+
+namespace {
+
+constexpr const char* kOp = "grouped_gemm_fp8";
+constexpr int64_t kBlock = 128;
+
+struct Fp8Plan {
+  Choice choice;
+  size_t workspace_bytes = 0;
+};
+
+PlanCache<Fp8Plan> g_plans;
+
+// out = grouped (a * sa) @ (b * sb)^T on the cached plan of the problem. tokens < 0: forward/dgrad;
+// else the variable-K wgrad over that many tokens.
+void run_mm(const Tensor& a_in, const Tensor& sa_in, const Tensor& b_in, const Tensor& sb_in, const Tensor& lens_in,
+            const std::optional<Tensor>& offs_in, const Tensor& out, int64_t b_scale_rows, int64_t num_sms,
+            int64_t tokens, int32_t device, void* stream) {
+  if (out.numel() == 0) return;
+  if (num_sms < 0 || num_sms > INT32_MAX)
+    fail_with(ErrorKind::Value, kOp, ": num_cu must be a positive int or None, got ", num_sms);
+  const Tensor a = as_contiguous(a_in), sa = as_contiguous(sa_in), b = as_contiguous(b_in),
+               sb = as_contiguous(sb_in), lens = as_contiguous(lens_in);
+  std::optional<Tensor> offs;
+  if (offs_in) offs = as_contiguous(*offs_in);
+  const pt_tensor pa = to_pt(a), psa = to_pt(sa), pb = to_pt(b), psb = to_pt(sb), pl = to_pt(lens), pd = to_pt(out);
+  pt_tensor po{};
+  if (offs) po = to_pt(*offs);
+  const bool wgrad = tokens >= 0;
+  const pt_grouped_gemm_fp8_args args{&pa, &psa, &pb, &psb, &pl, offs ? &po : nullptr, &pd,
+                                      static_cast<int32_t>(b_scale_rows), static_cast<int32_t>(num_sms),
+                                      wgrad ? 1 : 0, wgrad ? tokens : 0};
+  std::vector<int64_t> values{pa.shape[0], pa.shape[1], pb.shape[0], pb.shape[1], pb.ndim > 2 ? pb.shape[2] : -1,
+                              pl.shape[0], offs ? 1 : 0, pa.dtype, pb.dtype, pd.dtype, b_scale_rows, tokens,
+                              device, alignment(pa.data) >= 16, alignment(pb.data) >= 16, alignment(pd.data) >= 16,
+                              num_sms};
+  const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GROUPED_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
+  Fp8Plan plan;
+  if (!g_plans.find(key, &plan)) {
+    plan.choice = plan_with_python(kPlanGroupedGemmFp8, &args, device, kOp);
+    check_status(
+        pt_grouped_gemm_fp8_workspace_size(&args, plan.choice.backend, plan.choice.config, &plan.workspace_bytes),
+        kOp);
+    if (!is_capturing(stream)) plan = g_plans.insert(key, plan);  // a capture-time choice may be provisional
+  }
+  const Tensor ws = empty({static_cast<int64_t>(plan.workspace_bytes ? plan.workspace_bytes : 1)}, ScalarType::Byte,
+                          device);
+  check_status(pt_grouped_gemm_fp8(&args, plan.choice.backend, plan.choice.config, ws.data_ptr(),
+                                   plan.workspace_bytes, stream),
+               kOp);
+}
+
+// A scale tensor broadcast into a fresh contiguous [shape] (the kernel reads every block's scale).
+Tensor broadcast(const Tensor& s, const std::vector<int64_t>& shape, int32_t device) {
+  Tensor out = empty(shape.data(), static_cast<int64_t>(shape.size()), ScalarType::Float, device);
+  torch::stable::copy_(out, s);
+  return out;
+}
+
+// x [G, R, C] (contiguous) -> [G, C, R].
+Tensor transpose_last2(const Tensor& x, void* stream) {
+  const auto s = x.sizes();
+  Tensor y = empty({s[0], s[2], s[1]}, x.scalar_type(), x.get_device());
+  const pt_tensor px = to_pt(x);
+  pt_tensor py = to_pt(y);
+  check_status(pt_transpose_last2(&px, &py, stream), kOp);
+  return y;
+}
+
+// Scratch share of one quantization of an [m, k] operand along k.
+size_t rows_workspace(int64_t m, int64_t k, int64_t granularity) {
+  return quantize_workspace_bytes(m, k, granularity, true, false);
+}
+
+// x [R, C] quantized along C: (q [R, C], scale [R, ceil(C/128)]), the kernel's A layout
+// (TENSORWISE / ROWWISE scales repeated over the K blocks they cover).
+std::pair<Tensor, Tensor> quantize_tokens(const Tensor& x, ScalarType dtype, int64_t granularity, void* ws,
+                                          int32_t device, void* stream) {
+  const auto row = quantize_fp8(x, QuantSpec{dtype, granularity}, true, false, ws, device, stream, kOp).first;
+  if (granularity == PT_QUANT_BLOCKWISE) return {row->q, row->s};
+  return {row->q, broadcast(row->s, {x.sizes()[0], cdiv(x.sizes()[1], kBlock)}, device)};
+}
+
+// A weight operand as the kernel reads B: q [G, n, k] K-major, its scales and b_scale_rows.
+struct WeightOperand {
+  Tensor q;
+  Tensor s;
+  int64_t rows;
+};
+
+// ROWWISE: w [G, X, Y] quantized per row of its K-major orientation (K = Y, or X with transpose).
+WeightOperand weight_rows(const Tensor& w, ScalarType dtype, bool transpose, int32_t device, void* stream) {
+  const Tensor src = transpose ? transpose_last2(w, stream) : w;
+  const int64_t g = src.sizes()[0], n = src.sizes()[1], k = src.sizes()[2];
+  const Tensor flat = torch::stable::view(src, {g * n, k});
+  const auto row = quantize_fp8(flat, QuantSpec{dtype, PT_QUANT_ROWWISE}, true, false, nullptr, device, stream, kOp)
+                       .first;
+  const Tensor per_row = torch::stable::view(row->s, {g, n, 1});
+  return {torch::stable::view(row->q, {g, n, k}), broadcast(per_row, {g, n, cdiv(k, kBlock)}, device), 1};
+}
+
+// TENSORWISE / BLOCKWISE: w [G, X, Y] quantized as it lies: (q [G, X, Y], scale: 0-dim or
+// [G, X/128, ceil(Y/128)] per 128x128 block; X % 128 == 0, so no block crosses two experts).
+std::pair<Tensor, Tensor> quantize_weight_blocks(const Tensor& w, ScalarType dtype, int64_t granularity, void* ws,
+                                                 int32_t device, void* stream) {
+  const int64_t g = w.sizes()[0], x = w.sizes()[1], y = w.sizes()[2];
+  const bool blocks = granularity == PT_QUANT_BLOCKWISE;
+  const Tensor flat = torch::stable::view(w, {g * x, y});
+  const auto row = quantize_fp8(flat, QuantSpec{dtype, granularity, blocks}, true, false, ws, device, stream, kOp)
+                       .first;
+  const Tensor q = torch::stable::view(row->q, {g, x, y});
+  return {q, blocks ? torch::stable::view(row->s, {g, x / kBlock, cdiv(y, kBlock)}) : row->s};
+}
+
+// quantize_weight_blocks' result as the kernel's K-major B (K = Y, or X with transpose).
+WeightOperand orient_blocks(const Tensor& q, const Tensor& s, bool transpose, int32_t device, void* stream) {
+  const Tensor qb = transpose ? transpose_last2(q, stream) : q;
+  const int64_t g = qb.sizes()[0], n = qb.sizes()[1], k = qb.sizes()[2];
+  if (s.dim() == 0) return {qb, broadcast(s, {g, cdiv(n, kBlock), cdiv(k, kBlock)}, device), kBlock};
+  return {qb, transpose ? torch::stable::contiguous(torch::stable::transpose(s, 1, 2)) : s, kBlock};
+}
+
+bool is_hp(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16; }
+bool is_out(ScalarType t) { return is_hp(t) || t == ScalarType::Float; }
+
+// The checks of ops/grouped_gemm_fp8.py (check_hp_operands and the FP8 row lengths), in the same
+// order and words. Returns (M, K, N).
+std::tuple<int64_t, int64_t, int64_t> check_operands(const Tensor& a, const Tensor& b, const Tensor& lens,
+                                                     const std::optional<Tensor>& offs, bool trans_b,
+                                                     ScalarType out_dtype, int64_t granularity) {
+  for (const auto& [name, t, nd] : {std::tuple<const char*, const Tensor*, int64_t>{"a", &a, 2}, {"b", &b, 3}}) {
+    if (t->dim() != nd)
+      fail_with(ErrorKind::Value, kOp, ": argument '", name, "' must be ", nd, "-D, got shape ", shape_string(*t));
+    if (!is_hp(t->scalar_type()))
+      fail_with(ErrorKind::Type, kOp, ": argument '", name, "' has dtype ", dtype_name(t->scalar_type()),
+                "; expected bfloat16 or float16");
+  }
+  if (b.scalar_type() != a.scalar_type())
+    fail_with(ErrorKind::Type, kOp, ": argument 'b' has dtype ", dtype_name(b.scalar_type()),
+              "; expected the dtype of 'a' (", dtype_name(a.scalar_type()), ")");
+  if (!is_out(out_dtype))
+    fail_with(ErrorKind::Type, kOp, ": out_dtype ", dtype_name(out_dtype),
+              " is not supported; expected bfloat16, float16 or float32");
+  check_group_tensors(lens, offs, b.sizes()[0]);
+  const int64_t k = a.sizes()[1];
+  const int64_t kb = trans_b ? b.sizes()[2] : b.sizes()[1], n = trans_b ? b.sizes()[1] : b.sizes()[2];
+  if (kb != k)
+    fail_with(ErrorKind::Value, kOp, ": inner dimensions do not match: 'a' is ", shape_string(a), " but 'b' ",
+              shape_string(b), " has K = ", kb, " (trans_b=", trans_b, ")");
+  if (k % 16 || n % 16)
+    fail_with(ErrorKind::Value, kOp, ": K=", k, " and N=", n,
+              " must be multiples of 16 (FP8 operands are read in 16-byte rows, and the dgrad reads rows of length N)");
+  if (a.sizes()[0] == 0 || n == 0 || k == 0)
+    fail_with(ErrorKind::Value, kOp, ": empty problems take the composite path");  // the Python layer's job
+  if (granularity == PT_QUANT_BLOCKWISE && b.sizes()[1] % kBlock)
+    fail_with(ErrorKind::NotImplemented, kOp, ": BLOCKWISE weights natively need b.shape[1] % 128 == 0, got ",
+              shape_string(b));
+  fp8_scalings(granularity, kOp);  // raises for granularities without a native path
+  return {a.sizes()[0], k, n};
+}
+
+int32_t check_devices(const char* first, const Tensor& x, const Tensor& b, const Tensor& lens,
+                      const std::optional<Tensor>& offs) {
+  NamedTensors all{{first, &x}, {"b", &b}, {"group_lens", &lens}};
+  add_present(all, "group_offs", offs);
+  return check_cuda(kOp, all);
+}
+
+Tensor placeholder(int32_t device) { return empty({0}, ScalarType::Byte, device); }
+
+// Returns (out [M, N], wq, ws): with for_backward and a TENSORWISE / BLOCKWISE weight, the weight as
+// quantized (as it lies) and its scales, which the backward orients for the dgrad; else
+// placeholders.
+std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in, Tensor group_lens,
+                                                        std::optional<Tensor> group_offs, bool trans_b,
+                                                        ScalarType out_dtype, ScalarType fwd_dtype,
+                                                        int64_t granularity, int64_t num_sms, bool for_backward) {
+  const auto [m, k, n] = check_operands(a_in, b_in, group_lens, group_offs, trans_b, out_dtype, granularity);
+  const int32_t device = check_devices("a", a_in, b_in, group_lens, group_offs);
+  DeviceScope scope(device);
+  void* stream = current_stream(device);
+  check_group_lens_on_host(kOp, group_lens, m, stream);
+  const Tensor a = as_contiguous(a_in), b = as_contiguous(b_in);
+  const int64_t groups = b.sizes()[0], x = b.sizes()[1], y = b.sizes()[2];
+  const bool rowwise = granularity == PT_QUANT_ROWWISE;
+  const size_t ws_a = rows_workspace(m, k, granularity);
+  const QuantScratch scratch(ws_a + (rowwise ? 0 : rows_workspace(groups * x, y, granularity)), device);
+  const auto [qa, sa] = quantize_tokens(a, fwd_dtype, granularity, scratch.at(0), device, stream);
+  Tensor out = empty({m, n}, out_dtype, device);
+  if (rowwise) {
+    const WeightOperand wb = weight_rows(b, fwd_dtype, !trans_b, device, stream);
+    run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
+    return {out, placeholder(device), placeholder(device)};
+  }
+  const auto [wq, ws] = quantize_weight_blocks(b, fwd_dtype, granularity, scratch.at(ws_a), device, stream);
+  const WeightOperand wb = orient_blocks(wq, ws, !trans_b, device, stream);
+  run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
+  if (!for_backward) return {out, placeholder(device), placeholder(device)};
+  return {out, wq, ws};
+}
+
+// Returns (grad_a [M, K] or a placeholder, grad_b like b or a placeholder). need_b: the bf16/fp16
+// variable-K wgrad from a and grad_out (in a's dtype).
+std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor b_in, Tensor wq, Tensor ws,
+                                                Tensor group_lens, std::optional<Tensor> group_offs, bool trans_b,
+                                                ScalarType grad_dtype, ScalarType fwd_dtype, int64_t granularity,
+                                                int64_t num_sms, bool need_a, bool need_b) {
+  const int32_t device = check_devices("grad_out", grad_in, b_in, group_lens, group_offs);
+  DeviceScope scope(device);
+  void* stream = current_stream(device);
+  const ScalarType a_dtype = a.scalar_type();
+  const Tensor grad = as_contiguous(grad_in), b = as_contiguous(b_in);
+  const int64_t m = grad.sizes()[0], n = grad.sizes()[1];
+  const int64_t k = trans_b ? b.sizes()[2] : b.sizes()[1];
+  Tensor grad_a = placeholder(device), grad_b = placeholder(device);
+  if (need_a) {
+    const QuantScratch scratch(rows_workspace(m, n, granularity), device);
+    const auto [qg, sg] = quantize_tokens(grad, grad_dtype, granularity, scratch.at(0), device, stream);
+    const WeightOperand wb = granularity == PT_QUANT_ROWWISE ? weight_rows(b, fwd_dtype, trans_b, device, stream)
+                                                             : orient_blocks(wq, ws, trans_b, device, stream);
+    grad_a = empty({m, k}, a_dtype, device);
+    run_mm(qg, sg, wb.q, wb.s, group_lens, group_offs, grad_a, wb.rows, num_sms, -1, device, stream);
+  }
+  if (need_b) {
+    const int64_t groups = group_lens.sizes()[0];
+    grad_b = trans_b ? empty({groups, n, k}, a_dtype, device) : empty({groups, k, n}, a_dtype, device);
+    grouped_gemm_run(a, contiguous_as(grad, a_dtype), group_lens, group_offs, grad_b, true, trans_b, num_sms, device);
+  }
+  return {grad_a, grad_b};
+}
+
+Tensor grouped_gemm_fp8_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens,
+                           std::optional<Tensor> group_offs, int64_t b_scale_rows, ScalarType out_dtype,
+                           int64_t num_sms) {
+  const int32_t device = check_devices("a", a, b, group_lens, group_offs);
+  if (a.dim() != 2 || b.dim() != 3)
+    fail_with(ErrorKind::Value, kOp, ": 'a' must be 2-D and 'b' 3-D, got ", shape_string(a), " and ", shape_string(b));
+  Tensor out = empty({a.sizes()[0], b.sizes()[1]}, out_dtype, device);
+  DeviceScope scope(device);
+  run_mm(a, a_scale, b, b_scale, group_lens, group_offs, out, b_scale_rows, num_sms, -1, device,
+         current_stream(device));
+  return out;
+}
+
+Tensor grouped_gemm_fp8_wgrad_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens,
+                                 std::optional<Tensor> group_offs, int64_t tokens, ScalarType out_dtype,
+                                 int64_t num_sms) {
+  const int32_t device = check_devices("a", a, b, group_lens, group_offs);
+  if (a.dim() != 2 || b.dim() != 2 || group_lens.dim() != 1)
+    fail_with(ErrorKind::Value, kOp, ": wgrad operands must be 2-D and group_lens 1-D, got ", shape_string(a), ", ",
+              shape_string(b), " and ", shape_string(group_lens));
+  if (tokens < 0) fail_with(ErrorKind::Value, kOp, ": tokens must be >= 0, got ", tokens);
+  Tensor out = empty({group_lens.sizes()[0], a.sizes()[0], b.sizes()[0]}, out_dtype, device);
+  DeviceScope scope(device);
+  run_mm(a, a_scale, b, b_scale, group_lens, group_offs, out, 1, num_sms, tokens, device, current_stream(device));
+  return out;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
+  m.def("grouped_gemm_fp8_fwd(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b, "
+        "ScalarType out_dtype, ScalarType fwd_dtype, int granularity, int num_sms, bool for_backward) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("grouped_gemm_fp8_bwd(Tensor grad_out, Tensor a, Tensor b, Tensor wq, Tensor ws, Tensor group_lens, "
+        "Tensor? group_offs, bool trans_b, ScalarType grad_dtype, ScalarType fwd_dtype, int granularity, int num_sms, "
+        "bool need_a, bool need_b) -> (Tensor, Tensor)");
+  m.def("grouped_gemm_fp8_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens, "
+        "Tensor? group_offs, int b_scale_rows, ScalarType out_dtype, int num_sms) -> Tensor");
+  m.def("grouped_gemm_fp8_wgrad_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens, "
+        "Tensor? group_offs, int tokens, ScalarType out_dtype, int num_sms) -> Tensor");
+}
+
+static void register_kernels(torch::stable::detail::StableLibrary& m) {
+  m.impl("grouped_gemm_fp8_fwd", TORCH_BOX(&grouped_gemm_fp8_fwd));
+  m.impl("grouped_gemm_fp8_bwd", TORCH_BOX(&grouped_gemm_fp8_bwd));
+  m.impl("grouped_gemm_fp8_mm", TORCH_BOX(&grouped_gemm_fp8_mm));
+  m.impl("grouped_gemm_fp8_wgrad_mm", TORCH_BOX(&grouped_gemm_fp8_wgrad_mm));
+}
+
+PT_REGISTER_CUDA_AND_CPU(register_kernels)
+
+}  // namespace primus_turbo::torch_binding
