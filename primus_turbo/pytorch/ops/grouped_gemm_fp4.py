@@ -34,6 +34,7 @@ transform of the wgrad operands) therefore has no effect here.
 
 import torch
 
+from primus_turbo.pytorch.core import native
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
 from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor
 from primus_turbo.pytorch.ops import _mx_blocks
@@ -169,6 +170,7 @@ class GroupedGemmFp4Function(torch.autograd.Function):
         return grad_a, grad_b, None, None, None, None, None, None, None, None
 
 
+@native.raises_python_errors
 def grouped_gemm_fp4(
     a: torch.Tensor,
     b: torch.Tensor,

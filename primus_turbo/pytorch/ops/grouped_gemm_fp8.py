@@ -571,6 +571,7 @@ def check_hp_operands(op: str, a, b, group_lens, group_offs, trans_b: bool, out_
     return out_dtype, k, n
 
 
+@native.raises_python_errors
 def grouped_gemm_fp8(
     a: Operand,
     b: Operand,

@@ -491,6 +491,7 @@ def _float_probs(op: str, name: str, p, shape) -> None:
         raise ValueError(f"{op}: argument '{name}' has shape {tuple(p.shape)}; expected {list(shape)}")
 
 
+@native.raises_python_errors
 def moe_permute(
     tokens: torch.Tensor,
     expert_map: torch.Tensor,
@@ -625,6 +626,7 @@ def moe_permute(
     )
 
 
+@native.raises_python_errors
 def moe_unpermute(
     permuted_tokens: torch.Tensor,
     row_id_map: torch.Tensor,
