@@ -33,6 +33,8 @@ NATIVE_OPS = {
     "gemm_fp8_fwd": "gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype",
     "gemm_fp8_bwd": "gemm_fp8_bwd(Tensor grad_out, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd",
     "moe_index_permute": "moe_index_permute(Tensor tokens, Tensor expert_map, Tensor? probs, Tensor? scaling_factor",
+    "gemm_fp4_fwd": "gemm_fp4_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, bool two_d",
+    "gemm_fp4_bwd": "gemm_fp4_bwd(Tensor grad_out, Tensor qbn, Tensor sbn, Tensor qam, Tensor sam, bool trans_a",
     "grouped_gemm_fp8_fwd": "grouped_gemm_fp8_fwd(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b",
     "grouped_gemm_fp8_bwd": "grouped_gemm_fp8_bwd(Tensor grad_out, Tensor a, Tensor b, Tensor wq, Tensor ws",
     "grouped_gemm_fp8_mm": "grouped_gemm_fp8_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens",
@@ -168,6 +170,25 @@ def test_grouped_gemm_fp8_native_path_shapes_under_fake_cuda_tensors(granularity
         grad = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         da, db = torch.ops.primus_turbo.grouped_gemm_fp8_bwd(
             grad, a, b, wq, ws, lens, None, trans_b, torch.float8_e5m2, fp8, code, 0, True, True
+        )
+        assert da.shape == a.shape and db.shape == b.shape
+
+
+@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False), (False, False)])
+def test_gemm_fp4_native_path_shapes_under_fake_cuda_tensors(trans_a, trans_b):
+    m, k, n = 64, 96, 32
+    with FakeTensorMode():
+        a = torch.empty((k, m) if trans_a else (m, k), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        b = torch.empty((n, k) if trans_b else (k, n), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        out = turbo.ops.gemm_fp4(a, b, trans_a, trans_b)  # the native autograd path
+        assert out.shape == (m, n) and out.dtype == torch.bfloat16
+        _, qbn, sbn, qam, sam = torch.ops.primus_turbo.gemm_fp4_fwd(
+            a, b, trans_a, trans_b, torch.bfloat16, True, True, True, True
+        )
+        assert qbn.shape == (k, n // 2) and sbn.shape == (k // 32, n // 32) and qam.shape == (k, m // 2)
+        grad = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        da, db = torch.ops.primus_turbo.gemm_fp4_bwd(
+            grad, qbn, sbn, qam, sam, trans_a, trans_b, True, True, 1, 2, torch.bfloat16, torch.bfloat16, True, True
         )
         assert da.shape == a.shape and db.shape == b.shape
 

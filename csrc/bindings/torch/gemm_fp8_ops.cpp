@@ -15,6 +15,7 @@
 #include <torch/csrc/stable/ops.h>
 
 #include "bindings/torch/fp8_quantize.h"
+#include "bindings/torch/gemm_fp8_run.h"
 #include "bindings/torch/plan_cache.h"
 #include "bindings/torch/torch_binding.h"
 
@@ -77,67 +78,6 @@ pt_gemm_fp8_plan make_plan(const pt_tensor& pa, const pt_tensor& psa, int32_t sa
   return plan;
 }
 
-// out (+)= (x.q * x.s) @ (y.q * y.s)^T on the plan of this problem.
-void fp8_mm(const Quantized& x, const Quantized& y, const Tensor& out, float beta, int32_t device, void* stream) {
-  if (out.numel() == 0) return;
-  const Tensor sx = kernel_scale(x), sy = kernel_scale(y);
-  const pt_tensor pa = to_pt(x.q), pb = to_pt(y.q), pd = to_pt(out);
-  const pt_tensor psa = scale_descriptor(sx, x.scaling), psb = scale_descriptor(sy, y.scaling);
-  std::vector<int64_t> values{pa.shape[0], pa.shape[1], pb.shape[0], pa.dtype,     pb.dtype,
-                              pd.dtype,    pd.strides[0], x.scaling, y.scaling, beta != 0.0f,
-                              device,      alignment(pa.data), alignment(pb.data), alignment(pd.data)};
-  const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
-  OwnedPlan<pt_gemm_fp8_plan> owned(nullptr, pt_gemm_fp8_plan_destroy);
-  const pt_gemm_fp8_plan plan = cached_plan(
-      g_plans, key, stream, owned,
-      [&] { return make_plan(pa, psa, x.scaling, pb, psb, y.scaling, pd, beta, device); }, kMaxPlans);
-  // The workspace comes from the caching allocator per call (graph-pool safe), and only where the
-  // plan's algorithm reads one.
-  std::optional<Tensor> ws;
-  size_t ws_bytes = 0;
-  if (pt_gemm_fp8_plan_needs_workspace(plan)) {
-    ws_bytes = pt_gemm_workspace_bytes();
-    ws = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
-  }
-  check_status(pt_gemm_fp8_plan_run(plan, pa.data, psa.data, pb.data, psb.data, pd.data, ws ? ws->data_ptr() : nullptr,
-                                    ws_bytes, stream),
-               kOp);
-}
-
-bool is_hp(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16 || t == ScalarType::Float; }
-bool is_out(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16 || t == ScalarType::Float; }
-
-// The checks of ops/gemm_fp8.py: check_hp_operands, in the same order and words. Returns M, K, N.
-std::tuple<int64_t, int64_t, int64_t> check_operands(const Tensor& a, const Tensor& b, bool ta, bool tb,
-                                                     ScalarType out_dtype, bool backward) {
-  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"a", &a}, {"b", &b}}) {
-    if (t->dim() != 2)
-      fail_with(ErrorKind::Value, kOp, ": argument '", name, "' must be 2-D, got shape ", shape_string(*t));
-    if (!is_hp(t->scalar_type()))
-      fail_with(ErrorKind::Type, kOp, ": argument '", name, "' has dtype ", dtype_name(t->scalar_type()),
-                "; expected float16, bfloat16 or float32");
-  }
-  if (b.scalar_type() != a.scalar_type())
-    fail_with(ErrorKind::Type, kOp, ": argument 'b' has dtype ", dtype_name(b.scalar_type()),
-              "; expected the dtype of 'a' (", dtype_name(a.scalar_type()), ")");
-  if (!is_out(out_dtype))
-    fail_with(ErrorKind::Type, kOp, ": out_dtype ", dtype_name(out_dtype),
-              " is not supported; expected float32, float16 or bfloat16");
-  const auto as = a.sizes(), bs = b.sizes();
-  const int64_t m = ta ? as[1] : as[0], k = ta ? as[0] : as[1];
-  const int64_t kb = tb ? bs[1] : bs[0], n = tb ? bs[0] : bs[1];
-  if (k != kb)
-    fail_with(ErrorKind::Value, kOp, ": inner dimensions do not match: op(a) is [", m, ", ", k, "] (a ",
-              shape_string(a), ", trans_a=", ta ? "True" : "False", ") but op(b) is [", kb, ", ", n, "] (b ",
-              shape_string(b), ", trans_b=", tb ? "True" : "False", ")");
-  if (k % 16)
-    fail_with(ErrorKind::Value, kOp, ": K=", k, " must be a multiple of 16 (FP8 GEMM operands are read in 16-byte rows)");
-  if (backward && (m % 16 || n % 16))
-    fail_with(ErrorKind::Value, kOp, ": the backward needs M=", m, " and N=", n,
-              " to be multiples of 16 (its transposed FP8 operands have rows of length M and N)");
-  return {m, k, n};
-}
-
 Tensor empty_scalar_like(int32_t device) { return empty({0}, ScalarType::Byte, device); }
 
 // The forward product; with for_backward, also the copies the backward reads: a along M and b
@@ -149,7 +89,9 @@ struct Forward {
 
 Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b, ScalarType out_dtype,
                 ScalarType fwd_dtype, int64_t granularity, bool for_backward) {
-  const auto [m, k, n] = check_operands(a_in, b_in, trans_a, trans_b, out_dtype, for_backward);
+  const auto [m, k, n] = check_dense_operands(kOp, a_in, b_in, trans_a, trans_b, out_dtype, for_backward,
+                                              "FP8 GEMM operands are read in 16-byte rows",
+                                              "its transposed FP8 operands have rows of length M and N");
   const int32_t device = check_cuda(kOp, {{"a", &a_in}, {"b", &b_in}});
   if (m == 0 || n == 0 || k == 0)
     fail_with(ErrorKind::Value, kOp, ": empty problems take the composite path");  // the Python layer's job
@@ -240,6 +182,70 @@ std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_
 }
 
 }  // namespace
+
+namespace {
+
+bool is_float(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16 || t == ScalarType::Float; }
+
+}  // namespace
+
+
+std::tuple<int64_t, int64_t, int64_t> check_dense_operands(const char* op, const Tensor& a, const Tensor& b, bool ta,
+                                                           bool tb, ScalarType out_dtype, bool backward,
+                                                           const char* k_reason, const char* bwd_reason) {
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"a", &a}, {"b", &b}}) {
+    if (t->dim() != 2)
+      fail_with(ErrorKind::Value, op, ": argument '", name, "' must be 2-D, got shape ", shape_string(*t));
+    if (!is_float(t->scalar_type()))
+      fail_with(ErrorKind::Type, op, ": argument '", name, "' has dtype ", dtype_name(t->scalar_type()),
+                "; expected float16, bfloat16 or float32");
+  }
+  if (b.scalar_type() != a.scalar_type())
+    fail_with(ErrorKind::Type, op, ": argument 'b' has dtype ", dtype_name(b.scalar_type()),
+              "; expected the dtype of 'a' (", dtype_name(a.scalar_type()), ")");
+  if (!is_float(out_dtype))
+    fail_with(ErrorKind::Type, op, ": out_dtype ", dtype_name(out_dtype),
+              " is not supported; expected float32, float16 or bfloat16");
+  const auto as = a.sizes(), bs = b.sizes();
+  const int64_t m = ta ? as[1] : as[0], k = ta ? as[0] : as[1];
+  const int64_t kb = tb ? bs[1] : bs[0], n = tb ? bs[0] : bs[1];
+  if (k != kb)
+    fail_with(ErrorKind::Value, op, ": inner dimensions do not match: op(a) is [", m, ", ", k, "] (a ",
+              shape_string(a), ", trans_a=", ta ? "True" : "False", ") but op(b) is [", kb, ", ", n, "] (b ",
+              shape_string(b), ", trans_b=", tb ? "True" : "False", ")");
+  if (k % 16)
+    fail_with(ErrorKind::Value, op, ": K=", k, " must be a multiple of 16 (", k_reason, ")");
+  if (backward && (m % 16 || n % 16))
+    fail_with(ErrorKind::Value, op, ": the backward needs M=", m, " and N=", n,
+              " to be multiples of 16 (", bwd_reason, ")");
+  return {m, k, n};
+}
+
+void fp8_mm(const Quantized& x, const Quantized& y, const Tensor& out, float beta, int32_t device, void* stream) {
+  if (out.numel() == 0) return;
+  const Tensor sx = kernel_scale(x), sy = kernel_scale(y);
+  const pt_tensor pa = to_pt(x.q), pb = to_pt(y.q), pd = to_pt(out);
+  const pt_tensor psa = scale_descriptor(sx, x.scaling), psb = scale_descriptor(sy, y.scaling);
+  std::vector<int64_t> values{pa.shape[0], pa.shape[1], pb.shape[0], pa.dtype,     pb.dtype,
+                              pd.dtype,    pd.strides[0], x.scaling, y.scaling, beta != 0.0f,
+                              device,      alignment(pa.data), alignment(pb.data), alignment(pd.data)};
+  const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
+  OwnedPlan<pt_gemm_fp8_plan> owned(nullptr, pt_gemm_fp8_plan_destroy);
+  const pt_gemm_fp8_plan plan = cached_plan(
+      g_plans, key, stream, owned,
+      [&] { return make_plan(pa, psa, x.scaling, pb, psb, y.scaling, pd, beta, device); }, kMaxPlans);
+  // The workspace comes from the caching allocator per call (graph-pool safe), and only where the
+  // plan's algorithm reads one.
+  std::optional<Tensor> ws;
+  size_t ws_bytes = 0;
+  if (pt_gemm_fp8_plan_needs_workspace(plan)) {
+    ws_bytes = pt_gemm_workspace_bytes();
+    ws = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
+  }
+  check_status(pt_gemm_fp8_plan_run(plan, pa.data, psa.data, pb.data, psb.data, pd.data, ws ? ws->data_ptr() : nullptr,
+                                    ws_bytes, stream),
+               kOp);
+}
 
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype, "

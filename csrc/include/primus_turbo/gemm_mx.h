@@ -17,6 +17,10 @@ extern "C" {
    All contiguous, k a multiple of 16, q and q_out 16-byte aligned. No host synchronization. */
 PT_API pt_status pt_mx_to_blocks(const pt_tensor* q, const pt_tensor* scale, pt_tensor* q_out, pt_tensor* scale_out,
                                  void* stream);
+/* The same with scale_out blocks-major, float32 [ceil(k / 128), round_up(rows, 4)] (the layout the
+   1x128 block-scaled FP8 GEMM reads, gemm_fp8.h); the padding entries are set to 0. */
+PT_API pt_status pt_mx_to_blocks_mn_major(const pt_tensor* q, const pt_tensor* scale, pt_tensor* q_out,
+                                          pt_tensor* scale_out, void* stream);
 /* Compiles (or loads from the cache) the module for one input dtype without running it. Needs no GPU. */
 PT_API pt_status pt_mx_to_blocks_prepare(int32_t q_dtype);
 

@@ -1,10 +1,13 @@
 // MX -> 1x128 block restatement (pt_mx_to_blocks): argument checks, the JIT module (one per input
 // format), the launch. See kernels/gemm/mx_to_blocks.cuh and primus_turbo/gemm_mx.h.
+#include <cuda_runtime_api.h>
+
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
 
+#include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "primus_turbo/gemm_mx.h"
@@ -59,9 +62,12 @@ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 extern "C" {
 
-pt_status pt_mx_to_blocks(const pt_tensor* q, const pt_tensor* scale, pt_tensor* q_out, pt_tensor* scale_out,
-                          void* stream) {
-  return api_guard([&] {
+namespace {
+
+// pt_mx_to_blocks and its blocks-major variant: scale_out [rows, kb] or [kb, round_up(rows, 4)].
+void mx_to_blocks(const pt_tensor* q, const pt_tensor* scale, pt_tensor* q_out, pt_tensor* scale_out, bool mn_major,
+                  void* stream) {
+  {
     check_contiguous(q, "q");
     check_contiguous(scale, "scale");
     check_contiguous(q_out, "q_out");
@@ -82,9 +88,10 @@ pt_status pt_mx_to_blocks(const pt_tensor* q, const pt_tensor* scale, pt_tensor*
     PT_CHECK_ARG(q_out->ndim == 2 && q_out->shape[0] == rows && q_out->shape[1] == k && q_out->dtype == out_dtype,
                  "argument 'q_out' must be ", dtype_name(out_dtype), " [", rows, ", ", k, "], got ",
                  dtype_name(q_out->dtype), " ", shape_string(*q_out));
-    PT_CHECK_ARG(scale_out->ndim == 2 && scale_out->shape[0] == rows && scale_out->shape[1] == cdiv(k, 128) &&
+    const int64_t out_rows = mn_major ? cdiv(k, 128) : rows, out_cols = mn_major ? cdiv(rows, 4) * 4 : cdiv(k, 128);
+    PT_CHECK_ARG(scale_out->ndim == 2 && scale_out->shape[0] == out_rows && scale_out->shape[1] == out_cols &&
                      scale_out->dtype == PT_FLOAT32,
-                 "argument 'scale_out' must be float32 [", rows, ", ", cdiv(k, 128), "], got ",
+                 "argument 'scale_out' must be float32 [", out_rows, ", ", out_cols, "], got ",
                  dtype_name(scale_out->dtype), " ", shape_string(*scale_out));
     if (rows == 0 || k == 0) return;
     PT_CHECK_ARG(aligned16(q->data) && aligned16(q_out->data), "arguments 'q' and 'q_out' must be 16-byte aligned");
@@ -101,11 +108,31 @@ pt_status pt_mx_to_blocks(const pt_tensor* q, const pt_tensor* scale, pt_tensor*
     params.kb32 = kb32;
     params.scale_row_div = scale->shape[0] == rows ? 1 : 32;
     params.stream = stream;
+    if (mn_major) {
+      params.scale_ld_mn = out_cols;
+      if (out_cols != rows) {  // the padding rows of every block column read as zero scales
+        PT_CHECK_CUDA(cudaMemset2DAsync(static_cast<float*>(scale_out->data) + rows, out_cols * sizeof(float), 0,
+                                        (out_cols - rows) * sizeof(float), out_rows,
+                                        static_cast<cudaStream_t>(stream)));
+      }
+    }
     char err[1024] = {0};
     if (run(&params, err, sizeof(err)) != 0) {
       PT_THROW(PT_ERROR_CUDA, "MX restatement (q ", shape_string(*q), ") failed: ", err);
     }
-  });
+  }
+}
+
+}  // namespace
+
+pt_status pt_mx_to_blocks(const pt_tensor* q, const pt_tensor* scale, pt_tensor* q_out, pt_tensor* scale_out,
+                          void* stream) {
+  return api_guard([&] { mx_to_blocks(q, scale, q_out, scale_out, false, stream); });
+}
+
+pt_status pt_mx_to_blocks_mn_major(const pt_tensor* q, const pt_tensor* scale, pt_tensor* q_out,
+                                   pt_tensor* scale_out, void* stream) {
+  return api_guard([&] { mx_to_blocks(q, scale, q_out, scale_out, true, stream); });
 }
 
 pt_status pt_mx_to_blocks_prepare(int32_t q_dtype) {

@@ -23,6 +23,7 @@ before the 32-element scaling; stochastic rounding makes the gradient quantizati
 import dataclasses
 import torch
 
+from primus_turbo.pytorch.core import library, native
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, ScalingGranularity, ScalingRecipe
 from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor
 from primus_turbo.pytorch.ops import _mx_blocks
@@ -158,6 +159,58 @@ class GemmFp4Function(torch.autograd.Function):
         return grad_a, grad_b, None, None, None, None, None, None, None, None
 
 
+def _native_fwd_fake(a, b, trans_a, trans_b, out_dtype, two_d, rht, need_a, need_b):
+    out_dtype, m, k, n = check_hp_operands(
+        "gemm_fp4", a, b, trans_a, trans_b, out_dtype, "expanded FP8 rows are read 16 bytes at a time",
+        "its transposed operands have rows of length M and N; the Hadamard transform works on groups of 16 along M",
+    )
+    placeholder = lambda: a.new_empty((0,), dtype=torch.uint8)
+    u8 = dict(dtype=torch.uint8)
+    qbn, sbn = ((a.new_empty((k, n // 2), **u8), a.new_empty((_cdiv(k, 32) if two_d else k, _cdiv(n, 32)), **u8))
+                if need_a else (placeholder(), placeholder()))
+    qam, sam = ((a.new_empty((k, m // 2), **u8), a.new_empty((k, _cdiv(m, 32)), **u8))
+                if need_b else (placeholder(), placeholder()))
+    return a.new_empty((m, n), dtype=out_dtype), qbn, sbn, qam, sam
+
+
+def _native_bwd_fake(grad_out, qbn, sbn, qam, sam, trans_a, trans_b, rht, sr, seed_dgrad, seed_wgrad, a_dtype,
+                     b_dtype, need_a, need_b):
+    m, n = grad_out.shape
+    placeholder = lambda: grad_out.new_empty((0,), dtype=torch.uint8)
+    grad_a = grad_out.new_empty((qbn.shape[0], m) if trans_a else (m, qbn.shape[0]), dtype=a_dtype) if need_a else None
+    grad_b = grad_out.new_empty((n, qam.shape[0]) if trans_b else (qam.shape[0], n), dtype=b_dtype) if need_b else None
+    return grad_a if need_a else placeholder(), grad_b if need_b else placeholder()
+
+
+# Native ops (csrc/bindings/torch/gemm_fp4_ops.cpp): quantization, restatement and GEMM per direction.
+library.register_fake("gemm_fp4_fwd", _native_fwd_fake)
+library.register_fake("gemm_fp4_bwd", _native_bwd_fake)
+_native_fwd = native.ops.gemm_fp4_fwd.default
+_native_bwd = native.ops.gemm_fp4_bwd.default
+
+
+class NativeGemmFp4Function(torch.autograd.Function):
+    """GemmFp4Function's math on high-precision operands with each direction one native call."""
+
+    @staticmethod
+    def forward(ctx, a, b, trans_a: bool, trans_b: bool, out_dtype, two_d: bool, rht: bool, sr: bool):
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        out, qbn, sbn, qam, sam = _native_fwd(a, b, trans_a, trans_b, out_dtype, two_d, rht, need_a, need_b)
+        ctx.save_for_backward(qbn, sbn, qam, sam)
+        ctx.args = (trans_a, trans_b, rht, sr)
+        ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        sr = ctx.args[3]
+        seeds = (_seed(sr and need_a), _seed(sr and need_b))
+        grad_a, grad_b = _native_bwd(grad_out, *ctx.saved_tensors, *ctx.args, *seeds, ctx.a_dtype, ctx.b_dtype,
+                                     need_a, need_b)
+        return grad_a if need_a else None, grad_b if need_b else None, None, None, None, None, None, None
+
+
 def _check_config(config, op: str = "gemm_fp4") -> Float4QuantConfig:
     if config is None:
         return _DEFAULT_CONFIG
@@ -231,6 +284,7 @@ def _forward_prequantized(a, b, trans_a, trans_b, out_dtype):
 Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
+@native.raises_python_errors
 def gemm_fp4(
     a: Operand,
     b: Operand,
@@ -279,6 +333,19 @@ def gemm_fp4(
         if not (isinstance(a, tuple) and isinstance(b, tuple)):
             raise TypeError("gemm_fp4: pass both 'a' and 'b' pre-quantized, or neither")
         return _forward_prequantized(a, b, trans_a, trans_b, out_dtype)
+    trans_a, trans_b = bool(trans_a), bool(trans_b)
+    # The common case first: plain 2-D CUDA operands of sizes the kernels take go to one native call
+    # per direction (it checks dtypes, shapes and devices with the messages below).
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_cuda and a.dim() == 2 and b.dim() == 2:
+        m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+        n = b.shape[0] if trans_b else b.shape[1]
+        training = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+        if m and n and k and not (k % 16 or (training and (m % 16 or n % 16))):
+            r = recipe_of(config)
+            return NativeGemmFp4Function.apply(
+                a, b, trans_a, trans_b, a.dtype if out_dtype is None else out_dtype, bool(r.use_2d_block),
+                bool(r.use_rht), bool(r.use_sr),
+            )
     out_dtype, m, k, n = check_hp_operands(
         "gemm_fp4", a, b, trans_a, trans_b, out_dtype,
         "expanded FP8 rows are read 16 bytes at a time",

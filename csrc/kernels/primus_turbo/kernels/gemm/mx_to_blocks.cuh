@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(kThreads) mx_to_blocks_kernel(PtMxBlocksParams
   }
   if ((j & 3) == 0) {
     const int shift = kFmt == kFp4 ? kFp4Shift : 0;
-    p.scale_out[r * ((p.kb32 + 3) / 4) + j / 4] = ldexpf(1.0f, emax - kE8m0Bias - shift);
+    const int64_t at = p.scale_ld_mn ? (j / 4) * p.scale_ld_mn + r : r * ((p.kb32 + 3) / 4) + j / 4;
+    p.scale_out[at] = ldexpf(1.0f, emax - kE8m0Bias - shift);
   }
 }
 

@@ -1,0 +1,183 @@
+// primus_turbo::gemm_fp4_fwd / gemm_fp4_bwd: the MXFP4 training GEMM (E2M1 + E8M0 per 32, the
+// recipe of ops/gemm_fp4.py: 32x32 weight blocks, Hadamard-transformed wgrad operands, stochastic
+// rounding of the gradient) emulated on Hopper's FP8 tensor cores, one native call per direction:
+// quantize to FP4, restate each FP4 operand as E4M3 with one power-of-two scale per 1x128 K block
+// (pt_mx_to_blocks_mn_major, written in the layout the GEMM reads), run the planned 1x128 FP8 GEMM.
+// With op(a) [M, K], op(b) [K, N]:
+//   forward  out     = op(a)   along K, 1-D         x op(b)^T along K, 32x32 blocks
+//   dgrad    d op(a) = grad    along N, SR          x op(b)   along N, the same 32x32 blocks
+//   wgrad    d op(b) = op(a)^T along M, RHT         x grad^T  along M, RHT + SR
+// The forward keeps the backward's copies in FP4 (packed, E8M0 scales as uint8).
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "bindings/torch/gemm_fp8_run.h"
+#include "primus_turbo/gemm_mx.h"
+
+namespace primus_turbo::torch_binding {
+
+namespace {
+
+constexpr const char* kOp = "gemm_fp4";
+constexpr int64_t kMx = 32;
+
+// A packed MXFP4 operand quantized along its last dimension: q [rows, K/2], E8M0 scales [rows,
+// ceil(K/32)] (or [ceil(rows/32), ceil(K/32)] for 32x32 blocks) as uint8.
+struct Fp4 {
+  Tensor q;
+  Tensor s;
+};
+
+// x [m, k] quantized to MXFP4 along k (row, [m, k/2]) and/or along m stored transposed (col,
+// [k, m/2]). flags: PT_QUANT_2D_BLOCK / RHT / SR.
+std::pair<std::optional<Fp4>, std::optional<Fp4>> quantize_fp4(const Tensor& x, bool want_row, bool want_col,
+                                                               int32_t flags, int64_t seed, int32_t device,
+                                                               void* stream) {
+  const int64_t m = x.sizes()[0], k = x.sizes()[1];
+  const bool two_d = flags & PT_QUANT_2D_BLOCK;
+  std::optional<Fp4> row, col;
+  pt_tensor px = to_pt(x), pqr{}, psr{}, pqc{}, psc{};
+  if (want_row) {
+    row = Fp4{empty({m, k / 2}, ScalarType::Byte, device),
+              empty({two_d ? cdiv(m, kMx) : m, cdiv(k, kMx)}, ScalarType::Byte, device)};
+    pqr = to_pt(row->q);
+    psr = to_pt(row->s);
+  }
+  if (want_col) {
+    col = Fp4{empty({k, m / 2}, ScalarType::Byte, device),
+              empty({two_d ? cdiv(k, kMx) : k, cdiv(m, kMx)}, ScalarType::Byte, device)};
+    pqc = to_pt(col->q);
+    psc = to_pt(col->s);
+  }
+  check_status(pt_quantize(&px, row ? &pqr : nullptr, row ? &psr : nullptr, col ? &pqc : nullptr,
+                           col ? &psc : nullptr, PT_QUANT_MX_BLOCKWISE, static_cast<int32_t>(kMx), 1, flags,
+                           static_cast<uint64_t>(seed), nullptr, 0, stream),
+               "gemm_fp4 quantize");
+  return {row, col};
+}
+
+// An FP4 operand as the 1x128 block-scaled FP8 GEMM reads it: E4M3 [rows, K] and fp32 scales
+// [ceil(K/128), round_up(rows, 4)].
+Quantized restate(const Fp4& x, int32_t device, void* stream) {
+  const int64_t rows = x.q.sizes()[0], k = 2 * x.q.sizes()[1];
+  Quantized out{empty({rows, k}, ScalarType::Float8_e4m3fn, device),
+                empty({cdiv(k, 128), cdiv(rows, 4) * 4}, ScalarType::Float, device), PT_FP8_SCALING_BLOCK_1x128};
+  const pt_tensor pq = to_pt(x.q), ps = to_pt(x.s);
+  pt_tensor pq8 = to_pt(out.q), ps8 = to_pt(out.s);
+  check_status(pt_mx_to_blocks_mn_major(&pq, &ps, &pq8, &ps8, stream), "gemm_fp4 restatement");
+  return out;
+}
+
+// out = x @ y^T for K-major FP4 operands.
+void fp4_mm(const Fp4& x, const Fp4& y, const Tensor& out, int32_t device, void* stream) {
+  if (out.numel() == 0) return;
+  fp8_mm(restate(x, device, stream), restate(y, device, stream), out, 0.0f, device, stream);
+}
+
+Tensor placeholder(int32_t device) { return empty({0}, ScalarType::Byte, device); }
+
+int32_t recipe_flags(bool two_d, bool rht, bool sr) {
+  return (two_d ? PT_QUANT_2D_BLOCK : 0) | (rht ? PT_QUANT_RHT : 0) | (sr ? PT_QUANT_SR : 0);
+}
+
+// Returns (out, b along N (q, s), op(a)^T along M (q, s)): the backward's FP4 copies, placeholders
+// for a gradient not asked for.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> gemm_fp4_fwd(Tensor a_in, Tensor b_in, bool trans_a, bool trans_b,
+                                                                ScalarType out_dtype, bool two_d, bool rht,
+                                                                bool need_a, bool need_b) {
+  const auto [m, k, n] = check_dense_operands(
+      kOp, a_in, b_in, trans_a, trans_b, out_dtype, need_a || need_b, "expanded FP8 rows are read 16 bytes at a time",
+      "its transposed operands have rows of length M and N; the Hadamard transform works on groups of 16 along M");
+  const int32_t device = check_cuda(kOp, {{"a", &a_in}, {"b", &b_in}});
+  if (m == 0 || n == 0 || k == 0)
+    fail_with(ErrorKind::Value, kOp, ": empty problems take the composite path");  // the Python layer's job
+  DeviceScope scope(device);
+  void* stream = current_stream(device);
+  const Tensor a = as_contiguous(a_in), b = as_contiguous(b_in);
+  // a: op(a) along K is a's row output (its col output with trans_a); the wgrad's op(a)^T along M
+  // is the other one, Hadamard-transformed when the recipe says so (then a call of its own).
+  const bool a_wgrad_separate = need_b && rht;
+  auto [a_row, a_col] = quantize_fp4(a, !trans_a || (need_b && !rht && trans_a), trans_a || (need_b && !rht && !trans_a),
+                                     0, 0, device, stream);
+  const Fp4& a_fwd = trans_a ? *a_col : *a_row;
+  // b: 32x32 blocks serve both orientations (one call writes both copies).
+  auto [b_row, b_col] = quantize_fp4(b, trans_b || need_a, !trans_b || need_a, recipe_flags(two_d, false, false),
+                                     0, device, stream);
+  const Fp4& b_fwd = trans_b ? *b_row : *b_col;
+  Tensor out = empty({m, n}, out_dtype, device);
+  fp4_mm(a_fwd, b_fwd, out, device, stream);
+  Tensor qbn = placeholder(device), sbn = placeholder(device), qam = placeholder(device), sam = placeholder(device);
+  if (need_a) {
+    const Fp4& bn = trans_b ? *b_col : *b_row;  // op(b) [K, N] along N
+    qbn = bn.q;
+    sbn = bn.s;
+  }
+  if (need_b) {
+    std::optional<Fp4> am;
+    if (a_wgrad_separate) {
+      auto [r, c] = quantize_fp4(a, trans_a, !trans_a, recipe_flags(false, true, false), 0, device, stream);
+      am = trans_a ? r : c;
+    } else {
+      am = trans_a ? a_row : a_col;
+    }
+    qam = am->q;
+    sam = am->s;
+  }
+  return {out, qbn, sbn, qam, sam};
+}
+
+// Returns (grad_a, grad_b) or placeholders. seeds: the gradient's stochastic rounding for the dgrad
+// and the wgrad copies.
+std::tuple<Tensor, Tensor> gemm_fp4_bwd(Tensor grad_in, Tensor qbn, Tensor sbn, Tensor qam, Tensor sam, bool trans_a,
+                                        bool trans_b, bool rht, bool sr, int64_t seed_dgrad, int64_t seed_wgrad,
+                                        ScalarType a_dtype, ScalarType b_dtype, bool need_a, bool need_b) {
+  const int32_t device = check_cuda(kOp, {{"grad_out", &grad_in}});
+  DeviceScope scope(device);
+  void* stream = current_stream(device);
+  const Tensor grad = as_contiguous(grad_in);  // [M, N]
+  const int64_t m = grad.sizes()[0], n = grad.sizes()[1];
+  Tensor grad_a = placeholder(device), grad_b = placeholder(device);
+  if (need_a) {
+    // d op(a) [M, K] = grad [M, N] x op(b) [K, N]^T, both along N; with trans_a, d a [K, M].
+    const Fp4 g = *quantize_fp4(grad, true, false, recipe_flags(false, false, sr), seed_dgrad, device, stream).first;
+    const Fp4 bn{qbn, sbn};
+    const int64_t k = qbn.sizes()[0];
+    grad_a = trans_a ? empty({k, m}, a_dtype, device) : empty({m, k}, a_dtype, device);
+    if (trans_a)
+      fp4_mm(bn, g, grad_a, device, stream);
+    else
+      fp4_mm(g, bn, grad_a, device, stream);
+  }
+  if (need_b) {
+    // d op(b) [K, N] = op(a)^T [K, M] x grad^T [N, M]^T, both along M; with trans_b, d b [N, K].
+    const Fp4 gm = *quantize_fp4(grad, false, true, recipe_flags(false, rht, sr), seed_wgrad, device, stream).second;
+    const Fp4 am{qam, sam};
+    const int64_t k = qam.sizes()[0];
+    grad_b = trans_b ? empty({n, k}, b_dtype, device) : empty({k, n}, b_dtype, device);
+    if (trans_b)
+      fp4_mm(gm, am, grad_b, device, stream);
+    else
+      fp4_mm(am, gm, grad_b, device, stream);
+  }
+  return {grad_a, grad_b};
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
+  m.def("gemm_fp4_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, bool two_d, bool rht, "
+        "bool need_a, bool need_b) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("gemm_fp4_bwd(Tensor grad_out, Tensor qbn, Tensor sbn, Tensor qam, Tensor sam, bool trans_a, bool trans_b, "
+        "bool rht, bool sr, int seed_dgrad, int seed_wgrad, ScalarType a_dtype, ScalarType b_dtype, bool need_a, "
+        "bool need_b) -> (Tensor, Tensor)");
+}
+
+static void register_kernels(torch::stable::detail::StableLibrary& m) {
+  m.impl("gemm_fp4_fwd", TORCH_BOX(&gemm_fp4_fwd));
+  m.impl("gemm_fp4_bwd", TORCH_BOX(&gemm_fp4_bwd));
+}
+
+PT_REGISTER_CUDA_AND_CPU(register_kernels)
+
+}  // namespace primus_turbo::torch_binding
