@@ -35,6 +35,8 @@ NATIVE_OPS = {
     "moe_index_permute": "moe_index_permute(Tensor tokens, Tensor expert_map, Tensor? probs, Tensor? scaling_factor",
     "gemm_fp4_fwd": "gemm_fp4_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, bool two_d",
     "gemm_fp4_bwd": "gemm_fp4_bwd(Tensor grad_out, Tensor qbn, Tensor sbn, Tensor qam, Tensor sam, bool trans_a",
+    "grouped_gemm_fp4_fwd": "grouped_gemm_fp4_fwd(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b",
+    "grouped_gemm_fp4_bwd": "grouped_gemm_fp4_bwd(Tensor grad_out, Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs",
     "grouped_gemm_fp8_fwd": "grouped_gemm_fp8_fwd(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b",
     "grouped_gemm_fp8_bwd": "grouped_gemm_fp8_bwd(Tensor grad_out, Tensor a, Tensor b, Tensor wq, Tensor ws",
     "grouped_gemm_fp8_mm": "grouped_gemm_fp8_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens",
@@ -190,6 +192,21 @@ def test_gemm_fp4_native_path_shapes_under_fake_cuda_tensors(trans_a, trans_b):
         da, db = torch.ops.primus_turbo.gemm_fp4_bwd(
             grad, qbn, sbn, qam, sam, trans_a, trans_b, True, True, 1, 2, torch.bfloat16, torch.bfloat16, True, True
         )
+        assert da.shape == a.shape and db.shape == b.shape
+
+
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_grouped_gemm_fp4_native_path_shapes_under_fake_cuda_tensors(trans_b):
+    m, k, n, g = 48, 256, 96, 3
+    with FakeTensorMode():
+        a = torch.empty((m, k), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        b = torch.empty((g, n, k) if trans_b else (g, k, n), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        lens = torch.empty((g,), device="cuda", dtype=torch.int64)
+        out = turbo.ops.grouped_gemm_fp4(a, b, lens, trans_b=trans_b)  # the native autograd path
+        assert out.shape == (m, n) and out.dtype == torch.bfloat16
+        grad = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        da, db = torch.ops.primus_turbo.grouped_gemm_fp4_bwd(grad, a, b, lens, None, trans_b, True, True, 7, 0, True,
+                                                             True)
         assert da.shape == a.shape and db.shape == b.shape
 
 

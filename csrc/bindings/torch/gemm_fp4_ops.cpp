@@ -12,67 +12,19 @@
 #include <tuple>
 #include <utility>
 
+#include "bindings/torch/fp4_quantize.h"
 #include "bindings/torch/gemm_fp8_run.h"
-#include "primus_turbo/gemm_mx.h"
 
 namespace primus_turbo::torch_binding {
 
 namespace {
 
 constexpr const char* kOp = "gemm_fp4";
-constexpr int64_t kMx = 32;
-
-// A packed MXFP4 operand quantized along its last dimension: q [rows, K/2], E8M0 scales [rows,
-// ceil(K/32)] (or [ceil(rows/32), ceil(K/32)] for 32x32 blocks) as uint8.
-struct Fp4 {
-  Tensor q;
-  Tensor s;
-};
-
-// x [m, k] quantized to MXFP4 along k (row, [m, k/2]) and/or along m stored transposed (col,
-// [k, m/2]). flags: PT_QUANT_2D_BLOCK / RHT / SR.
-std::pair<std::optional<Fp4>, std::optional<Fp4>> quantize_fp4(const Tensor& x, bool want_row, bool want_col,
-                                                               int32_t flags, int64_t seed, int32_t device,
-                                                               void* stream) {
-  const int64_t m = x.sizes()[0], k = x.sizes()[1];
-  const bool two_d = flags & PT_QUANT_2D_BLOCK;
-  std::optional<Fp4> row, col;
-  pt_tensor px = to_pt(x), pqr{}, psr{}, pqc{}, psc{};
-  if (want_row) {
-    row = Fp4{empty({m, k / 2}, ScalarType::Byte, device),
-              empty({two_d ? cdiv(m, kMx) : m, cdiv(k, kMx)}, ScalarType::Byte, device)};
-    pqr = to_pt(row->q);
-    psr = to_pt(row->s);
-  }
-  if (want_col) {
-    col = Fp4{empty({k, m / 2}, ScalarType::Byte, device),
-              empty({two_d ? cdiv(k, kMx) : k, cdiv(m, kMx)}, ScalarType::Byte, device)};
-    pqc = to_pt(col->q);
-    psc = to_pt(col->s);
-  }
-  check_status(pt_quantize(&px, row ? &pqr : nullptr, row ? &psr : nullptr, col ? &pqc : nullptr,
-                           col ? &psc : nullptr, PT_QUANT_MX_BLOCKWISE, static_cast<int32_t>(kMx), 1, flags,
-                           static_cast<uint64_t>(seed), nullptr, 0, stream),
-               "gemm_fp4 quantize");
-  return {row, col};
-}
-
-// An FP4 operand as the 1x128 block-scaled FP8 GEMM reads it: E4M3 [rows, K] and fp32 scales
-// [ceil(K/128), round_up(rows, 4)].
-Quantized restate(const Fp4& x, int32_t device, void* stream) {
-  const int64_t rows = x.q.sizes()[0], k = 2 * x.q.sizes()[1];
-  Quantized out{empty({rows, k}, ScalarType::Float8_e4m3fn, device),
-                empty({cdiv(k, 128), cdiv(rows, 4) * 4}, ScalarType::Float, device), PT_FP8_SCALING_BLOCK_1x128};
-  const pt_tensor pq = to_pt(x.q), ps = to_pt(x.s);
-  pt_tensor pq8 = to_pt(out.q), ps8 = to_pt(out.s);
-  check_status(pt_mx_to_blocks_mn_major(&pq, &ps, &pq8, &ps8, stream), "gemm_fp4 restatement");
-  return out;
-}
 
 // out = x @ y^T for K-major FP4 operands.
 void fp4_mm(const Fp4& x, const Fp4& y, const Tensor& out, int32_t device, void* stream) {
   if (out.numel() == 0) return;
-  fp8_mm(restate(x, device, stream), restate(y, device, stream), out, 0.0f, device, stream);
+  fp8_mm(restate(x, true, device, stream), restate(y, true, device, stream), out, 0.0f, device, stream);
 }
 
 Tensor placeholder(int32_t device) { return empty({0}, ScalarType::Byte, device); }

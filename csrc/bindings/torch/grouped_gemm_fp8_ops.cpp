@@ -2,7 +2,8 @@
 // ROWWISE, BLOCKWISE; E4M3, E5M2 or HYBRID) composed in one native call per direction: quantize the
 // tokens and the expert weights, state their scales in the layout the kernel reads, orient the
 // weight K-major, pick the plan, launch. And primus_turbo::grouped_gemm_fp8_mm / _wgrad_mm: the
-// kernel alone on operands quantized elsewhere (pre-quantized tensors, FP4 and MX emulation).
+// kernel alone on operands quantized elsewhere (pre-quantized tensors, FP4 and MX emulation), and
+// primus_turbo::grouped_gemm_fp4_fwd / _bwd: the MXFP4 grouped GEMM emulated on the same kernel.
 //
 // The kernel (grouped_gemm_fp8.h) reads A [M, K] with scales [M, ceil(K/128)] and B [G, N, K] with
 // scales per row or per 128x128 block of each expert, both K-major. With b [G, X, Y] as given
@@ -19,6 +20,7 @@
 
 #include <torch/csrc/stable/ops.h>
 
+#include "bindings/torch/fp4_quantize.h"
 #include "bindings/torch/fp8_quantize.h"
 #include "bindings/torch/grouped_gemm_run.h"
 #include "bindings/torch/plan_cache.h"
@@ -151,47 +153,56 @@ WeightOperand orient_blocks(const Tensor& q, const Tensor& s, bool transpose, in
 bool is_hp(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16; }
 bool is_out(ScalarType t) { return is_hp(t) || t == ScalarType::Float; }
 
-// The checks of ops/grouped_gemm_fp8.py (check_hp_operands and the FP8 row lengths), in the same
-// order and words. Returns (M, K, N).
-std::tuple<int64_t, int64_t, int64_t> check_operands(const Tensor& a, const Tensor& b, const Tensor& lens,
-                                                     const std::optional<Tensor>& offs, bool trans_b,
-                                                     ScalarType out_dtype, int64_t granularity) {
+// The checks of ops/grouped_gemm_fp8.py's check_hp_operands, in the same order and words, then K
+// and N multiples of `multiple` (why: `reason`) and a non-empty problem. Returns (M, K, N).
+std::tuple<int64_t, int64_t, int64_t> check_hp_operands(const char* op, const Tensor& a, const Tensor& b,
+                                                        const Tensor& lens, const std::optional<Tensor>& offs,
+                                                        bool trans_b, ScalarType out_dtype, int64_t multiple,
+                                                        const char* reason) {
   for (const auto& [name, t, nd] : {std::tuple<const char*, const Tensor*, int64_t>{"a", &a, 2}, {"b", &b, 3}}) {
     if (t->dim() != nd)
-      fail_with(ErrorKind::Value, kOp, ": argument '", name, "' must be ", nd, "-D, got shape ", shape_string(*t));
+      fail_with(ErrorKind::Value, op, ": argument '", name, "' must be ", nd, "-D, got shape ", shape_string(*t));
     if (!is_hp(t->scalar_type()))
-      fail_with(ErrorKind::Type, kOp, ": argument '", name, "' has dtype ", dtype_name(t->scalar_type()),
+      fail_with(ErrorKind::Type, op, ": argument '", name, "' has dtype ", dtype_name(t->scalar_type()),
                 "; expected bfloat16 or float16");
   }
   if (b.scalar_type() != a.scalar_type())
-    fail_with(ErrorKind::Type, kOp, ": argument 'b' has dtype ", dtype_name(b.scalar_type()),
+    fail_with(ErrorKind::Type, op, ": argument 'b' has dtype ", dtype_name(b.scalar_type()),
               "; expected the dtype of 'a' (", dtype_name(a.scalar_type()), ")");
   if (!is_out(out_dtype))
-    fail_with(ErrorKind::Type, kOp, ": out_dtype ", dtype_name(out_dtype),
+    fail_with(ErrorKind::Type, op, ": out_dtype ", dtype_name(out_dtype),
               " is not supported; expected bfloat16, float16 or float32");
   check_group_tensors(lens, offs, b.sizes()[0]);
   const int64_t k = a.sizes()[1];
   const int64_t kb = trans_b ? b.sizes()[2] : b.sizes()[1], n = trans_b ? b.sizes()[1] : b.sizes()[2];
   if (kb != k)
-    fail_with(ErrorKind::Value, kOp, ": inner dimensions do not match: 'a' is ", shape_string(a), " but 'b' ",
+    fail_with(ErrorKind::Value, op, ": inner dimensions do not match: 'a' is ", shape_string(a), " but 'b' ",
               shape_string(b), " has K = ", kb, " (trans_b=", trans_b, ")");
-  if (k % 16 || n % 16)
-    fail_with(ErrorKind::Value, kOp, ": K=", k, " and N=", n,
-              " must be multiples of 16 (FP8 operands are read in 16-byte rows, and the dgrad reads rows of length N)");
+  if (k % multiple || n % multiple)
+    fail_with(ErrorKind::Value, op, ": K=", k, " and N=", n, " must be multiples of ", multiple, " (", reason, ")");
   if (a.sizes()[0] == 0 || n == 0 || k == 0)
-    fail_with(ErrorKind::Value, kOp, ": empty problems take the composite path");  // the Python layer's job
+    fail_with(ErrorKind::Value, op, ": empty problems take the composite path");  // the Python layer's job
+  return {a.sizes()[0], k, n};
+}
+
+// The FP8 operands' checks: row lengths, and the granularities the native path composes.
+std::tuple<int64_t, int64_t, int64_t> check_operands(const Tensor& a, const Tensor& b, const Tensor& lens,
+                                                     const std::optional<Tensor>& offs, bool trans_b,
+                                                     ScalarType out_dtype, int64_t granularity) {
+  const auto mkn = check_hp_operands(kOp, a, b, lens, offs, trans_b, out_dtype, 16,
+                                     "FP8 operands are read in 16-byte rows, and the dgrad reads rows of length N");
   if (granularity == PT_QUANT_BLOCKWISE && b.sizes()[1] % kBlock)
     fail_with(ErrorKind::NotImplemented, kOp, ": BLOCKWISE weights natively need b.shape[1] % 128 == 0, got ",
               shape_string(b));
   fp8_scalings(granularity, kOp);  // raises for granularities without a native path
-  return {a.sizes()[0], k, n};
+  return mkn;
 }
 
 int32_t check_devices(const char* first, const Tensor& x, const Tensor& b, const Tensor& lens,
-                      const std::optional<Tensor>& offs) {
+                      const std::optional<Tensor>& offs, const char* op = kOp) {
   NamedTensors all{{first, &x}, {"b", &b}, {"group_lens", &lens}};
   add_present(all, "group_offs", offs);
-  return check_cuda(kOp, all);
+  return check_cuda(op, all);
 }
 
 Tensor placeholder(int32_t device) { return empty({0}, ScalarType::Byte, device); }
@@ -257,6 +268,70 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
   return {grad_a, grad_b};
 }
 
+// ---- MXFP4, emulated on the FP8 kernel (ops/grouped_gemm_fp4.py) --------------------------------
+
+constexpr const char* kOpFp4 = "grouped_gemm_fp4";
+
+// x [R, C] -> MXFP4 along C, restated: the kernel's A (E4M3 [R, C], scales [R, ceil(C/128)]).
+Quantized fp4_tokens(const Tensor& x, int32_t flags, int64_t seed, int32_t device, void* stream) {
+  return restate(*quantize_fp4(x, true, false, flags, seed, device, stream).first, false, device, stream);
+}
+
+// w [G, X, Y] -> the kernel's K-major B (K = Y, or X with transpose), MXFP4 per expert (X and Y are
+// multiples of 32, so no block spans two experts) and restated with one scale per row and 128-block.
+std::pair<Tensor, Tensor> fp4_weight(const Tensor& w, bool transpose, bool two_d, int32_t device, void* stream) {
+  const Tensor src = transpose ? transpose_last2(w, stream) : w;
+  const int64_t g = src.sizes()[0], n = src.sizes()[1], k = src.sizes()[2];
+  const Quantized r = restate(*quantize_fp4(torch::stable::view(src, {g * n, k}), true, false,
+                                            two_d ? PT_QUANT_2D_BLOCK : 0, 0, device, stream)
+                                   .first,
+                              false, device, stream);
+  return {torch::stable::view(r.q, {g, n, k}), torch::stable::view(r.s, {g, n, cdiv(k, kBlock)})};
+}
+
+Tensor grouped_gemm_fp4_fwd(Tensor a_in, Tensor b_in, Tensor group_lens, std::optional<Tensor> group_offs,
+                            bool trans_b, ScalarType out_dtype, bool two_d, int64_t num_sms) {
+  const auto [m, k, n] = check_hp_operands(kOpFp4, a_in, b_in, group_lens, group_offs, trans_b, out_dtype, 32,
+                                           "MXFP4 blocks of 32, and 32x32 weight blocks that must not span two "
+                                           "experts in either orientation");
+  const int32_t device = check_devices("a", a_in, b_in, group_lens, group_offs, kOpFp4);
+  DeviceScope scope(device);
+  void* stream = current_stream(device);
+  check_group_lens_on_host(kOpFp4, group_lens, m, stream);
+  const Quantized qa = fp4_tokens(as_contiguous(a_in), 0, 0, device, stream);
+  const auto [qb, sb] = fp4_weight(as_contiguous(b_in), !trans_b, two_d, device, stream);
+  Tensor out = empty({m, n}, out_dtype, device);
+  run_mm(qa.q, qa.s, qb, sb, group_lens, group_offs, out, 1, num_sms, -1, device, stream);
+  return out;
+}
+
+// Returns (grad_a, grad_b) or placeholders: the dgrad through the MXFP4 emulation (the gradient
+// stochastically rounded with sr), the wgrad on the bf16/fp16 grouped GEMM.
+std::tuple<Tensor, Tensor> grouped_gemm_fp4_bwd(Tensor grad_in, Tensor a, Tensor b_in, Tensor group_lens,
+                                                std::optional<Tensor> group_offs, bool trans_b, bool two_d, bool sr,
+                                                int64_t seed, int64_t num_sms, bool need_a, bool need_b) {
+  const int32_t device = check_devices("grad_out", grad_in, b_in, group_lens, group_offs, kOpFp4);
+  DeviceScope scope(device);
+  void* stream = current_stream(device);
+  const ScalarType a_dtype = a.scalar_type();
+  const Tensor grad = as_contiguous(grad_in), b = as_contiguous(b_in);
+  const int64_t m = grad.sizes()[0], n = grad.sizes()[1];
+  const int64_t k = trans_b ? b.sizes()[2] : b.sizes()[1];
+  Tensor grad_a = placeholder(device), grad_b = placeholder(device);
+  if (need_a) {
+    const Quantized qg = fp4_tokens(grad, sr ? PT_QUANT_SR : 0, seed, device, stream);
+    const auto [qd, sd] = fp4_weight(b, trans_b, two_d, device, stream);  // op(b) [G, K, N] along N
+    grad_a = empty({m, k}, a_dtype, device);
+    run_mm(qg.q, qg.s, qd, sd, group_lens, group_offs, grad_a, 1, num_sms, -1, device, stream);
+  }
+  if (need_b) {
+    const int64_t groups = group_lens.sizes()[0];
+    grad_b = trans_b ? empty({groups, n, k}, a_dtype, device) : empty({groups, k, n}, a_dtype, device);
+    grouped_gemm_run(a, contiguous_as(grad, a_dtype), group_lens, group_offs, grad_b, true, trans_b, num_sms, device);
+  }
+  return {grad_a, grad_b};
+}
+
 Tensor grouped_gemm_fp8_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens,
                            std::optional<Tensor> group_offs, int64_t b_scale_rows, ScalarType out_dtype,
                            int64_t num_sms) {
@@ -293,6 +368,10 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("grouped_gemm_fp8_bwd(Tensor grad_out, Tensor a, Tensor b, Tensor wq, Tensor ws, Tensor group_lens, "
         "Tensor? group_offs, bool trans_b, ScalarType grad_dtype, ScalarType fwd_dtype, int granularity, int num_sms, "
         "bool need_a, bool need_b) -> (Tensor, Tensor)");
+  m.def("grouped_gemm_fp4_fwd(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b, "
+        "ScalarType out_dtype, bool two_d, int num_sms) -> Tensor");
+  m.def("grouped_gemm_fp4_bwd(Tensor grad_out, Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, "
+        "bool trans_b, bool two_d, bool sr, int seed, int num_sms, bool need_a, bool need_b) -> (Tensor, Tensor)");
   m.def("grouped_gemm_fp8_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens, "
         "Tensor? group_offs, int b_scale_rows, ScalarType out_dtype, int num_sms) -> Tensor");
   m.def("grouped_gemm_fp8_wgrad_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens, "
@@ -302,6 +381,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
 static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("grouped_gemm_fp8_fwd", TORCH_BOX(&grouped_gemm_fp8_fwd));
   m.impl("grouped_gemm_fp8_bwd", TORCH_BOX(&grouped_gemm_fp8_bwd));
+  m.impl("grouped_gemm_fp4_fwd", TORCH_BOX(&grouped_gemm_fp4_fwd));
+  m.impl("grouped_gemm_fp4_bwd", TORCH_BOX(&grouped_gemm_fp4_bwd));
   m.impl("grouped_gemm_fp8_mm", TORCH_BOX(&grouped_gemm_fp8_mm));
   m.impl("grouped_gemm_fp8_wgrad_mm", TORCH_BOX(&grouped_gemm_fp8_wgrad_mm));
 }

@@ -34,14 +34,14 @@ transform of the wgrad operands) therefore has no effect here.
 
 import torch
 
-from primus_turbo.pytorch.core import native
+from primus_turbo.pytorch.core import library, native
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
 from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor
 from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops import _quantized_operands as _qo
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_num_cu, route_wgrad_to_main_grad
 from primus_turbo.pytorch.ops._transpose import transpose_last2
-from primus_turbo.pytorch.ops.gemm_fp4 import _check_config, _q, recipe_of
+from primus_turbo.pytorch.ops.gemm_fp4 import _check_config, _q, _seed, recipe_of
 from primus_turbo.pytorch.ops.grouped_gemm import _grouped_gemm_wgrad_op, grouped_gemm
 from primus_turbo.pytorch.ops.grouped_gemm_fp8 import check_hp_operands, grouped_fp8_mm
 
@@ -126,6 +126,18 @@ def _activation(a):
     return _mx_blocks.mx_fp4_to_1x128(a.qdata, a.scale_inv)
 
 
+def _native_ok(a, b) -> bool:
+    """Plain bf16/fp16 CUDA operands of the right ranks and a non-empty problem go native; anything
+    else (and every error message) through the composed path."""
+    if isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor):
+        return False
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or not a.is_cuda:
+        return False
+    if a.dim() != 2 or b.dim() != 3 or a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+        return False
+    return 0 not in a.shape and 0 not in b.shape
+
+
 class GroupedGemmFp4Function(torch.autograd.Function):
     """Per-group MXFP4 GEMM; ``a`` and ``b`` high-precision or FP4 QuantizedTensors (``b_t``: the
     weight's copy along N for the dgrad)."""
@@ -168,6 +180,48 @@ class GroupedGemmFp4Function(torch.autograd.Function):
             )
             grad_b = grad_b.to(ctx.b_dtype)
         return grad_a, grad_b, None, None, None, None, None, None, None, None
+
+
+def _native_fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, two_d, num_sms):
+    out_dtype, k, n = check_hp_operands(_OP, a, b, group_lens, group_offs, trans_b, out_dtype)
+    if k % _MX or n % _MX:
+        raise ValueError(f"{_OP}: K={k} and N={n} must be multiples of 32 (MXFP4 blocks of 32, and 32x32 weight "
+                         "blocks that must not span two experts in either orientation)")
+    return a.new_empty((a.shape[0], n), dtype=out_dtype)
+
+
+def _native_bwd_fake(grad_out, a, b, group_lens, group_offs, trans_b, two_d, sr, seed, num_sms, need_a, need_b):
+    placeholder = lambda: a.new_empty((0,), dtype=torch.uint8)
+    return (a.new_empty(a.shape) if need_a else placeholder(), a.new_empty(b.shape) if need_b else placeholder())
+
+
+# Native ops (csrc/bindings/torch/grouped_gemm_fp8_ops.cpp): FP4 quantization, restatement and the
+# grouped FP8 kernel per direction (the bf16 wgrad in the backward's call).
+library.register_fake("grouped_gemm_fp4_fwd", _native_fwd_fake)
+library.register_fake("grouped_gemm_fp4_bwd", _native_bwd_fake)
+_native_fwd = native.ops.grouped_gemm_fp4_fwd.default
+_native_bwd = native.ops.grouped_gemm_fp4_bwd.default
+
+
+class NativeGroupedGemmFp4Function(torch.autograd.Function):
+    """GroupedGemmFp4Function's math on high-precision operands, one native call per direction."""
+
+    @staticmethod
+    def forward(ctx, a, b, group_lens, group_offs, trans_b: bool, out_dtype, two_d: bool, sr: bool, num_sms: int):
+        out = _native_fwd(a, b, group_lens, group_offs, trans_b, out_dtype, two_d, num_sms)
+        ctx.save_for_backward(a, b, group_lens, group_offs)
+        ctx.args = (trans_b, two_d, sr)
+        ctx.num_sms = num_sms
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a, b, group_lens, group_offs = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        trans_b, two_d, sr = ctx.args
+        grad_a, grad_b = _native_bwd(grad_out, a, b, group_lens, group_offs, trans_b, two_d, sr,
+                                     _seed(sr and need_a), ctx.num_sms, need_a, need_b)
+        return grad_a if need_a else None, grad_b if need_b else None, None, None, None, None, None, None, None
 
 
 @native.raises_python_errors
@@ -225,6 +279,12 @@ def grouped_gemm_fp4(
         b, b_t = _qo.split_pair(_OP, "b", b, config)
     if fuse_bgrad_accum_pattern is not None and isinstance(b, torch.Tensor):
         b = route_wgrad_to_main_grad(b, fuse_bgrad_accum_pattern)
+    if b_t is None and _native_ok(a, b):  # checks, quantization and launches in C++
+        r = recipe_of(config)
+        return NativeGroupedGemmFp4Function.apply(
+            a, b, group_lens, group_offs, bool(trans_b), a.dtype if out_dtype is None else out_dtype,
+            bool(r.use_2d_block), bool(r.use_sr), num_sms,
+        )
     out_dtype, k, n = check_hp_operands(_OP, a, b, group_lens, group_offs, trans_b, out_dtype)
     if k % _MX or n % _MX:
         raise ValueError(
