@@ -64,7 +64,7 @@ ALL_VARIANTS = ("torch_eager", "torch_compile", "turbo_bf16", "turbo_bf16_compil
 )
 
 
-def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dtype):
+def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dtype, weight_cache: bool = False):
     import primus_turbo.pytorch as turbo
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 
@@ -81,7 +81,12 @@ def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dty
                                     block_size=128 if gran == ScalingGranularity.BLOCKWISE else None)
         # The router stays in bf16 (a tiny GEMM whose rounding would move tokens between experts).
         turbo.convert_model(model, fp8_config=fp8, module_filter_fn=lambda mod, fqn: not fqn.endswith("router"))
-        model.use_turbo(turbo, fp8_config=fp8)
+        cache = weight_cache and fp8 is not None
+        if cache:  # FP8 weights quantized once per optimizer step, reused by every micro-batch
+            for mod in model.modules():
+                if isinstance(mod, turbo.modules.Float8Linear):
+                    mod._init_weight_cache(True)
+        model.use_turbo(turbo, fp8_config=fp8, cache_fp8_weights=cache)
     step_model = torch.compile(model) if variant.endswith("compile") else model
     return model, step_model
 
@@ -146,6 +151,10 @@ def main() -> int:
     p.add_argument("--output-dir", default=str(bu.DEFAULT_RESULTS_DIR))
     p.add_argument("--no-summary", action="store_true")
     p.add_argument("--top-kernels", type=int, default=0, help="print each variant's N most expensive kernels")
+    p.add_argument("--microbatches", type=int, default=1,
+                   help="forward+backward passes per optimizer step (gradient accumulation); step_ms is per step")
+    p.add_argument("--fp8-weight-cache", action="store_true",
+                   help="the FP8 variants keep their layers' quantized weights for the step (cache_quantized_weight)")
     p.add_argument("--attn-backend", choices=("auto", "TURBO", "CUDNN"), default="auto",
                    help="attention backend of the turbo variants (auto: unset, the library's choice)")
     args = p.parse_args()
@@ -180,12 +189,14 @@ def main() -> int:
         row = {"variant": variant, "model": args.model, "layers": args.layers, "batch": batch, "seq": seq,
                "attn_backend": "sdpa" if variant.startswith("torch") else args.attn_backend}
         try:
-            model, step_model = build(variant, base_state, m, args.layers, args.arch, device, dtype)
+            model, step_model = build(variant, base_state, m, args.layers, args.arch, device, dtype,
+                                      args.fp8_weight_cache)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
             def fwd_bwd():
-                loss = F.mse_loss(step_model(x, cos, sin).float(), target.float())
-                loss.backward()
+                for _ in range(args.microbatches):  # gradient accumulation: the same batch again
+                    loss = F.mse_loss(step_model(x, cos, sin).float(), target.float())
+                    loss.backward()
                 return loss
 
             def step():
@@ -258,16 +269,20 @@ def main() -> int:
     columns = ["gpu", "date", "commit", "variant", "attn_backend", "model", "layers", "batch", "seq", "step_ms", "optimizer_ms", "tflops", "speedup_vs_torch_eager",
                "gpu_busy_ms", "gpu_busy_share"] + [f"{n}_ms" for n, _ in FAMILIES] + [
                "other_ms", "out_snr_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
-    bu.write_csv(out_dir / f"e2e_{args.arch}.csv", rows, columns)
+    # Accumulation and weight-cache runs are variants of the configuration, kept apart from it.
+    tag = (f"_mb{args.microbatches}" if args.microbatches > 1 else "") + ("_wcache" if args.fp8_weight_cache else "")
+    rows = [{**r, "microbatches": args.microbatches, "fp8_weight_cache": args.fp8_weight_cache} for r in rows]
+    columns[columns.index("step_ms"):columns.index("step_ms")] = ["microbatches", "fp8_weight_cache"]
+    bu.write_csv(out_dir / f"e2e_{args.arch}{tag}.csv", rows, columns)
     from plot_breakdown import plot
 
-    plot(out_dir / f"e2e_{args.arch}.csv")
+    plot(out_dir / f"e2e_{args.arch}{tag}.csv")
     if base is not None and not args.no_summary and on_gpu:
         for r in rows:
             if r["status"] != "OK" or not r["variant"].startswith("turbo") or r["variant"].endswith("compile"):
                 continue
             prefix = f"e2e_{args.arch}_"
-            name = prefix + ("bf16" if r["variant"] == "turbo_bf16" else "fp8_" + r["variant"].split("_fp8_")[1])
+            name = prefix + ("bf16" if r["variant"] == "turbo_bf16" else "fp8_" + r["variant"].split("_fp8_")[1]) + tag
             entry = bu.summary_entry(
                 [r["tflops"]], [base["tflops"]], [r["loss_rel_diff"] <= (0.02 if "bf16" in name else 0.05)],
                 out_snr_db=r.get("out_snr_db"),

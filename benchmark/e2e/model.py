@@ -111,6 +111,7 @@ class MoEMLP(nn.Module):
         self.shared = DenseMLP(hidden, num_shared * intermediate) if num_shared else None
         self.turbo = None
         self.fp8_config = None  # turbo path: FP8 grouped GEMMs for the experts
+        self.fp8_layers = None  # (gate_up, down) GroupedLinear sharing the experts' weights, when cached
 
     def route(self, x2):
         probs = self.router(x2).float().softmax(-1)
@@ -146,7 +147,10 @@ class MoEMLP(nn.Module):
             x2, probs=probs, routing_map=routing_map, num_out_tokens=t * self.topk
         )
         group_lens = routing_map.sum(0)  # int64 per expert, on the device: no sync
-        if self.fp8_config is not None:
+        if self.fp8_layers is not None:  # the layers keep the quantized weights for the step
+            layers = {id(w.gate_up): self.fp8_layers[0], id(w.down): self.fp8_layers[1]}
+            gemm = lambda a, b: layers[id(b)](a, group_lens)  # noqa: E731
+        elif self.fp8_config is not None:
             gemm = lambda a, b: ops.grouped_gemm_fp8(a, b, group_lens, trans_b=True, config=self.fp8_config)  # noqa: E731
         else:
             gemm = lambda a, b: ops.grouped_gemm(a, b, group_lens, trans_b=True)  # noqa: E731
@@ -157,6 +161,15 @@ class MoEMLP(nn.Module):
         e = self.experts
         per_token = self.topk * (e.gate_up[0].numel() + e.down[0].numel()) + self.router.weight.numel()
         return 6 * per_token * tokens + (self.shared.flops(tokens) if self.shared is not None else 0)
+
+
+def _cached_grouped(turbo, weight: nn.Parameter, fp8_config):
+    """A GroupedLinear with the FP8 weight cache whose weight is ``weight`` itself (shared, no copy)."""
+    g, n, k = weight.shape
+    with torch.device("meta"):
+        layer = turbo.modules.GroupedLinear(g, k, n, dtype=weight.dtype, config=fp8_config, cache_quantized_weight=True)
+    layer.weight = weight
+    return layer
 
 
 class Block(nn.Module):
@@ -192,11 +205,14 @@ class Stack(nn.Module):
         self.norm = nn.RMSNorm(m.hidden, eps=1e-5)
         self.rope_dim = self.layers[0].attn.dqk
 
-    def use_turbo(self, turbo, fp8_config=None) -> None:
+    def use_turbo(self, turbo, fp8_config=None, cache_fp8_weights: bool = False) -> None:
         for layer in self.layers:
             layer.attn.turbo = layer.mlp.turbo = turbo
             if isinstance(layer.mlp, MoEMLP):
                 layer.mlp.fp8_config = fp8_config
+                if fp8_config is not None and cache_fp8_weights:
+                    layer.mlp.fp8_layers = tuple(_cached_grouped(turbo, w, fp8_config)
+                                                 for w in (layer.mlp.experts.gate_up, layer.mlp.experts.down))
                 if layer.mlp.shared is not None:
                     layer.mlp.shared.turbo = turbo
 

@@ -279,7 +279,7 @@ def test_float8_linear_from_float_matches_bf16_linear():
 def test_float8_linear_weight_cache_matches_and_refreshes(g, monkeypatch):
     # Two steps of two micro-batches: the cached layer quantizes its weight once per step, and
     # matches the layer that quantizes per call in outputs and in the accumulated gradients.
-    import primus_turbo.pytorch.modules.float8_linear as fl
+    import primus_turbo.pytorch.modules._weight_cache as fl
 
     calls = []
     real = fl.create_quantized_weight

@@ -183,3 +183,30 @@ def test_original_arguments_num_cu_schedule_and_main_grad_on_meta():
         fn(x, w, lens(4), fuse_bgrad_accum_pattern="megatron", num_cu=8).sum().backward()
         assert w.grad_added_to_main_grad and x.grad.shape == x.shape
 
+
+
+def test_grouped_linear_fp8_weight_cache_shapes_reuse_and_refresh():
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
+
+    cfg = Float8QuantConfig(format=Format.HYBRID, granularity=ScalingGranularity.BLOCKWISE, block_size=128)
+    layer = turbo.modules.GroupedLinear(2, 256, 128, device="meta", dtype=torch.bfloat16, config=cfg,
+                                        cache_quantized_weight=True)
+    assert "cache_quantized_weight=True" in repr(layer)
+    x = torch.empty(64, 256, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    lens = torch.empty(2, device="meta", dtype=torch.int64)
+    y = layer(x, lens)
+    y.sum().backward()
+    assert y.shape == (64, 128) and x.grad.shape == x.shape and layer.weight.grad.shape == (2, 128, 256)
+    first = layer._weight_cache[1]
+    layer(x, lens)
+    assert layer._weight_cache[1] is first  # the same weight: the cached copies serve again
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    opt.step()  # any torch optimizer step drops the cache
+    assert layer._weight_cache is None
+
+
+def test_grouped_linear_fp8_arguments():
+    with pytest.raises(TypeError, match="config must be a Float8QuantConfig"):
+        turbo.modules.GroupedLinear(2, 16, 8, device="meta", config="fp8")
+    with pytest.raises(ValueError, match="cache_quantized_weight needs an FP8 config"):
+        turbo.modules.GroupedLinear(2, 16, 8, device="meta", cache_quantized_weight=True)

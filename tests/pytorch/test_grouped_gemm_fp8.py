@@ -337,3 +337,38 @@ def test_rows_no_group_covers_are_zero_and_debug_check(monkeypatch):
         turbo.ops.grouped_gemm_fp8(a, b, torch.tensor([-1, 50, 0], dtype=torch.int64, device="cuda"))
     with pytest.raises(ValueError, match="more than the 100 rows"):
         turbo.ops.grouped_gemm_fp8(a, b, torch.tensor([50, 50, 1], dtype=torch.int64, device="cuda"))
+
+
+@pytest.mark.parametrize("g", [ScalingGranularity.TENSORWISE, ScalingGranularity.ROWWISE, ScalingGranularity.BLOCKWISE],
+                         ids=lambda v: v.name)
+def test_grouped_linear_fp8_weight_cache_matches_and_refreshes(g, monkeypatch):
+    # Two steps of two micro-batches: the cached layer quantizes its experts' weights once per step
+    # and matches the layer that quantizes per call, in outputs and accumulated gradients.
+    import primus_turbo.pytorch.modules._weight_cache as wc
+
+    calls = []
+    real = wc.create_quantized_weight
+    monkeypatch.setattr(wc, "create_quantized_weight", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(11)
+    config = cfg(g, Format.HYBRID)
+    ref = turbo.modules.GroupedLinear(4, 256, 128, device="cuda", dtype=torch.bfloat16, config=config)
+    cached = turbo.modules.GroupedLinear(4, 256, 128, device="cuda", dtype=torch.bfloat16, config=config,
+                                         cache_quantized_weight=True)
+    cached.load_state_dict(ref.state_dict())
+    lens = torch.tensor([40, 0, 72, 16], dtype=torch.int64, device="cuda")
+    for step in range(2):
+        for _ in range(2):
+            x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+            xr, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+            yr, yc = ref(xr, lens), cached(xc, lens)
+            assert snr_db(yc, yr) >= 40.0
+            dy = torch.randn_like(yr)
+            yr.backward(dy)
+            yc.backward(dy)
+            assert snr_db(xc.grad, xr.grad) >= 40.0
+        assert snr_db(cached.weight.grad, ref.weight.grad) >= 40.0
+        assert len(calls) == step + 1
+        with torch.no_grad():  # an optimizer step: the weights change in place
+            for layer in (ref, cached):
+                layer.weight -= 0.05 * layer.weight.grad
+                layer.weight.grad = None

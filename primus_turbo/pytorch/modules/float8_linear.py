@@ -1,56 +1,17 @@
 """turbo.modules.Float8Linear: torch.nn.Linear with its three matmuls in FP8 (turbo.ops.gemm_fp8)."""
 
-import copy
-import weakref
-
 import torch
 from torch import nn
 
-from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format
-from primus_turbo.pytorch.core.quantized_tensor import (
-    QuantizedTensor,
-    QuantizedTensorPair,
-    create_quantized_weight,
-)
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+from primus_turbo.pytorch.modules._weight_cache import QuantizedWeightCache
 from primus_turbo.pytorch.modules.linear import Linear
 from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
 
 __all__ = ["Float8Linear"]
 
 
-class _StraightThrough(torch.autograd.Function):
-    """The cached quantized weight as a function of the weight: its gradient is the weight's."""
-
-    @staticmethod
-    def forward(ctx, weight, quantized):
-        return quantized.detach()  # a fresh alias, so the cached tensor never gets a grad_fn
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-# Layers holding a quantized-weight cache: every torch optimizer step drops their caches (an
-# optimizer that writes through ``param.data`` leaves the version counter where it was).
-_CACHING_LAYERS = weakref.WeakSet()
-_STEP_HOOK = None
-
-
-def _drop_weight_caches(*_):
-    for layer in list(_CACHING_LAYERS):
-        layer.invalidate_weight_cache()
-
-
-def _track(layer) -> None:
-    global _STEP_HOOK
-    _CACHING_LAYERS.add(layer)
-    if _STEP_HOOK is None:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        _STEP_HOOK = register_optimizer_step_post_hook(_drop_weight_caches)
-
-
-class Float8Linear(Linear):
+class Float8Linear(QuantizedWeightCache, Linear):
     """``y = x @ weight^T + bias`` where the forward, dgrad and wgrad GEMMs run in FP8.
 
     Parameters stay in their high-precision dtype (the master copy the optimizer updates); each
@@ -86,28 +47,7 @@ class Float8Linear(Linear):
         if config is not None and not isinstance(config, Float8QuantConfig):
             raise TypeError(f"Float8Linear: config must be a Float8QuantConfig or None, got {type(config).__name__}")
         self.config = config if config is not None else Float8QuantConfig()
-        self.cache_quantized_weight = bool(cache_quantized_weight)
-        self._weight_cache = None  # (key, data, data_t)
-        if self.cache_quantized_weight:
-            _track(self)
-
-    def invalidate_weight_cache(self) -> None:
-        """Drops the cached FP8 copies of the weight; the next forward quantizes it again."""
-        self._weight_cache = None
-
-    def _apply(self, fn, *args, **kwargs):  # .to() / .cuda() / .half(): the copies would be stale
-        self.invalidate_weight_cache()
-        return super()._apply(fn, *args, **kwargs)
-
-    def __getstate__(self):  # pickling and deepcopy leave the cache behind
-        state = self.__dict__.copy()
-        state["_weight_cache"] = None
-        return state
-
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        if getattr(self, "cache_quantized_weight", False):
-            _track(self)
+        self._init_weight_cache(cache_quantized_weight)
 
     @classmethod
     def from_float(
@@ -133,30 +73,8 @@ class Float8Linear(Linear):
         linear._init_fp8(config, cache_quantized_weight)
         return linear
 
-    def _cached_weight(self) -> QuantizedTensorPair:
-        w = self.weight
-        key = (w.data_ptr(), w._version, w.dtype, tuple(w.shape), w.device, self.config)
-        if self._weight_cache is None or self._weight_cache[0] != key:
-            dtype = torch.float8_e5m2 if self.config.format == Format.E5M2 else torch.float8_e4m3fn
-            with torch.no_grad():
-                data, data_t = create_quantized_weight(w.detach(), dtype, self.config, need_weight_transpose_cache=True)
-            key = key[:-1] + (copy.copy(self.config),)  # an in-place edit of config must not match
-            self._weight_cache = (key, data, data_t)
-        _, data, data_t = self._weight_cache
-        if torch.is_grad_enabled() and w.requires_grad:
-            data = _StraightThrough.apply(w, data)
-        return QuantizedTensorPair(data, data_t)
-
     def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
-        if (
-            getattr(self, "cache_quantized_weight", False)
-            and not isinstance(weight, QuantizedTensor)
-            and not torch.compiler.is_compiling()
-            and not torch.is_inference_mode_enabled()  # inference tensors cannot serve a later backward
-        ):
-            weight = self._cached_weight()
-        return gemm_fp8(x2d, weight, trans_b=True, config=self.config)
+        return gemm_fp8(x2d, self._weight_operand(), trans_b=True, config=self.config)
 
     def extra_repr(self) -> str:
         cache = ", cache_quantized_weight=True" if getattr(self, "cache_quantized_weight", False) else ""

@@ -1,4 +1,5 @@
-"""turbo.modules.GroupedLinear: the expert layer of a mixture of experts on turbo.ops.grouped_gemm."""
+"""turbo.modules.GroupedLinear: the expert layer of a mixture of experts on turbo.ops.grouped_gemm
+(bf16/fp16) or, with an FP8 config, turbo.ops.grouped_gemm_fp8."""
 
 import math
 import operator
@@ -7,21 +8,49 @@ from typing import Optional
 import torch
 from torch import nn
 
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+from primus_turbo.pytorch.modules._weight_cache import QuantizedWeightCache
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
+from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8
 
 __all__ = ["GroupedLinear"]
 
 
-class GroupedLinear(nn.Module):
+class GroupedLinear(QuantizedWeightCache, nn.Module):
     """``y[rows of g] = x[rows of g] @ weight[g]^T`` for ``group_num`` experts.
 
     ``weight`` is ``[group_num, out_features, in_features]`` (each expert laid out like
     ``torch.nn.Linear.weight``, initialized the same way). ``x`` is ``[tokens, in_features]`` with
     the tokens sorted by expert; ``group_lens`` (int64, on x's device) holds each expert's count.
+
+    ``config``: a :class:`Float8QuantConfig` runs the three GEMMs per expert in FP8
+    (``turbo.ops.grouped_gemm_fp8``; the weight stays in its high-precision dtype as the master
+    copy). With ``cache_quantized_weight=True`` the layer keeps the weight's two FP8 copies (about
+    the weight's size again in memory) and reuses them until the weight changes (its version
+    counter moves, or any torch optimizer steps): with gradient accumulation or activation
+    recomputation the experts' weights are quantized once per step instead of once per forward.
+    Code that changes the weight through ``weight.data`` outside a torch optimizer calls
+    :meth:`invalidate_weight_cache`. Eager training only: under ``torch.compile`` and
+    ``torch.inference_mode`` the weight is quantized per call.
     """
 
-    def __init__(self, group_num: int, in_features: int, out_features: int, device=None, dtype=None):
+    def __init__(
+        self,
+        group_num: int,
+        in_features: int,
+        out_features: int,
+        device=None,
+        dtype=None,
+        config: Optional[Float8QuantConfig] = None,
+        cache_quantized_weight: bool = False,
+    ):
         super().__init__()
+        if config is not None and not isinstance(config, Float8QuantConfig):
+            raise TypeError(f"GroupedLinear: config must be a Float8QuantConfig or None, got {type(config).__name__}")
+        if cache_quantized_weight and config is None:
+            raise ValueError("GroupedLinear: cache_quantized_weight needs an FP8 config (the bf16 layer has no copy)")
+        self.config = config
+        self._init_weight_cache(cache_quantized_weight)
         sizes = {}
         for name, value in (("group_num", group_num), ("in_features", in_features), ("out_features", out_features)):
             try:
@@ -54,7 +83,12 @@ class GroupedLinear(nn.Module):
             raise ValueError(
                 f"GroupedLinear: input has shape {tuple(x.shape)}; expected [tokens, in_features={self.in_features}]"
             )
-        return grouped_gemm(x, self.weight, group_lens, group_offs, trans_b=True)
+        if self.config is None:
+            return grouped_gemm(x, self.weight, group_lens, group_offs, trans_b=True)
+        return grouped_gemm_fp8(x, self._weight_operand(), group_lens, group_offs, trans_b=True, config=self.config)
 
     def extra_repr(self) -> str:
-        return f"group_num={self.group_num}, in_features={self.in_features}, out_features={self.out_features}"
+        extra = f", config={self.config}" if self.config is not None else ""
+        if self.cache_quantized_weight:
+            extra += ", cache_quantized_weight=True"
+        return f"group_num={self.group_num}, in_features={self.in_features}, out_features={self.out_features}{extra}"

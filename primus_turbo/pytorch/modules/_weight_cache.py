@@ -1,0 +1,103 @@
+"""The quantized-weight cache of the FP8 layers (Float8Linear, GroupedLinear with an FP8 config):
+the weight's two FP8 copies kept until the weight changes, so gradient accumulation and activation
+recomputation quantize it once per optimizer step instead of once per forward."""
+
+import copy
+import weakref
+
+import torch
+
+from primus_turbo.pytorch.core.low_precision import Format
+from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, QuantizedTensorPair, create_quantized_weight
+
+__all__ = ["QuantizedWeightCache"]
+
+
+class _StraightThrough(torch.autograd.Function):
+    """The cached quantized weight as a function of the weight: its gradient is the weight's."""
+
+    @staticmethod
+    def forward(ctx, weight, quantized):
+        return quantized.detach()  # a fresh alias, so the cached tensor never gets a grad_fn
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+# Layers holding a quantized-weight cache: every torch optimizer step drops their caches (an
+# optimizer that writes through ``param.data`` leaves the version counter where it was).
+_CACHING_LAYERS = weakref.WeakSet()
+_STEP_HOOK = None
+
+
+def _drop_weight_caches(*_):
+    for layer in list(_CACHING_LAYERS):
+        layer.invalidate_weight_cache()
+
+
+def _track(layer) -> None:
+    global _STEP_HOOK
+    _CACHING_LAYERS.add(layer)
+    if _STEP_HOOK is None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _STEP_HOOK = register_optimizer_step_post_hook(_drop_weight_caches)
+
+
+class QuantizedWeightCache:
+    """Mixin of an ``nn.Module`` with ``weight`` (``[N, K]`` or ``[G, N, K]``, used with
+    ``trans_b=True``) and ``config`` (a Float8QuantConfig): ``_weight_operand()`` is the weight, or
+    with ``cache_quantized_weight`` its cached FP8 pair (along K for the forward, along N for the
+    dgrad), rebuilt when the weight's storage, version counter, dtype, shape, device or the config
+    change, and dropped by every torch optimizer step. Eager training only: under torch.compile and
+    inference mode the weight is quantized per call."""
+
+    def _init_weight_cache(self, enabled: bool) -> None:
+        self.cache_quantized_weight = bool(enabled)
+        self._weight_cache = None  # (key, data, data_t)
+        if self.cache_quantized_weight:
+            _track(self)
+
+    def invalidate_weight_cache(self) -> None:
+        """Drops the cached FP8 copies of the weight; the next forward quantizes it again."""
+        self._weight_cache = None
+
+    def _apply(self, fn, *args, **kwargs):  # .to() / .cuda() / .half(): the copies would be stale
+        self.invalidate_weight_cache()
+        return super()._apply(fn, *args, **kwargs)
+
+    def __getstate__(self):  # pickling and deepcopy leave the cache behind
+        state = self.__dict__.copy()
+        state["_weight_cache"] = None
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        if getattr(self, "cache_quantized_weight", False):
+            _track(self)
+
+    def _cached_weight(self) -> QuantizedTensorPair:
+        w = self.weight
+        key = (w.data_ptr(), w._version, w.dtype, tuple(w.shape), w.device, self.config)
+        if self._weight_cache is None or self._weight_cache[0] != key:
+            dtype = torch.float8_e5m2 if self.config.format == Format.E5M2 else torch.float8_e4m3fn
+            with torch.no_grad():
+                data, data_t = create_quantized_weight(w.detach(), dtype, self.config, need_weight_transpose_cache=True)
+            key = key[:-1] + (copy.copy(self.config),)  # an in-place edit of config must not match
+            self._weight_cache = (key, data, data_t)
+        _, data, data_t = self._weight_cache
+        if torch.is_grad_enabled() and w.requires_grad:
+            data = _StraightThrough.apply(w, data)
+        return QuantizedTensorPair(data, data_t)
+
+    def _weight_operand(self):
+        weight = self.weight
+        if (
+            getattr(self, "cache_quantized_weight", False)
+            and not isinstance(weight, QuantizedTensor)
+            and not torch.compiler.is_compiling()
+            and not torch.is_inference_mode_enabled()  # inference tensors cannot serve a later backward
+        ):
+            return self._cached_weight()
+        return weight
