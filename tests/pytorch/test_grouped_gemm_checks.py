@@ -210,3 +210,19 @@ def test_grouped_linear_fp8_arguments():
         turbo.modules.GroupedLinear(2, 16, 8, device="meta", config="fp8")
     with pytest.raises(ValueError, match="cache_quantized_weight needs an FP8 config"):
         turbo.modules.GroupedLinear(2, 16, 8, device="meta", cache_quantized_weight=True)
+
+
+def test_quantized_weight_restatement_is_kept_with_the_tensor_and_its_aliases():
+    # A weight quantized once a step is transposed and restated for the grouped kernel once, not
+    # per micro-batch; detach (what the weight cache hands out per forward) shares it.
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
+    from primus_turbo.pytorch.core.quantized_tensor import create_quantized_weight
+    from primus_turbo.pytorch.ops import _quantized_operands as qo
+
+    cfg = Float8QuantConfig(format=Format.E4M3, granularity=ScalingGranularity.BLOCKWISE, block_size=128)
+    w = torch.randn(2, 128, 256, device="meta", dtype=torch.bfloat16)
+    data, _ = create_quantized_weight(w, torch.float8_e4m3fn, cfg)
+    first = qo.grouped_weight("grouped_gemm_fp8", "b", data, 1)
+    assert qo.grouped_weight("grouped_gemm_fp8", "b", data, 1)[0] is first[0]
+    assert qo.grouped_weight("grouped_gemm_fp8", "b", data.detach(), 1)[0] is first[0]
+    assert first[0].shape == (2, 256, 128)  # the dgrad's orientation: [G, K, N]

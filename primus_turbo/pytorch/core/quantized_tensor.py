@@ -25,6 +25,7 @@ dequantized values along the new axis. Any other torch op raises: call ``dequant
 from __future__ import annotations
 
 import math
+import weakref
 from typing import NamedTuple, Optional
 
 import torch
@@ -57,6 +58,19 @@ def _two_d(granularity: ScalingGranularity, recipe: Optional[ScalingRecipe]) -> 
     return granularity in (ScalingGranularity.BLOCKWISE, ScalingGranularity.MX_BLOCKWISE) and bool(
         recipe is not None and recipe.use_2d_block
     )
+
+
+# id(QuantizedTensor) -> its memo (QuantizedTensor.memoized): kept beside the tensor, not in it, so
+# copies, pickles and checkpoints never carry it; a finalizer drops it with the tensor. (Keyed by
+# id: a WeakKeyDictionary would compare tensors with ==.)
+_OPERAND_MEMOS: dict = {}
+
+
+def _attach_memo(t, memo: dict) -> dict:
+    if id(t) not in _OPERAND_MEMOS:
+        weakref.finalize(t, _OPERAND_MEMOS.pop, id(t), None)
+    _OPERAND_MEMOS[id(t)] = memo
+    return memo
 
 
 class QuantizedTensor(torch.Tensor):
@@ -110,6 +124,20 @@ class QuantizedTensor(torch.Tensor):
         self._orig_group_lens, self._orig_group_offs = orig_group_lens, orig_group_offs
         self._is_grouped_tensor = bool(is_grouped_tensor)
         return self
+
+    def memoized(self, key, make):
+        """``make()``, kept for the tensor's life under ``key``: a restatement of the quantized data
+        for a kernel (e.g. the grouped GEMM's transposed weight), computed once however many GEMMs
+        read it (a weight cached for a step serves every micro-batch). The data never changes in
+        place, and aliases (``detach``) share the memo. Not kept while torch.compile traces."""
+        if torch.compiler.is_compiling():
+            return make()
+        memo = _OPERAND_MEMOS.get(id(self))
+        if memo is None:
+            memo = _attach_memo(self, {})
+        if key not in memo:
+            memo[key] = make()
+        return memo[key]
 
     # ---- construction from a high-precision tensor ------------------------------------------------
 
@@ -382,7 +410,11 @@ class QuantizedTensor(torch.Tensor):
         x = args[0] if args else None
         if isinstance(x, QuantizedTensor):
             if func in (aten.detach.default, aten.alias.default):
-                return x._like(x._data.detach(), x._scale_inv.detach(), x.shape, x._quantized_axis)
+                alias = x._like(x._data.detach(), x._scale_inv.detach(), x.shape, x._quantized_axis)
+                memo = _OPERAND_MEMOS.get(id(x))
+                if memo is not None:  # the same data: the same restatements
+                    _attach_memo(alias, memo)
+                return alias
             if func in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
                 return x._reshaped(args[1])
             if func is aten.t.default:

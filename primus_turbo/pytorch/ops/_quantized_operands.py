@@ -134,9 +134,14 @@ def grouped_weight(op: str, name: str, x: QuantizedTensor, k_dim: int):
     """``(q [G, N, K], scale, b_scale_rows)`` of a 3-D FP8 QuantizedTensor ``[G, X, Y]`` as the
     grouped FP8 kernel's B, reducing over ``k_dim`` (1 or 2), or None when x is quantized along
     the other dim. Scales: ``[G, N, ceil(K/128)]`` per row (rows 1) or ``[G, ceil(N/128),
-    ceil(K/128)]`` per 128x128 block (rows 128)."""
+    ceil(K/128)]`` per 128x128 block (rows 128). Kept with x (``QuantizedTensor.memoized``): a
+    weight quantized once a step is transposed and restated once, not per micro-batch."""
     if _is_fp4(x.real_dtype) or x.qdata.dim() != 3:
         raise TypeError(f"{op}: argument '{name}' must be a 3-D FP8 QuantizedTensor [G, N, K], got {x!r}")
+    return x.memoized(("grouped_weight", k_dim), lambda: _grouped_weight(op, name, x, k_dim))
+
+
+def _grouped_weight(op: str, name: str, x: QuantizedTensor, k_dim: int):
     g, two_d = x.granularity, _two_d(x.granularity, x.scaling_recipe)
     groups, dx, dy = x.qdata.shape
     transpose = k_dim == 1
