@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from turbo_test_utils import poison_allocator, snr_db
+from turbo_test_utils import check_weight_cache_over_microbatches, poison_allocator, snr_db
 
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager, PrecisionType
@@ -290,23 +290,9 @@ def test_float8_linear_weight_cache_matches_and_refreshes(g, monkeypatch):
     cached = turbo.modules.Float8Linear(256, 128, config=cfg, device="cuda", dtype=torch.bfloat16,
                                         cache_quantized_weight=True)
     cached.load_state_dict(ref.state_dict())
-    for step in range(2):
-        for _ in range(2):
-            x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
-            xr, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-            yr, yc = ref(xr), cached(xc)
-            assert snr_db(yc, yr) >= 40.0
-            dy = torch.randn_like(yr)
-            yr.backward(dy)
-            yc.backward(dy)
-            assert snr_db(xc.grad, xr.grad) >= 40.0
-        assert snr_db(cached.weight.grad, ref.weight.grad) >= 40.0
-        assert len(calls) == step + 1
-        with torch.no_grad():  # an optimizer step: the weight changes in place
-            for layer in (ref, cached):
-                layer.weight -= 0.05 * layer.weight.grad
-                layer.weight.grad = None
-                layer.bias.grad = None
+    check_weight_cache_over_microbatches(
+        ref, cached, lambda: torch.randn(64, 256, device="cuda", dtype=torch.bfloat16), lambda layer, x: layer(x), calls
+    )
 
 
 def test_backend_selection_for_fp8_precision():

@@ -18,7 +18,7 @@ from grouped_test_utils import grouped_e2e_references as _e2e_references
 from grouped_test_utils import group_lens as _lens
 from grouped_test_utils import grouped64 as _grouped64
 from grouped_test_utils import grouped_inputs as _inputs
-from turbo_test_utils import poison_allocator, snr_db
+from turbo_test_utils import check_weight_cache_over_microbatches, poison_allocator, snr_db
 
 import primus_turbo.pytorch as turbo
 from primus_turbo._core.lib import check, lib
@@ -356,19 +356,7 @@ def test_grouped_linear_fp8_weight_cache_matches_and_refreshes(g, monkeypatch):
                                          cache_quantized_weight=True)
     cached.load_state_dict(ref.state_dict())
     lens = torch.tensor([40, 0, 72, 16], dtype=torch.int64, device="cuda")
-    for step in range(2):
-        for _ in range(2):
-            x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
-            xr, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-            yr, yc = ref(xr, lens), cached(xc, lens)
-            assert snr_db(yc, yr) >= 40.0
-            dy = torch.randn_like(yr)
-            yr.backward(dy)
-            yc.backward(dy)
-            assert snr_db(xc.grad, xr.grad) >= 40.0
-        assert snr_db(cached.weight.grad, ref.weight.grad) >= 40.0
-        assert len(calls) == step + 1
-        with torch.no_grad():  # an optimizer step: the weights change in place
-            for layer in (ref, cached):
-                layer.weight -= 0.05 * layer.weight.grad
-                layer.weight.grad = None
+    check_weight_cache_over_microbatches(
+        ref, cached, lambda: torch.randn(128, 256, device="cuda", dtype=torch.bfloat16),
+        lambda layer, x: layer(x, lens), calls,
+    )

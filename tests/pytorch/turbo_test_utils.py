@@ -43,3 +43,28 @@ def poison_allocator(nbytes: int, device="cuda") -> None:
     block = torch.empty(nbytes, dtype=torch.uint8, device=device)
     block.view(torch.uint8).fill_(0xFF)  # 0xFFFF is NaN in bf16 and fp16, 0xFFFFFFFF in fp32
     del block
+
+
+def check_weight_cache_over_microbatches(ref, cached, make_input, call, quantize_calls: list, steps: int = 2,
+                                         microbatches: int = 2) -> None:
+    """Two optimizer steps of two micro-batches each: ``cached`` (an FP8 layer with
+    ``cache_quantized_weight=True``, same weights as ``ref``) matches ``ref`` (quantizing per call)
+    in outputs and in the accumulated gradients, and quantizes its weight once per step
+    (``quantize_calls`` grows by one per step)."""
+    for step in range(steps):
+        for _ in range(microbatches):
+            x = make_input()
+            xr, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+            yr, yc = call(ref, xr), call(cached, xc)
+            assert snr_db(yc, yr) >= 40.0
+            dy = torch.randn_like(yr)
+            yr.backward(dy)
+            yc.backward(dy)
+            assert snr_db(xc.grad, xr.grad) >= 40.0
+        assert snr_db(cached.weight.grad, ref.weight.grad) >= 40.0
+        assert len(quantize_calls) == step + 1
+        with torch.no_grad():  # an optimizer step: the weight changes in place
+            for layer in (ref, cached):
+                layer.weight -= 0.05 * layer.weight.grad
+                for p in layer.parameters():
+                    p.grad = None

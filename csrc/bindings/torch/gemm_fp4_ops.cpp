@@ -27,6 +27,17 @@ void fp4_mm(const Fp4& x, const Fp4& y, const Tensor& out, int32_t device, void*
   fp8_mm(restate(x, true, device, stream), restate(y, true, device, stream), out, 0.0f, device, stream);
 }
 
+// x @ y^T [rows of x, rows of y] in a new tensor, or with swap its transpose, y @ x^T.
+Tensor fp4_product(const Fp4& x, const Fp4& y, bool swap, ScalarType dtype, int32_t device, void* stream) {
+  const int64_t rx = x.q.sizes()[0], ry = y.q.sizes()[0];
+  Tensor out = swap ? empty({ry, rx}, dtype, device) : empty({rx, ry}, dtype, device);
+  if (swap)
+    fp4_mm(y, x, out, device, stream);
+  else
+    fp4_mm(x, y, out, device, stream);
+  return out;
+}
+
 Tensor placeholder(int32_t device) { return empty({0}, ScalarType::Byte, device); }
 
 int32_t recipe_flags(bool two_d, bool rht, bool sr) {
@@ -88,29 +99,16 @@ std::tuple<Tensor, Tensor> gemm_fp4_bwd(Tensor grad_in, Tensor qbn, Tensor sbn, 
   DeviceScope scope(device);
   void* stream = current_stream(device);
   const Tensor grad = as_contiguous(grad_in);  // [M, N]
-  const int64_t m = grad.sizes()[0], n = grad.sizes()[1];
   Tensor grad_a = placeholder(device), grad_b = placeholder(device);
   if (need_a) {
     // d op(a) [M, K] = grad [M, N] x op(b) [K, N]^T, both along N; with trans_a, d a [K, M].
     const Fp4 g = *quantize_fp4(grad, true, false, recipe_flags(false, false, sr), seed_dgrad, device, stream).first;
-    const Fp4 bn{qbn, sbn};
-    const int64_t k = qbn.sizes()[0];
-    grad_a = trans_a ? empty({k, m}, a_dtype, device) : empty({m, k}, a_dtype, device);
-    if (trans_a)
-      fp4_mm(bn, g, grad_a, device, stream);
-    else
-      fp4_mm(g, bn, grad_a, device, stream);
+    grad_a = fp4_product(g, Fp4{qbn, sbn}, trans_a, a_dtype, device, stream);
   }
   if (need_b) {
     // d op(b) [K, N] = op(a)^T [K, M] x grad^T [N, M]^T, both along M; with trans_b, d b [N, K].
     const Fp4 gm = *quantize_fp4(grad, false, true, recipe_flags(false, rht, sr), seed_wgrad, device, stream).second;
-    const Fp4 am{qam, sam};
-    const int64_t k = qam.sizes()[0];
-    grad_b = trans_b ? empty({n, k}, b_dtype, device) : empty({k, n}, b_dtype, device);
-    if (trans_b)
-      fp4_mm(gm, am, grad_b, device, stream);
-    else
-      fp4_mm(am, gm, grad_b, device, stream);
+    grad_b = fp4_product(Fp4{qam, sam}, gm, trans_b, b_dtype, device, stream);
   }
   return {grad_a, grad_b};
 }

@@ -150,6 +150,16 @@ WeightOperand orient_blocks(const Tensor& q, const Tensor& s, bool transpose, in
   return {qb, transpose ? torch::stable::contiguous(torch::stable::transpose(s, 1, 2)) : s, kBlock};
 }
 
+// The weight gradient of a low-precision grouped GEMM: the bf16/fp16 variable-K grouped GEMM of a
+// and the output gradient (in a's dtype), [G, N, K] with trans_b, else [G, K, N].
+Tensor hp_wgrad(const Tensor& a, const Tensor& grad, const Tensor& lens, const std::optional<Tensor>& offs,
+                bool trans_b, int64_t k, int64_t num_sms, int32_t device) {
+  const int64_t groups = lens.sizes()[0], n = grad.sizes()[1];
+  Tensor out = trans_b ? empty({groups, n, k}, a.scalar_type(), device) : empty({groups, k, n}, a.scalar_type(), device);
+  grouped_gemm_run(a, contiguous_as(grad, a.scalar_type()), lens, offs, out, true, trans_b, num_sms, device);
+  return out;
+}
+
 bool is_hp(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16; }
 bool is_out(ScalarType t) { return is_hp(t) || t == ScalarType::Float; }
 
@@ -249,8 +259,7 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
   void* stream = current_stream(device);
   const ScalarType a_dtype = a.scalar_type();
   const Tensor grad = as_contiguous(grad_in), b = as_contiguous(b_in);
-  const int64_t m = grad.sizes()[0], n = grad.sizes()[1];
-  const int64_t k = trans_b ? b.sizes()[2] : b.sizes()[1];
+  const int64_t m = grad.sizes()[0], n = grad.sizes()[1], k = trans_b ? b.sizes()[2] : b.sizes()[1];
   Tensor grad_a = placeholder(device), grad_b = placeholder(device);
   if (need_a) {
     const QuantScratch scratch(rows_workspace(m, n, granularity), device);
@@ -260,11 +269,7 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
     grad_a = empty({m, k}, a_dtype, device);
     run_mm(qg, sg, wb.q, wb.s, group_lens, group_offs, grad_a, wb.rows, num_sms, -1, device, stream);
   }
-  if (need_b) {
-    const int64_t groups = group_lens.sizes()[0];
-    grad_b = trans_b ? empty({groups, n, k}, a_dtype, device) : empty({groups, k, n}, a_dtype, device);
-    grouped_gemm_run(a, contiguous_as(grad, a_dtype), group_lens, group_offs, grad_b, true, trans_b, num_sms, device);
-  }
+  if (need_b) grad_b = hp_wgrad(a, grad, group_lens, group_offs, trans_b, k, num_sms, device);
   return {grad_a, grad_b};
 }
 
@@ -315,8 +320,7 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp4_bwd(Tensor grad_in, Tensor a, Tensor
   void* stream = current_stream(device);
   const ScalarType a_dtype = a.scalar_type();
   const Tensor grad = as_contiguous(grad_in), b = as_contiguous(b_in);
-  const int64_t m = grad.sizes()[0], n = grad.sizes()[1];
-  const int64_t k = trans_b ? b.sizes()[2] : b.sizes()[1];
+  const int64_t m = grad.sizes()[0], k = trans_b ? b.sizes()[2] : b.sizes()[1];
   Tensor grad_a = placeholder(device), grad_b = placeholder(device);
   if (need_a) {
     const Quantized qg = fp4_tokens(grad, sr ? PT_QUANT_SR : 0, seed, device, stream);
@@ -324,11 +328,7 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp4_bwd(Tensor grad_in, Tensor a, Tensor
     grad_a = empty({m, k}, a_dtype, device);
     run_mm(qg.q, qg.s, qd, sd, group_lens, group_offs, grad_a, 1, num_sms, -1, device, stream);
   }
-  if (need_b) {
-    const int64_t groups = group_lens.sizes()[0];
-    grad_b = trans_b ? empty({groups, n, k}, a_dtype, device) : empty({groups, k, n}, a_dtype, device);
-    grouped_gemm_run(a, contiguous_as(grad, a_dtype), group_lens, group_offs, grad_b, true, trans_b, num_sms, device);
-  }
+  if (need_b) grad_b = hp_wgrad(a, grad, group_lens, group_offs, trans_b, k, num_sms, device);
   return {grad_a, grad_b};
 }
 
