@@ -251,6 +251,44 @@ def test_varlen_matches_reference(same_lengths, causal, window, sink, dims, cu_d
         check_outputs(got, ref, q, k, v, s, f"varlen slack {slack}")
 
 
+@pytest.mark.parametrize(
+    "causal,window,dims,heads",
+    [
+        (True, (-1, -1), (128, 128), (8, 2)),
+        (False, (-1, -1), (64, 64), (4, 4)),
+        (True, (32, 0), (128, 128), (8, 1)),
+        (False, (-1, -1), (192, 128), (4, 2)),
+    ],
+)
+def test_varlen_on_cudnn_with_one_cu_seqlens(causal, window, dims, heads):
+    # One cu_seqlens tensor for q and k (packed documents attending to themselves): the CUDNN
+    # backend runs them as ragged tensors. Rows past the last document are set as our kernel sets
+    # them (zero output and gradients, lse +inf); an empty document and bounds with slack are fine.
+    lens, tail = [37, 0, 511, 1, 300], 13
+    (d, dv), (hq, hkv) = dims, heads
+    n = sum(lens)
+    torch.manual_seed(d + hq + n)
+    q = torch.randn(n + tail, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(n + tail, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(n + tail, hkv, dv, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(n + tail, hq, dv, device="cuda", dtype=torch.bfloat16)
+    cu = offsets(lens)
+    kwargs = {"causal": causal, "window_size": window}
+    ref = varlen_reference(q[:n], k[:n], v[:n], dout[:n], cu, cu, None, **kwargs)
+    for slack in (0, 9):
+        GlobalBackendManager.set_attn_backend("CUDNN")
+        try:
+            got = run_turbo(q, k, v, dout, None, cu=(cu, cu, max(lens) + slack, max(lens) + slack), **kwargs)
+        finally:
+            GlobalBackendManager.set_attn_backend(None)
+        out, lse, dq, dk, dv_, _ = got
+        assert lse.shape == (hq, n + tail)
+        cut = (out[:n], lse[:, :n], dq[:n], dk[:n], dv_[:n], None)
+        check_outputs(cut, ref, q[:n], k[:n], v[:n], None, f"cuDNN varlen slack {slack}")
+        assert (out[n:] == 0).all() and torch.isinf(lse[:, n:]).all() and (lse[:, n:] > 0).all()
+        assert (dq[n:] == 0).all() and (dk[n:] == 0).all() and (dv_[n:] == 0).all()
+
+
 # ---- layouts and views -------------------------------------------------------------------------
 
 
@@ -329,7 +367,7 @@ def test_forced_cudnn_names_its_reason():
         q = torch.randn(10, 4, 64, device="cuda", dtype=torch.bfloat16)
         cu = offsets([4, 6])
         with pytest.raises(NotImplementedError, match="CUDNN attention backend cannot run this forward: packed"):
-            turbo.ops.flash_attn_varlen_func(q, q, q, cu, cu, 6, 6)
+            turbo.ops.flash_attn_varlen_func(q, q, q, cu, cu.clone(), 6, 6)  # separate lengths for q and k
     finally:
         GlobalBackendManager.set_attn_backend(None)
 

@@ -54,7 +54,7 @@ const cudnn::Plan* choose(const Problem& p, int32_t backend, bool backward, bool
 // Runs the cuDNN plan when its workspace fits; else reports the bytes it needs. True if it ran.
 bool run_cudnn(const cudnn::Plan& plan, const Problem& p, void* workspace, size_t workspace_bytes,
                size_t* workspace_needed, void* stream) {
-  const size_t need = cudnn::workspace_bytes(plan);
+  const size_t need = cudnn::workspace_bytes(plan, p);
   if (workspace_needed != nullptr) *workspace_needed = need;
   if (need > workspace_bytes) {
     PT_CHECK_ARG(workspace_needed != nullptr, "cuDNN attention needs ", need,
@@ -116,6 +116,7 @@ pt_status pt_attention_prepare(int32_t dtype, int32_t head_dim, int32_t head_dim
                        " are not supported");
     load_kernels(dtype, head_dim, head_dim_v, "90a");
     load_wgmma_kernels(dtype, head_dim, head_dim_v, "90a");  // with PRIMUS_TURBO_ATTN_KERNEL=wgmma
+    cudnn::prepare_ragged_metadata("90a");                   // packed sequences on cuDNN
   });
 }
 

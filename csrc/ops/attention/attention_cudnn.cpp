@@ -1,13 +1,18 @@
 #include "ops/attention/attention_cudnn.h"
 
+#include <cmath>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "core/error.h"
+#include "primus_turbo/kernels/attention/ragged_abi.h"
+#include "primus_turbo/layout.h"
 #include "runtime/device.h"
+#include "runtime/jit_runtime.h"
 
 #if PT_HAVE_CUDNN_FRONTEND
 #include <dlfcn.h>
@@ -22,6 +27,23 @@ void* cudnn_dlhandle = nullptr;
 
 namespace primus_turbo::attention::cudnn {
 
+// The packed-sequence metadata module (kernels/attention/ragged_offsets.cuh): small, no CUTLASS.
+PtRaggedFn load_ragged_kernel(const std::string& arch) {
+  static jit::LoadedCache<std::string, PtRaggedFn> loaded;
+  return loaded.get(arch, [&] {
+    jit::ModuleRequest r;
+    r.name = "attention_ragged_offsets";
+    r.arch = arch;
+    r.needs_cutlass = false;
+    r.source = "#include \"primus_turbo/kernels/attention/ragged_offsets.cuh\"\n"
+               "using Kernel = primus_turbo::kernels::attention::RaggedOffsets;\nPT_JIT_EXPORT_RAGGED(Kernel)\n";
+    auto module = jit::get_module(r);  // may compile: outside the cache's lock
+    return module->function<PtRaggedFn>("pt_ragged_run");
+  });
+}
+
+void prepare_ragged_metadata(const std::string& arch) { load_ragged_kernel(arch); }
+
 #if !PT_HAVE_CUDNN_FRONTEND
 
 struct Plan {};
@@ -30,7 +52,7 @@ const Plan* plan_for(const Problem&, bool, bool, std::string* why) {
   *why = "this build has no cuDNN frontend headers (install nvidia-cudnn-frontend and rebuild)";
   return nullptr;
 }
-size_t workspace_bytes(const Plan&) { return 0; }
+size_t workspace_bytes(const Plan&, const Problem&) { return 0; }
 void execute(const Plan&, const Problem&, void*, void*) {
   PT_THROW(PT_ERROR_NOT_SUPPORTED, "the CUDNN attention backend is not built");
 }
@@ -41,7 +63,25 @@ namespace fe = cudnn_frontend;
 
 namespace {
 
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kSink, kDout, kDq, kDk, kDv, kDsink };
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kSink, kDout, kDq, kDk, kDv, kDsink,
+  // packed sequences: lengths and, per operand, where each sequence starts (ragged offsets)
+  kSeqLens, kSeqLensK, kRagQ, kRagK, kRagV, kRagO, kRagStats, kRagDout, kRagDq, kRagDk, kRagDv
+};
+
+// Ragged offset tensors, in the order the metadata kernel writes them (PtRaggedParams.offsets).
+constexpr Uid kRaggedUids[] = {kRagQ, kRagK, kRagV, kRagO, kRagStats, kRagDout, kRagDq, kRagDk, kRagDv};
+constexpr int kForwardRagged = 5;  // q, k, v, o, stats; the backward adds dout, dq, dk, dv
+
+bool packed(const Problem& p) { return p.params.cu_seqlens_q != nullptr; }
+
+// A packed problem's graph is built for its sequence-length bound rounded up to a power of two (at
+// least 64), so batches of documents of changing lengths share a few graphs.
+int64_t seq_bucket(int64_t s) {
+  int64_t b = 64;
+  while (b < s) b *= 2;
+  return b;
+}
 
 std::mutex g_mutex;  // the cache, the handles and their streams
 
@@ -90,6 +130,19 @@ void set_output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid,
   t->set_output(true).set_uid(uid).set_dim({batch, d.heads, d.seq, d.dim}).set_stride({d.sb, d.sh, d.ss, 1});
 }
 
+// Packed sequences: each operand is a ragged [B, H, S, D] whose sequence b starts at the element
+// offset the metadata kernel wrote (no batch stride; cuDNN wants one that no other stride exceeds).
+void make_ragged(fe::graph::Graph& g, const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid ragged_uid,
+                 int64_t batch) {
+  auto offsets = g.tensor(fe::graph::Tensor_attributes()
+                              .set_name("ragged_offset")
+                              .set_uid(ragged_uid)
+                              .set_dim({batch + 1, 1, 1, 1})
+                              .set_stride({1, 1, 1, 1})
+                              .set_data_type(fe::DataType_t::INT64));
+  t->set_ragged_offset(offsets);
+}
+
 std::shared_ptr<fe::graph::Tensor_attributes> per_head(fe::graph::Graph& g, const char* name, Uid uid, int64_t heads) {
   return g.tensor(fe::graph::Tensor_attributes()
                       .set_name(name)
@@ -114,51 +167,91 @@ template <class Attributes>
 void set_mask(Attributes& a, const PtAttnParams& r) {
   const Window w = effective_window(r);
   if (w.right < 0) return;  // plan_for refused a left window without a right one
-  a.set_diagonal_alignment(r.seqlen_q == r.seqlen_k ? fe::DiagonalAlignment_t::TOP_LEFT
-                                                    : fe::DiagonalAlignment_t::BOTTOM_RIGHT);
+  // Packed sequences run on cuDNN only with one cu_seqlens for q and k (equal lengths): top-left.
+  const bool same_lengths = r.cu_seqlens_q != nullptr || r.seqlen_q == r.seqlen_k;
+  a.set_diagonal_alignment(same_lengths ? fe::DiagonalAlignment_t::TOP_LEFT : fe::DiagonalAlignment_t::BOTTOM_RIGHT);
   a.set_diagonal_band_right_bound(static_cast<int>(w.right));
   if (w.left >= 0) a.set_diagonal_band_left_bound(static_cast<int>(w.left + 1));
 }
 
+std::shared_ptr<fe::graph::Tensor_attributes> seq_lens(fe::graph::Graph& g, Uid uid, int64_t batch) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name("seq_lens")
+                      .set_uid(uid)
+                      .set_dim({batch, 1, 1, 1})
+                      .set_stride({1, 1, 1, 1})
+                      .set_data_type(fe::DataType_t::INT32));
+}
+
 std::shared_ptr<fe::graph::Graph> build_graph(const Problem& p, bool backward, bool deterministic) {
   const PtAttnParams& r = p.params;
+  const bool ragged = packed(p);
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(p.dtype == PT_BFLOAT16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   const int64_t b = r.batch;
-  const Dims q{r.heads_q, r.seqlen_q, r.head_dim, r.q_sb, r.q_ss, r.q_sh};
-  const Dims k{r.heads_kv, r.seqlen_k, r.head_dim, r.k_sb, r.k_ss, r.k_sh};
-  const Dims v{r.heads_kv, r.seqlen_k, r.head_dim_v, r.v_sb, r.v_ss, r.v_sh};
-  const Dims o{r.heads_q, r.seqlen_q, r.head_dim_v, r.o_sb, r.o_ss, r.o_sh};
-  const Dims stats{r.heads_q, r.seqlen_q, 1, r.lse_sb, 1, r.lse_sh};
+  // Packed: the length bound bucketed, and no batch stride (a large one, as cuDNN asks).
+  const int64_t sq = ragged ? seq_bucket(r.seqlen_q) : r.seqlen_q, sk = ragged ? seq_bucket(r.seqlen_k) : r.seqlen_k;
+  const auto sb = [&](int64_t v) { return ragged ? int64_t{INT32_MAX} : v; };
+  const Dims q{r.heads_q, sq, r.head_dim, sb(r.q_sb), r.q_ss, r.q_sh};
+  const Dims k{r.heads_kv, sk, r.head_dim, sb(r.k_sb), r.k_ss, r.k_sh};
+  const Dims v{r.heads_kv, sk, r.head_dim_v, sb(r.v_sb), r.v_ss, r.v_sh};
+  const Dims o{r.heads_q, sq, r.head_dim_v, sb(r.o_sb), r.o_ss, r.o_sh};
+  // Packed: cuDNN's statistics token-major in a workspace [Tq, Hq] (ours is [Hq, Tq]).
+  const Dims stats = ragged ? Dims{r.heads_q, sq, 1, int64_t{INT32_MAX}, r.heads_q, 1}
+                            : Dims{r.heads_q, r.seqlen_q, 1, r.lse_sb, 1, r.lse_sh};
   auto Q = operand(*g, "q", kQ, b, q), K = operand(*g, "k", kK, b, k), V = operand(*g, "v", kV, b, v);
+  if (ragged) {
+    make_ragged(*g, Q, kRagQ, b);
+    make_ragged(*g, K, kRagK, b);
+    make_ragged(*g, V, kRagV, b);
+  }
+  const auto padding = [&](auto& a) {
+    if (ragged) a.set_padding_mask(true).set_seq_len_q(seq_lens(*g, kSeqLens, b)).set_seq_len_kv(seq_lens(*g, kSeqLensK, b));
+  };
   if (!backward) {
     auto a = fe::graph::SDPA_attributes().set_name("attention").set_generate_stats(true).set_attn_scale(
         r.softmax_scale);
     set_mask(a, r);
+    padding(a);
     if (r.sink != nullptr) a.set_sink_token(per_head(*g, "sink", kSink, r.heads_q));
     auto [O, Stats] = g->sdpa(Q, K, V, a);
     set_output(O, kO, b, o);
     set_output(Stats, kStats, b, stats);
     Stats->set_data_type(fe::DataType_t::FLOAT);
+    if (ragged) {
+      make_ragged(*g, O, kRagO, b);
+      make_ragged(*g, Stats, kRagStats, b);
+    }
     return g;
   }
-  const Dims dout{r.heads_q, r.seqlen_q, r.head_dim_v, r.do_sb, r.do_ss, r.do_sh};
+  const Dims dout{r.heads_q, sq, r.head_dim_v, sb(r.do_sb), r.do_ss, r.do_sh};
   auto O = operand(*g, "out", kO, b, o), dO = operand(*g, "dout", kDout, b, dout);
   auto Stats = operand(*g, "lse", kStats, b, stats);
   Stats->set_data_type(fe::DataType_t::FLOAT);
+  if (ragged) {
+    make_ragged(*g, O, kRagO, b);
+    make_ragged(*g, dO, kRagDout, b);
+    make_ragged(*g, Stats, kRagStats, b);
+  }
   auto a = fe::graph::SDPA_backward_attributes().set_name("attention_backward").set_attn_scale(r.softmax_scale);
   a.set_deterministic_algorithm(deterministic);
   set_mask(a, r);
+  padding(a);
   if (r.sink != nullptr) {
     a.set_sink_token(per_head(*g, "sink", kSink, r.heads_q));
     a.set_dsink_token(per_head(*g, "dsink", kDsink, r.heads_q));
   }
   auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, a);
-  set_output(dQ, kDq, b, {r.heads_q, r.seqlen_q, r.head_dim, r.dq_sb, r.dq_ss, r.dq_sh});
-  set_output(dK, kDk, b, {r.heads_kv, r.seqlen_k, r.head_dim, r.dk_sb, r.dk_ss, r.dk_sh});
-  set_output(dV, kDv, b, {r.heads_kv, r.seqlen_k, r.head_dim_v, r.dv_sb, r.dv_ss, r.dv_sh});
+  set_output(dQ, kDq, b, {r.heads_q, sq, r.head_dim, sb(r.dq_sb), r.dq_ss, r.dq_sh});
+  set_output(dK, kDk, b, {r.heads_kv, sk, r.head_dim, sb(r.dk_sb), r.dk_ss, r.dk_sh});
+  set_output(dV, kDv, b, {r.heads_kv, sk, r.head_dim_v, sb(r.dv_sb), r.dv_ss, r.dv_sh});
+  if (ragged) {
+    make_ragged(*g, dQ, kRagDq, b);
+    make_ragged(*g, dK, kRagDk, b);
+    make_ragged(*g, dV, kRagDv, b);
+  }
   return g;
 }
 
@@ -167,11 +260,13 @@ std::vector<int64_t> key_of(const Problem& p, bool backward, bool deterministic,
   const PtAttnParams& r = p.params;
   int32_t scale_bits = 0;
   std::memcpy(&scale_bits, &r.softmax_scale, sizeof(scale_bits));
-  std::vector<int64_t> key{device,     backward,   deterministic, p.dtype,      r.batch,      r.seqlen_q,
-                           r.seqlen_k, r.heads_q,  r.heads_kv,    r.head_dim,   r.head_dim_v, r.q_sb,
+  const bool ragged = packed(p);
+  const int64_t sq = ragged ? seq_bucket(r.seqlen_q) : r.seqlen_q, sk = ragged ? seq_bucket(r.seqlen_k) : r.seqlen_k;
+  std::vector<int64_t> key{device,     backward,   deterministic, p.dtype,      r.batch,      sq,
+                           sk,         r.heads_q,  r.heads_kv,    r.head_dim,   r.head_dim_v, r.q_sb,
                            r.q_ss,     r.q_sh,     r.k_sb,        r.k_ss,       r.k_sh,       r.v_sb,
                            r.v_ss,     r.v_sh,     r.o_sb,        r.o_ss,       r.o_sh,       r.lse_sb,
-                           r.lse_sh,   scale_bits, r.window_left, r.window_right, r.sink != nullptr};
+                           r.lse_sh,   scale_bits, r.window_left, r.window_right, r.sink != nullptr, ragged};
   if (backward) {
     for (int64_t s : {r.do_sb, r.do_ss, r.do_sh, r.dq_sb, r.dq_ss, r.dq_sh, r.dk_sb, r.dk_ss, r.dk_sh, r.dv_sb,
                       r.dv_ss, r.dv_sh})
@@ -183,12 +278,20 @@ std::vector<int64_t> key_of(const Problem& p, bool backward, bool deterministic,
 // Problems cuDNN's SDPA does not take, known before building a graph.
 std::string static_refusal(const Problem& p) {
   const PtAttnParams& r = p.params;
-  if (r.cu_seqlens_q != nullptr) return "packed sequences (cu_seqlens) are not wired to cuDNN yet";
+  if (r.cu_seqlens_q != nullptr) {
+    // One set of lengths for q and k, known equal without reading them: no row of a packed
+    // sequence then lacks a visible key (cuDNN's value for such a row differs from ours).
+    if (r.cu_seqlens_q != r.cu_seqlens_k)
+      return "packed sequences with separate cu_seqlens_q and cu_seqlens_k (pass one tensor for both)";
+    if (r.sink != nullptr) return "packed sequences with a sink";
+    if (r.batch == 0) return "no sequences";
+  }
   if (r.seqlen_q == 0 || r.seqlen_k == 0) return "an empty sequence";
   const Window w = effective_window(r);
   if (w.left >= 0 && w.right < 0) return "a left window without a right bound";
   // cuDNN's value for a row that sees no key differs from ours (output 0, lse +inf).
-  if (r.window_right >= 0 && r.seqlen_q - r.seqlen_k > r.window_right) return "query rows that see no key";
+  if (r.cu_seqlens_q == nullptr && r.window_right >= 0 && r.seqlen_q - r.seqlen_k > r.window_right)
+    return "query rows that see no key";
   return load_error();
 }
 
@@ -235,15 +338,101 @@ const Plan* plan_for(const Problem& p, bool backward, bool deterministic, std::s
   return slot.get();
 }
 
-size_t workspace_bytes(const Plan& plan) { return static_cast<size_t>(plan.workspace); }
+namespace {
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// The packed-sequence scratch after cuDNN's own workspace: lengths, ragged offsets, and cuDNN's
+// token-major statistics.
+struct RaggedScratch {
+  int32_t* seqlens;
+  int64_t* offsets;
+  float* stats;
+  size_t bytes;
+};
+
+RaggedScratch ragged_scratch(const Problem& p, char* base) {
+  const PtAttnParams& r = p.params;
+  const size_t lens = align256(sizeof(int32_t) * r.batch);
+  const size_t offs = align256(sizeof(int64_t) * (r.batch + 1) * std::size(kRaggedUids));
+  const size_t stats = align256(sizeof(float) * r.total_q * r.heads_q);
+  return {reinterpret_cast<int32_t*>(base), reinterpret_cast<int64_t*>(base + lens),
+          reinterpret_cast<float*>(base + lens + offs), lens + offs + stats};
+}
+
+// y = x^T for fp32 matrices (the statistics between cuDNN's token-major layout and ours).
+void transpose(void* x, int64_t rows, int64_t cols, void* y, void* stream);
+
+pt_tensor matrix(void* data, int64_t rows, int64_t cols) {
+  pt_tensor t{};
+  t.data = data;
+  t.dtype = PT_FLOAT32;
+  t.ndim = 2;
+  t.shape[0] = rows, t.shape[1] = cols;
+  t.strides[0] = cols, t.strides[1] = 1;
+  return t;
+}
+
+// Before the graph of a packed problem: lengths and offsets from cu_seqlens, the output rows no
+// sequence covers set (zero; +inf for the statistics), and for the backward our [Hq, Tq]
+// log-sum-exp turned token-major for cuDNN.
+void prepare_ragged(const Problem& p, bool backward, const RaggedScratch& scratch, void* stream) {
+  const PtAttnParams& r = p.params;
+  PtRaggedParams rp{};
+  rp.cu_seqlens = r.cu_seqlens_q;
+  rp.seqlens = scratch.seqlens;
+  rp.offsets = scratch.offsets;
+  rp.batch = r.batch;
+  const int64_t strides[] = {r.q_ss, r.k_ss, r.v_ss, r.o_ss, r.heads_q, r.do_ss, r.dq_ss, r.dk_ss, r.dv_ss};
+  rp.num_strides = backward ? 9 : kForwardRagged;
+  for (int i = 0; i < rp.num_strides; ++i) rp.strides[i] = strides[i];
+  const auto tail = [&](void* data, int64_t total, int64_t ss, int64_t sh, int32_t heads, int32_t dim, int32_t bytes,
+                        float fill) { rp.tails[rp.num_tails++] = PtRaggedTail{data, total, ss, sh, heads, dim, bytes, fill}; };
+  if (backward) {
+    tail(r.dq, r.total_q, r.dq_ss, r.dq_sh, r.heads_q, r.head_dim, 2, 0.0f);
+    tail(r.dk, r.total_k, r.dk_ss, r.dk_sh, r.heads_kv, r.head_dim, 2, 0.0f);
+    tail(r.dv, r.total_k, r.dv_ss, r.dv_sh, r.heads_kv, r.head_dim_v, 2, 0.0f);
+  } else {
+    tail(r.out, r.total_q, r.o_ss, r.o_sh, r.heads_q, r.head_dim_v, 2, 0.0f);
+    tail(scratch.stats, r.total_q, r.heads_q, 1, r.heads_q, 1, 4, INFINITY);
+  }
+  rp.stream = stream;
+  char err[1024] = {0};
+  if (load_ragged_kernel(arch_for_device(current_device()))(&rp, err, sizeof(err)) != 0)
+    PT_THROW(PT_ERROR_CUDA, "cuDNN attention: packed-sequence metadata failed: ", err);
+  if (backward) transpose(r.lse, r.heads_q, r.total_q, scratch.stats, stream);
+}
+
+void transpose(void* x, int64_t rows, int64_t cols, void* y, void* stream) {
+  const pt_tensor in = matrix(x, rows, cols);
+  pt_tensor out = matrix(y, cols, rows);
+  if (pt_transpose_last2(&in, &out, stream) != PT_SUCCESS)
+    PT_THROW(PT_ERROR_CUDA, "cuDNN attention: statistics transpose failed: ", pt_last_error());
+}
+
+}  // namespace
+
+size_t workspace_bytes(const Plan& plan, const Problem& p) {
+  const size_t graph = align256(static_cast<size_t>(plan.workspace));
+  return packed(p) ? graph + ragged_scratch(p, nullptr).bytes : graph;
+}
 
 void execute(const Plan& plan, const Problem& p, void* workspace, void* stream) {
   const PtAttnParams& r = p.params;
+  const bool ragged = packed(p), backward = r.dout != nullptr;
+  const RaggedScratch scratch =
+      ragged_scratch(p, static_cast<char*>(workspace) + align256(static_cast<size_t>(plan.workspace)));
+  if (ragged) prepare_ragged(p, backward, scratch, stream);
   std::unordered_map<int64_t, void*> pack{{kQ, const_cast<void*>(r.q)},
                                           {kK, const_cast<void*>(r.k)},
                                           {kV, const_cast<void*>(r.v)},
                                           {kO, r.out},
-                                          {kStats, r.lse}};
+                                          {kStats, ragged ? scratch.stats : r.lse}};
+  if (ragged) {
+    pack[kSeqLens] = pack[kSeqLensK] = scratch.seqlens;
+    const int used = backward ? 9 : kForwardRagged;
+    for (int i = 0; i < used; ++i) pack[kRaggedUids[i]] = scratch.offsets + i * (r.batch + 1);
+  }
   if (r.sink != nullptr) pack[kSink] = const_cast<float*>(r.sink);
   if (r.dout != nullptr) {
     pack[kDout] = const_cast<void*>(r.dout);
@@ -257,6 +446,7 @@ void execute(const Plan& plan, const Problem& p, void* workspace, void* stream) 
   auto status = plan.graph->execute(h, pack, workspace);
   if (status.is_bad())
     PT_THROW(PT_ERROR_CUDA, "cuDNN attention ", r.dout ? "backward" : "forward", " failed: ", status.get_message());
+  if (ragged && !backward) transpose(scratch.stats, r.total_q, r.heads_q, r.lse, stream);  // into our [Hq, Tq]
 }
 
 #endif  // PT_HAVE_CUDNN_FRONTEND

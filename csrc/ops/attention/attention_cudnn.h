@@ -15,11 +15,16 @@ struct Plan;
 
 // The graph for this problem, built on first use (host work: make the first call of a shape
 // outside a CUDA-graph capture); null when cuDNN cannot run it, with the reason in
-// *why (packed sequences, a row that sees no key, a shape cuDNN's engines refuse, no libcudnn).
+// *why (packed sequences with separate lengths for q and k, a row that sees no key, a shape
+// cuDNN's engines refuse, no libcudnn).
 // backward: the gradient graph; deterministic: its bitwise-reproducible variant.
 const Plan* plan_for(const Problem& p, bool backward, bool deterministic, std::string* why);
 
-size_t workspace_bytes(const Plan& plan);
+// cuDNN's workspace, and for packed sequences the scratch of their metadata.
+size_t workspace_bytes(const Plan& plan, const Problem& p);
+
+// Compiles (or loads) the packed-sequence metadata module the graphs of packed problems use.
+void prepare_ragged_metadata(const std::string& arch);
 
 // Runs the graph on p's tensors (the backward's too when the plan is a backward one).
 void execute(const Plan& plan, const Problem& p, void* workspace, void* stream);

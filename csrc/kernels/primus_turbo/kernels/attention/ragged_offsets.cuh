@@ -1,0 +1,69 @@
+// Packed-sequence metadata for cuDNN's fused attention (see ragged_abi.h): sequence lengths and,
+// per operand, the element offset where each sequence starts, from cu_seqlens on the device, so a
+// varlen call needs no host synchronization and stays capturable in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "primus_turbo/kernels/attention/ragged_abi.h"
+#include "primus_turbo/kernels/common/warp.cuh"
+#include "primus_turbo/kernels/jit_export.cuh"
+
+namespace primus_turbo::kernels::attention {
+
+constexpr int kRaggedThreads = 256;
+
+__global__ void __launch_bounds__(kRaggedThreads) ragged_offsets_kernel(const PtRaggedParams p) {
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * kRaggedThreads + threadIdx.x; b <= p.batch;
+       b += static_cast<int64_t>(gridDim.x) * kRaggedThreads) {
+    const int64_t start = p.cu_seqlens[b];
+    if (b < p.batch) p.seqlens[b] = p.cu_seqlens[b + 1] - p.cu_seqlens[b];
+    for (int i = 0; i < p.num_strides; ++i) p.offsets[i * (p.batch + 1) + b] = start * p.strides[i];
+  }
+}
+
+// One tail a blockIdx.y; its rows' elements grid-strided (a tail is empty unless the packed tensor
+// has rows past the last sequence).
+__global__ void __launch_bounds__(kRaggedThreads) ragged_tails_kernel(const PtRaggedParams p) {
+  const PtRaggedTail t = p.tails[blockIdx.y];
+  const int64_t first = p.cu_seqlens[p.batch];
+  const int64_t per_row = static_cast<int64_t>(t.heads) * t.dim;
+  const int64_t count = (t.total > first ? t.total - first : 0) * per_row;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kRaggedThreads + threadIdx.x; e < count;
+       e += static_cast<int64_t>(gridDim.x) * kRaggedThreads) {
+    const int64_t row = first + e / per_row, head = (e % per_row) / t.dim, i = e % t.dim;
+    const int64_t at = row * t.ss + head * t.sh + i;
+    if (t.elem_bytes == 4) {
+      static_cast<float*>(t.data)[at] = t.fill;
+    } else {
+      static_cast<uint16_t*>(t.data)[at] = 0;
+    }
+  }
+}
+
+struct RaggedOffsets {
+  static int run(const PtRaggedParams* p, char* err, size_t err_len) {
+    if (p->num_strides < 0 || p->num_strides > PT_RAGGED_MAX_STRIDES || p->batch < 0) {
+      snprintf(err, err_len, "ragged offsets: %d strides, batch %lld", p->num_strides,
+               static_cast<long long>(p->batch));
+      return 1;
+    }
+    const int64_t blocks = (p->batch + kRaggedThreads) / kRaggedThreads;  // batch + 1 entries
+    ragged_offsets_kernel<<<static_cast<unsigned>(blocks < 1024 ? blocks : 1024), kRaggedThreads, 0,
+                            static_cast<cudaStream_t>(p->stream)>>>(*p);
+    if (report_launch("ragged offsets", err, err_len)) return 1;
+    if (p->num_tails <= 0) return 0;
+    if (p->num_tails > PT_RAGGED_MAX_TAILS) {
+      snprintf(err, err_len, "ragged offsets: %d tails", p->num_tails);
+      return 1;
+    }
+    ragged_tails_kernel<<<dim3(64, static_cast<unsigned>(p->num_tails)), kRaggedThreads, 0,
+                          static_cast<cudaStream_t>(p->stream)>>>(*p);
+    return report_launch("ragged tails", err, err_len);
+  }
+};
+
+}  // namespace primus_turbo::kernels::attention
