@@ -191,15 +191,17 @@ std::shared_ptr<fe::graph::Graph> build_graph(const Problem& p, bool backward, b
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   const int64_t b = r.batch;
-  // Packed: the length bound bucketed, and no batch stride (a large one, as cuDNN asks).
+  // Packed: the length bound bucketed; the batch stride is unused (the ragged offsets place each
+  // sequence) but must exceed the others and keep the alignment: a bucket of tokens.
   const int64_t sq = ragged ? seq_bucket(r.seqlen_q) : r.seqlen_q, sk = ragged ? seq_bucket(r.seqlen_k) : r.seqlen_k;
-  const auto sb = [&](int64_t v) { return ragged ? int64_t{INT32_MAX} : v; };
-  const Dims q{r.heads_q, sq, r.head_dim, sb(r.q_sb), r.q_ss, r.q_sh};
-  const Dims k{r.heads_kv, sk, r.head_dim, sb(r.k_sb), r.k_ss, r.k_sh};
-  const Dims v{r.heads_kv, sk, r.head_dim_v, sb(r.v_sb), r.v_ss, r.v_sh};
-  const Dims o{r.heads_q, sq, r.head_dim_v, sb(r.o_sb), r.o_ss, r.o_sh};
+  const auto sbq = [&](int64_t sb, int64_t ss) { return ragged ? sq * ss : sb; };
+  const auto sbk = [&](int64_t sb, int64_t ss) { return ragged ? sk * ss : sb; };
+  const Dims q{r.heads_q, sq, r.head_dim, sbq(r.q_sb, r.q_ss), r.q_ss, r.q_sh};
+  const Dims k{r.heads_kv, sk, r.head_dim, sbk(r.k_sb, r.k_ss), r.k_ss, r.k_sh};
+  const Dims v{r.heads_kv, sk, r.head_dim_v, sbk(r.v_sb, r.v_ss), r.v_ss, r.v_sh};
+  const Dims o{r.heads_q, sq, r.head_dim_v, sbq(r.o_sb, r.o_ss), r.o_ss, r.o_sh};
   // Packed: cuDNN's statistics token-major in a workspace [Tq, Hq] (ours is [Hq, Tq]).
-  const Dims stats = ragged ? Dims{r.heads_q, sq, 1, int64_t{INT32_MAX}, r.heads_q, 1}
+  const Dims stats = ragged ? Dims{r.heads_q, sq, 1, sq * r.heads_q, r.heads_q, 1}
                             : Dims{r.heads_q, r.seqlen_q, 1, r.lse_sb, 1, r.lse_sh};
   auto Q = operand(*g, "q", kQ, b, q), K = operand(*g, "k", kK, b, k), V = operand(*g, "v", kV, b, v);
   if (ragged) {
@@ -226,7 +228,7 @@ std::shared_ptr<fe::graph::Graph> build_graph(const Problem& p, bool backward, b
     }
     return g;
   }
-  const Dims dout{r.heads_q, sq, r.head_dim_v, sb(r.do_sb), r.do_ss, r.do_sh};
+  const Dims dout{r.heads_q, sq, r.head_dim_v, sbq(r.do_sb, r.do_ss), r.do_ss, r.do_sh};
   auto O = operand(*g, "out", kO, b, o), dO = operand(*g, "dout", kDout, b, dout);
   auto Stats = operand(*g, "lse", kStats, b, stats);
   Stats->set_data_type(fe::DataType_t::FLOAT);
@@ -244,9 +246,9 @@ std::shared_ptr<fe::graph::Graph> build_graph(const Problem& p, bool backward, b
     a.set_dsink_token(per_head(*g, "dsink", kDsink, r.heads_q));
   }
   auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, a);
-  set_output(dQ, kDq, b, {r.heads_q, sq, r.head_dim, sb(r.dq_sb), r.dq_ss, r.dq_sh});
-  set_output(dK, kDk, b, {r.heads_kv, sk, r.head_dim, sb(r.dk_sb), r.dk_ss, r.dk_sh});
-  set_output(dV, kDv, b, {r.heads_kv, sk, r.head_dim_v, sb(r.dv_sb), r.dv_ss, r.dv_sh});
+  set_output(dQ, kDq, b, {r.heads_q, sq, r.head_dim, sbq(r.dq_sb, r.dq_ss), r.dq_ss, r.dq_sh});
+  set_output(dK, kDk, b, {r.heads_kv, sk, r.head_dim, sbk(r.dk_sb, r.dk_ss), r.dk_ss, r.dk_sh});
+  set_output(dV, kDv, b, {r.heads_kv, sk, r.head_dim_v, sbk(r.dv_sb, r.dv_ss), r.dv_ss, r.dv_sh});
   if (ragged) {
     make_ragged(*g, dQ, kRagDq, b);
     make_ragged(*g, dK, kRagDk, b);
