@@ -142,7 +142,9 @@ def _padded(q, k, v, mask, kw):
     mask_k = mask[:, -sk:].bool()
     mask_q = mask_k[:, -sq:]  # queries are the last tokens (left padding when decoding), as in transformers
     cu_k, max_k = _offsets(mask_k)
-    cu_q, max_q = _offsets(mask_q)
+    # Training (sq == sk): the same tokens, so one offsets tensor for both, which lets the CUDNN
+    # backend take the packed call (it needs q's and k's lengths known equal).
+    cu_q, max_q = (cu_k, max_k) if sq == sk else _offsets(mask_q)
     out = flash_attn_varlen_func(q[mask_q], k[mask_k], v[mask_k], cu_q, cu_k, max_q, max_k, **kw)
     full = out.new_zeros(b, sq, *out.shape[1:])
     return full.index_put((mask_q,), out)
