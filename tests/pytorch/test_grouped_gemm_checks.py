@@ -222,7 +222,9 @@ def test_quantized_weight_restatement_is_kept_with_the_tensor_and_its_aliases():
     cfg = Float8QuantConfig(format=Format.E4M3, granularity=ScalingGranularity.BLOCKWISE, block_size=128)
     w = torch.randn(2, 128, 256, device="meta", dtype=torch.bfloat16)
     data, _ = create_quantized_weight(w, torch.float8_e4m3fn, cfg)
+    alias = data.detach()  # made before anything is memoized: still shares the memo
     first = qo.grouped_weight("grouped_gemm_fp8", "b", data, 1)
     assert qo.grouped_weight("grouped_gemm_fp8", "b", data, 1)[0] is first[0]
     assert qo.grouped_weight("grouped_gemm_fp8", "b", data.detach(), 1)[0] is first[0]
+    assert qo.grouped_weight("grouped_gemm_fp8", "b", alias, 1)[0] is first[0]
     assert first[0].shape == (2, 256, 128)  # the dgrad's orientation: [G, K, N]

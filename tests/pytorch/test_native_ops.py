@@ -210,6 +210,14 @@ def test_grouped_gemm_fp4_native_path_shapes_under_fake_cuda_tensors(trans_b):
         assert da.shape == a.shape and db.shape == b.shape
 
 
+def test_gemm_fp4_inference_takes_any_m_and_n():
+    # No backward follows (no_grad): no backward copies, so M and N need no alignment.
+    with FakeTensorMode(), torch.no_grad():
+        a = torch.empty((5, 96), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        b = torch.nn.Parameter(torch.empty((7, 96), device="cuda", dtype=torch.bfloat16))
+        assert turbo.ops.gemm_fp4(a, b, trans_b=True).shape == (5, 7)
+
+
 def test_native_ops_trace_under_compile_without_graph_breaks():
     def fn(x, w, g, q, k):
         y = turbo.ops.rmsnorm(turbo.ops.gemm(x, w, trans_b=True), g)

@@ -49,6 +49,8 @@ void run_mm(const Tensor& a_in, const Tensor& sa_in, const Tensor& b_in, const T
   if (out.numel() == 0) return;
   if (num_sms < 0 || num_sms > INT32_MAX)
     fail_with(ErrorKind::Value, kOp, ": num_cu must be a positive int or None, got ", num_sms);
+  if (b_scale_rows != 1 && b_scale_rows != 128)
+    fail_with(ErrorKind::Value, kOp, ": b_scale_rows must be 1 or 128, got ", b_scale_rows);
   const Tensor a = as_contiguous(a_in), sa = as_contiguous(sa_in), b = as_contiguous(b_in),
                sb = as_contiguous(sb_in), lens = as_contiguous(lens_in);
   std::optional<Tensor> offs;
@@ -148,6 +150,14 @@ WeightOperand orient_blocks(const Tensor& q, const Tensor& s, bool transpose, in
   const int64_t g = qb.sizes()[0], n = qb.sizes()[1], k = qb.sizes()[2];
   if (s.dim() == 0) return {qb, broadcast(s, {g, cdiv(n, kBlock), cdiv(k, kBlock)}, device), kBlock};
   return {qb, transpose ? torch::stable::contiguous(torch::stable::transpose(s, 1, 2)) : s, kBlock};
+}
+
+// The backward's inputs as the forward left them: grad [M, N] and a [M, K] 2-D with M rows each,
+// b [G, ...] 3-D (a direct call through torch.ops gets the error, not a bad read).
+void check_backward_operands(const char* op, const Tensor& grad, const Tensor& a, const Tensor& b) {
+  if (grad.dim() != 2 || a.dim() != 2 || b.dim() != 3 || grad.sizes()[0] != a.sizes()[0])
+    fail_with(ErrorKind::Value, op, ": backward operands grad_out ", shape_string(grad), ", a ", shape_string(a),
+              ", b ", shape_string(b), " are not the forward's ([M, N], [M, K], [G, ...])");
 }
 
 // The weight gradient of a low-precision grouped GEMM: the bf16/fp16 variable-K grouped GEMM of a
@@ -255,6 +265,9 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
                                                 ScalarType grad_dtype, ScalarType fwd_dtype, int64_t granularity,
                                                 int64_t num_sms, bool need_a, bool need_b) {
   const int32_t device = check_devices("grad_out", grad_in, b_in, group_lens, group_offs);
+  check_backward_operands(kOp, grad_in, a, b_in);
+  if (need_a && granularity != PT_QUANT_ROWWISE && wq.dim() != 3)
+    fail_with(ErrorKind::Value, kOp, ": the dgrad needs the forward's quantized weight, got ", shape_string(wq));
   DeviceScope scope(device);
   void* stream = current_stream(device);
   const ScalarType a_dtype = a.scalar_type();
@@ -316,6 +329,7 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp4_bwd(Tensor grad_in, Tensor a, Tensor
                                                 std::optional<Tensor> group_offs, bool trans_b, bool two_d, bool sr,
                                                 int64_t seed, int64_t num_sms, bool need_a, bool need_b) {
   const int32_t device = check_devices("grad_out", grad_in, b_in, group_lens, group_offs, kOpFp4);
+  check_backward_operands(kOpFp4, grad_in, a, b_in);
   DeviceScope scope(device);
   void* stream = current_stream(device);
   const ScalarType a_dtype = a.scalar_type();
@@ -332,10 +346,18 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp4_bwd(Tensor grad_in, Tensor a, Tensor
   return {grad_a, grad_b};
 }
 
+// Every tensor of a kernel-only call on one CUDA device (the C API's descriptors carry no device).
+int32_t check_mm_devices(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
+                         const Tensor& lens, const std::optional<Tensor>& offs) {
+  NamedTensors all{{"a", &a}, {"a_scale", &a_scale}, {"b", &b}, {"b_scale", &b_scale}, {"group_lens", &lens}};
+  add_present(all, "group_offs", offs);
+  return check_cuda(kOp, all);
+}
+
 Tensor grouped_gemm_fp8_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens,
                            std::optional<Tensor> group_offs, int64_t b_scale_rows, ScalarType out_dtype,
                            int64_t num_sms) {
-  const int32_t device = check_devices("a", a, b, group_lens, group_offs);
+  const int32_t device = check_mm_devices(a, a_scale, b, b_scale, group_lens, group_offs);
   if (a.dim() != 2 || b.dim() != 3)
     fail_with(ErrorKind::Value, kOp, ": 'a' must be 2-D and 'b' 3-D, got ", shape_string(a), " and ", shape_string(b));
   Tensor out = empty({a.sizes()[0], b.sizes()[1]}, out_dtype, device);
@@ -348,7 +370,7 @@ Tensor grouped_gemm_fp8_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, T
 Tensor grouped_gemm_fp8_wgrad_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens,
                                  std::optional<Tensor> group_offs, int64_t tokens, ScalarType out_dtype,
                                  int64_t num_sms) {
-  const int32_t device = check_devices("a", a, b, group_lens, group_offs);
+  const int32_t device = check_mm_devices(a, a_scale, b, b_scale, group_lens, group_offs);
   if (a.dim() != 2 || b.dim() != 2 || group_lens.dim() != 1)
     fail_with(ErrorKind::Value, kOp, ": wgrad operands must be 2-D and group_lens 1-D, got ", shape_string(a), ", ",
               shape_string(b), " and ", shape_string(group_lens));

@@ -95,6 +95,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> moe_index_per
   if (tokens.dim() != 2 || expert_map.dim() != 2)
     fail_with(ErrorKind::Value, "moe_permute: 'tokens' and 'expert_map' must be 2-D, got ", shape_string(tokens),
               " and ", shape_string(expert_map));
+  if (scaling_factor && scaling_factor->dim() != 2)
+    fail_with(ErrorKind::Value, "moe_permute: 'scaling_factor' must be 2-D [num_tokens, scales_per_token], got ",
+              shape_string(*scaling_factor));
   if (num_experts < 1 || num_experts > 1024)
     fail_with(ErrorKind::Value, "moe_permute: num_local_experts must be 1 to 1024, got ", num_experts);
   const int64_t t = tokens.sizes()[0], h = tokens.sizes()[1], e = num_experts, p = pad_multiple > 0 ? pad_multiple : 0;

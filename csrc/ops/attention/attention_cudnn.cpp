@@ -264,11 +264,14 @@ std::vector<int64_t> key_of(const Problem& p, bool backward, bool deterministic,
   std::memcpy(&scale_bits, &r.softmax_scale, sizeof(scale_bits));
   const bool ragged = packed(p);
   const int64_t sq = ragged ? seq_bucket(r.seqlen_q) : r.seqlen_q, sk = ragged ? seq_bucket(r.seqlen_k) : r.seqlen_k;
+  // Packed: the lse strides hold the token count, which the graph never reads (it writes cuDNN's own
+  // statistics layout); keyed, they would make a graph per batch of documents.
+  const int64_t lse_sb = ragged ? 0 : r.lse_sb, lse_sh = ragged ? 0 : r.lse_sh;
   std::vector<int64_t> key{device,     backward,   deterministic, p.dtype,      r.batch,      sq,
                            sk,         r.heads_q,  r.heads_kv,    r.head_dim,   r.head_dim_v, r.q_sb,
                            r.q_ss,     r.q_sh,     r.k_sb,        r.k_ss,       r.k_sh,       r.v_sb,
-                           r.v_ss,     r.v_sh,     r.o_sb,        r.o_ss,       r.o_sh,       r.lse_sb,
-                           r.lse_sh,   scale_bits, r.window_left, r.window_right, r.sink != nullptr, ragged};
+                           r.v_ss,     r.v_sh,     r.o_sb,        r.o_ss,       r.o_sh,       lse_sb,
+                           lse_sh,     scale_bits, r.window_left, r.window_right, r.sink != nullptr, ragged};
   if (backward) {
     for (int64_t s : {r.do_sb, r.do_ss, r.do_sh, r.dq_sb, r.dq_ss, r.dq_sh, r.dk_sb, r.dk_ss, r.dk_sh, r.dv_sb,
                       r.dv_ss, r.dv_sh})
@@ -385,6 +388,8 @@ void prepare_ragged(const Problem& p, bool backward, const RaggedScratch& scratc
   rp.seqlens = scratch.seqlens;
   rp.offsets = scratch.offsets;
   rp.batch = r.batch;
+  rp.total = r.total_q < r.total_k ? r.total_q : r.total_k;
+  rp.max_len = r.seqlen_q < r.seqlen_k ? r.seqlen_q : r.seqlen_k;
   const int64_t strides[] = {r.q_ss, r.k_ss, r.v_ss, r.o_ss, r.heads_q, r.do_ss, r.dq_ss, r.dk_ss, r.dv_ss};
   rp.num_strides = backward ? 9 : kForwardRagged;
   for (int i = 0; i < rp.num_strides; ++i) rp.strides[i] = strides[i];

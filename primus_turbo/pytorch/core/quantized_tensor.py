@@ -411,9 +411,8 @@ class QuantizedTensor(torch.Tensor):
         if isinstance(x, QuantizedTensor):
             if func in (aten.detach.default, aten.alias.default):
                 alias = x._like(x._data.detach(), x._scale_inv.detach(), x.shape, x._quantized_axis)
-                memo = _OPERAND_MEMOS.get(id(x))
-                if memo is not None:  # the same data: the same restatements
-                    _attach_memo(alias, memo)
+                memo = _OPERAND_MEMOS.get(id(x))  # the same data: the same restatements, shared
+                _attach_memo(alias, memo if memo is not None else _attach_memo(x, {}))
                 return alias
             if func in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
                 return x._reshaped(args[1])

@@ -396,9 +396,12 @@ def flash_attn_varlen_func(
             f"{op}: arguments 'cu_seqlens_q' and 'cu_seqlens_k' are required (use flash_attn_func without them)"
         )
     # int64 offsets (torch's default integer type) become the int32 the kernels read.
+    same = cu_seqlens_k is cu_seqlens_q  # one tensor stays one (cuDNN's packed path needs to see it)
     if isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dtype == torch.int64:
         cu_seqlens_q = cu_seqlens_q.to(torch.int32)
-    if isinstance(cu_seqlens_k, torch.Tensor) and cu_seqlens_k.dtype == torch.int64:
+    if same:
+        cu_seqlens_k = cu_seqlens_q
+    elif isinstance(cu_seqlens_k, torch.Tensor) and cu_seqlens_k.dtype == torch.int64:
         cu_seqlens_k = cu_seqlens_k.to(torch.int32)
     if type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
         max_seqlen_q, max_seqlen_k = (

@@ -342,9 +342,11 @@ def gemm_fp4(
         training = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
         if m and n and k and not (k % 16 or (training and (m % 16 or n % 16))):
             r = recipe_of(config)
+            out_dtype = a.dtype if out_dtype is None else out_dtype
+            if not training:  # the product alone: no backward copies (and no M, N alignment)
+                return _native_fwd(a, b, trans_a, trans_b, out_dtype, bool(r.use_2d_block), False, False, False)[0]
             return NativeGemmFp4Function.apply(
-                a, b, trans_a, trans_b, a.dtype if out_dtype is None else out_dtype, bool(r.use_2d_block),
-                bool(r.use_rht), bool(r.use_sr),
+                a, b, trans_a, trans_b, out_dtype, bool(r.use_2d_block), bool(r.use_rht), bool(r.use_sr),
             )
     out_dtype, m, k, n = check_hp_operands(
         "gemm_fp4", a, b, trans_a, trans_b, out_dtype,

@@ -12,7 +12,7 @@ extern "C" {
 #define PT_RAGGED_MAX_STRIDES 12
 #define PT_RAGGED_MAX_TAILS 6
 
-// Rows [cu[batch], total) of a packed output, which no sequence covers: element (row, head, i) at
+// Rows [clamped cu[batch], total) of a packed output, which no sequence covers: element (row, head, i) at
 // data + (row * ss + head * sh + i) * elem_bytes, set to `fill` (elem_bytes 2: bf16/fp16 zero;
 // 4: fp32, e.g. +inf for a log-sum-exp).
 typedef struct PtRaggedTail {
@@ -22,9 +22,11 @@ typedef struct PtRaggedTail {
   float fill;
 } PtRaggedTail;
 
-// From cu_seqlens [batch + 1] (int32, on the device): seqlens[b] = cu[b + 1] - cu[b] (int32
-// [batch]) and, for each of num_strides token strides s_i (elements between consecutive tokens of
-// one operand), offsets[i * (batch + 1) + b] = cu[b] * s_i (int64): where sequence b starts in that
+// From cu_seqlens [batch + 1] (int32, on the device), each sequence's start clamped into
+// [0, total] and its length into [0, min(max_len, total - start)] (as our kernel reads them: bad
+// offsets never reach past the tensors or the graph's length bound): seqlens[b] (int32 [batch])
+// and, for each of num_strides token strides s_i (elements between consecutive tokens of one
+// operand), offsets[i * (batch + 1) + b] = start_b * s_i (int64): where sequence b starts in that
 // operand, the "ragged offset" cuDNN reads for packed sequences; then the tails of the outputs
 // cuDNN leaves untouched are filled. No host sync.
 typedef struct PtRaggedParams {
@@ -32,6 +34,8 @@ typedef struct PtRaggedParams {
   int32_t* seqlens;
   int64_t* offsets;
   int64_t batch;
+  int64_t total;    // rows of the packed tensors
+  int64_t max_len;  // the length bound the graph was built for
   int32_t num_strides;
   int64_t strides[PT_RAGGED_MAX_STRIDES];
   int32_t num_tails;

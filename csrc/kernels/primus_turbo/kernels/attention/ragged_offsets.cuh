@@ -16,11 +16,18 @@ namespace primus_turbo::kernels::attention {
 
 constexpr int kRaggedThreads = 256;
 
+__device__ __forceinline__ int64_t clamped_start(const PtRaggedParams& p, int64_t b) {
+  return min(max(static_cast<int64_t>(p.cu_seqlens[b]), int64_t{0}), p.total);
+}
+
 __global__ void __launch_bounds__(kRaggedThreads) ragged_offsets_kernel(const PtRaggedParams p) {
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * kRaggedThreads + threadIdx.x; b <= p.batch;
        b += static_cast<int64_t>(gridDim.x) * kRaggedThreads) {
-    const int64_t start = p.cu_seqlens[b];
-    if (b < p.batch) p.seqlens[b] = p.cu_seqlens[b + 1] - p.cu_seqlens[b];
+    const int64_t start = clamped_start(p, b);
+    if (b < p.batch) {
+      const int64_t len = static_cast<int64_t>(p.cu_seqlens[b + 1]) - p.cu_seqlens[b];
+      p.seqlens[b] = static_cast<int32_t>(min(max(len, int64_t{0}), min(p.max_len, p.total - start)));
+    }
     for (int i = 0; i < p.num_strides; ++i) p.offsets[i * (p.batch + 1) + b] = start * p.strides[i];
   }
 }
@@ -29,7 +36,7 @@ __global__ void __launch_bounds__(kRaggedThreads) ragged_offsets_kernel(const Pt
 // has rows past the last sequence).
 __global__ void __launch_bounds__(kRaggedThreads) ragged_tails_kernel(const PtRaggedParams p) {
   const PtRaggedTail t = p.tails[blockIdx.y];
-  const int64_t first = p.cu_seqlens[p.batch];
+  const int64_t first = clamped_start(p, p.batch);
   const int64_t per_row = static_cast<int64_t>(t.heads) * t.dim;
   const int64_t count = (t.total > first ? t.total - first : 0) * per_row;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * kRaggedThreads + threadIdx.x; e < count;
