@@ -38,8 +38,6 @@ Tensor fp4_product(const Fp4& x, const Fp4& y, bool swap, ScalarType dtype, int3
   return out;
 }
 
-Tensor placeholder(int32_t device) { return empty({0}, ScalarType::Byte, device); }
-
 int32_t recipe_flags(bool two_d, bool rht, bool sr) {
   return (two_d ? PT_QUANT_2D_BLOCK : 0) | (rht ? PT_QUANT_RHT : 0) | (sr ? PT_QUANT_SR : 0);
 }
@@ -60,9 +58,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> gemm_fp4_fwd(Tensor a_in, Ten
   const Tensor a = as_contiguous(a_in), b = as_contiguous(b_in);
   // a: op(a) along K is a's row output (its col output with trans_a); the wgrad's op(a)^T along M
   // is the other one, Hadamard-transformed when the recipe says so (then a call of its own).
-  const bool a_wgrad_separate = need_b && rht;
-  auto [a_row, a_col] = quantize_fp4(a, !trans_a || (need_b && !rht && trans_a), trans_a || (need_b && !rht && !trans_a),
-                                     0, 0, device, stream);
+  const bool a_both = need_b && !rht;  // the wgrad copy without a transform: one pass writes both
+  auto [a_row, a_col] = quantize_fp4(a, !trans_a || a_both, trans_a || a_both, 0, 0, device, stream);
   const Fp4& a_fwd = trans_a ? *a_col : *a_row;
   // b: 32x32 blocks serve both orientations (one call writes both copies).
   auto [b_row, b_col] = quantize_fp4(b, trans_b || need_a, !trans_b || need_a, recipe_flags(two_d, false, false),
@@ -78,7 +75,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> gemm_fp4_fwd(Tensor a_in, Ten
   }
   if (need_b) {
     std::optional<Fp4> am;
-    if (a_wgrad_separate) {
+    if (!a_both) {
       auto [r, c] = quantize_fp4(a, trans_a, !trans_a, recipe_flags(false, true, false), 0, device, stream);
       am = trans_a ? r : c;
     } else {

@@ -78,8 +78,6 @@ pt_gemm_fp8_plan make_plan(const pt_tensor& pa, const pt_tensor& psa, int32_t sa
   return plan;
 }
 
-Tensor empty_scalar_like(int32_t device) { return empty({0}, ScalarType::Byte, device); }
-
 // The forward product; with for_backward, also the copies the backward reads: a along M and b
 // along N (as the quantizer wrote them), else none.
 struct Forward {
@@ -125,8 +123,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> gemm_fp8_fwd(Tensor a, Tensor
   Forward f = forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward);
   if (!for_backward) {
     const int32_t device = f.out.get_device();
-    return {f.out, empty_scalar_like(device), empty_scalar_like(device), empty_scalar_like(device),
-            empty_scalar_like(device)};
+    return {f.out, placeholder(device), placeholder(device), placeholder(device),
+            placeholder(device)};
   }
   return {f.out, f.a_bwd->q, f.a_bwd->s, f.b_bwd->q, f.b_bwd->s};
 }
@@ -157,7 +155,7 @@ std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_
   const Quantized a_saved{a_bwd, sa_bwd, act};  // [K, M] along M
   const Quantized b_saved{b_bwd, sb_bwd, wgt};  // [K, N] along N
   const int64_t m = grad.sizes()[0], n = grad.sizes()[1], k = a_bwd.sizes()[0];
-  Tensor grad_a = empty_scalar_like(device), grad_b = empty_scalar_like(device);
+  Tensor grad_a = placeholder(device), grad_b = placeholder(device);
   if (need_a) {
     // d op(a) [M, K] = grad [M, N] x op(b) [K, N]^T; with trans_a the operands swap and d a [K, M]
     // comes out directly.

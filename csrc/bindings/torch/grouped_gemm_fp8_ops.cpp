@@ -34,12 +34,7 @@ namespace {
 constexpr const char* kOp = "grouped_gemm_fp8";
 constexpr int64_t kBlock = 128;
 
-struct Fp8Plan {
-  Choice choice;
-  size_t workspace_bytes = 0;
-};
-
-PlanCache<Fp8Plan> g_plans;
+PlanCache<WorkspacePlan> g_plans;
 
 // out = grouped (a * sa) @ (b * sb)^T on the cached plan of the problem. tokens < 0: forward/dgrad;
 // else the variable-K wgrad over that many tokens.
@@ -67,16 +62,12 @@ void run_mm(const Tensor& a_in, const Tensor& sa_in, const Tensor& b_in, const T
                               device, alignment(pa.data) >= 16, alignment(pb.data) >= 16, alignment(pd.data) >= 16,
                               num_sms};
   const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GROUPED_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
-  Fp8Plan plan;
-  if (!g_plans.find(key, &plan)) {
-    plan.choice = plan_with_python(kPlanGroupedGemmFp8, &args, device, kOp);
-    check_status(
-        pt_grouped_gemm_fp8_workspace_size(&args, plan.choice.backend, plan.choice.config, &plan.workspace_bytes),
-        kOp);
-    if (!is_capturing(stream)) plan = g_plans.insert(key, plan);  // a capture-time choice may be provisional
-  }
-  const Tensor ws = empty({static_cast<int64_t>(plan.workspace_bytes ? plan.workspace_bytes : 1)}, ScalarType::Byte,
-                          device);
+  const WorkspacePlan plan = workspace_plan(
+      g_plans, key, kPlanGroupedGemmFp8, &args, device, stream, kOp,
+      [&](int32_t backend, int32_t config, size_t* bytes) {
+        return pt_grouped_gemm_fp8_workspace_size(&args, backend, config, bytes);
+      });
+  const Tensor ws = plan_workspace(plan, device);
   check_status(pt_grouped_gemm_fp8(&args, plan.choice.backend, plan.choice.config, ws.data_ptr(),
                                    plan.workspace_bytes, stream),
                kOp);
@@ -224,8 +215,6 @@ int32_t check_devices(const char* first, const Tensor& x, const Tensor& b, const
   add_present(all, "group_offs", offs);
   return check_cuda(op, all);
 }
-
-Tensor placeholder(int32_t device) { return empty({0}, ScalarType::Byte, device); }
 
 // Returns (out [M, N], wq, ws): with for_backward and a TENSORWISE / BLOCKWISE weight, the weight as
 // quantized (as it lies) and its scales, which the backward orients for the dgrad; else

@@ -16,12 +16,7 @@ namespace primus_turbo::torch_binding {
 
 namespace {
 
-struct GroupedPlan {
-  Choice choice;
-  size_t workspace_bytes = 0;
-};
-
-PlanCache<GroupedPlan> g_plans;
+PlanCache<WorkspacePlan> g_plans;
 
 constexpr const char* kOp = "grouped_gemm";
 
@@ -119,7 +114,7 @@ void check_group_lens_on_host(const char* op, const Tensor& lens, int64_t rows, 
 }
 
 void grouped_gemm_run(const Tensor& a_in, const Tensor& b_in, const Tensor& lens_in, const std::optional<Tensor>& offs_in,
-         const Tensor& out, bool wgrad, bool trans_b, int64_t num_sms, int32_t device) {
+                      const Tensor& out, bool wgrad, bool trans_b, int64_t num_sms, int32_t device) {
   if (out.numel() == 0) return;
   const Tensor a = as_contiguous(a_in), b = as_contiguous(b_in), lens = as_contiguous(lens_in);
   std::optional<Tensor> offs;
@@ -139,16 +134,12 @@ void grouped_gemm_run(const Tensor& a_in, const Tensor& b_in, const Tensor& lens
                               pl.shape[0], offs ? 1 : 0, pa.dtype, (wgrad ? 1 : 0) | (trans_b ? 2 : 0), device,
                               alignment(pa.data) >= 16, alignment(pb.data) >= 16, alignment(pd.data) >= 16, num_sms};
   const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GROUPED_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
-  GroupedPlan plan;
-  if (!g_plans.find(key, &plan)) {
-    plan.choice = plan_with_python(kPlanGroupedGemm, &args, device, kOp);
-    check_status(pt_grouped_gemm_workspace_size(&args, plan.choice.backend, plan.choice.config, &plan.workspace_bytes),
-                 kOp);
-    if (!is_capturing(stream)) plan = g_plans.insert(key, plan);  // a capture-time choice may be provisional
-  }
-  // From torch's caching allocator: graph-safe, and freed (stream-ordered) after the launch.
-  const Tensor ws = empty({static_cast<int64_t>(plan.workspace_bytes ? plan.workspace_bytes : 1)}, ScalarType::Byte,
-                          device);
+  const WorkspacePlan plan = workspace_plan(
+      g_plans, key, kPlanGroupedGemm, &args, device, stream, kOp,
+      [&](int32_t backend, int32_t config, size_t* bytes) {
+        return pt_grouped_gemm_workspace_size(&args, backend, config, bytes);
+      });
+  const Tensor ws = plan_workspace(plan, device);
   check_status(pt_grouped_gemm(&args, plan.choice.backend, plan.choice.config, ws.data_ptr(), plan.workspace_bytes,
                                stream),
                kOp);

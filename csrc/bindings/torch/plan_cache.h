@@ -101,6 +101,31 @@ class PlanCache {
   std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;
 };
 
+// The plan of a grouped GEMM: the planner's (backend, config) and the workspace it needs.
+struct WorkspacePlan {
+  Choice choice;
+  size_t workspace_bytes = 0;
+};
+
+// The cached plan for key, else the planner's choice for `request` with its workspace size
+// (workspace_size(backend, config, &bytes), a core call), cached unless made during a CUDA-graph
+// capture (then it may be provisional).
+template <class WorkspaceSize>
+WorkspacePlan workspace_plan(PlanCache<WorkspacePlan>& cache, const PlanKey& key, PlannerOp op, const void* request,
+                             int32_t device, void* stream, const char* context, WorkspaceSize&& workspace_size) {
+  WorkspacePlan plan;
+  if (cache.find(key, &plan)) return plan;
+  plan.choice = plan_with_python(op, request, device, context);
+  check_status(workspace_size(plan.choice.backend, plan.choice.config, &plan.workspace_bytes), context);
+  return is_capturing(stream) ? plan : cache.insert(key, plan);
+}
+
+// The plan's workspace from torch's caching allocator (graph-safe, freed stream-ordered after the
+// launch); at least one byte.
+inline Tensor plan_workspace(const WorkspacePlan& plan, int32_t device) {
+  return empty({static_cast<int64_t>(plan.workspace_bytes ? plan.workspace_bytes : 1)}, ScalarType::Byte, device);
+}
+
 // A core plan handle (pt_gemm_plan, pt_gemm_fp8_plan) and its destroy function, owning.
 template <class Plan>
 using OwnedPlan = std::unique_ptr<std::remove_pointer_t<Plan>, void (*)(Plan)>;

@@ -202,6 +202,8 @@ Tensor fresh_copy(const Tensor& t) {
   return copy;
 }
 
+Tensor placeholder(int32_t device) { return empty({0}, ScalarType::Byte, device); }
+
 Tensor contiguous_as(const Tensor& t, ScalarType dtype) {
   if (t.scalar_type() == dtype) return torch_binding::as_contiguous(t);
   return torch_binding::as_contiguous(torch::stable::to(t, dtype));

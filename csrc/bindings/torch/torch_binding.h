@@ -98,6 +98,8 @@ Tensor as_contiguous(const Tensor& t);
 Tensor fresh_copy(const Tensor& t);
 // t itself when it has dtype and is contiguous, else a contiguous copy converted to dtype.
 Tensor contiguous_as(const Tensor& t, ScalarType dtype);
+// The empty uint8 tensor an op returns for an output not asked for (a gradient, a saved copy).
+Tensor placeholder(int32_t device);
 
 // torch's current stream on device.
 void* current_stream(int32_t device);
