@@ -27,6 +27,8 @@ void* cudnn_dlhandle = nullptr;
 
 namespace primus_turbo::attention::cudnn {
 
+namespace {
+
 // The packed-sequence metadata module (kernels/attention/ragged_offsets.cuh): small, no CUTLASS.
 PtRaggedFn load_ragged_kernel(const std::string& arch) {
   static jit::LoadedCache<std::string, PtRaggedFn> loaded;
@@ -41,6 +43,8 @@ PtRaggedFn load_ragged_kernel(const std::string& arch) {
     return module->function<PtRaggedFn>("pt_ragged_run");
   });
 }
+
+}  // namespace
 
 void prepare_ragged_metadata(const std::string& arch) { load_ragged_kernel(arch); }
 
@@ -72,6 +76,9 @@ enum Uid : int64_t {
 // Ragged offset tensors, in the order the metadata kernel writes them (PtRaggedParams.offsets).
 constexpr Uid kRaggedUids[] = {kRagQ, kRagK, kRagV, kRagO, kRagStats, kRagDout, kRagDq, kRagDk, kRagDv};
 constexpr int kForwardRagged = 5;  // q, k, v, o, stats; the backward adds dout, dq, dk, dv
+
+// Ragged offset tensors a direction's graph reads (the first ones of kRaggedUids).
+int ragged_count(bool backward) { return backward ? static_cast<int>(std::size(kRaggedUids)) : kForwardRagged; }
 
 bool packed(const Problem& p) { return p.params.cu_seqlens_q != nullptr; }
 
@@ -365,9 +372,6 @@ RaggedScratch ragged_scratch(const Problem& p, char* base) {
           reinterpret_cast<float*>(base + lens + offs), lens + offs + stats};
 }
 
-// y = x^T for fp32 matrices (the statistics between cuDNN's token-major layout and ours).
-void transpose(void* x, int64_t rows, int64_t cols, void* y, void* stream);
-
 pt_tensor matrix(void* data, int64_t rows, int64_t cols) {
   pt_tensor t{};
   t.data = data;
@@ -376,6 +380,14 @@ pt_tensor matrix(void* data, int64_t rows, int64_t cols) {
   t.shape[0] = rows, t.shape[1] = cols;
   t.strides[0] = cols, t.strides[1] = 1;
   return t;
+}
+
+// y = x^T for fp32 matrices (the statistics between cuDNN's token-major layout and ours).
+void transpose(void* x, int64_t rows, int64_t cols, void* y, void* stream) {
+  const pt_tensor in = matrix(x, rows, cols);
+  pt_tensor out = matrix(y, cols, rows);
+  if (pt_transpose_last2(&in, &out, stream) != PT_SUCCESS)
+    PT_THROW(PT_ERROR_CUDA, "cuDNN attention: statistics transpose failed: ", pt_last_error());
 }
 
 // Before the graph of a packed problem: lengths and offsets from cu_seqlens, the output rows no
@@ -390,8 +402,10 @@ void prepare_ragged(const Problem& p, bool backward, const RaggedScratch& scratc
   rp.batch = r.batch;
   rp.total = r.total_q < r.total_k ? r.total_q : r.total_k;
   rp.max_len = r.seqlen_q < r.seqlen_k ? r.seqlen_q : r.seqlen_k;
+  // Token strides in kRaggedUids' order (the statistics: token-major, Hq per token).
   const int64_t strides[] = {r.q_ss, r.k_ss, r.v_ss, r.o_ss, r.heads_q, r.do_ss, r.dq_ss, r.dk_ss, r.dv_ss};
-  rp.num_strides = backward ? 9 : kForwardRagged;
+  static_assert(std::size(strides) == std::size(kRaggedUids));
+  rp.num_strides = ragged_count(backward);
   for (int i = 0; i < rp.num_strides; ++i) rp.strides[i] = strides[i];
   const auto tail = [&](void* data, int64_t total, int64_t ss, int64_t sh, int32_t heads, int32_t dim, int32_t bytes,
                         float fill) { rp.tails[rp.num_tails++] = PtRaggedTail{data, total, ss, sh, heads, dim, bytes, fill}; };
@@ -408,13 +422,6 @@ void prepare_ragged(const Problem& p, bool backward, const RaggedScratch& scratc
   if (load_ragged_kernel(arch_for_device(current_device()))(&rp, err, sizeof(err)) != 0)
     PT_THROW(PT_ERROR_CUDA, "cuDNN attention: packed-sequence metadata failed: ", err);
   if (backward) transpose(r.lse, r.heads_q, r.total_q, scratch.stats, stream);
-}
-
-void transpose(void* x, int64_t rows, int64_t cols, void* y, void* stream) {
-  const pt_tensor in = matrix(x, rows, cols);
-  pt_tensor out = matrix(y, cols, rows);
-  if (pt_transpose_last2(&in, &out, stream) != PT_SUCCESS)
-    PT_THROW(PT_ERROR_CUDA, "cuDNN attention: statistics transpose failed: ", pt_last_error());
 }
 
 }  // namespace
@@ -437,8 +444,7 @@ void execute(const Plan& plan, const Problem& p, void* workspace, void* stream) 
                                           {kStats, ragged ? scratch.stats : r.lse}};
   if (ragged) {
     pack[kSeqLens] = pack[kSeqLensK] = scratch.seqlens;
-    const int used = backward ? 9 : kForwardRagged;
-    for (int i = 0; i < used; ++i) pack[kRaggedUids[i]] = scratch.offsets + i * (r.batch + 1);
+    for (int i = 0; i < ragged_count(backward); ++i) pack[kRaggedUids[i]] = scratch.offsets + i * (r.batch + 1);
   }
   if (r.sink != nullptr) pack[kSink] = const_cast<float*>(r.sink);
   if (r.dout != nullptr) {
