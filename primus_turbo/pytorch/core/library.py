@@ -22,6 +22,12 @@ def define(schema: str, cuda_impl, fake_impl) -> torch._ops.OpOverload:
     return getattr(torch.ops.primus_turbo, name).default
 
 
+def placeholder(like: torch.Tensor) -> torch.Tensor:
+    """The empty uint8 tensor a native op returns for an output not asked for (a gradient, a saved
+    copy), as its fake implementation states it."""
+    return like.new_empty((0,), dtype=torch.uint8)
+
+
 def register_fake(name: str, fake_impl) -> None:
     """Gives a native op (declared and implemented in C++) its fake implementation: shapes and the
     argument checks under tracing, meta and fake tensors."""

@@ -164,22 +164,21 @@ def _native_fwd_fake(a, b, trans_a, trans_b, out_dtype, two_d, rht, need_a, need
         "gemm_fp4", a, b, trans_a, trans_b, out_dtype, "expanded FP8 rows are read 16 bytes at a time",
         "its transposed operands have rows of length M and N; the Hadamard transform works on groups of 16 along M",
     )
-    placeholder = lambda: a.new_empty((0,), dtype=torch.uint8)
+    none = (library.placeholder(a), library.placeholder(a))
     u8 = dict(dtype=torch.uint8)
     qbn, sbn = ((a.new_empty((k, n // 2), **u8), a.new_empty((_cdiv(k, 32) if two_d else k, _cdiv(n, 32)), **u8))
-                if need_a else (placeholder(), placeholder()))
-    qam, sam = ((a.new_empty((k, m // 2), **u8), a.new_empty((k, _cdiv(m, 32)), **u8))
-                if need_b else (placeholder(), placeholder()))
+                if need_a else none)
+    qam, sam = (a.new_empty((k, m // 2), **u8), a.new_empty((k, _cdiv(m, 32)), **u8)) if need_b else none
     return a.new_empty((m, n), dtype=out_dtype), qbn, sbn, qam, sam
 
 
 def _native_bwd_fake(grad_out, qbn, sbn, qam, sam, trans_a, trans_b, rht, sr, seed_dgrad, seed_wgrad, a_dtype,
                      b_dtype, need_a, need_b):
-    m, n = grad_out.shape
-    placeholder = lambda: grad_out.new_empty((0,), dtype=torch.uint8)
-    grad_a = grad_out.new_empty((qbn.shape[0], m) if trans_a else (m, qbn.shape[0]), dtype=a_dtype) if need_a else None
-    grad_b = grad_out.new_empty((n, qam.shape[0]) if trans_b else (qam.shape[0], n), dtype=b_dtype) if need_b else None
-    return grad_a if need_a else placeholder(), grad_b if need_b else placeholder()
+    m, n, none = grad_out.shape[0], grad_out.shape[1], library.placeholder(grad_out)
+    k_a, k_b = qbn.shape[0], qam.shape[0]
+    grad_a = grad_out.new_empty((k_a, m) if trans_a else (m, k_a), dtype=a_dtype) if need_a else none
+    grad_b = grad_out.new_empty((n, k_b) if trans_b else (k_b, n), dtype=b_dtype) if need_b else none
+    return grad_a, grad_b
 
 
 # Native ops (csrc/bindings/torch/gemm_fp4_ops.cpp): quantization, restatement and GEMM per direction.

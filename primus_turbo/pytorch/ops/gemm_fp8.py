@@ -390,10 +390,9 @@ def _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_bac
         "gemm_fp8", a, b, trans_a, trans_b, out_dtype, "FP8 GEMM operands are read in 16-byte rows",
         "its transposed FP8 operands have rows of length M and N",
     )
-    placeholder = lambda: a.new_empty((0,), dtype=torch.uint8)
     out = a.new_empty((m, n), dtype=out_dtype)
     if not for_backward:
-        return out, placeholder(), placeholder(), placeholder(), placeholder()
+        return out, *(library.placeholder(a) for _ in range(4))
     s_a = {0: (), 1: (k, 1), 2: (_cdiv(m, 128), k)}[granularity]  # 1x128: MN-major, as the GEMM reads it
     s_b = {0: (), 1: (k, 1), 2: (_cdiv(k, 128), _cdiv(n, 128))}[granularity]
     f32 = torch.float32
@@ -406,10 +405,9 @@ def _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_bac
 def _bwd_fake(grad, a_bwd, sa_bwd, b_bwd, sb_bwd, trans_a, trans_b, grad_dtype, granularity, a_dtype, b_dtype,
               need_a, need_b, main_grad):
     m, n, k = grad.shape[0], grad.shape[1], a_bwd.shape[0]
-    placeholder = lambda: grad.new_empty((0,), dtype=torch.uint8)
-    grad_a = grad.new_empty((k, m) if trans_a else (m, k), dtype=a_dtype) if need_a else placeholder()
+    grad_a = grad.new_empty((k, m) if trans_a else (m, k), dtype=a_dtype) if need_a else library.placeholder(grad)
     wants_b = need_b and main_grad is None
-    grad_b = grad.new_empty((n, k) if trans_b else (k, n), dtype=b_dtype) if wants_b else placeholder()
+    grad_b = grad.new_empty((n, k) if trans_b else (k, n), dtype=b_dtype) if wants_b else library.placeholder(grad)
     return grad_a, grad_b
 
 

@@ -43,12 +43,14 @@ from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_num_cu, r
 from primus_turbo.pytorch.ops._transpose import transpose_last2
 from primus_turbo.pytorch.ops.gemm_fp4 import _check_config, _q, _seed, recipe_of
 from primus_turbo.pytorch.ops.grouped_gemm import _grouped_gemm_wgrad_op, grouped_gemm
-from primus_turbo.pytorch.ops.grouped_gemm_fp8 import check_hp_operands, grouped_fp8_mm
+from primus_turbo.pytorch.ops.grouped_gemm_fp8 import check_hp_operands, grouped_fp8_mm, plain_hp_operands
 
 __all__ = ["grouped_gemm_fp4"]
 
 _OP = "grouped_gemm_fp4"
 _MX = _mx_blocks.MX_BLOCK
+# What the MXFP4 grouped GEMM needs of K and N (check_hp_operands' multiple and reason).
+_FP4_BLOCKS = (_MX, "MXFP4 blocks of 32, and 32x32 weight blocks that must not span two experts in either orientation")
 _ROWWISE_B_SCALES = 1  # grouped_fp8_mm's b_scale_rows: one 1x128 scale per row of B
 
 
@@ -126,18 +128,6 @@ def _activation(a):
     return _mx_blocks.mx_fp4_to_1x128(a.qdata, a.scale_inv)
 
 
-def _native_ok(a, b) -> bool:
-    """Plain bf16/fp16 CUDA operands of the right ranks and a non-empty problem go native; anything
-    else (and every error message) through the composed path."""
-    if isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor):
-        return False
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or not a.is_cuda:
-        return False
-    if a.dim() != 2 or b.dim() != 3 or a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
-        return False
-    return 0 not in a.shape and 0 not in b.shape
-
-
 class GroupedGemmFp4Function(torch.autograd.Function):
     """Per-group MXFP4 GEMM; ``a`` and ``b`` high-precision or FP4 QuantizedTensors (``b_t``: the
     weight's copy along N for the dgrad)."""
@@ -183,16 +173,13 @@ class GroupedGemmFp4Function(torch.autograd.Function):
 
 
 def _native_fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, two_d, num_sms):
-    out_dtype, k, n = check_hp_operands(_OP, a, b, group_lens, group_offs, trans_b, out_dtype)
-    if k % _MX or n % _MX:
-        raise ValueError(f"{_OP}: K={k} and N={n} must be multiples of 32 (MXFP4 blocks of 32, and 32x32 weight "
-                         "blocks that must not span two experts in either orientation)")
+    out_dtype, k, n = check_hp_operands(_OP, a, b, group_lens, group_offs, trans_b, out_dtype, _FP4_BLOCKS)
     return a.new_empty((a.shape[0], n), dtype=out_dtype)
 
 
 def _native_bwd_fake(grad_out, a, b, group_lens, group_offs, trans_b, two_d, sr, seed, num_sms, need_a, need_b):
-    placeholder = lambda: a.new_empty((0,), dtype=torch.uint8)
-    return (a.new_empty(a.shape) if need_a else placeholder(), a.new_empty(b.shape) if need_b else placeholder())
+    none = library.placeholder(a)
+    return a.new_empty(a.shape) if need_a else none, a.new_empty(b.shape) if need_b else none
 
 
 # Native ops (csrc/bindings/torch/grouped_gemm_fp8_ops.cpp): FP4 quantization, restatement and the
@@ -279,18 +266,13 @@ def grouped_gemm_fp4(
         b, b_t = _qo.split_pair(_OP, "b", b, config)
     if fuse_bgrad_accum_pattern is not None and isinstance(b, torch.Tensor):
         b = route_wgrad_to_main_grad(b, fuse_bgrad_accum_pattern)
-    if b_t is None and _native_ok(a, b):  # checks, quantization and launches in C++
+    if b_t is None and plain_hp_operands(a, b):  # checks, quantization and launches in C++
         r = recipe_of(config)
         return NativeGroupedGemmFp4Function.apply(
             a, b, group_lens, group_offs, bool(trans_b), a.dtype if out_dtype is None else out_dtype,
             bool(r.use_2d_block), bool(r.use_sr), num_sms,
         )
-    out_dtype, k, n = check_hp_operands(_OP, a, b, group_lens, group_offs, trans_b, out_dtype)
-    if k % _MX or n % _MX:
-        raise ValueError(
-            f"{_OP}: K={k} and N={n} must be multiples of 32 (MXFP4 blocks of 32, and 32x32 weight blocks "
-            "that must not span two experts in either orientation)"
-        )
+    out_dtype, k, n = check_hp_operands(_OP, a, b, group_lens, group_offs, trans_b, out_dtype, _FP4_BLOCKS)
     check_cuda_tensors(
         _OP,
         a=a,

@@ -52,6 +52,7 @@ from primus_turbo.pytorch.ops.grouped_gemm import (
     check_group_lens_debug,
     grouped_gemm,
 )
+from primus_turbo.pytorch.ops.gemm_fp8 import _NATIVE_GRANULARITY
 from primus_turbo.pytorch.ops.quantization import quantize_fp8_transposed, quantize_fp8_unpadded
 
 __all__ = ["grouped_gemm_fp8"]
@@ -380,23 +381,11 @@ class GroupedGemmFp8Function(torch.autograd.Function):
         return grad_a, grad_b, None, None, None, None, None, None, None, None
 
 
-# pt_quant_granularity codes of the granularities the native forward / backward take.
-_NATIVE_GRANULARITY = {
-    ScalingGranularity.TENSORWISE: 0,
-    ScalingGranularity.ROWWISE: 1,
-    ScalingGranularity.BLOCKWISE: 2,
-}
-
-
 def _fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granularity, num_sms, for_backward):
-    out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype)
-    if k % 16 or n % 16:
-        raise ValueError(f"grouped_gemm_fp8: K={k} and N={n} must be multiples of 16 (FP8 operands are read in "
-                         "16-byte rows, and the dgrad reads rows of length N)")
-    placeholder = lambda: a.new_empty((0,), dtype=torch.uint8)
+    out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype, FP8_ROWS)
     out = a.new_empty((a.shape[0], n), dtype=out_dtype)
     if not for_backward or granularity == 1:  # ROWWISE: the backward quantizes b again, along N
-        return out, placeholder(), placeholder()
+        return out, library.placeholder(a), library.placeholder(a)
     g, x, y = b.shape
     s = () if granularity == 0 else (g, x // _BLOCK, _cdiv(y, _BLOCK))
     return out, b.new_empty(b.shape, dtype=fwd_dtype), b.new_empty(s, dtype=torch.float32)
@@ -404,9 +393,8 @@ def _fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granu
 
 def _bwd_fake(grad_out, a, b, wq, ws, group_lens, group_offs, trans_b, grad_dtype, fwd_dtype, granularity, num_sms,
               need_a, need_b):
-    placeholder = lambda: a.new_empty((0,), dtype=torch.uint8)
-    grad_a = a.new_empty(a.shape) if need_a else placeholder()
-    grad_b = a.new_empty(b.shape) if need_b else placeholder()
+    grad_a = a.new_empty(a.shape) if need_a else library.placeholder(a)
+    grad_b = a.new_empty(b.shape) if need_b else library.placeholder(a)
     return grad_a, grad_b
 
 
@@ -445,15 +433,23 @@ class NativeGroupedGemmFp8Function(torch.autograd.Function):
         return grad_a if need_a else None, grad_b if need_b else None, None, None, None, None, None, None, None
 
 
+def plain_hp_operands(a, b) -> bool:
+    """Whether a native low-precision grouped op takes these operands: plain (not quantized)
+    bf16/fp16 CUDA tensors a [M, K] and b [G, ., .] of one dtype, a non-empty problem. Anything else
+    (and every error message) goes through the composed path."""
+    if isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor):
+        return False
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or not a.is_cuda:
+        return False
+    if a.dim() != 2 or b.dim() != 3 or a.dtype not in _IN_DTYPES or b.dtype != a.dtype:
+        return False
+    return 0 not in a.shape and 0 not in b.shape
+
+
 def _native_ok(a, b, g) -> bool:
-    """Whether the native forward / backward take these operands: plain bf16/fp16 tensors of the
-    right ranks, a non-empty problem, a granularity it composes and 128x128 weight blocks that stay
-    inside one expert. Anything else (and every error message) goes through the Python path."""
-    if g not in _NATIVE_GRANULARITY or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-        return False
-    if a.dim() != 2 or b.dim() != 3 or a.dtype not in _IN_DTYPES or b.dtype != a.dtype or not a.is_cuda:
-        return False
-    if 0 in a.shape or 0 in b.shape:
+    """plain_hp_operands at a granularity the native path composes, with 128x128 weight blocks that
+    stay inside one expert."""
+    if g not in _NATIVE_GRANULARITY or not plain_hp_operands(a, b):
         return False
     return g != ScalingGranularity.BLOCKWISE or b.shape[1] % _BLOCK == 0
 
@@ -544,9 +540,14 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, n
 Operand = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
-def check_hp_operands(op: str, a, b, group_lens, group_offs, trans_b: bool, out_dtype):
+# What an FP8 grouped GEMM needs of K and N (check_hp_operands' multiple and reason).
+FP8_ROWS = (16, "FP8 operands are read in 16-byte rows, and the dgrad reads rows of length N")
+
+
+def check_hp_operands(op: str, a, b, group_lens, group_offs, trans_b: bool, out_dtype, rows: tuple = (1, "")):
     """Checks bf16/fp16 operands of a low-precision grouped GEMM (a [M, K], b [G, N, K] with
-    trans_b, else [G, K, N]) and the group tensors; returns (out_dtype, K, N)."""
+    trans_b, else [G, K, N]) and the group tensors, then K and N multiples of ``rows[0]`` (why:
+    ``rows[1]``); returns (out_dtype, K, N)."""
     for name, t, nd in (("a", a, 2), ("b", b, 3)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
@@ -568,6 +569,9 @@ def check_hp_operands(op: str, a, b, group_lens, group_offs, trans_b: bool, out_
             f"has K = {kb} (trans_b={trans_b})"
         )
     check_group_lens_debug(op, group_lens, a.shape[0])
+    multiple, reason = rows
+    if k % multiple or n % multiple:
+        raise ValueError(f"{op}: K={k} and N={n} must be multiples of {multiple} ({reason})")
     return out_dtype, k, n
 
 
@@ -639,12 +643,7 @@ def grouped_gemm_fp8(
             a, b, group_lens, group_offs, bool(trans_b), a.dtype if out_dtype is None else out_dtype, config.format, g,
             num_sms,
         )
-    out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype)
-    if k % 16 or n % 16:
-        raise ValueError(
-            f"grouped_gemm_fp8: K={k} and N={n} must be multiples of 16 (FP8 operands are read in 16-byte rows, "
-            "and the dgrad reads rows of length N)"
-        )
+    out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype, FP8_ROWS)
     check_cuda_tensors(
         "grouped_gemm_fp8",
         a=a,

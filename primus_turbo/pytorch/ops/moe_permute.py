@@ -24,16 +24,6 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_EXPERTS = 1024
 
 
-def _workspace_ints(tokens: int, experts: int) -> int:
-    """int32 elements of the routing-map builder's workspace (pt_moe_route_workspace_ints)."""
-    tiles = (tokens + 255) // 256
-    return tiles * (experts + 1) + 3 * experts + 3
-
-
-def _rows_in_use_index(tokens: int, experts: int) -> int:
-    return _workspace_ints(tokens, experts) - 3
-
-
 def _opt(t):
     return to_pt(t) if t is not None else None
 

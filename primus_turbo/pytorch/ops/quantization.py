@@ -112,13 +112,13 @@ def _outputs(x, out_dtype, g, block, row, col, col_transposed, flags):
         q_row = x.new_empty((m, k // 2) if fp4 else (m, k), dtype=out_dtype)
         s_row = x.new_empty(_scale_shape(g, block, m, k, True, False, two_d, mn), dtype=sdt)
     else:  # absent outputs are distinct empty tensors (a custom op's outputs must not alias)
-        q_row, s_row = x.new_empty((0,), dtype=torch.uint8), x.new_empty((0,), dtype=torch.uint8)
+        q_row, s_row = library.placeholder(x), library.placeholder(x)
     if col:
         shape = (k, m // 2) if fp4 else ((k, m) if col_transposed else (m, k))
         q_col = x.new_empty(shape, dtype=out_dtype)
         s_col = x.new_empty(_scale_shape(g, block, m, k, False, col_transposed, two_d, mn), dtype=sdt)
     else:
-        q_col, s_col = x.new_empty((0,), dtype=torch.uint8), x.new_empty((0,), dtype=torch.uint8)
+        q_col, s_col = library.placeholder(x), library.placeholder(x)
     return q_row, s_row, q_col, s_col
 
 
