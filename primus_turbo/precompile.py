@@ -235,6 +235,7 @@ DEFAULT_FAMILIES = ("norm", "activation", "rope", "attention", "quantization", "
 # (head dim of q/k, head dim of v) of the attention modules: the model tables' pairs, and the rest
 # of what the kernel takes.
 ATTENTION_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256))
+ATTENTION_FP8_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128))  # the FP8 forward's
 
 
 def _prepare_jobs(family: str) -> List[Tuple]:
@@ -262,6 +263,9 @@ def _prepare_jobs(family: str) -> List[Tuple]:
         for dt in (_BF16, _F16):
             for d, dv in ATTENTION_HEAD_DIMS:
                 jobs.append(("prepare", f"attention dtype {dt} head dims {d}/{dv}", "pt_attention_prepare", (dt, d, dv)))
+            for d, dv in ATTENTION_FP8_HEAD_DIMS:
+                jobs.append(("prepare", f"FP8 attention dtype {dt} head dims {d}/{dv}", "pt_attention_fp8_prepare",
+                             (dt, d, dv)))
     elif family == "quantization":
         for dt in (_BF16, _F16, _F32):
             for q in (_E4M3, _E5M2, _FP4):

@@ -4,7 +4,8 @@
 
 Each case runs once and checks nothing but that it completes: memcheck reports any out-of-bounds or
 misaligned access, racecheck (--tool racecheck) shared-memory races. Families: gemm, norm, rope,
-grouped, gemm_fp8, activation, quantize.
+grouped, gemm_fp8, activation, quantize, attention,
+attention_fp8.
 """
 
 import sys
@@ -68,7 +69,22 @@ def quantize():
     turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, ScalingGranularity.ROWWISE, axis=-1)
 
 
-CASES = {f.__name__: f for f in (gemm, norm, rope, grouped, gemm_fp8, activation, quantize)}
+def attention():
+    q, k, v = t(2, 77, 4, 64), t(2, 130, 2, 64), t(2, 130, 2, 64)
+    step(turbo.ops.flash_attn_func(q, k, v, causal=True), q, k, v)
+
+
+def attention_fp8():
+    q, k, v = t(2, 77, 4, 128), t(2, 200, 2, 128), t(2, 200, 2, 128)
+    turbo.ops.flash_attn_fp8_func(q.detach(), k.detach(), v.detach(), causal=True)
+    cu = torch.tensor([0, 5, 5, 150, 200], device=dev, dtype=torch.int32)
+    pq, pk, pv = t(200, 4, 64, grad=False), t(200, 2, 64, grad=False), t(200, 2, 64, grad=False)
+    turbo.ops.flash_attn_varlen_fp8_func(pq, pk, pv, cu, cu, 145, 145, window_size=(33, 0))
+
+
+CASES = {
+    f.__name__: f for f in (gemm, norm, rope, grouped, gemm_fp8, activation, quantize, attention, attention_fp8)
+}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(CASES):

@@ -7,6 +7,7 @@ shapes of the model tables (config.gen_attention_test_cases, shared/MODELS.md).
     python benchmark/ops/bench_attention.py --seqlens 4096 8192 --tokens 32768
     python benchmark/ops/bench_attention.py --quick --backend TURBO   # our kernel only (default: unset,
                                                                       # cuDNN where it runs, else ours)
+    python benchmark/ops/bench_attention.py --quick --fp8   # flash_attn_fp8_func: vs our bf16 and SDPA
 
 Cases ([B, S, H, D] inputs, B = tokens // S): every head configuration causal, the MHA/GQA ones
 also non-causal, GPT-OSS's (64, 8, 64, 64) with a 128-token window and sinks, and one varlen step
@@ -67,7 +68,8 @@ COLUMNS = [
     "Step TFLOPS", "Baseline Backend", "Baseline Forward Time (ms)", "Baseline Forward TFLOPS",
     "Baseline Backward Time (ms)", "Baseline Backward TFLOPS", "Baseline Step TFLOPS", "Forward Ratio",
     "Backward Ratio", "Step Ratio", "Out SNR vs Baseline (dB)", "Min Grad SNR vs Baseline (dB)",
-    "Out SNR vs Reference (dB)", "dQ SNR vs Reference (dB)", "Peak Mem (GB)", "Note",
+    "Out SNR vs Reference (dB)", "dQ SNR vs Reference (dB)", "BF16 Forward TFLOPS", "BF16 Step TFLOPS",
+    "Peak Mem (GB)", "Note",
 ]  # fmt: skip
 TABLE = [
     ("Case", "Case"), ("SeqLen", "S"), ("Batch", "B"), ("Check", "Check"), ("Forward TFLOPS", "Fwd TF"),
@@ -142,13 +144,17 @@ def make_inputs(case: Case, dtype: torch.dtype) -> dict:
     return x
 
 
-def ours_fn(case: Case, turbo):
+def ours_fn(case: Case, turbo, fp8: bool = False):
+    """Ours on the case: flash_attn_func (or its varlen form), or the FP8 functions with ``fp8``."""
     kw = {"causal": case.causal, "window_size": case.window_size}
+    ops = turbo.ops
     if case.doc_lens:
         cu = torch.tensor((0, *case.doc_lens), device="cuda").cumsum(0).to(torch.int32)
         n = max(case.doc_lens)
-        return lambda q, k, v, sink: turbo.ops.flash_attn_varlen_func(q, k, v, cu, cu, n, n, sink=sink, **kw)
-    return lambda q, k, v, sink: turbo.ops.flash_attn_func(q, k, v, sink=sink, **kw)
+        fn = ops.flash_attn_varlen_fp8_func if fp8 else ops.flash_attn_varlen_func
+        return lambda q, k, v, sink: fn(q, k, v, cu, cu, n, n, sink=sink, **kw)
+    fn = ops.flash_attn_fp8_func if fp8 else ops.flash_attn_func
+    return lambda q, k, v, sink: fn(q, k, v, sink=sink, **kw)
 
 
 def _sdpa(backend, q, k, v, causal, mask=None, gqa=False):
@@ -309,21 +315,21 @@ def reference_rows(case: Case, x: dict, scale: float):
     return pick, out.detach(), dq
 
 
-def check_case(case: Case, x: dict, ours, base: Baseline | None) -> dict:
+def check_case(case: Case, x: dict, ours, base: Baseline | None, gate=bu.ATTENTION_GATE) -> dict:
     leaves = [x["q"], x["k"], x["v"]] + ([x["sink"]] if x["sink"] is not None else [])
     bu.poison_allocator([x["dout"].shape], x["dout"].dtype)  # an unwritten output element shows as NaN
     out = ours(x["q"], x["k"], x["v"], x["sink"])
     dq, dk, dv = torch.autograd.grad(out, leaves, x["dout"])[:3]
     results = {}
     pick, ref_out, ref_dq = reference_rows(case, x, case.d**-0.5)
-    results["out_ref"] = bu.check_close(pick(out.detach()), ref_out, gate=bu.ATTENTION_GATE, what="out vs float32")
-    results["dq_ref"] = bu.check_close(pick(dq), ref_dq, gate=bu.ATTENTION_GATE, what="dq vs float32")
+    results["out_ref"] = bu.check_close(pick(out.detach()), ref_out, gate=gate, what="out vs float32")
+    results["dq_ref"] = bu.check_close(pick(dq), ref_dq, gate=gate, what="dq vs float32")
     if base is not None:
         bleaves = base.prepare(x)
         bout = base.fn(*bleaves)
         bgrads = base.grads_back(*torch.autograd.grad(bout, bleaves, x["dout"]))
         for name, a, b in zip(("out", "dq", "dk", "dv"), (out.detach(), dq, dk, dv), (bout.detach(), *bgrads)):
-            results[name] = bu.check_close(a, b, gate=bu.ATTENTION_GATE, what=f"{name} vs SDPA")
+            results[name] = bu.check_close(a, b, gate=gate, what=f"{name} vs SDPA")
     bad = [r for r in results.values() if not r]
     grads = [results[n].snr_db for n in ("dq", "dk", "dv") if n in results]
     return {
@@ -358,13 +364,13 @@ def run_case(row: dict, case: Case, dtype: torch.dtype, turbo, args) -> None:
     notes = []
     torch.cuda.reset_peak_memory_stats()
     x = make_inputs(case, dtype)
-    ours = ours_fn(case, turbo)
+    ours = ours_fn(case, turbo, fp8=args.fp8)
     base, why = pick_baseline(case, x, int(args.mask_budget_gb * 2**30))
     if why:
         notes.append(why)
     row["Baseline Backend"] = base.backend if base else "none"
     try:
-        row.update(check_case(case, x, ours, base))
+        row.update(check_case(case, x, ours, base, bu.FP8_ATTENTION_GATE if args.fp8 else bu.ATTENTION_GATE))
     except Exception as e:  # noqa: BLE001 -- one bad case must not end the run
         traceback.print_exc()
         row.update(Check="ERROR", Note=f"check: {type(e).__name__}: {e}"[:300])
@@ -384,9 +390,14 @@ def run_case(row: dict, case: Case, dtype: torch.dtype, turbo, args) -> None:
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             notes.append(f"baseline timing: {type(e).__name__}: {e}"[:300])
+    bf16_fwd = bf16_bwd = nan  # with --fp8: our 16-bit functions on the same inputs
+    if args.fp8 and row["Check"] == "PASS":
+        bf16_fwd, bf16_bwd = time_fwd_bwd(ours_fn(case, turbo), (x["q"], x["k"], x["v"], x["sink"]), x["dout"], args)
     f = case.fwd_flops
     row.update(
         {
+            "BF16 Forward TFLOPS": bu.tflops(f, bf16_fwd),
+            "BF16 Step TFLOPS": bu.tflops(3.5 * f, bf16_fwd + bf16_bwd),
             "Forward Time (ms)": fwd,
             "Forward TFLOPS": bu.tflops(f, fwd),
             "Backward Time (ms)": bwd,
@@ -433,6 +444,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="auto",
         help="attention backend of ours (auto: unset, the library's choice per shape)",
     )
+    p.add_argument(
+        "--fp8",
+        action="store_true",
+        help="ours = flash_attn_fp8_func (FP8 gate; also times our 16-bit functions): entries attn_fp8_fwd/_step",
+    )
     args = p.parse_args(argv)
     args.default_set = args.seqlens is None and args.tokens is None and not args.quick
     args.seqlens = args.seqlens or ([QUICK_SEQLEN] if args.quick else list(cfg.ATTENTION_SEQLENS))
@@ -445,6 +461,9 @@ def report(rows, args, gpu_name, gpu, out_dir, csv_path, tag) -> None:
     print(bu.format_table(rows, [c for c, _ in TABLE], [h for _, h in TABLE]))
     nan = float("nan")
     suffix = f"_{tag}" if tag else ""
+    if args.fp8:
+        report_fp8(rows, args, gpu_name, gpu, csv_path, suffix)
+        return
     groups = {
         f"attn_{args.dtype}_fwd": ([r for r in rows if r["Kind"] != "varlen"], "Forward"),
         f"attn_{args.dtype}_bwd": ([r for r in rows if r["Kind"] != "varlen"], "Backward"),
@@ -495,6 +514,38 @@ def report(rows, args, gpu_name, gpu, out_dir, csv_path, tag) -> None:
     )
 
 
+def report_fp8(rows, args, gpu_name, gpu, csv_path, suffix) -> None:
+    """attn_fp8_fwd / attn_fp8_step: FP8 TFLOPS against our 16-bit functions (the targets' ratio),
+    with the ratio to SDPA beside it."""
+    nan = float("nan")
+    for name, d in (("attn_fp8_fwd", "Forward"), ("attn_fp8_step", "Step")):
+        passed = [r.get("Check") == "PASS" for r in rows]
+        entry = bu.summary_entry(
+            ours=[r.get(f"{d} TFLOPS", nan) for r in rows],
+            baseline_values=[r.get(f"BF16 {d} TFLOPS", nan) for r in rows],
+            passed=passed,
+            metric=f"{d.lower()} TFLOPS",
+            baseline="ours bf16 (flash_attn_func, backend unset)",
+            gpu=gpu_name,
+            dtype="fp8 (inputs " + args.dtype + ")",
+            ours_all_geomean=bu.geomean(r.get(f"{d} TFLOPS") for r, p in zip(rows, passed) if p),
+            ratio_vs_sdpa_geomean=bu.geomean(r.get(f"{d} Ratio") for r, p in zip(rows, passed) if p),
+            failed=sum(r.get("Check") == "FAIL" for r in rows),
+            errors=sum(r.get("Check") == "ERROR" for r in rows),
+            seqlens=list(args.seqlens),
+            tokens=args.tokens,
+            torch=torch.__version__,
+            csv=csv_path.name,
+        )
+        if not args.no_summary:
+            bu.update_summary(args.output_dir, gpu, name + suffix, entry)
+        print(
+            f"[bench_attention] {name + suffix}: {entry['passed']}/{entry['cases']} passed; {d.lower()} TFLOPS geomean "
+            f"{entry['ours_geomean']:.1f} vs ours bf16 {entry['baseline_geomean']:.1f}: ratio "
+            f"{entry['ratio_geomean']:.3f} (min {entry['ratio_min']:.3f}); vs SDPA {entry['ratio_vs_sdpa_geomean']:.3f}"
+        )
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
@@ -510,7 +561,8 @@ def main(argv=None) -> int:
     gpu = bu.gpu_short_name(gpu_name)
     out_dir = bu.results_dir_for(args.output_dir, gpu)
     tag = args.tag if args.tag is not None else ("" if args.default_set else ("quick" if args.quick else "subset"))
-    csv_path = out_dir / f"attn_{args.dtype}{'_' + tag if tag else ''}.csv"
+    stem = f"attn_fp8_{args.dtype}" if args.fp8 else f"attn_{args.dtype}"
+    csv_path = out_dir / f"{stem}{'_' + tag if tag else ''}.csv"
     print(
         f"[bench_attention] {len(cases)} cases on {gpu_name}; torch {torch.__version__}, cuDNN "
         f"{torch.backends.cudnn.version()}; {args.tokens} tokens a step; commit {bu.git_commit()}",

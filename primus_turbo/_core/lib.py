@@ -171,6 +171,7 @@ _PROTOTYPES = {
     "pt_rope": (_i32, [_T, _T, _T, _T, _T, _T, _T, _T, _i32, ctypes.c_double, _i32, _i32, _i32, _vp]),
     "pt_rope_prepare": (_i32, [_i32, _i32, _i32, _i32]),
     "pt_attention_prepare": (_i32, [_i32, _i32, _i32]),
+    "pt_attention_fp8_prepare": (_i32, [_i32, _i32, _i32]),
     # moe_permute.h
     "pt_moe_permute": (_i32, [_T, _T, _T, _T, _T, _T, _T, _vp]),
     "pt_moe_unpermute": (_i32, [_T, _T, _T, _T, _T, _T, _vp]),

@@ -469,3 +469,82 @@ def test_backward_op_checks_its_saved_tensors():
         torch.ops.primus_turbo.attention_bwd(out, q, k, v, out, lse[:, :4], *args)
     dq, dk, dv, _ = torch.ops.primus_turbo.attention_bwd(out, q, k, v, out, lse, *args)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+
+# ---- FP8 attention (flash_attn_fp8_func / flash_attn_varlen_fp8_func) ----------------------------
+
+fa_fp8 = turbo.ops.flash_attn_fp8_func
+fa_varlen_fp8 = turbo.ops.flash_attn_varlen_fp8_func
+
+
+def _blockwise(block=64, **kwargs):
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
+
+    return Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE, block_size=block, **kwargs)
+
+
+@pytest.mark.parametrize("d,dv", [(64, 64), (96, 96), (128, 128), (192, 128)])
+def test_fp8_shapes_forward_and_backward_on_meta(d, dv):
+    q, k, v = qkv(sq=33, sk=70, d=d, dv=dv, grad=True)
+    out, lse = fa_fp8(q, k, v, causal=True, return_lse=True, fp8_config=_blockwise(128))
+    assert out.shape == (2, 33, 8, dv) and lse.shape == (2, 8, 33)
+    dq, dk, dv_ = torch.autograd.grad(out, (q, k, v), torch.empty_like(out))
+    assert dq.shape == q.shape and dk.shape == k.shape and dv_.shape == v.shape
+    q, k, v = packed(d=d, dv=dv)
+    out, lse = fa_varlen_fp8(q, k, v, cu(4), cu(4), 20, 20, return_lse=True)
+    assert out.shape == (30, 8, dv) and lse.shape == (8, 30)
+
+
+def test_fp8_registered_as_custom_op():
+    schema = str(torch.ops.primus_turbo.attention_fp8_fwd.default._schema)
+    assert "int scale_rows) -> (Tensor, Tensor)" in schema
+
+
+@pytest.mark.parametrize(
+    "cfg,exc,match",
+    [
+        ("tensorwise", ValueError, "granularity TENSORWISE"),
+        ("e5m2", ValueError, "E5M2"),
+        ("block32", ValueError, "block_size=32"),
+        ("dict", TypeError, "Float8QuantConfig"),
+    ],
+)
+def test_fp8_config_errors_name_the_argument(cfg, exc, match):
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format
+
+    configs = {
+        "tensorwise": lambda: Float8QuantConfig(),
+        "e5m2": lambda: _blockwise(format=Format.E5M2),
+        "block32": lambda: _blockwise(32),
+        "dict": lambda: {"block_size": 64},
+    }
+    with pytest.raises(exc, match=match) as info:
+        fa_fp8(*qkv(), fp8_config=configs[cfg]())
+    assert "fp8_config" in str(info.value)
+
+
+@pytest.mark.parametrize("d,dv", [(256, 256), (192, 192)])
+def test_fp8_head_dims_it_lacks_raise_not_implemented(d, dv):
+    with pytest.raises(NotImplementedError, match="head dims"):
+        fa_fp8(*qkv(d=d, dv=dv))
+
+
+def test_fp8_shares_the_16bit_argument_checks():
+    q, k, v = qkv()
+    with pytest.raises(NotImplementedError, match="dropout"):
+        fa_fp8(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match="heads"):
+        fa_fp8(q, meta(2, 16, 3, 128), meta(2, 16, 3, 128))
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        fa_varlen_fp8(*packed(), None, cu(4), 20, 20)
+
+
+def test_fp8_torch_compile_traces_without_graph_break():
+    def fn(q, k, v):
+        return fa_fp8(q, k, v, causal=True, fp8_config=_blockwise(128)) * 2
+
+    q, k, v = qkv(grad=True)
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert out.shape == (2, 16, 8, 128)
+    out.sum().backward()
+    assert q.grad.shape == q.shape

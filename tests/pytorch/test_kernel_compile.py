@@ -206,6 +206,16 @@ def test_experimental_wgmma_attention_compiles_for_sm90a():
     _assert_no_register_spills("attention_sm90_*", kernel_marker="_sm90_kernel")
 
 
+def test_fp8_attention_modules_compile_for_sm90a():
+    """The FP8 forward (quantization and the warp-specialized kernel) for every head-dim pair it
+    takes, with FP8 warpgroup MMA (QGMMA) in its SASS and no spills."""
+    jobs = [("bf16", d, dv) for d, dv in precompile.ATTENTION_FP8_HEAD_DIMS] + [("f16", 128, 128)]
+    _prepare_all(jobs, lambda j: check(lib.pt_attention_fp8_prepare(_ATTN_DTYPES[j[0]], j[1], j[2])), "FP8 attention")
+    _assert_compiled(*(f"attention_fp8_{dt}_d{d}_dv{dv}" for dt, d, dv in jobs))
+    _assert_sass_contains("QGMMA", "attention_fp8_*", min_modules=len(jobs), every_module=True)
+    _assert_no_register_spills("attention_fp8_*", kernel_marker="fp8")
+
+
 # Grouped GEMM: every config on the forward layout, the other two layouts (trans_b forward/dgrad
 # and wgrad) on their usual configs, and float16.
 def _grouped_jobs():

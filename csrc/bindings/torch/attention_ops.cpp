@@ -58,15 +58,15 @@ Optionals convert(const std::optional<Tensor>& sink, const std::optional<Tensor>
   return o;
 }
 
-void add_optionals(NamedTensors& all, const std::optional<Tensor>& sink, const std::optional<Tensor>& cu_q,
-                   const std::optional<Tensor>& cu_k) {
+void add_optionals(const char* op, NamedTensors& all, const std::optional<Tensor>& sink,
+                   const std::optional<Tensor>& cu_q, const std::optional<Tensor>& cu_k) {
   // Converted below, but only from the dtypes that mean the same thing.
   if (sink && sink->scalar_type() != ScalarType::Float && !is_half(sink->scalar_type()))
-    fail_with(ErrorKind::Type, kFwd, ": argument 'sink' has dtype ", dtype_name(sink->scalar_type()),
+    fail_with(ErrorKind::Type, op, ": argument 'sink' has dtype ", dtype_name(sink->scalar_type()),
               "; expected a floating-point dtype (float32)");
   for (const auto& [name, t] : {std::pair{"cu_seqlens_q", &cu_q}, std::pair{"cu_seqlens_k", &cu_k}})
     if (*t && (*t)->scalar_type() != ScalarType::Int && (*t)->scalar_type() != ScalarType::Long)
-      fail_with(ErrorKind::Type, kFwd, ": argument '", name, "' has dtype ", dtype_name((*t)->scalar_type()),
+      fail_with(ErrorKind::Type, op, ": argument '", name, "' has dtype ", dtype_name((*t)->scalar_type()),
                 "; expected torch.int32");
   if (sink) all.push_back({"sink", &*sink});
   if (cu_q) all.push_back({"cu_seqlens_q", &*cu_q});
@@ -90,32 +90,68 @@ Tensor empty_lse(const Tensor& q, bool packed, int32_t device) {
   return packed ? empty({s[1], s[0]}, ScalarType::Float, device) : empty({s[0], s[2], s[1]}, ScalarType::Float, device);
 }
 
+// What both forwards do before their launch: the checks, operands the kernels can read, the
+// converted optionals and the outputs.
+struct Forward {
+  Tensor q, k, v, out, lse;
+  Optionals o;
+  int32_t device;
+  pt_tensor pq, pk, pv, po, pl;
+};
+
+Forward prepare_forward(const char* op, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                        const std::optional<Tensor>& sink, const std::optional<Tensor>& cu_q,
+                        const std::optional<Tensor>& cu_k) {
+  const bool packed = cu_q.has_value() || cu_k.has_value();
+  check_operands(op, {{"q", &q_in}, {"k", &k_in}, {"v", &v_in}}, packed);
+  NamedTensors all{{"q", &q_in}, {"k", &k_in}, {"v", &v_in}};
+  add_optionals(op, all, sink, cu_q, cu_k);
+  Forward f;
+  f.device = check_cuda(op, all);
+  f.q = readable(q_in), f.k = readable(k_in), f.v = readable(v_in);
+  f.o = convert(sink, cu_q, cu_k);
+  const auto qs = f.q.sizes();
+  const int64_t dv = f.v.sizes()[f.v.dim() - 1];
+  f.out = packed ? empty({qs[0], qs[1], dv}, f.q.scalar_type(), f.device)
+                 : empty({qs[0], qs[1], qs[2], dv}, f.q.scalar_type(), f.device);
+  f.lse = empty_lse(f.q, packed, f.device);
+  f.pq = to_pt(f.q), f.pk = to_pt(f.k), f.pv = to_pt(f.v), f.po = to_pt(f.out), f.pl = to_pt(f.lse);
+  return f;
+}
+
 std::tuple<Tensor, Tensor> attention_fwd(Tensor q_in, Tensor k_in, Tensor v_in, std::optional<Tensor> sink_in,
                                          std::optional<Tensor> cu_q_in, std::optional<Tensor> cu_k_in,
                                          int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
                                          int64_t window_left, int64_t window_right, int64_t backend) {
-  const bool packed = cu_q_in.has_value() || cu_k_in.has_value();
-  check_operands(kFwd, {{"q", &q_in}, {"k", &k_in}, {"v", &v_in}}, packed);
-  NamedTensors all{{"q", &q_in}, {"k", &k_in}, {"v", &v_in}};
-  add_optionals(all, sink_in, cu_q_in, cu_k_in);
-  const int32_t device = check_cuda(kFwd, all);
-  const Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in);
-  const Optionals o = convert(sink_in, cu_q_in, cu_k_in);
-  const auto qs = q.sizes();
-  const int64_t dv = v.sizes()[v.dim() - 1];
-  Tensor out = packed ? empty({qs[0], qs[1], dv}, q.scalar_type(), device)
-                      : empty({qs[0], qs[1], qs[2], dv}, q.scalar_type(), device);
-  Tensor lse = empty_lse(q, packed, device);
-  pt_tensor pq = to_pt(q), pk = to_pt(k), pv = to_pt(v), po = to_pt(out), pl = to_pt(lse);
-  DeviceScope scope(device);
-  void* stream = current_stream(device);
-  with_workspace(device, kFwd, [&](void* ws, size_t bytes, size_t* needed) {
-    return pt_attention_fwd(&pq, &pk, &pv, o.sink_ptr(), o.cu_q_ptr(), o.cu_k_ptr(), &po, &pl, max_seqlen_q,
-                            max_seqlen_k, softmax_scale, static_cast<int32_t>(window_left),
+  Forward f = prepare_forward(kFwd, q_in, k_in, v_in, sink_in, cu_q_in, cu_k_in);
+  DeviceScope scope(f.device);
+  void* stream = current_stream(f.device);
+  with_workspace(f.device, kFwd, [&](void* ws, size_t bytes, size_t* needed) {
+    return pt_attention_fwd(&f.pq, &f.pk, &f.pv, f.o.sink_ptr(), f.o.cu_q_ptr(), f.o.cu_k_ptr(), &f.po, &f.pl,
+                            max_seqlen_q, max_seqlen_k, softmax_scale, static_cast<int32_t>(window_left),
                             static_cast<int32_t>(window_right), static_cast<int32_t>(backend), ws, bytes, needed,
                             stream);
   });
-  return {out, lse};
+  return {f.out, f.lse};
+}
+
+// FP8 forward: attention_fwd's outputs from q, k and v quantized blockwise (scale_rows rows per
+// scale) inside the native call; its backward is attention_bwd with these out and lse.
+std::tuple<Tensor, Tensor> attention_fp8_fwd(Tensor q_in, Tensor k_in, Tensor v_in, std::optional<Tensor> sink_in,
+                                             std::optional<Tensor> cu_q_in, std::optional<Tensor> cu_k_in,
+                                             int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                                             int64_t window_left, int64_t window_right, int64_t scale_rows) {
+  constexpr const char* op = "flash_attn_fp8 forward";
+  Forward f = prepare_forward(op, q_in, k_in, v_in, sink_in, cu_q_in, cu_k_in);
+  DeviceScope scope(f.device);
+  void* stream = current_stream(f.device);
+  with_workspace(f.device, op, [&](void* ws, size_t bytes, size_t* needed) {
+    return pt_attention_fp8_fwd(&f.pq, &f.pk, &f.pv, f.o.sink_ptr(), f.o.cu_q_ptr(), f.o.cu_k_ptr(), &f.po, &f.pl,
+                                max_seqlen_q, max_seqlen_k, softmax_scale, static_cast<int32_t>(window_left),
+                                static_cast<int32_t>(window_right), static_cast<int32_t>(scale_rows), ws, bytes,
+                                needed, stream);
+  });
+  return {f.out, f.lse};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> attention_bwd(Tensor dout_in, Tensor q_in, Tensor k_in, Tensor v_in,
@@ -128,7 +164,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_bwd(Tensor dout_in, Tensor 
   const bool packed = cu_q_in.has_value() || cu_k_in.has_value();
   check_operands(kBwd, {{"q", &q_in}, {"k", &k_in}, {"v", &v_in}, {"out", &out}, {"dout", &dout_in}}, packed);
   NamedTensors all{{"dout", &dout_in}, {"q", &q_in}, {"k", &k_in}, {"v", &v_in}, {"out", &out}, {"lse", &lse}};
-  add_optionals(all, sink_in, cu_q_in, cu_k_in);
+  add_optionals(kBwd, all, sink_in, cu_q_in, cu_k_in);
   const int32_t device = check_cuda(kBwd, all);
   const Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in), dout = readable(dout_in);
   const Tensor o_c = as_contiguous(out), lse_c = as_contiguous(lse);
@@ -157,6 +193,9 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? sink, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
         "int max_seqlen_q, int max_seqlen_k, float softmax_scale, int window_left, int window_right, int backend) "
         "-> (Tensor, Tensor)");
+  m.def("attention_fp8_fwd(Tensor q, Tensor k, Tensor v, Tensor? sink, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
+        "int max_seqlen_q, int max_seqlen_k, float softmax_scale, int window_left, int window_right, int scale_rows) "
+        "-> (Tensor, Tensor)");
   m.def("attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? sink, "
         "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
         "int window_left, int window_right, int backend, bool deterministic) -> (Tensor, Tensor, Tensor, Tensor)");
@@ -164,6 +203,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
 
 static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("attention_fwd", TORCH_BOX(&attention_fwd));
+  m.impl("attention_fp8_fwd", TORCH_BOX(&attention_fp8_fwd));
   m.impl("attention_bwd", TORCH_BOX(&attention_bwd));
 }
 

@@ -50,6 +50,23 @@ PT_API pt_status pt_attention_bwd(const pt_tensor* dout, const pt_tensor* q, con
                                   void* workspace, size_t workspace_bytes, size_t* workspace_needed,
                                   void* stream);
 
+/* FP8 attention forward: pt_attention_fwd's problem (16-bit q, k, v and out; lse alike; every
+   mask, GQA, sink and packed form) computed with q, k and v quantized to E4M3 in blocks of
+   scale_rows (64 or 128) rows per head, each block with its own float32 scale applied inside the
+   kernel (our Hopper kernel; sm_90a). Head dims 64, 96, 128 (q/k and v alike) and 192/128.
+   Workspace as for pt_attention_fwd: it holds the quantized tiles. Its gradient is
+   pt_attention_bwd's with this out and lse. */
+PT_API pt_status pt_attention_fp8_fwd(const pt_tensor* q, const pt_tensor* k, const pt_tensor* v,
+                                      const pt_tensor* sink, const pt_tensor* cu_seqlens_q,
+                                      const pt_tensor* cu_seqlens_k, pt_tensor* out, pt_tensor* lse,
+                                      int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                                      int32_t window_left, int32_t window_right, int32_t scale_rows,
+                                      void* workspace, size_t workspace_bytes, size_t* workspace_needed,
+                                      void* stream);
+
+/* Compiles (or loads from the cache) the FP8 attention module of (dtype of q, D, Dv) for sm_90a. */
+PT_API pt_status pt_attention_fp8_prepare(int32_t dtype, int32_t head_dim, int32_t head_dim_v);
+
 /* Compiles (or loads from the cache) the attention module of (dtype, D, Dv) for sm_90a without
    running it. Needs no GPU. */
 PT_API pt_status pt_attention_prepare(int32_t dtype, int32_t head_dim, int32_t head_dim_v);

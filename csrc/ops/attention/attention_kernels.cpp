@@ -44,4 +44,30 @@ Kernels load_wgmma_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, 
   });
 }
 
+bool fp8_head_dims(int64_t d, int64_t dv) {
+  return (d == dv && (d == 64 || d == 96 || d == 128)) || (d == 192 && dv == 128);
+}
+
+PtAttnFp8Fn load_fp8_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
+  PT_CHECK_SUPPORTED(arch == "90a", "FP8 attention runs on Hopper (sm_90a) only; this device is sm_", arch);
+  PT_CHECK_SUPPORTED(dtype == PT_BFLOAT16 || dtype == PT_FLOAT16, "FP8 attention: unsupported dtype ",
+                     dtype_name(dtype));
+  PT_CHECK_SUPPORTED(fp8_head_dims(head_dim, head_dim_v), "FP8 attention supports head dims 64, 96 and 128 (q/k and ",
+                     "v alike) and 192 for q/k with 128 for v; got ", head_dim, "/", head_dim_v,
+                     ": use flash_attn_func (16-bit) for this shape");
+  using Key = std::tuple<int32_t, int32_t, int32_t>;
+  static jit::LoadedCache<Key, PtAttnFp8Fn> loaded;
+  return loaded.get(Key{dtype, head_dim, head_dim_v}, [&] {
+    jit::ModuleRequest r;
+    r.name = str_cat("attention_fp8_", dtype_short_name(dtype), "_d", head_dim, "_dv", head_dim_v);
+    r.arch = arch;
+    r.needs_cutlass = true;  // CuTe's wgmma atoms, swizzled layouts, barriers and bulk copies
+    r.source = str_cat("#include \"primus_turbo/kernels/common/warp.cuh\"\n"
+                       "#include \"primus_turbo/kernels/jit_export.cuh\"\n"
+                       "#include \"primus_turbo/kernels/attention/attn_fwd_fp8_sm90.cuh\"\n"
+                       "PT_JIT_EXPORT_ATTENTION_FP8(", cuda_float_type(dtype), ", ", head_dim, ", ", head_dim_v, ")\n");
+    return jit::get_module(r)->function<PtAttnFp8Fn>("pt_attn_fp8_fwd_run");
+  });
+}
+
 }  // namespace primus_turbo::attention

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "primus_turbo/kernels/attention/attention_abi.h"
+#include "primus_turbo/kernels/attention/attention_fp8_abi.h"
 
 namespace primus_turbo::attention {
 
@@ -20,5 +21,11 @@ Kernels load_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const 
 // forward, and the backward with its dK/dV kernel on wgmma), or null functions where it does not
 // apply: only with PRIMUS_TURBO_ATTN_KERNEL=wgmma, on sm_90a, for head dims 64/64 and 128/128.
 Kernels load_wgmma_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
+
+// Head dims the FP8 forward (kernels/attention/attn_fwd_fp8_sm90.cuh) is built for.
+bool fp8_head_dims(int64_t d, int64_t dv);
+
+// The FP8 forward module of (dtype of the 16-bit inputs, head dims) for sm_90a (memoized).
+PtAttnFp8Fn load_fp8_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
 
 }  // namespace primus_turbo::attention

@@ -2,6 +2,7 @@
 
 from primus_turbo.pytorch.ops.activation import geglu, geglu_with_probs, swiglu, swiglu_with_probs  # noqa: F401
 from primus_turbo.pytorch.ops.attention import flash_attn_func, flash_attn_varlen_func  # noqa: F401
+from primus_turbo.pytorch.ops.attention_fp8 import flash_attn_fp8_func, flash_attn_varlen_fp8_func  # noqa: F401
 from primus_turbo.pytorch.ops.gemm import gemm  # noqa: F401
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm  # noqa: F401
 from primus_turbo.pytorch.ops.moe_permute import (  # noqa: F401
@@ -41,6 +42,8 @@ from primus_turbo.pytorch.ops.fused_fp8 import geglu_fp8, rmsnorm_fp8, rmsnorm_r
 
 __all__ = [
     "flash_attn_func",
+    "flash_attn_fp8_func",
+    "flash_attn_varlen_fp8_func",
     "flash_attn_varlen_func",
     "gemm",
     "grouped_gemm",

@@ -176,11 +176,17 @@ class FlashAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, sink, cu_q, cu_k = ctx.saved_tensors
-        # dout may be any view (the expanded gradient of out.sum() has all strides 0): the native op
-        # reads aligned views in place and copies the rest.
-        dq, dk, dv, dsink = _bwd_op(dout, q, k, v, out, lse, sink, cu_q, cu_k, *ctx.args)
-        return dq, dk, dv, (dsink if sink is not None else None), *(None,) * 9
+        return *attention_grads(ctx, dout), *(None,) * 9
+
+
+def attention_grads(ctx, dout):
+    """(dq, dk, dv, dsink or None) from a forward's saved (q, k, v, out, lse, sink, cu_q, cu_k) and
+    ctx.args (max_q, max_k, scale, left, right, backend, deterministic): one backward op call."""
+    q, k, v, out, lse, sink, cu_q, cu_k = ctx.saved_tensors
+    # dout may be any view (the expanded gradient of out.sum() has all strides 0): the native op
+    # reads aligned views in place and copies the rest.
+    dq, dk, dv, dsink = _bwd_op(dout, q, k, v, out, lse, sink, cu_q, cu_k, *ctx.args)
+    return dq, dk, dv, (dsink if sink is not None else None)
 
 
 def _unsupported(op, dropout_p, bias, alibi_slopes, return_attn_probs) -> None:
@@ -391,12 +397,26 @@ def flash_attn_varlen_func(
     scale, wl, wr, sink = _common_args(
         op, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes, return_attn_probs, sink
     )
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = packed_offsets(
+        op, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+    )
+    if not _tensors(q, k, v, sink, cu_seqlens_q, cu_seqlens_k):
+        _check_args(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr)
+    return _attention(
+        q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr, return_lse, deterministic
+    )
+
+
+def packed_offsets(op, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """The varlen arguments as the native ops take them: int32 offsets (int64, torch's default
+    integer type, is converted; one tensor given for both stays one, as cuDNN's packed path needs
+    to see) and host-int bounds."""
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError(
-            f"{op}: arguments 'cu_seqlens_q' and 'cu_seqlens_k' are required (use flash_attn_func without them)"
+            f"{op}: arguments 'cu_seqlens_q' and 'cu_seqlens_k' are required (use the fixed-length function without "
+            "them)"
         )
-    # int64 offsets (torch's default integer type) become the int32 the kernels read.
-    same = cu_seqlens_k is cu_seqlens_q  # one tensor stays one (cuDNN's packed path needs to see it)
+    same = cu_seqlens_k is cu_seqlens_q
     if isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dtype == torch.int64:
         cu_seqlens_q = cu_seqlens_q.to(torch.int32)
     if same:
@@ -408,11 +428,7 @@ def flash_attn_varlen_func(
             _host_int(op, "max_seqlen_q", max_seqlen_q),
             _host_int(op, "max_seqlen_k", max_seqlen_k),
         )
-    if not _tensors(q, k, v, sink, cu_seqlens_q, cu_seqlens_k):
-        _check_args(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr)
-    return _attention(
-        q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, wl, wr, return_lse, deterministic
-    )
+    return cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 
 
 def _host_int(op, name, n):

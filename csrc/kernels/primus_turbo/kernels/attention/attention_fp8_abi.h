@@ -1,0 +1,39 @@
+// The C ABI between the core and an FP8 attention JIT module
+// (kernels/attention/attn_fwd_fp8_sm90.cuh). Kept apart from attention_abi.h's function type so
+// that the 16-bit modules' keys do not depend on it; the ABI version is jit_abi.h's.
+#pragma once
+
+#include "primus_turbo/kernels/attention/attention_abi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Rows of a sequence are cut into tiles of 128 (the kernel's query and key blocks); tile nb of
+// sequence b, whose first token is `first` (cu_seqlens[b], or b * seqlen for fixed length), has the
+// index b + first / 128 + nb. Distinct sequences never share an index, and batch + ceil(tokens /
+// 128) indices cover every tile (tokens: total_q / total_k, or batch * seqlen).
+#define PT_ATTN_FP8_TILE_ROWS 128
+
+// One FP8 forward: `base` is the 16-bit problem (q, k, v, out, lse, sink, offsets, shapes, strides,
+// scale, window, stream). The module quantizes q, k and v into the workspace below, one E4M3 tile
+// per (tile index, head) in the byte image the kernel's shared memory wants (wgmma's swizzled,
+// K-major layout; V transposed so that keys run along its rows), each 64-row half with the float32
+// scale that dequantizes it, then runs the forward on the tiles.
+typedef struct PtAttnFp8Params {
+  PtAttnParams base;
+  void* q_tiles;   // [q_tiles_cap, heads_q][128 x head_dim], 1024-byte aligned
+  void* k_tiles;   // [k_tiles_cap, heads_kv][128 x head_dim]
+  void* vt_tiles;  // [k_tiles_cap, heads_kv][head_dim_v x 128]
+  float* q_scale;  // [q_tiles_cap, heads_q, 2]: one scale per 64 rows
+  float* k_scale;  // [k_tiles_cap, heads_kv, 2]
+  float* v_scale;  // [k_tiles_cap, heads_kv, 2]
+  int64_t q_tiles_cap, k_tiles_cap;
+  int32_t scale_rows;  // 64 or 128: rows that share one amax (128: both halves get the same scale)
+} PtAttnFp8Params;
+
+typedef int (*PtAttnFp8Fn)(const PtAttnFp8Params* params, char* err, size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif

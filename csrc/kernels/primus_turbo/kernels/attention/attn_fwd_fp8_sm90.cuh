@@ -1,0 +1,411 @@
+// FP8 flash-attention forward on Hopper: blockwise E4M3 quantization of q, k and v, then a
+// warp-specialized wgmma kernel that reads the quantized tiles with bulk copies.
+//
+// Quantization (attn_fp8_quantize_kernel): one CTA per (128-row tile, sequence, head of q, k or v)
+// takes the amax of each 64-row half (or of the whole tile, scale_rows = 128), scales it to E4M3's
+// 448 and writes the tile in the byte image the forward's shared memory wants (K-major, swizzled as
+// wgmma reads it; V transposed so that keys run along its rows, the K-major B operand of P V). Rows
+// past the sequence are zeros. The tile indices are attention_fp8_abi.h's.
+//
+// Forward (attn_fwd_fp8_kernel): one CTA per (128 query rows, sequence, query head), three
+// warpgroups. Warpgroup 0 is the producer: one thread issues a 1-D bulk copy per tile (a tile is
+// contiguous, already swizzled, so no tensor map is needed) into a ring of kStages K/V buffers,
+// each signalled by a transaction barrier and released by an "empty" barrier. Warpgroups 1 and 2
+// each own 64 query rows: S = Q K^T (SS wgmma, E4M3 in, float out), the online softmax on the
+// accumulators with the q and k scales folded into the exponent's factor, then P (scaled by 256,
+// E4M3's headroom, and by the v scale of its key half) through shared memory into O += P V^T (SS
+// wgmma). V's blocks have different scales: O is kept in units of the largest v scale seen so far
+// (vref), rescaled with the softmax correction when a larger one arrives, and P carries each
+// block's v scale / vref (<= 1). The two consumer warpgroups run unsynchronized, so one's softmax
+// overlaps the other's products.
+#pragma once
+
+#include <cuda_fp8.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include <cute/arch/copy_sm90_tma.hpp>
+
+#include "primus_turbo/kernels/attention/attention_fp8_abi.h"
+#include "primus_turbo/kernels/attention/attn_fwd_sm90.cuh"
+
+namespace primus_turbo::kernels::attention::fp8 {
+
+using namespace cute;
+using sm90::ss_gemm;
+using sm90::store_rows_sm90;
+
+using E = cutlass::float_e4m3_t;
+constexpr int kTileRows = PT_ATTN_FP8_TILE_ROWS;
+constexpr float kE4m3Max = 448.f;
+constexpr float kPScale = 256.f;  // P in [0, 1] scaled into E4M3's normal range (max 448)
+
+// The widest swizzle whose atom row (bytes of K) divides kK: what wgmma reads K-major.
+template <int kK>
+using KMajorAtom = conditional_t<kK % 128 == 0, GMMA::Layout_K_SW128_Atom<E>,
+                                 conditional_t<kK % 64 == 0, GMMA::Layout_K_SW64_Atom<E>, GMMA::Layout_K_SW32_Atom<E>>>;
+template <int kMN, int kK>
+using KMajorLayout = decltype(tile_to_shape(KMajorAtom<kK>{}, Shape<Int<kMN>, Int<kK>>{}));
+
+__device__ __forceinline__ int64_t tile_index(int64_t b, int64_t first_token, int nb) {
+  return b + first_token / kTileRows + nb;
+}
+
+template <class T, int kD, int kDV>
+struct Fp8Tiles {
+  using LayoutQK = KMajorLayout<kTileRows, kD>;   // [rows, head dim]
+  using LayoutVt = KMajorLayout<kDV, kTileRows>;  // [head dim of v, keys]
+  static constexpr int kQKBytes = kTileRows * kD, kVtBytes = kDV * kTileRows;
+};
+
+// 8 values of a 16-bit chunk times `inv`, as 8 E4M3 bytes.
+template <class T>
+__device__ __forceinline__ uint2 to_e4m3x8(const uint4& chunk, float inv) {
+  const T* x = reinterpret_cast<const T*>(&chunk);
+  uint32_t w[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(float(x[4 * i]) * inv, float(x[4 * i + 1]) * inv),
+                                                 __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(float(x[4 * i + 2]) * inv, float(x[4 * i + 3]) * inv),
+                                                 __NV_SATFINITE, __NV_E4M3);
+    w[i] = lo | (hi << 16);
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+template <class T>
+__device__ __forceinline__ float chunk_amax(const uint4& chunk) {
+  const T* x = reinterpret_cast<const T*>(&chunk);
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(float(x[i])));
+  return m;
+}
+
+constexpr int kQuantThreads = 256;
+
+// One 128 x kCols tile of a 16-bit operand (rows from src, `valid` of them real) into its E4M3
+// image at dst (layout: Layout, element (row, col), or (col, row) with kTransposed), and the two
+// half scales into scale[0..1].
+template <class T, int kCols, bool kTransposed, class Layout>
+__device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int valid, E* dst, float* scale,
+                                              int scale_rows) {
+  constexpr int kChunksPerRow = kCols / 8, kPerThread = kTileRows * kChunksPerRow / kQuantThreads;
+  constexpr int kFirstHalf = kPerThread / 2;  // chunks of rows [0, 64): the first half of each thread's
+  static_assert(kTileRows * kChunksPerRow % (2 * kQuantThreads) == 0, "whole chunk rounds per half");
+  __shared__ float amax_warp[kQuantThreads / 32][2];
+  __shared__ float inv_half[2];
+  uint4 chunk[kPerThread];
+  float amax[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    chunk[i] = r < valid ? *reinterpret_cast<const uint4*>(src + r * stride + col) : make_uint4(0, 0, 0, 0);
+    amax[i < kFirstHalf ? 0 : 1] = fmaxf(amax[i < kFirstHalf ? 0 : 1], chunk_amax<T>(chunk[i]));
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float m = warp_max(amax[h]);
+    if (lane == 0) amax_warp[warp][h] = m;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m[2] = {0.f, 0.f};
+    for (int w = 0; w < kQuantThreads / 32; ++w)
+      m[0] = fmaxf(m[0], amax_warp[w][0]), m[1] = fmaxf(m[1], amax_warp[w][1]);
+    if (scale_rows == kTileRows) m[0] = m[1] = fmaxf(m[0], m[1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // An all-zero half (rows past the sequence too) gets scale 0, so it never inflates the
+      // forward's running v scale; an infinite amax keeps the unit scale.
+      const bool finite = m[h] <= 3.4e38f;
+      scale[h] = finite ? m[h] / kE4m3Max : 1.f;
+      inv_half[h] = finite && m[h] > 0.f ? kE4m3Max / m[h] : 1.f;
+    }
+  }
+  __syncthreads();
+  Tensor tile = make_tensor(make_smem_ptr(dst), Layout{});
+  if constexpr (!kTransposed) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      *reinterpret_cast<uint2*>(&tile(r, col)) = to_e4m3x8<T>(chunk[i], inv_half[i < kFirstHalf ? 0 : 1]);
+    }
+  } else {
+    // Transposed through shared memory: rows of the image are columns of the tile.
+    constexpr int kPitch = kTileRows + 16;
+    __shared__ __align__(16) uint8_t staged[kCols * kPitch];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      const uint2 q = to_e4m3x8<T>(chunk[i], inv_half[i < kFirstHalf ? 0 : 1]);
+      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&q);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) staged[(col + j) * kPitch + r] = bytes[j];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < kCols * (kTileRows / 16); c += kQuantThreads) {
+      const int d = c / (kTileRows / 16), key = (c % (kTileRows / 16)) * 16;
+      *reinterpret_cast<uint4*>(&tile(d, key)) = *reinterpret_cast<const uint4*>(&staged[d * kPitch + key]);
+    }
+  }
+}
+
+// Grid (tiles of the longer side, batch, heads_q + 2 heads_kv): z picks q's, k's or v's head.
+template <class T, int kD, int kDV>
+__global__ void __launch_bounds__(kQuantThreads) attn_fp8_quantize_kernel(const PtAttnFp8Params fp) {
+  using Tiles = Fp8Tiles<T, kD, kDV>;
+  const PtAttnParams& p = fp.base;
+  const int64_t b = blockIdx.y;
+  const Sequence s = sequence(p, b);
+  const bool packed = p.cu_seqlens_q != nullptr;
+  const int nb = blockIdx.x, r0 = nb * kTileRows;
+  int h = blockIdx.z;
+  if (h < p.heads_q) {
+    if (r0 >= s.len_q) return;
+    const int64_t t = tile_index(b, packed ? s.start_q : b * p.seqlen_q, nb) * p.heads_q + h;
+    quantize_tile<T, kD, false, typename Tiles::LayoutQK>(
+        row_at<const T>(p.q, p.q_sb, p.q_ss, p.q_sh, b, s.start_q + r0, h), p.q_ss, min(kTileRows, s.len_q - r0),
+        static_cast<E*>(fp.q_tiles) + t * Tiles::kQKBytes, fp.q_scale + 2 * t, fp.scale_rows);
+    return;
+  }
+  h -= p.heads_q;
+  if (r0 >= s.len_k) return;
+  const bool is_v = h >= p.heads_kv;
+  if (is_v) h -= p.heads_kv;
+  const int64_t t = tile_index(b, packed ? s.start_k : b * p.seqlen_k, nb) * p.heads_kv + h;
+  const int valid = min(kTileRows, s.len_k - r0);
+  if (!is_v)
+    quantize_tile<T, kD, false, typename Tiles::LayoutQK>(
+        row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, b, s.start_k + r0, h), p.k_ss, valid,
+        static_cast<E*>(fp.k_tiles) + t * Tiles::kQKBytes, fp.k_scale + 2 * t, fp.scale_rows);
+  else
+    quantize_tile<T, kDV, true, typename Tiles::LayoutVt>(
+        row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, s.start_k + r0, h), p.v_ss, valid,
+        static_cast<E*>(fp.vt_tiles) + t * Tiles::kVtBytes, fp.v_scale + 2 * t, fp.scale_rows);
+}
+
+template <class T, int kD, int kDV>
+struct FwdFp8 {
+  static_assert(kD % 32 == 0 && kDV % 32 == 0 && kD <= 256 && kDV <= 128, "FP8 head dims");
+  using Tiles = Fp8Tiles<T, kD, kDV>;
+  static constexpr int kBM = kTileRows, kBN = kTileRows, kThreads = 384;
+  static constexpr int kStages = kD <= 128 ? 3 : 2;
+  using LayoutQK = typename Tiles::LayoutQK;
+  using LayoutVt = typename Tiles::LayoutVt;
+  using LayoutP = KMajorLayout<kBM, kBN>;
+  // Two consumer warpgroups of 64 rows: each issues its own half of every product.
+  using MmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kBN>, Int<kD>>>(),
+                                        Layout<Shape<_2, _1, _1>>{}));
+  using MmaPV = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kDV>, Int<kBN>>>(),
+                                        Layout<Shape<_2, _1, _1>>{}));
+
+  struct Smem {
+    array_aligned<E, cosize_v<LayoutQK>, 1024> q;
+    array_aligned<E, cosize_v<LayoutQK>, 1024> k[kStages];
+    array_aligned<E, cosize_v<LayoutVt>, 1024> vt[kStages];
+    array_aligned<E, cosize_v<LayoutP>, 1024> p;
+    uint64_t q_full, k_full[kStages], v_full[kStages], kv_empty[kStages];
+  };
+  static constexpr size_t kSmem = sizeof(Smem);
+};
+
+template <class T, int kD, int kDV>
+__global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Params fp) {
+  using F = FwdFp8<T, kD, kDV>;
+  using Full = cutlass::arch::ClusterTransactionBarrier;
+  using Empty = cutlass::arch::ClusterBarrier;
+  constexpr int kBM = F::kBM, kBN = F::kBN, kStages = F::kStages;
+  constexpr int kQKBytes = F::Tiles::kQKBytes, kVtBytes = F::Tiles::kVtBytes;
+  const PtAttnParams& p = fp.base;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  auto& smem = *reinterpret_cast<typename F::Smem*>(smem_raw);
+
+  const QueryBlock<kBM, kBN> blk(p);
+  if (blk.valid_q <= 0) return;
+  const bool packed = p.cu_seqlens_q != nullptr;
+  const int64_t q_tile =
+      tile_index(blk.b, packed ? blk.s.start_q : blk.b * p.seqlen_q, blk.m0 / kBM) * p.heads_q + blk.h;
+  const int64_t k_tile0 = tile_index(blk.b, packed ? blk.s.start_k : blk.b * p.seqlen_k, 0);
+  const int nb_lo = blk.nb_lo, nb_hi = blk.nb_hi;
+
+  if (threadIdx.x == 0) {
+    Full::init(&smem.q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      Full::init(&smem.k_full[s], 1);
+      Full::init(&smem.v_full[s], 1);
+      Empty::init(&smem.kv_empty[s],
+                  256);  // every consumer thread releases its reads
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // producer
+    cutlass::arch::warpgroup_reg_dealloc<24>();
+    if (threadIdx.x == 0) {
+      Full::arrive_and_expect_tx(&smem.q_full, kQKBytes);
+      SM90_BULK_COPY_G2S::copy(static_cast<const E*>(fp.q_tiles) + q_tile * kQKBytes, &smem.q_full, smem.q.data(),
+                               kQKBytes);
+      for (int nb = nb_lo; nb < nb_hi; ++nb) {
+        const int i = nb - nb_lo, st = i % kStages;
+        if (i >= kStages) Empty::wait(&smem.kv_empty[st], ((i / kStages) - 1) & 1);
+        const int64_t t = (k_tile0 + nb) * p.heads_kv + blk.hk;
+        Full::arrive_and_expect_tx(&smem.k_full[st], kQKBytes);
+        SM90_BULK_COPY_G2S::copy(static_cast<const E*>(fp.k_tiles) + t * kQKBytes, &smem.k_full[st], smem.k[st].data(),
+                                 kQKBytes);
+        Full::arrive_and_expect_tx(&smem.v_full[st], kVtBytes);
+        SM90_BULK_COPY_G2S::copy(static_cast<const E*>(fp.vt_tiles) + t * kVtBytes, &smem.v_full[st],
+                                 smem.vt[st].data(), kVtBytes);
+      }
+    }
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<240>();
+  const int tid = threadIdx.x - 128;  // in the two consumer warpgroups
+  const int cw = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  typename F::MmaQK mma_qk;
+  typename F::MmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(tid);
+  auto thr_pv = mma_pv.get_thread_slice(tid);
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename F::LayoutQK{});
+  Tensor sP = make_tensor(make_smem_ptr(smem.p.data()), typename F::LayoutP{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+  Tensor tOrP = thr_pv.partition_fragment_A(sP);
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBM>, Int<kBN>>{});
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBM>, Int<kDV>>{});
+  static_assert(decltype(size(tSrS))::value == kBN / 2, "64 rows a warpgroup");
+  clear(tOrO);
+
+  const Mask& mask = blk.mask;
+  const int m0 = blk.m0;
+  const int local_row = cw * 64 + warp * 16 + lane / 4;  // + 8 r: this thread's two rows in the block
+  const int row_base = m0 + local_row;
+  const float q_scale = fp.q_scale[2 * q_tile + cw];
+  const float scale_log2 = p.softmax_scale * kLog2e * q_scale;
+  const float sink2 = p.sink != nullptr ? p.sink[blk.h] * kLog2e : -INFINITY;
+  float row_max[2] = {sink2, sink2};
+  float row_sum[2];
+  row_sum[0] = row_sum[1] = (p.sink != nullptr && lane % 4 == 0) ? 1.f : 0.f;
+  float vref = 0.f;  // O is in units of vref / kPScale
+
+  Full::wait(&smem.q_full, 0);
+  for (int nb = nb_lo; nb < nb_hi; ++nb) {
+    const int i = nb - nb_lo, st = i % kStages, phase = (i / kStages) & 1;
+    const int64_t t = 2 * ((k_tile0 + nb) * p.heads_kv + blk.hk);
+    const float2 ks = *reinterpret_cast<const float2*>(fp.k_scale + t);
+    const float2 vs = *reinterpret_cast<const float2*>(fp.v_scale + t);
+    Full::wait(&smem.k_full[st], phase);
+    Tensor sK = make_tensor(make_smem_ptr(smem.k[st].data()), typename F::LayoutQK{});
+    ss_gemm(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK), tSrS);
+
+    const int n0 = nb * kBN;
+    const bool full = mask.all_visible(m0, m0 + kBM, n0, n0 + kBN);
+    const float sc[2] = {scale_log2 * ks.x, scale_log2 * ks.y};  // keys [0, 64) and [64, 128)
+    float mx[2] = {row_max[0], row_max[1]};
+#pragma unroll
+    for (int e = 0; e < size(tSrS); ++e) {
+      const int c0 = e & 1, r = (e >> 1) & 1, j = e >> 2;
+      float x = tSrS(e) * sc[j >= kBN / 16];
+      if (!full && !mask.visible(row_base + 8 * r, n0 + 8 * j + 2 * (lane % 4) + c0)) x = -INFINITY;
+      tSrS(e) = x;
+      mx[r] = fmaxf(mx[r], x);
+    }
+    const float vnew = fmaxf(vref, fmaxf(vs.x, vs.y));
+    // O's unit moves to the larger v scale (O is 0 before the first block, and while V is all
+    // zeros).
+    const float grow = vnew > 0.f ? vref / vnew : 1.f, to_p = vnew > 0.f ? kPScale / vnew : 0.f;
+    const float pv[2] = {vs.x * to_p, vs.y * to_p};
+    vref = vnew;
+    float base[2], corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = quad_max(mx[r]);
+      base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+      corr[r] = exp2f(row_max[r] - base[r]);
+      row_max[r] = mx[r];
+      row_sum[r] *= corr[r];
+      corr[r] *= grow;
+    }
+#pragma unroll
+    for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= corr[(e >> 1) & 1];
+#pragma unroll
+    for (int e = 0; e < size(tSrS); e += 2) {
+      const int r = (e >> 1) & 1, j = e >> 2;
+      const float e0 = exp2f(tSrS(e) - base[r]), e1 = exp2f(tSrS(e + 1) - base[r]);
+      row_sum[r] += e0 + e1;
+      const float f = pv[j >= kBN / 16];
+      const uint16_t pair =
+          static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(e0 * f, e1 * f), __NV_SATFINITE, __NV_E4M3));
+      *reinterpret_cast<uint16_t*>(&sP(local_row + 8 * r, 8 * j + 2 * (lane % 4))) = pair;
+    }
+    cutlass::arch::fence_view_async_shared();  // P's stores become visible to wgmma's reads
+    cutlass::arch::NamedBarrier::sync(128, 1 + cw);
+
+    Full::wait(&smem.v_full[st], phase);
+    Tensor sVt = make_tensor(make_smem_ptr(smem.vt[st].data()), typename F::LayoutVt{});
+    ss_gemm(mma_pv, tOrP, thr_pv.partition_fragment_B(sVt), tOrO,
+            /*accumulate=*/true);
+    Empty::arrive(&smem.kv_empty[st]);
+  }
+
+  T* out = blk.template rows<T>(p.out, p.o_sb, p.o_ss, p.o_sh);
+  float* lse_row = p.lse + lse_offset(p, blk.b, blk.h, blk.s.start_q + m0);
+  float inv[2], lse[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = quad_sum(row_sum[r]);
+    inv[r] = sum > 0.f ? vref / kPScale / sum : 0.f;
+    lse[r] = sum > 0.f ? (row_max[r] + log2f(sum)) * kLn2 : INFINITY;
+  }
+  store_rows_sm90<T>(tOrO, out, p.o_ss, local_row, blk.valid_q, lane, inv);
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (local_row + 8 * r < blk.valid_q) lse_row[local_row + 8 * r] = lse[r];
+  }
+}
+
+// Host side: Attention's checks and packed-sequence memsets around the quantization and the
+// forward.
+template <class T, int kD, int kDV>
+struct AttentionFp8 {
+  static int forward(const PtAttnFp8Params* fp, char* err, size_t err_len) {
+    if (fp->scale_rows != 64 && fp->scale_rows != kTileRows) {
+      snprintf(err, err_len, "FP8 attention: scale_rows is %d; expected 64 or 128", fp->scale_rows);
+      return 1;
+    }
+    auto launch = [fp](const PtAttnParams& p, cudaStream_t stream) {
+      using F = FwdFp8<T, kD, kDV>;
+      const int64_t rows = p.seqlen_q > p.seqlen_k ? p.seqlen_q : p.seqlen_k;
+      const int64_t tiles = (rows + kTileRows - 1) / kTileRows, m_blocks = (p.seqlen_q + F::kBM - 1) / F::kBM;
+      if (tiles <= 0) return;
+      attn_fp8_quantize_kernel<T, kD, kDV><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch),
+                                                  static_cast<unsigned>(p.heads_q + 2 * p.heads_kv)),
+                                             kQuantThreads, 0, stream>>>(*fp);
+      if (m_blocks <= 0) return;
+      auto kernel = attn_fwd_fp8_kernel<T, kD, kDV>;
+      Attention<T, kD, kDV>::allow_smem(kernel, F::kSmem);
+      kernel<<<dim3(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads_q)),
+               F::kThreads, F::kSmem, stream>>>(*fp);
+    };
+    if (fp->base.heads_q + 2 * fp->base.heads_kv > 65535) {
+      snprintf(err, err_len, "FP8 attention: %d query and %d KV heads exceed the launch limit", fp->base.heads_q,
+               fp->base.heads_kv);
+      return 1;
+    }
+    return Attention<T, kD, kDV>::forward_with(&fp->base, err, err_len, "FP8 attention forward", launch);
+  }
+};
+
+}  // namespace primus_turbo::kernels::attention::fp8
+
+// Exports AttentionFp8<T, D, DV>::forward as pt_attn_fp8_fwd_run.
+#define PT_JIT_EXPORT_ATTENTION_FP8(T, D, DV)                                                                         \
+  PT_JIT_EXPORT_ABI_VERSION                                                                                           \
+  extern "C" __attribute__((visibility("default"))) int pt_attn_fp8_fwd_run(const PtAttnFp8Params* params, char* err, \
+                                                                            size_t err_len) {                         \
+    return primus_turbo::kernels::attention::fp8::AttentionFp8<T, D, DV>::forward(params, err, err_len);              \
+  }

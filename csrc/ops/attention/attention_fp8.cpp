@@ -1,0 +1,99 @@
+// C API entry point of FP8 attention: the 16-bit problem's checks, the workspace of quantized
+// tiles, then the module's quantization and forward (kernels/attention/attn_fwd_fp8_sm90.cuh).
+#include "core/error.h"
+#include "core/tensor.h"
+#include "ops/attention/attention_kernels.h"
+#include "ops/attention/attention_problem.h"
+#include "runtime/device.h"
+
+using namespace primus_turbo;
+using namespace primus_turbo::attention;
+
+namespace {
+
+constexpr int64_t kTile = PT_ATTN_FP8_TILE_ROWS;
+constexpr size_t kAlign = 1024;  // a swizzled tile image must start on a 1024-byte boundary
+
+size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Where each part of the workspace starts, from an aligned base.
+struct Fp8Workspace {
+  size_t q_tiles = 0, k_tiles = 0, vt_tiles = 0, q_scale = 0, k_scale = 0, v_scale = 0, bytes = 0;
+  int64_t q_cap = 0, k_cap = 0;
+};
+
+Fp8Workspace plan(const PtAttnParams& r) {
+  const bool packed = r.cu_seqlens_q != nullptr;
+  Fp8Workspace w;
+  const int64_t tokens_q = packed ? r.total_q : r.batch * r.seqlen_q;
+  const int64_t tokens_k = packed ? r.total_k : r.batch * r.seqlen_k;
+  w.q_cap = r.batch + (tokens_q + kTile - 1) / kTile;  // attention_fp8_abi.h's tile indices
+  w.k_cap = r.batch + (tokens_k + kTile - 1) / kTile;
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t start = at;
+    at += round_up(bytes);
+    return start;
+  };
+  w.q_tiles = take(static_cast<size_t>(w.q_cap) * r.heads_q * kTile * r.head_dim);
+  w.k_tiles = take(static_cast<size_t>(w.k_cap) * r.heads_kv * kTile * r.head_dim);
+  w.vt_tiles = take(static_cast<size_t>(w.k_cap) * r.heads_kv * kTile * r.head_dim_v);
+  w.q_scale = take(static_cast<size_t>(w.q_cap) * r.heads_q * 2 * sizeof(float));
+  w.k_scale = take(static_cast<size_t>(w.k_cap) * r.heads_kv * 2 * sizeof(float));
+  w.v_scale = take(static_cast<size_t>(w.k_cap) * r.heads_kv * 2 * sizeof(float));
+  w.bytes = at + kAlign;  // room to align the caller's base
+  return w;
+}
+
+}  // namespace
+
+extern "C" {
+
+pt_status pt_attention_fp8_fwd(const pt_tensor* q, const pt_tensor* k, const pt_tensor* v, const pt_tensor* sink,
+                               const pt_tensor* cu_seqlens_q, const pt_tensor* cu_seqlens_k, pt_tensor* out,
+                               pt_tensor* lse, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                               int32_t window_left, int32_t window_right, int32_t scale_rows, void* workspace,
+                               size_t workspace_bytes, size_t* workspace_needed, void* stream) {
+  return api_guard([&] {
+    if (workspace_needed != nullptr) *workspace_needed = 0;
+    PT_CHECK_ARG(scale_rows == 64 || scale_rows == 128, "argument 'scale_rows' (the quantization block) is ",
+                 scale_rows, "; expected 64 or 128 rows");
+    const Problem p = make_problem(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k,
+                                   softmax_scale, window_left, window_right);
+    PT_CHECK_SUPPORTED(fp8_head_dims(p.params.head_dim, p.params.head_dim_v), "FP8 attention supports head dims 64, ",
+                       "96 and 128 (q/k and v alike) and 192 for q/k with 128 for v; got ", p.params.head_dim, "/",
+                       p.params.head_dim_v, ": use flash_attn_func (16-bit) for this shape");
+    if (numel(*out) == 0 && numel(*lse) == 0) return;
+    const Fp8Workspace w = plan(p.params);
+    if (workspace_needed != nullptr) *workspace_needed = w.bytes;
+    if (w.bytes > workspace_bytes) {
+      PT_CHECK_ARG(workspace_needed != nullptr, "FP8 attention needs ", w.bytes,
+                   " bytes of workspace; pass workspace_needed to learn the size");
+      return;
+    }
+    const int device = current_device();
+    bind_device_context(device);
+    const PtAttnFp8Fn fn = load_fp8_forward(p.dtype, p.params.head_dim, p.params.head_dim_v, arch_for_device(device));
+    char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign);
+    PtAttnFp8Params f{};
+    f.base = p.params;
+    f.base.stream = stream;
+    f.q_tiles = base + w.q_tiles, f.k_tiles = base + w.k_tiles, f.vt_tiles = base + w.vt_tiles;
+    f.q_scale = reinterpret_cast<float*>(base + w.q_scale);
+    f.k_scale = reinterpret_cast<float*>(base + w.k_scale);
+    f.v_scale = reinterpret_cast<float*>(base + w.v_scale);
+    f.q_tiles_cap = w.q_cap, f.k_tiles_cap = w.k_cap;
+    f.scale_rows = scale_rows;
+    char err[1024] = {0};
+    if (fn(&f, err, sizeof(err)) != 0) {
+      PT_THROW(PT_ERROR_CUDA, "FP8 attention forward (q ", shape_string(*q), ", k ", shape_string(*k),
+               ") failed: ", err);
+    }
+  });
+}
+
+pt_status pt_attention_fp8_prepare(int32_t dtype, int32_t head_dim, int32_t head_dim_v) {
+  return api_guard([&] { load_fp8_forward(dtype, head_dim, head_dim_v, "90a"); });
+}
+
+}  // extern "C"
