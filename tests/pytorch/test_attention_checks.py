@@ -497,7 +497,7 @@ def test_fp8_shapes_forward_and_backward_on_meta(d, dv):
 
 def test_fp8_registered_as_custom_op():
     schema = str(torch.ops.primus_turbo.attention_fp8_fwd.default._schema)
-    assert "int scale_rows) -> (Tensor, Tensor)" in schema
+    assert "int scale_rows, bool dequantized) -> (Tensor, Tensor, Tensor, Tensor, Tensor)" in schema
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@
 #include <optional>
 #include <tuple>
 
+#include <torch/csrc/stable/ops.h>
+
 #include "bindings/torch/torch_binding.h"
 
 namespace primus_turbo::torch_binding {
@@ -136,22 +138,34 @@ std::tuple<Tensor, Tensor> attention_fwd(Tensor q_in, Tensor k_in, Tensor v_in, 
 }
 
 // FP8 forward: attention_fwd's outputs from q, k and v quantized blockwise (scale_rows rows per
-// scale) inside the native call; its backward is attention_bwd with these out and lse.
-std::tuple<Tensor, Tensor> attention_fp8_fwd(Tensor q_in, Tensor k_in, Tensor v_in, std::optional<Tensor> sink_in,
-                                             std::optional<Tensor> cu_q_in, std::optional<Tensor> cu_k_in,
-                                             int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
-                                             int64_t window_left, int64_t window_right, int64_t scale_rows) {
+// scale) inside the native call, and with `dequantized` the 16-bit q, k, v it computed with (else
+// empty placeholders): attention_bwd on those, with this out and lse, is its backward.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> attention_fp8_fwd(
+    Tensor q_in, Tensor k_in, Tensor v_in, std::optional<Tensor> sink_in, std::optional<Tensor> cu_q_in,
+    std::optional<Tensor> cu_k_in, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+    int64_t window_left, int64_t window_right, int64_t scale_rows, bool dequantized) {
   constexpr const char* op = "flash_attn_fp8 forward";
   Forward f = prepare_forward(op, q_in, k_in, v_in, sink_in, cu_q_in, cu_k_in);
   DeviceScope scope(f.device);
   void* stream = current_stream(f.device);
+  // Tokens outside every packed sequence are never written: zeros, not garbage, for the backward.
+  const bool packed = cu_q_in.has_value();
+  auto copy_of = [&](const Tensor& t) {
+    if (!dequantized) return placeholder(f.device);
+    Tensor c = empty(t.sizes().data(), t.dim(), t.scalar_type(), f.device);
+    if (packed) torch::stable::zero_(c);
+    return c;
+  };
+  Tensor qd = copy_of(f.q), kd = copy_of(f.k), vd = copy_of(f.v);
+  pt_tensor pqd = to_pt(qd), pkd = to_pt(kd), pvd = to_pt(vd);
   with_workspace(f.device, op, [&](void* ws, size_t bytes, size_t* needed) {
     return pt_attention_fp8_fwd(&f.pq, &f.pk, &f.pv, f.o.sink_ptr(), f.o.cu_q_ptr(), f.o.cu_k_ptr(), &f.po, &f.pl,
-                                max_seqlen_q, max_seqlen_k, softmax_scale, static_cast<int32_t>(window_left),
-                                static_cast<int32_t>(window_right), static_cast<int32_t>(scale_rows), ws, bytes,
-                                needed, stream);
+                                dequantized ? &pqd : nullptr, dequantized ? &pkd : nullptr,
+                                dequantized ? &pvd : nullptr, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                static_cast<int32_t>(window_left), static_cast<int32_t>(window_right),
+                                static_cast<int32_t>(scale_rows), ws, bytes, needed, stream);
   });
-  return {f.out, f.lse};
+  return {f.out, f.lse, qd, kd, vd};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> attention_bwd(Tensor dout_in, Tensor q_in, Tensor k_in, Tensor v_in,
@@ -194,8 +208,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
         "int max_seqlen_q, int max_seqlen_k, float softmax_scale, int window_left, int window_right, int backend) "
         "-> (Tensor, Tensor)");
   m.def("attention_fp8_fwd(Tensor q, Tensor k, Tensor v, Tensor? sink, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
-        "int max_seqlen_q, int max_seqlen_k, float softmax_scale, int window_left, int window_right, int scale_rows) "
-        "-> (Tensor, Tensor)");
+        "int max_seqlen_q, int max_seqlen_k, float softmax_scale, int window_left, int window_right, int scale_rows, "
+        "bool dequantized) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? sink, "
         "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
         "int window_left, int window_right, int backend, bool deterministic) -> (Tensor, Tensor, Tensor, Tensor)");

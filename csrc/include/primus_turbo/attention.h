@@ -54,11 +54,14 @@ PT_API pt_status pt_attention_bwd(const pt_tensor* dout, const pt_tensor* q, con
    mask, GQA, sink and packed form) computed with q, k and v quantized to E4M3 in blocks of
    scale_rows (64 or 128) rows per head, each block with its own float32 scale applied inside the
    kernel (our Hopper kernel; sm_90a). Head dims 64, 96, 128 (q/k and v alike) and 192/128.
-   Workspace as for pt_attention_fwd: it holds the quantized tiles. Its gradient is
-   pt_attention_bwd's with this out and lse. */
+   Workspace as for pt_attention_fwd: it holds the quantized tiles. q_deq, k_deq, v_deq (each
+   optional): contiguous tensors of q's, k's, v's shape and dtype that receive the dequantized
+   operands the kernel computed with (rows outside every sequence untouched); pt_attention_bwd on
+   them with this out and lse gives the gradients of this forward. */
 PT_API pt_status pt_attention_fp8_fwd(const pt_tensor* q, const pt_tensor* k, const pt_tensor* v,
                                       const pt_tensor* sink, const pt_tensor* cu_seqlens_q,
                                       const pt_tensor* cu_seqlens_k, pt_tensor* out, pt_tensor* lse,
+                                      pt_tensor* q_deq, pt_tensor* k_deq, pt_tensor* v_deq,
                                       int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
                                       int32_t window_left, int32_t window_right, int32_t scale_rows,
                                       void* workspace, size_t workspace_bytes, size_t* workspace_needed,

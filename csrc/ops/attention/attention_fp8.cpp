@@ -1,5 +1,7 @@
 // C API entry point of FP8 attention: the 16-bit problem's checks, the workspace of quantized
 // tiles, then the module's quantization and forward (kernels/attention/attn_fwd_fp8_sm90.cuh).
+#include <tuple>
+
 #include "core/error.h"
 #include "core/tensor.h"
 #include "ops/attention/attention_kernels.h"
@@ -51,9 +53,10 @@ extern "C" {
 
 pt_status pt_attention_fp8_fwd(const pt_tensor* q, const pt_tensor* k, const pt_tensor* v, const pt_tensor* sink,
                                const pt_tensor* cu_seqlens_q, const pt_tensor* cu_seqlens_k, pt_tensor* out,
-                               pt_tensor* lse, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
-                               int32_t window_left, int32_t window_right, int32_t scale_rows, void* workspace,
-                               size_t workspace_bytes, size_t* workspace_needed, void* stream) {
+                               pt_tensor* lse, pt_tensor* q_deq, pt_tensor* k_deq, pt_tensor* v_deq,
+                               int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, int32_t window_left,
+                               int32_t window_right, int32_t scale_rows, void* workspace, size_t workspace_bytes,
+                               size_t* workspace_needed, void* stream) {
   return api_guard([&] {
     if (workspace_needed != nullptr) *workspace_needed = 0;
     PT_CHECK_ARG(scale_rows == 64 || scale_rows == 128, "argument 'scale_rows' (the quantization block) is ",
@@ -63,6 +66,13 @@ pt_status pt_attention_fp8_fwd(const pt_tensor* q, const pt_tensor* k, const pt_
     PT_CHECK_SUPPORTED(fp8_head_dims(p.params.head_dim, p.params.head_dim_v), "FP8 attention supports head dims 64, ",
                        "96 and 128 (q/k and v alike) and 192 for q/k with 128 for v; got ", p.params.head_dim, "/",
                        p.params.head_dim_v, ": use flash_attn_func (16-bit) for this shape");
+    const std::tuple<const pt_tensor*, pt_tensor*, const char*, const char*> copies[] = {
+        {q, q_deq, "q_deq", "q"}, {k, k_deq, "k_deq", "k"}, {v, v_deq, "v_deq", "v"}};
+    for (const auto& [from, copy, name, from_name] : copies) {
+      if (copy == nullptr) continue;
+      check_like(copy, name, *from, from_name);  // contiguous, from's shape and dtype
+      PT_CHECK_ARG(numel(*copy) == 0 || aligned16(copy->data), "argument '", name, "' must be 16-byte aligned");
+    }
     if (numel(*out) == 0 && numel(*lse) == 0) return;
     const Fp8Workspace w = plan(p.params);
     if (workspace_needed != nullptr) *workspace_needed = w.bytes;
@@ -82,6 +92,9 @@ pt_status pt_attention_fp8_fwd(const pt_tensor* q, const pt_tensor* k, const pt_
     f.q_scale = reinterpret_cast<float*>(base + w.q_scale);
     f.k_scale = reinterpret_cast<float*>(base + w.k_scale);
     f.v_scale = reinterpret_cast<float*>(base + w.v_scale);
+    f.q_deq = q_deq != nullptr ? q_deq->data : nullptr;
+    f.k_deq = k_deq != nullptr ? k_deq->data : nullptr;
+    f.v_deq = v_deq != nullptr ? v_deq->data : nullptr;
     f.q_tiles_cap = w.q_cap, f.k_tiles_cap = w.k_cap;
     f.scale_rows = scale_rows;
     char err[1024] = {0};

@@ -7,8 +7,8 @@ runs our Hopper FP8 kernel (kernels/attention/attn_fwd_fp8_sm90.cuh), which appl
 inside (q and k's in the softmax exponent, v's on the probabilities). Everything the 16-bit
 functions take is taken: causal and sliding windows, GQA/MQA, sinks, packed sequences, strided
 views. The backward is the 16-bit attention backward (the configured attention backend) of the
-FP8 forward's output and log-sum-exp, on the unquantized q, k and v: the gradients of the FP8
-forward up to its quantization error.
+FP8 forward's output and log-sum-exp on the dequantized q, k and v the forward computed with
+(straight through the quantization): the gradients of the FP8 forward.
 """
 
 import torch
@@ -24,7 +24,7 @@ FP8_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128))
 _DEFAULT_BLOCK = 64  # rows per scale without a config (the original library's default)
 
 
-def _fwd_fake(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, scale_rows):
+def _fwd_fake(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, scale_rows, dequantized):
     out, lse = _attn._fwd_fake(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, 0)
     if (q.shape[-1], v.shape[-1]) not in FP8_HEAD_DIMS:
         raise NotImplementedError(
@@ -33,7 +33,8 @@ def _fwd_fake(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, scale_rows
         )
     if scale_rows not in (64, 128):
         raise ValueError(f"argument 'scale_rows' (the quantization block) is {scale_rows}; expected 64 or 128 rows")
-    return out, lse
+    copies = (t.new_empty(t.shape) if dequantized else library.placeholder(t) for t in (q, k, v))
+    return out, lse, *copies
 
 
 library.register_fake("attention_fp8_fwd", _fwd_fake)
@@ -41,10 +42,13 @@ _fwd_op = native.ops.attention_fp8_fwd.default
 
 
 class FlashAttnFp8Function(torch.autograd.Function):
+    """The backward differentiates what the forward computed: the 16-bit backward on the
+    dequantized q, k, v the native op hands back (saved instead of the inputs, so no more memory)."""
+
     @staticmethod
     def forward(ctx, q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, scale_rows, backend, det):
-        out, lse = _fwd_op(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, scale_rows)
-        ctx.save_for_backward(q, k, v, out, lse, sink, cu_q, cu_k)
+        out, lse, qd, kd, vd = _fwd_op(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, scale_rows, True)
+        ctx.save_for_backward(qd, kd, vd, out, lse, sink, cu_q, cu_k)
         ctx.args = (max_q, max_k, scale, wl, wr, backend, det)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -83,7 +87,7 @@ def _attention_fp8(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, rows,
     ):
         out, lse = FlashAttnFp8Function.apply(*args, backend, bool(deterministic))
     else:
-        out, lse = _fwd_op(*args)
+        out, lse = _fwd_op(*args, False)[:2]
     return (out, lse) if return_lse else out
 
 
@@ -114,8 +118,9 @@ def flash_attn_fp8_func(
         original library's signature has it). Head dims 64, 96, 128 and MLA's 192 (q/k) with 128
         (v); Hopper only.
 
-    The backward is the 16-bit attention backward of this forward's output and log-sum-exp, with
-    respect to the unquantized q, k and v (and sink); ``deterministic`` applies to it.
+    The backward is the 16-bit attention backward of this forward's output and log-sum-exp on the
+    dequantized q, k and v (straight through the quantization), with respect to q, k, v and sink;
+    ``deterministic`` applies to it.
     """
     op = "flash_attn_fp8_func"
     rows = block_rows(op, fp8_config)

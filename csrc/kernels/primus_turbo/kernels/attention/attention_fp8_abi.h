@@ -28,6 +28,12 @@ typedef struct PtAttnFp8Params {
   float* q_scale;  // [q_tiles_cap, heads_q, 2]: one scale per 64 rows
   float* k_scale;  // [k_tiles_cap, heads_kv, 2]
   float* v_scale;  // [k_tiles_cap, heads_kv, 2]
+  // 16-bit copies of the dequantized q, k, v (what the forward computes with, so what the backward
+  // differentiates), contiguous [tokens, heads, head dim] (fixed length: batch * seqlen tokens);
+  // each may be null. Tokens outside every sequence are not written.
+  void* q_deq;
+  void* k_deq;
+  void* v_deq;
   int64_t q_tiles_cap, k_tiles_cap;
   int32_t scale_rows;  // 64 or 128: rows that share one amax (128: both halves get the same scale)
 } PtAttnFp8Params;

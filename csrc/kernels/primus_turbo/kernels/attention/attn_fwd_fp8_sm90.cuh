@@ -2,10 +2,12 @@
 // warp-specialized wgmma kernel that reads the quantized tiles with bulk copies.
 //
 // Quantization (attn_fp8_quantize_kernel): one CTA per (128-row tile, sequence, head of q, k or v)
-// takes the amax of each 64-row half (or of the whole tile, scale_rows = 128), scales it to E4M3's
-// 448 and writes the tile in the byte image the forward's shared memory wants (K-major, swizzled as
-// wgmma reads it; V transposed so that keys run along its rows, the K-major B operand of P V). Rows
-// past the sequence are zeros. The tile indices are attention_fp8_abi.h's.
+// takes the amax of each 64-row half (or of the whole tile, scale_rows = 128), scales it into
+// E4M3's 448 by a power of two and writes the tile in the byte image the forward's shared memory
+// wants (K-major, swizzled as wgmma reads it; V transposed so that keys run along its rows, the
+// K-major B operand of P V, in vt_slot's key order). Rows past the sequence are zeros. The tile
+// indices are attention_fp8_abi.h's. On request it also writes the dequantized 16-bit operands for
+// the backward.
 //
 // Forward (attn_fwd_fp8_kernel): one CTA per (128 query rows, sequence, query head), three
 // warpgroups. Warpgroup 0 is the producer: one thread issues a 1-D bulk copy per tile (a tile is
@@ -13,11 +15,12 @@
 // each signalled by a transaction barrier and released by an "empty" barrier. Warpgroups 1 and 2
 // each own 64 query rows: S = Q K^T (SS wgmma, E4M3 in, float out), the online softmax on the
 // accumulators with the q and k scales folded into the exponent's factor, then P (scaled by 256,
-// E4M3's headroom, and by the v scale of its key half) through shared memory into O += P V^T (SS
-// wgmma). V's blocks have different scales: O is kept in units of the largest v scale seen so far
-// (vref), rescaled with the softmax correction when a larger one arrives, and P carries each
-// block's v scale / vref (<= 1). The two consumer warpgroups run unsynchronized, so one's softmax
-// overlaps the other's products.
+// E4M3's headroom, and by the v scale of its key half) converted in registers into the A operand of
+// O += P V^T (RS wgmma; V^T's key order makes the accumulator's pairs the operand's words). V's
+// blocks have different scales: O is kept in units of the largest v scale seen so far (vref),
+// rescaled with the softmax correction when a larger one arrives, and P carries each block's v
+// scale / vref (<= 1). The two consumer warpgroups run unsynchronized, so one's softmax overlaps
+// the other's products.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -31,6 +34,7 @@
 namespace primus_turbo::kernels::attention::fp8 {
 
 using namespace cute;
+using sm90::rs_gemm;
 using sm90::ss_gemm;
 using sm90::store_rows_sm90;
 
@@ -82,19 +86,39 @@ __device__ __forceinline__ float chunk_amax(const uint4& chunk) {
   return m;
 }
 
+// 8 E4M3 bytes times `scale`, as 8 16-bit values: what the forward computes with.
+template <class T>
+__device__ __forceinline__ uint4 from_e4m3x8(const uint2& q, float scale) {
+  const E* x = reinterpret_cast<const E*>(&q);
+  uint4 out;
+  T* y = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) y[i] = T(float(x[i]) * scale);
+  return out;
+}
+
+// Where key k of a 128-key block sits along V^T's rows. The forward's P V^T takes P straight from
+// the softmax accumulators: a thread holds the scores of keys {2q, 2q + 1, 2q + 8, 2q + 9} (q =
+// lane % 4) of each 16, while an 8-bit wgmma A operand in registers wants keys {4q .. 4q + 3}; so
+// V^T stores key 2q + c + 8h (c, h in {0, 1}) at 4q + c + 2h, and P's registers follow.
+__device__ __forceinline__ int vt_slot(int k) {
+  return (k & ~15) + 4 * ((k & 7) >> 1) + (k & 1) + 2 * ((k >> 3) & 1);
+}
+
 constexpr int kQuantThreads = 256;
 
 // One 128 x kCols tile of a 16-bit operand (rows from src, `valid` of them real) into its E4M3
-// image at dst (layout: Layout, element (row, col), or (col, row) with kTransposed), and the two
-// half scales into scale[0..1].
+// image at dst (layout: Layout, element (row, col), or (col, vt_slot(row)) with kTransposed), the
+// two half scales into scale[0..1], and, unless deq is null, the dequantized rows into deq (row
+// stride deq_stride): the operands whose gradients the backward computes.
 template <class T, int kCols, bool kTransposed, class Layout>
 __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int valid, E* dst, float* scale,
-                                              int scale_rows) {
+                                              int scale_rows, T* deq, int64_t deq_stride) {
   constexpr int kChunksPerRow = kCols / 8, kPerThread = kTileRows * kChunksPerRow / kQuantThreads;
   constexpr int kFirstHalf = kPerThread / 2;  // chunks of rows [0, 64): the first half of each thread's
   static_assert(kTileRows * kChunksPerRow % (2 * kQuantThreads) == 0, "whole chunk rounds per half");
   __shared__ float amax_warp[kQuantThreads / 32][2];
-  __shared__ float inv_half[2];
+  __shared__ float inv_half[2], scale_half[2];
   uint4 chunk[kPerThread];
   float amax[2] = {0.f, 0.f};
 #pragma unroll
@@ -117,14 +141,26 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
     if (scale_rows == kTileRows) m[0] = m[1] = fmaxf(m[0], m[1]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // An all-zero half (rows past the sequence too) gets scale 0, so it never inflates the
-      // forward's running v scale; an infinite amax keeps the unit scale.
-      const bool finite = m[h] <= 3.4e38f;
-      scale[h] = finite ? m[h] / kE4m3Max : 1.f;
-      inv_half[h] = finite && m[h] > 0.f ? kE4m3Max / m[h] : 1.f;
+      // A power of two at or above amax / 448: dequantized values are exact in 16 bits, so the
+      // backward's scores are the forward's. An all-zero half (rows past the sequence too) gets
+      // scale 0, so it never inflates the forward's running v scale; an infinite amax keeps 1.
+      const bool finite = m[h] <= 3.4e38f, zero = m[h] == 0.f;
+      const float pow2 = finite && !zero ? exp2f(ceilf(log2f(m[h] / kE4m3Max))) : 1.f;
+      scale[h] = scale_half[h] = zero ? 0.f : pow2;
+      inv_half[h] = 1.f / pow2;
     }
   }
   __syncthreads();
+  if (deq != nullptr) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      const int half = i < kFirstHalf ? 0 : 1;
+      if (r < valid)
+        *reinterpret_cast<uint4*>(deq + r * deq_stride + col) =
+            from_e4m3x8<T>(to_e4m3x8<T>(chunk[i], inv_half[half]), scale_half[half]);
+    }
+  }
   Tensor tile = make_tensor(make_smem_ptr(dst), Layout{});
   if constexpr (!kTransposed) {
 #pragma unroll
@@ -142,7 +178,7 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
       const uint2 q = to_e4m3x8<T>(chunk[i], inv_half[i < kFirstHalf ? 0 : 1]);
       const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&q);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) staged[(col + j) * kPitch + r] = bytes[j];
+      for (int j = 0; j < 8; ++j) staged[(col + j) * kPitch + vt_slot(r)] = bytes[j];
     }
     __syncthreads();
     for (int c = threadIdx.x; c < kCols * (kTileRows / 16); c += kQuantThreads) {
@@ -161,29 +197,38 @@ __global__ void __launch_bounds__(kQuantThreads) attn_fp8_quantize_kernel(const 
   const Sequence s = sequence(p, b);
   const bool packed = p.cu_seqlens_q != nullptr;
   const int nb = blockIdx.x, r0 = nb * kTileRows;
+  // The dequantized copy of an operand [tokens, heads, cols] at token `first + r0`, or null.
+  auto deq_rows = [&](void* deq, int64_t first, int heads, int h, int cols) {
+    return deq == nullptr ? nullptr : static_cast<T*>(deq) + ((first + r0) * heads + h) * cols;
+  };
   int h = blockIdx.z;
   if (h < p.heads_q) {
     if (r0 >= s.len_q) return;
-    const int64_t t = tile_index(b, packed ? s.start_q : b * p.seqlen_q, nb) * p.heads_q + h;
+    const int64_t first = packed ? s.start_q : b * p.seqlen_q;
+    const int64_t t = tile_index(b, first, nb) * p.heads_q + h;
     quantize_tile<T, kD, false, typename Tiles::LayoutQK>(
         row_at<const T>(p.q, p.q_sb, p.q_ss, p.q_sh, b, s.start_q + r0, h), p.q_ss, min(kTileRows, s.len_q - r0),
-        static_cast<E*>(fp.q_tiles) + t * Tiles::kQKBytes, fp.q_scale + 2 * t, fp.scale_rows);
+        static_cast<E*>(fp.q_tiles) + t * Tiles::kQKBytes, fp.q_scale + 2 * t, fp.scale_rows,
+        deq_rows(fp.q_deq, first, p.heads_q, h, kD), int64_t{p.heads_q} * kD);
     return;
   }
   h -= p.heads_q;
   if (r0 >= s.len_k) return;
   const bool is_v = h >= p.heads_kv;
   if (is_v) h -= p.heads_kv;
-  const int64_t t = tile_index(b, packed ? s.start_k : b * p.seqlen_k, nb) * p.heads_kv + h;
+  const int64_t first = packed ? s.start_k : b * p.seqlen_k;
+  const int64_t t = tile_index(b, first, nb) * p.heads_kv + h;
   const int valid = min(kTileRows, s.len_k - r0);
   if (!is_v)
     quantize_tile<T, kD, false, typename Tiles::LayoutQK>(
         row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, b, s.start_k + r0, h), p.k_ss, valid,
-        static_cast<E*>(fp.k_tiles) + t * Tiles::kQKBytes, fp.k_scale + 2 * t, fp.scale_rows);
+        static_cast<E*>(fp.k_tiles) + t * Tiles::kQKBytes, fp.k_scale + 2 * t, fp.scale_rows,
+        deq_rows(fp.k_deq, first, p.heads_kv, h, kD), int64_t{p.heads_kv} * kD);
   else
     quantize_tile<T, kDV, true, typename Tiles::LayoutVt>(
         row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, s.start_k + r0, h), p.v_ss, valid,
-        static_cast<E*>(fp.vt_tiles) + t * Tiles::kVtBytes, fp.v_scale + 2 * t, fp.scale_rows);
+        static_cast<E*>(fp.vt_tiles) + t * Tiles::kVtBytes, fp.v_scale + 2 * t, fp.scale_rows,
+        deq_rows(fp.v_deq, first, p.heads_kv, h, kDV), int64_t{p.heads_kv} * kDV);
 }
 
 template <class T, int kD, int kDV>
@@ -194,18 +239,16 @@ struct FwdFp8 {
   static constexpr int kStages = kD <= 128 ? 3 : 2;
   using LayoutQK = typename Tiles::LayoutQK;
   using LayoutVt = typename Tiles::LayoutVt;
-  using LayoutP = KMajorLayout<kBM, kBN>;
   // Two consumer warpgroups of 64 rows: each issues its own half of every product.
   using MmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kBN>, Int<kD>>>(),
                                         Layout<Shape<_2, _1, _1>>{}));
-  using MmaPV = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kDV>, Int<kBN>>>(),
+  using MmaPV = decltype(make_tiled_mma(GMMA::rs_op_selector<E, E, float, Shape<_64, Int<kDV>, Int<kBN>>>(),
                                         Layout<Shape<_2, _1, _1>>{}));
 
   struct Smem {
     array_aligned<E, cosize_v<LayoutQK>, 1024> q;
     array_aligned<E, cosize_v<LayoutQK>, 1024> k[kStages];
     array_aligned<E, cosize_v<LayoutVt>, 1024> vt[kStages];
-    array_aligned<E, cosize_v<LayoutP>, 1024> p;
     uint64_t q_full, k_full[kStages], v_full[kStages], kv_empty[kStages];
   };
   static constexpr size_t kSmem = sizeof(Smem);
@@ -271,9 +314,9 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
   auto thr_qk = mma_qk.get_thread_slice(tid);
   auto thr_pv = mma_pv.get_thread_slice(tid);
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename F::LayoutQK{});
-  Tensor sP = make_tensor(make_smem_ptr(smem.p.data()), typename F::LayoutP{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
-  Tensor tOrP = thr_pv.partition_fragment_A(sP);
+  Tensor tOrP = make_tensor<E>(partition_shape_A(mma_pv, Shape<Int<kBM>, Int<kBN>>{}));
+  Tensor tOrP_words = recast<uint32_t>(tOrP);  // 4 keys (vt_slot order) of one row per word
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBM>, Int<kBN>>{});
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBM>, Int<kDV>>{});
   static_assert(decltype(size(tSrS))::value == kBN / 2, "64 rows a warpgroup");
@@ -332,22 +375,27 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
 #pragma unroll
     for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= corr[(e >> 1) & 1];
 #pragma unroll
-    for (int e = 0; e < size(tSrS); e += 2) {
-      const int r = (e >> 1) & 1, j = e >> 2;
-      const float e0 = exp2f(tSrS(e) - base[r]), e1 = exp2f(tSrS(e + 1) - base[r]);
-      row_sum[r] += e0 + e1;
-      const float f = pv[j >= kBN / 16];
-      const uint16_t pair =
-          static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(e0 * f, e1 * f), __NV_SATFINITE, __NV_E4M3));
-      *reinterpret_cast<uint16_t*>(&sP(local_row + 8 * r, 8 * j + 2 * (lane % 4))) = pair;
+    for (int e = 0; e < size(tSrS); ++e) {
+      const int r = (e >> 1) & 1;
+      tSrS(e) = exp2f(tSrS(e) - base[r]);
+      row_sum[r] += tSrS(e);
     }
-    cutlass::arch::fence_view_async_shared();  // P's stores become visible to wgmma's reads
-    cutlass::arch::NamedBarrier::sync(128, 1 + cw);
+    // Word w = r + 2 h + 4 kb of the A operand holds row +8r's keys 32 kb + 16 h + vt_slot order:
+    // the accumulator pairs at columns 32 kb + 16 h + {2q, 2q + 1} and {2q + 8, 2q + 9}.
+#pragma unroll
+    for (int w = 0; w < size(tOrP_words); ++w) {
+      const int r = w & 1, h = (w >> 1) & 1, kb = w >> 2, e0 = 2 * r + 16 * kb + 8 * h;
+      const float f = pv[kb >= kBN / 64];
+      const uint32_t lo =
+          __nv_cvt_float2_to_fp8x2(make_float2(tSrS(e0) * f, tSrS(e0 + 1) * f), __NV_SATFINITE, __NV_E4M3);
+      const uint32_t hi =
+          __nv_cvt_float2_to_fp8x2(make_float2(tSrS(e0 + 4) * f, tSrS(e0 + 5) * f), __NV_SATFINITE, __NV_E4M3);
+      tOrP_words(w) = lo | (hi << 16);
+    }
 
     Full::wait(&smem.v_full[st], phase);
     Tensor sVt = make_tensor(make_smem_ptr(smem.vt[st].data()), typename F::LayoutVt{});
-    ss_gemm(mma_pv, tOrP, thr_pv.partition_fragment_B(sVt), tOrO,
-            /*accumulate=*/true);
+    rs_gemm(mma_pv, tOrP, thr_pv.partition_fragment_B(sVt), tOrO);
     Empty::arrive(&smem.kv_empty[st]);
   }
 
