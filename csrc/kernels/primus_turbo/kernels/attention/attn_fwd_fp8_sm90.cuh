@@ -34,8 +34,6 @@
 namespace primus_turbo::kernels::attention::fp8 {
 
 using namespace cute;
-using sm90::rs_gemm;
-using sm90::ss_gemm;
 using sm90::store_rows_sm90;
 
 using E = cutlass::float_e4m3_t;
@@ -334,19 +332,13 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
   row_sum[0] = row_sum[1] = (p.sink != nullptr && lane % 4 == 0) ? 1.f : 0.f;
   float vref = 0.f;  // O is in units of vref / kPScale
 
-  Full::wait(&smem.q_full, 0);
-  for (int nb = nb_lo; nb < nb_hi; ++nb) {
-    const int i = nb - nb_lo, st = i % kStages, phase = (i / kStages) & 1;
-    const int64_t t = 2 * ((k_tile0 + nb) * p.heads_kv + blk.hk);
-    const float2 ks = *reinterpret_cast<const float2*>(fp.k_scale + t);
-    const float2 vs = *reinterpret_cast<const float2*>(fp.v_scale + t);
-    Full::wait(&smem.k_full[st], phase);
-    Tensor sK = make_tensor(make_smem_ptr(smem.k[st].data()), typename F::LayoutQK{});
-    ss_gemm(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK), tSrS);
-
+  // The softmax of key block nb on S's accumulators (ks, vs: its k and v scales per 64-key half):
+  // scores scaled and masked, the row statistics updated, S replaced by its exponentials; corr
+  // receives O's correction per row (with the growth of O's v unit), pv P's factor per half.
+  auto softmax = [&](int nb, float2 ks, float2 vs, float (&corr)[2], float (&pv)[2]) {
     const int n0 = nb * kBN;
     const bool full = mask.all_visible(m0, m0 + kBM, n0, n0 + kBN);
-    const float sc[2] = {scale_log2 * ks.x, scale_log2 * ks.y};  // keys [0, 64) and [64, 128)
+    const float sc[2] = {scale_log2 * ks.x, scale_log2 * ks.y};
     float mx[2] = {row_max[0], row_max[1]};
 #pragma unroll
     for (int e = 0; e < size(tSrS); ++e) {
@@ -357,12 +349,11 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
       mx[r] = fmaxf(mx[r], x);
     }
     const float vnew = fmaxf(vref, fmaxf(vs.x, vs.y));
-    // O's unit moves to the larger v scale (O is 0 before the first block, and while V is all
-    // zeros).
+    // O's unit moves to the larger v scale (O is 0 before the first block, and while V is all zeros).
     const float grow = vnew > 0.f ? vref / vnew : 1.f, to_p = vnew > 0.f ? kPScale / vnew : 0.f;
-    const float pv[2] = {vs.x * to_p, vs.y * to_p};
+    pv[0] = vs.x * to_p, pv[1] = vs.y * to_p;
     vref = vnew;
-    float base[2], corr[2];
+    float base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = quad_max(mx[r]);
@@ -373,15 +364,15 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
       corr[r] *= grow;
     }
 #pragma unroll
-    for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= corr[(e >> 1) & 1];
-#pragma unroll
     for (int e = 0; e < size(tSrS); ++e) {
       const int r = (e >> 1) & 1;
       tSrS(e) = exp2f(tSrS(e) - base[r]);
       row_sum[r] += tSrS(e);
     }
-    // Word w = r + 2 h + 4 kb of the A operand holds row +8r's keys 32 kb + 16 h + vt_slot order:
-    // the accumulator pairs at columns 32 kb + 16 h + {2q, 2q + 1} and {2q + 8, 2q + 9}.
+  };
+  // P into the A operand of P V^T. Word w = r + 2 h + 4 kb holds row +8r's keys 32 kb + 16 h in
+  // vt_slot order: the accumulator pairs at columns 32 kb + 16 h + {2q, 2q + 1} and {2q + 8, 2q + 9}.
+  auto to_p = [&](const float (&pv)[2]) {
 #pragma unroll
     for (int w = 0; w < size(tOrP_words); ++w) {
       const int r = w & 1, h = (w >> 1) & 1, kb = w >> 2, e0 = 2 * r + 16 * kb + 8 * h;
@@ -392,11 +383,70 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
           __nv_cvt_float2_to_fp8x2(make_float2(tSrS(e0 + 4) * f, tSrS(e0 + 5) * f), __NV_SATFINITE, __NV_E4M3);
       tOrP_words(w) = lo | (hi << 16);
     }
-
-    Full::wait(&smem.v_full[st], phase);
+  };
+  // Asynchronous products (committed, not waited for): S = Q K^T of stage st, O += P V^T of stage st.
+  auto issue_qk = [&](int st) {
+    Tensor sK = make_tensor(make_smem_ptr(smem.k[st].data()), typename F::LayoutQK{});
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+    for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
+      cute::gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
+      mma_qk.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+  };
+  auto issue_pv = [&](int st) {
     Tensor sVt = make_tensor(make_smem_ptr(smem.vt[st].data()), typename F::LayoutVt{});
-    rs_gemm(mma_pv, tOrP, thr_pv.partition_fragment_B(sVt), tOrO);
-    Empty::arrive(&smem.kv_empty[st]);
+    Tensor tOrV = thr_pv.partition_fragment_B(sVt);
+    warpgroup_fence_operand(tOrP);
+    warpgroup_fence_operand(tOrO);
+    warpgroup_arrive();
+#pragma unroll
+    for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
+    warpgroup_commit_batch();
+  };
+  auto scales = [&](const float* base, int nb) {
+    return *reinterpret_cast<const float2*>(base + 2 * ((k_tile0 + nb) * p.heads_kv + blk.hk));
+  };
+
+  // Block i's S = Q K^T runs while block i - 1's P V^T does: the softmax of block i waits for its
+  // S only, and O's correction waits for the P V^T before it.
+  Full::wait(&smem.q_full, 0);
+  if (nb_lo < nb_hi) {
+    float corr[2], pv[2];
+    const float2 ks0 = scales(fp.k_scale, nb_lo), vs0 = scales(fp.v_scale, nb_lo);
+    Full::wait(&smem.k_full[0], 0);
+    issue_qk(0);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    softmax(nb_lo, ks0, vs0, corr, pv);  // O is still 0: nothing to correct
+    to_p(pv);
+    for (int nb = nb_lo + 1; nb < nb_hi; ++nb) {
+      const int i = nb - nb_lo, st = i % kStages, prev = (i - 1) % kStages;
+      const float2 ks = scales(fp.k_scale, nb), vs = scales(fp.v_scale, nb);
+      Full::wait(&smem.k_full[st], (i / kStages) & 1);
+      issue_qk(st);
+      Full::wait(&smem.v_full[prev], ((i - 1) / kStages) & 1);
+      issue_pv(prev);
+      warpgroup_wait<1>();  // this block's S; the last block's P V^T may still run
+      warpgroup_fence_operand(tSrS);
+      softmax(nb, ks, vs, corr, pv);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      Empty::arrive(&smem.kv_empty[prev]);
+#pragma unroll
+      for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= corr[(e >> 1) & 1];
+      to_p(pv);
+    }
+    const int i = nb_hi - 1 - nb_lo, last = i % kStages;
+    Full::wait(&smem.v_full[last], (i / kStages) & 1);
+    issue_pv(last);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    Empty::arrive(&smem.kv_empty[last]);
   }
 
   T* out = blk.template rows<T>(p.out, p.o_sb, p.o_ss, p.o_sh);

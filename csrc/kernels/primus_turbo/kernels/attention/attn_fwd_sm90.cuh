@@ -85,12 +85,12 @@ __device__ __forceinline__ void load_kv_swizzled(const PtAttnParams& p, int64_t 
       sv, layout_v, row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, first, hk), p.v_ss, valid);
 }
 
-// One warpgroup product, waited for: C = A B, or C += A B with `accumulate` (shared-memory A and B).
+// One warpgroup product, waited for: C = A B (shared-memory A and B; C overwritten).
 template <class Mma, class A, class B, class C>
-__device__ __forceinline__ void ss_gemm(Mma& mma, A const& a, B const& b, C& c, bool accumulate = false) {
+__device__ __forceinline__ void ss_gemm(Mma& mma, A const& a, B const& b, C& c) {
   warpgroup_fence_operand(c);
   warpgroup_arrive();
-  mma.accumulate_ = accumulate ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
   for (int kb = 0; kb < size<2>(a); ++kb) {
     cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
