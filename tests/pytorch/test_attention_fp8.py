@@ -118,6 +118,13 @@ def test_fp8_strided_views(layout):
     check(got, reference(q, k, v, dout, causal=True), q, layout)
 
 
+@pytest.mark.parametrize("softmax_scale", [-0.09, 0.3])
+def test_fp8_softmax_scale_of_either_sign(softmax_scale):
+    q, k, v, dout, _ = make(2, 200, 200, 4, 2, 128, 128, seed=5)
+    got = run_fp8(q, k, v, dout, causal=True, softmax_scale=softmax_scale)
+    check(got, reference(q, k, v, dout, softmax_scale=softmax_scale, causal=True), q, f"scale {softmax_scale}")
+
+
 def test_fp8_forward_is_quantized_and_blockwise():
     """The output is below 16-bit accuracy (q, k, v and P really go through E4M3), and a block of
     keys 100x larger than the rest leaves the other blocks' accuracy intact."""

@@ -24,6 +24,8 @@
 #pragma once
 
 #include <cuda_fp8.h>
+
+#include <type_traits>
 #include <cutlass/arch/reg_reconfig.h>
 
 #include <cute/arch/copy_sm90_tma.hpp>
@@ -47,6 +49,13 @@ using KMajorAtom = conditional_t<kK % 128 == 0, GMMA::Layout_K_SW128_Atom<E>,
                                  conditional_t<kK % 64 == 0, GMMA::Layout_K_SW64_Atom<E>, GMMA::Layout_K_SW32_Atom<E>>>;
 template <int kMN, int kK>
 using KMajorLayout = decltype(tile_to_shape(KMajorAtom<kK>{}, Shape<Int<kMN>, Int<kK>>{}));
+
+// 2^x in one MUFU instruction (no range fix-up; subnormal results flush to zero, which P tolerates).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 __device__ __forceinline__ int64_t tile_index(int64_t b, int64_t first_token, int nb) {
   return b + first_token / kTileRows + nb;
@@ -108,10 +117,11 @@ constexpr int kQuantThreads = 256;
 // One 128 x kCols tile of a 16-bit operand (rows from src, `valid` of them real) into its E4M3
 // image at dst (layout: Layout, element (row, col), or (col, vt_slot(row)) with kTransposed), the
 // two half scales into scale[0..1], and, unless deq is null, the dequantized rows into deq (row
-// stride deq_stride): the operands whose gradients the backward computes.
+// stride deq_stride): the operands whose gradients the backward computes. The tile holds the
+// values times `sign` (deq does not).
 template <class T, int kCols, bool kTransposed, class Layout>
 __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int valid, E* dst, float* scale,
-                                              int scale_rows, T* deq, int64_t deq_stride) {
+                                              int scale_rows, T* deq, int64_t deq_stride, float sign = 1.f) {
   constexpr int kChunksPerRow = kCols / 8, kPerThread = kTileRows * kChunksPerRow / kQuantThreads;
   constexpr int kFirstHalf = kPerThread / 2;  // chunks of rows [0, 64): the first half of each thread's
   static_assert(kTileRows * kChunksPerRow % (2 * kQuantThreads) == 0, "whole chunk rounds per half");
@@ -156,7 +166,7 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
       const int half = i < kFirstHalf ? 0 : 1;
       if (r < valid)
         *reinterpret_cast<uint4*>(deq + r * deq_stride + col) =
-            from_e4m3x8<T>(to_e4m3x8<T>(chunk[i], inv_half[half]), scale_half[half]);
+            from_e4m3x8<T>(to_e4m3x8<T>(chunk[i], inv_half[half] * sign), scale_half[half] * sign);
     }
   }
   Tensor tile = make_tensor(make_smem_ptr(dst), Layout{});
@@ -164,7 +174,7 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-      *reinterpret_cast<uint2*>(&tile(r, col)) = to_e4m3x8<T>(chunk[i], inv_half[i < kFirstHalf ? 0 : 1]);
+      *reinterpret_cast<uint2*>(&tile(r, col)) = to_e4m3x8<T>(chunk[i], inv_half[i < kFirstHalf ? 0 : 1] * sign);
     }
   } else {
     // Transposed through shared memory: rows of the image are columns of the tile.
@@ -207,7 +217,8 @@ __global__ void __launch_bounds__(kQuantThreads) attn_fp8_quantize_kernel(const 
     quantize_tile<T, kD, false, typename Tiles::LayoutQK>(
         row_at<const T>(p.q, p.q_sb, p.q_ss, p.q_sh, b, s.start_q + r0, h), p.q_ss, min(kTileRows, s.len_q - r0),
         static_cast<E*>(fp.q_tiles) + t * Tiles::kQKBytes, fp.q_scale + 2 * t, fp.scale_rows,
-        deq_rows(fp.q_deq, first, p.heads_q, h, kD), int64_t{p.heads_q} * kD);
+        deq_rows(fp.q_deq, first, p.heads_q, h, kD), int64_t{p.heads_q} * kD,
+        p.softmax_scale < 0.f ? -1.f : 1.f);  // the forward's exponent factor is then >= 0
     return;
   }
   h -= p.heads_q;
@@ -325,7 +336,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
   const int local_row = cw * 64 + warp * 16 + lane / 4;  // + 8 r: this thread's two rows in the block
   const int row_base = m0 + local_row;
   const float q_scale = fp.q_scale[2 * q_tile + cw];
-  const float scale_log2 = p.softmax_scale * kLog2e * q_scale;
+  const float scale_log2 = fabsf(p.softmax_scale) * kLog2e * q_scale;  // >= 0: q's tiles carry the sign
   const float sink2 = p.sink != nullptr ? p.sink[blk.h] * kLog2e : -INFINITY;
   float row_max[2] = {sink2, sink2};
   float row_sum[2];
@@ -333,56 +344,84 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
   float vref = 0.f;  // O is in units of vref / kPScale
 
   // The softmax of key block nb on S's accumulators (ks, vs: its k and v scales per 64-key half):
-  // scores scaled and masked, the row statistics updated, S replaced by its exponentials; corr
-  // receives O's correction per row (with the growth of O's v unit), pv P's factor per half.
-  auto softmax = [&](int nb, float2 ks, float2 vs, float (&corr)[2], float (&pv)[2]) {
+  // scores scaled (and masked with kMasked), the row statistics updated, S replaced by P times
+  // its per-half factor 256 * v scale / vref (a power of two, folded into the exponent; 1 where
+  // the half's V is all zeros); corr receives O's correction per row (with the growth of O's v
+  // unit). Unmasked blocks take the maximum of the raw accumulators (the factors are >= 0) and one
+  // FFMA per exponent.
+  auto softmax = [&](auto masked, int nb, float2 ks, float2 vs, float (&corr)[2]) {
+    constexpr bool kMasked = decltype(masked)::value;
     const int n0 = nb * kBN;
-    const bool full = mask.all_visible(m0, m0 + kBM, n0, n0 + kBN);
     const float sc[2] = {scale_log2 * ks.x, scale_log2 * ks.y};
     float mx[2] = {row_max[0], row_max[1]};
+    if constexpr (kMasked) {
 #pragma unroll
-    for (int e = 0; e < size(tSrS); ++e) {
-      const int c0 = e & 1, r = (e >> 1) & 1, j = e >> 2;
-      float x = tSrS(e) * sc[j >= kBN / 16];
-      if (!full && !mask.visible(row_base + 8 * r, n0 + 8 * j + 2 * (lane % 4) + c0)) x = -INFINITY;
-      tSrS(e) = x;
-      mx[r] = fmaxf(mx[r], x);
+      for (int e = 0; e < size(tSrS); ++e) {
+        const int c0 = e & 1, r = (e >> 1) & 1, j = e >> 2;
+        float x = tSrS(e) * sc[j >= kBN / 16];
+        if (!mask.visible(row_base + 8 * r, n0 + 8 * j + 2 * (lane % 4) + c0)) x = -INFINITY;
+        tSrS(e) = x;
+        mx[r] = fmaxf(mx[r], x);
+      }
+    } else {
+      float raw[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+#pragma unroll
+      for (int e = 0; e < size(tSrS); ++e) {
+        const int r = (e >> 1) & 1, h = (e >> 2) >= kBN / 16;
+        raw[r][h] = fmaxf(raw[r][h], tSrS(e));
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], fmaxf(raw[r][0] * sc[0], raw[r][1] * sc[1]));
     }
     const float vnew = fmaxf(vref, fmaxf(vs.x, vs.y));
     // O's unit moves to the larger v scale (O is 0 before the first block, and while V is all zeros).
     const float grow = vnew > 0.f ? vref / vnew : 1.f, to_p = vnew > 0.f ? kPScale / vnew : 0.f;
-    pv[0] = vs.x * to_p, pv[1] = vs.y * to_p;
     vref = vnew;
+    float lpv[2], inv_pv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float f = (h ? vs.y : vs.x) * to_p;
+      lpv[h] = f > 0.f ? static_cast<float>(static_cast<int>((__float_as_uint(f) >> 23) & 0xff) - 127) : 0.f;
+      inv_pv[h] = f > 0.f ? 1.f / f : 1.f;
+    }
     float base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = quad_max(mx[r]);
       base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-      corr[r] = exp2f(row_max[r] - base[r]);
+      corr[r] = ex2(row_max[r] - base[r]);
       row_max[r] = mx[r];
       row_sum[r] *= corr[r];
       corr[r] *= grow;
     }
+    float sums[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
     for (int e = 0; e < size(tSrS); ++e) {
-      const int r = (e >> 1) & 1;
-      tSrS(e) = exp2f(tSrS(e) - base[r]);
-      row_sum[r] += tSrS(e);
+      const int r = (e >> 1) & 1, h = (e >> 2) >= kBN / 16;
+      const float pe = kMasked ? ex2(tSrS(e) + (lpv[h] - base[r])) : ex2(fmaf(tSrS(e), sc[h], lpv[h] - base[r]));
+      tSrS(e) = pe;
+      sums[r][h] += pe;
     }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) row_sum[r] += sums[r][0] * inv_pv[0] + sums[r][1] * inv_pv[1];
   };
   // P into the A operand of P V^T. Word w = r + 2 h + 4 kb holds row +8r's keys 32 kb + 16 h in
   // vt_slot order: the accumulator pairs at columns 32 kb + 16 h + {2q, 2q + 1} and {2q + 8, 2q + 9}.
-  auto to_p = [&](const float (&pv)[2]) {
+  auto to_p = [&] {
 #pragma unroll
     for (int w = 0; w < size(tOrP_words); ++w) {
       const int r = w & 1, h = (w >> 1) & 1, kb = w >> 2, e0 = 2 * r + 16 * kb + 8 * h;
-      const float f = pv[kb >= kBN / 64];
-      const uint32_t lo =
-          __nv_cvt_float2_to_fp8x2(make_float2(tSrS(e0) * f, tSrS(e0 + 1) * f), __NV_SATFINITE, __NV_E4M3);
-      const uint32_t hi =
-          __nv_cvt_float2_to_fp8x2(make_float2(tSrS(e0 + 4) * f, tSrS(e0 + 5) * f), __NV_SATFINITE, __NV_E4M3);
+      const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(tSrS(e0), tSrS(e0 + 1)), __NV_SATFINITE, __NV_E4M3);
+      const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(tSrS(e0 + 4), tSrS(e0 + 5)), __NV_SATFINITE, __NV_E4M3);
       tOrP_words(w) = lo | (hi << 16);
     }
+  };
+  // The softmax of block nb, masked only where some pair of the tile is not visible.
+  auto softmax_block = [&](int nb, float2 ks, float2 vs, float (&corr)[2]) {
+    if (mask.all_visible(m0, m0 + kBM, nb * kBN, nb * kBN + kBN))
+      softmax(std::false_type{}, nb, ks, vs, corr);
+    else
+      softmax(std::true_type{}, nb, ks, vs, corr);
   };
   // Asynchronous products (committed, not waited for): S = Q K^T of stage st, O += P V^T of stage st.
   auto issue_qk = [&](int st) {
@@ -416,14 +455,14 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
   // S only, and O's correction waits for the P V^T before it.
   Full::wait(&smem.q_full, 0);
   if (nb_lo < nb_hi) {
-    float corr[2], pv[2];
+    float corr[2];
     const float2 ks0 = scales(fp.k_scale, nb_lo), vs0 = scales(fp.v_scale, nb_lo);
     Full::wait(&smem.k_full[0], 0);
     issue_qk(0);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
-    softmax(nb_lo, ks0, vs0, corr, pv);  // O is still 0: nothing to correct
-    to_p(pv);
+    softmax_block(nb_lo, ks0, vs0, corr);  // O is still 0: nothing to correct
+    to_p();
     for (int nb = nb_lo + 1; nb < nb_hi; ++nb) {
       const int i = nb - nb_lo, st = i % kStages, prev = (i - 1) % kStages;
       const float2 ks = scales(fp.k_scale, nb), vs = scales(fp.v_scale, nb);
@@ -433,13 +472,13 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
       issue_pv(prev);
       warpgroup_wait<1>();  // this block's S; the last block's P V^T may still run
       warpgroup_fence_operand(tSrS);
-      softmax(nb, ks, vs, corr, pv);
+      softmax_block(nb, ks, vs, corr);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       Empty::arrive(&smem.kv_empty[prev]);
 #pragma unroll
       for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= corr[(e >> 1) & 1];
-      to_p(pv);
+      to_p();
     }
     const int i = nb_hi - 1 - nb_lo, last = i % kStages;
     Full::wait(&smem.v_full[last], (i / kStages) & 1);
