@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dkdv_kernel(const PtAttn
       for (int e = 0; e < 4; ++e) {
         const int i = frag_col(lane, t, e);
         const bool vis = full || mask.visible(m0 + i, key0 + frag_row(lane, e));
-        pt[t][e] = vis ? exp2f(pt[t][e] * scale_log2 - lse2[i]) : 0.f;
+        pt[t][e] = vis ? ex2(fmaf(pt[t][e], scale_log2, -lse2[i])) : 0.f;
       }
     uint32_t a[kBM / 16][4];
     acc_to_a<T>(pt, a);
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dq_kernel(const PtAttnPa
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const bool vis = full || mask.visible(row0 + m * 16 + frag_row(lane, e), n0 + frag_col(lane, t, e));
-          pr[m][t][e] = vis ? exp2f(pr[m][t][e] * scale_log2 - lse2[m][e >> 1]) : 0.f;
+          pr[m][t][e] = vis ? ex2(fmaf(pr[m][t][e], scale_log2, -lse2[m][e >> 1])) : 0.f;
         }
     float ds[kMT][kBN / 8][4];  // dP = dO V^T, then dS = P o (dP - delta)
 #pragma unroll

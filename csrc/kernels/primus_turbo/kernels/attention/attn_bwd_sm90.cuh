@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(256, 1) attn_bwd_dkdv_sm90_kernel(const PtAttn
       const int c0 = i & 1, r = (i >> 1) & 1, j = i >> 2;
       const int col = 8 * j + 2 * (lane % 4) + c0;
       const bool vis = full || mask.visible(m0 + col, key_base + 8 * r);
-      tSrS(i) = vis ? exp2f(tSrS(i) * scale_log2 - lse2[col]) : 0.f;
+      tSrS(i) = vis ? ex2(fmaf(tSrS(i), scale_log2, -lse2[col])) : 0.f;
       tDVrP(i) = static_cast<E>(tSrS(i));
     }
     rs_gemm(mma_dv, tDVrP, thr_dv.partition_fragment_B(sDot), tDVrDV);
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(256, 1) attn_bwd_dq_sm90_kernel(const PtAttnPa
     for (int i = 0; i < size(tSrS); ++i) {
       const int c0 = i & 1, r = (i >> 1) & 1, j = i >> 2;
       const bool vis = full || mask.visible(m0 + local_row + 8 * r, n0 + 8 * j + 2 * (lane % 4) + c0);
-      const float pr = vis ? exp2f(tSrS(i) * scale_log2 - lse2[r]) : 0.f;
+      const float pr = vis ? ex2(fmaf(tSrS(i), scale_log2, -lse2[r])) : 0.f;
       tDQrDS(i) = static_cast<E>(pr * (tDPrDP(i) - delta[r]));
     }
     rs_gemm(mma_dq, tDQrDS, thr_dq.partition_fragment_B(sKt), tDQrDQ);

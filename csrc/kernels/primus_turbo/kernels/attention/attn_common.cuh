@@ -12,6 +12,15 @@ namespace primus_turbo::kernels::attention {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// 2^x in one MUFU instruction: exp2f adds a range fix-up around it (compare, scale, select) that
+// costs more than the exponent in a softmax loop. Subnormal results flush to zero, and -inf gives
+// 0, which is what a probability wants.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 struct Sequence {
   int64_t start_q, start_k;  // row of the sequence's first token (0 for fixed length)
   int len_q, len_k;

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(32 * kWarps) attn_fwd_kernel(const PtAttnParam
       for (int i = 0; i < 2; ++i) {
         mx[i] = quad_max(mx[i]);
         base[i] = mx[i] == -INFINITY ? 0.f : mx[i];  // a row that sees nothing yet stays all-zero
-        const float corr = exp2f(row_max[m][i] - base[i]);
+        const float corr = ex2(row_max[m][i] - base[i]);
         row_max[m][i] = mx[i];
         row_sum[m][i] *= corr;
 #pragma unroll
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(32 * kWarps) attn_fwd_kernel(const PtAttnParam
       for (int t = 0; t < kBN / 8; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          sc[m][t][e] = exp2f(sc[m][t][e] - base[e >> 1]);
+          sc[m][t][e] = ex2(sc[m][t][e] - base[e >> 1]);
           row_sum[m][e >> 1] += sc[m][t][e];
         }
     }

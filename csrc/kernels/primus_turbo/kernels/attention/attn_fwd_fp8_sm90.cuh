@@ -50,13 +50,6 @@ using KMajorAtom = conditional_t<kK % 128 == 0, GMMA::Layout_K_SW128_Atom<E>,
 template <int kMN, int kK>
 using KMajorLayout = decltype(tile_to_shape(KMajorAtom<kK>{}, Shape<Int<kMN>, Int<kK>>{}));
 
-// 2^x in one MUFU instruction (no range fix-up; subnormal results flush to zero, which P tolerates).
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 __device__ __forceinline__ int64_t tile_index(int64_t b, int64_t first_token, int nb) {
   return b + first_token / kTileRows + nb;
 }

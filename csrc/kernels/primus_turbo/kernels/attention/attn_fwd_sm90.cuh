@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(256, 1) attn_fwd_sm90_kernel(const PtAttnParam
     for (int r = 0; r < 2; ++r) {
       mx[r] = quad_max(mx[r]);
       base[r] = mx[r] == -INFINITY ? 0.f : mx[r];  // a row that sees nothing yet stays all-zero
-      corr[r] = exp2f(row_max[r] - base[r]);
+      corr[r] = ex2(row_max[r] - base[r]);
       row_max[r] = mx[r];
       row_sum[r] *= corr[r];
     }
@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(256, 1) attn_fwd_sm90_kernel(const PtAttnParam
 #pragma unroll
     for (int i = 0; i < size(tSrS); ++i) {
       const int r = (i >> 1) & 1;
-      const float e = exp2f(tSrS(i) - base[r]);
+      const float e = ex2(tSrS(i) - base[r]);
       row_sum[r] += e;
       tOrP(i) = static_cast<E>(e);
     }
