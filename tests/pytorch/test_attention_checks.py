@@ -284,7 +284,7 @@ def test_module_keeps_the_original_positional_arguments():
     assert m.softmax_scale == 0.125 and m.causal and m.window_size == (4, 0)
     q = meta(2, 16, 8, 64)
     assert m(q, q, q).shape == q.shape
-    with pytest.raises(NotImplementedError, match="fp8_config"):
+    with pytest.raises(TypeError, match="fp8_config"):
         turbo.modules.TurboAttention(fp8_config=object())
     with pytest.raises(NotImplementedError, match="context parallelism"):
         turbo.modules.TurboAttention(ulysses_group=object())
@@ -546,5 +546,23 @@ def test_fp8_torch_compile_traces_without_graph_break():
     q, k, v = qkv(grad=True)
     out = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
     assert out.shape == (2, 16, 8, 128)
+    out.sum().backward()
+    assert q.grad.shape == q.shape
+
+
+@pytest.mark.parametrize("layout,shape", [("sbhd", (16, 2, 8, 64)), ("bhsd", (2, 8, 16, 64))])
+def test_module_fp8_config_runs_fp8_attention_on_meta(layout, shape, monkeypatch):
+    import primus_turbo.pytorch.modules.attention as mod
+
+    calls = []
+    real = mod.flash_attn_fp8_func
+    monkeypatch.setattr(mod, "flash_attn_fp8_func", lambda *a, **kw: calls.append(kw["fp8_config"]) or real(*a, **kw))
+    cfg = _blockwise(128)
+    m = turbo.modules.TurboAttention(
+        causal=True, fp8_config=cfg, layout=layout, learnable_sink=True, num_heads=8, device="meta"
+    )
+    q = meta(*shape, grad=True)
+    out = m(q, q, q)
+    assert out.shape == q.shape and calls == [cfg]
     out.sum().backward()
     assert q.grad.shape == q.shape

@@ -190,3 +190,16 @@ def test_fp8_unsupported_head_dim_names_the_limit():
     q = torch.randn(1, 64, 2, 256, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError, match="head dims"):
         turbo.ops.flash_attn_fp8_func(q, q, q)
+
+
+def test_fp8_module_in_megatron_layout():
+    """TurboAttention(fp8_config=...) on [S, B, H, D] tensors: the FP8 function through the module."""
+    q, k, v, dout, _ = make(2, 300, 300, 4, 2, 128, 128, seed=9)
+    m = turbo.modules.TurboAttention(causal=True, fp8_config=config(64), layout="sbhd")
+    leaves = [t.transpose(0, 1).contiguous().requires_grad_() for t in (q, k, v)]
+    out = m(*leaves)
+    grads = torch.autograd.grad(out, leaves, dout.transpose(0, 1))
+    ref = reference(q, k, v, dout, causal=True)
+    assert_snr(out.transpose(0, 1), ref[0], MIN_SNR, "module out")
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref[2:5]):
+        assert_snr(g.transpose(0, 1), r, MIN_SNR, f"module {name}")

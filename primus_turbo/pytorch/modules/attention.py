@@ -1,10 +1,11 @@
 """turbo.modules.TurboAttention: core attention (no projections) on turbo.ops.flash_attn_func and
-turbo.ops.flash_attn_varlen_func, for the layouts models keep q, k and v in."""
+turbo.ops.flash_attn_varlen_func (or their FP8 forms), for the layouts models keep q, k and v in."""
 
 import torch
 from torch import nn
 
 from primus_turbo.pytorch.ops.attention import flash_attn_func, flash_attn_varlen_func
+from primus_turbo.pytorch.ops.attention_fp8 import block_rows, flash_attn_fp8_func, flash_attn_varlen_fp8_func
 
 __all__ = ["TurboAttention"]
 
@@ -18,9 +19,10 @@ class TurboAttention(nn.Module):
 
     The positional arguments are the original library's (``dropout_p``, ``softmax_scale``,
     ``causal``, ``window_size``, ``alibi_slopes``, ``deterministic``, ``return_lse``,
-    ``return_attn_probs``, ``fp8_config``, ``ulysses_group``, ``ring_group``); dropout, ALiBi,
-    attention probabilities, FP8 attention and context parallelism are not implemented here and
-    raise ``NotImplementedError`` when asked for.
+    ``return_attn_probs``, ``fp8_config``, ``ulysses_group``, ``ring_group``). ``fp8_config``
+    (a BLOCKWISE ``Float8QuantConfig``) runs ``flash_attn_fp8_func``: q, k, v quantized to FP8
+    blockwise in the forward. Dropout, ALiBi, attention probabilities and context parallelism are
+    not implemented here and raise ``NotImplementedError`` when asked for.
 
     Keyword-only:
         layout: ``"bshd"`` (default), ``"sbhd"`` (Megatron), ``"bhsd"`` (Hugging Face) or ``"thd"``
@@ -53,7 +55,8 @@ class TurboAttention(nn.Module):
     ):
         super().__init__()
         if fp8_config is not None:
-            raise NotImplementedError("TurboAttention: FP8 attention (argument 'fp8_config') is not implemented yet")
+            block_rows("TurboAttention", fp8_config)  # refuses what FP8 attention does not take, here
+        self.fp8_config = fp8_config
         if ulysses_group is not None or ring_group is not None:
             raise NotImplementedError(
                 "TurboAttention: context parallelism (arguments 'ulysses_group', 'ring_group') is not implemented yet"
@@ -132,7 +135,10 @@ class TurboAttention(nn.Module):
                 max_seqlen_q = _longest(cu_seqlens_q)
             if max_seqlen_k is None:
                 max_seqlen_k = _longest(cu_seqlens_k)
-            return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
+            fn = flash_attn_varlen_func
+            if self.fp8_config is not None:
+                fn, kwargs["fp8_config"] = flash_attn_varlen_fp8_func, self.fp8_config
+            return fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
         dims = _TRANSPOSE[self.layout]
         if dims is not None:
             for name, t in (("q", q), ("k", k), ("v", v)):
@@ -142,7 +148,10 @@ class TurboAttention(nn.Module):
                         f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
                     )
             q, k, v = q.transpose(*dims), k.transpose(*dims), v.transpose(*dims)
-        result = flash_attn_func(q, k, v, **kwargs)
+        if self.fp8_config is not None:
+            result = flash_attn_fp8_func(q, k, v, fp8_config=self.fp8_config, **kwargs)
+        else:
+            result = flash_attn_func(q, k, v, **kwargs)
         if dims is None:
             return result
         if self.return_lse:
@@ -151,6 +160,7 @@ class TurboAttention(nn.Module):
 
     def extra_repr(self) -> str:
         heads = f", sinks={self.sinks.shape[0]}" if self.sinks is not None else ""
+        heads += f", fp8 blocks of {self.fp8_config.block_size} rows" if self.fp8_config is not None else ""
         return (
             f"layout={self.layout!r}, causal={self.causal}, window_size={self.window_size}, "
             f"softmax_scale={self.softmax_scale}{heads}"
