@@ -106,6 +106,13 @@ def _cases(turbo, dev="cuda"):
         lambda: turbo.ops.flash_attn_func(aq, ak, av, causal=True), sdpa,
         step(lambda: turbo.ops.flash_attn_func(aq, ak, av, causal=True), (aq, ak, av), ag), step(sdpa, (aq, ak, av), ag),
     )
+    # FP8 attention (quantization of q, k, v and the forward in one native call) against the same
+    # SDPA: torch has no FP8 attention, and this is what a user would run instead.
+    cases["flash_attn_fp8"] = (
+        lambda: turbo.ops.flash_attn_fp8_func(aq, ak, av, causal=True), sdpa,
+        step(lambda: turbo.ops.flash_attn_fp8_func(aq, ak, av, causal=True), (aq, ak, av), ag),
+        step(sdpa, (aq, ak, av), ag),
+    )  # fmt: skip
     # Quantization (no backward): ours against torch's two-op rowwise cast.
     xq = t(256, 1024, grad=False)
 
