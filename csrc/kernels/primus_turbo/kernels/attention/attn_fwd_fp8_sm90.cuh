@@ -419,26 +419,11 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
   // Asynchronous products (committed, not waited for): S = Q K^T of stage st, O += P V^T of stage st.
   auto issue_qk = [&](int st) {
     Tensor sK = make_tensor(make_smem_ptr(smem.k[st].data()), typename F::LayoutQK{});
-    Tensor tSrK = thr_qk.partition_fragment_B(sK);
-    warpgroup_fence_operand(tSrS);
-    warpgroup_arrive();
-    mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-    for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
-      cute::gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
-      mma_qk.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
+    sm90::issue_ss_gemm(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK), tSrS);
   };
   auto issue_pv = [&](int st) {
     Tensor sVt = make_tensor(make_smem_ptr(smem.vt[st].data()), typename F::LayoutVt{});
-    Tensor tOrV = thr_pv.partition_fragment_B(sVt);
-    warpgroup_fence_operand(tOrP);
-    warpgroup_fence_operand(tOrO);
-    warpgroup_arrive();
-#pragma unroll
-    for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
-    warpgroup_commit_batch();
+    sm90::issue_rs_gemm(mma_pv, tOrP, thr_pv.partition_fragment_B(sVt), tOrO);
   };
   auto scales = [&](const float* base, int nb) {
     return *reinterpret_cast<const float2*>(base + 2 * ((k_tile0 + nb) * p.heads_kv + blk.hk));

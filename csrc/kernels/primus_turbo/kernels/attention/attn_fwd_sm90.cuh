@@ -85,9 +85,10 @@ __device__ __forceinline__ void load_kv_swizzled(const PtAttnParams& p, int64_t 
       sv, layout_v, row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, first, hk), p.v_ss, valid);
 }
 
-// One warpgroup product, waited for: C = A B (shared-memory A and B; C overwritten).
+// One warpgroup product issued and committed, not waited for: C = A B (shared-memory A and B; C
+// overwritten).
 template <class Mma, class A, class B, class C>
-__device__ __forceinline__ void ss_gemm(Mma& mma, A const& a, B const& b, C& c) {
+__device__ __forceinline__ void issue_ss_gemm(Mma& mma, A const& a, B const& b, C& c) {
   warpgroup_fence_operand(c);
   warpgroup_arrive();
   mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -97,19 +98,30 @@ __device__ __forceinline__ void ss_gemm(Mma& mma, A const& a, B const& b, C& c) 
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(c);
 }
 
-// C += A B with A from registers.
+// C += A B with A from registers, issued and committed, not waited for.
 template <class Mma, class A, class B, class C>
-__device__ __forceinline__ void rs_gemm(Mma& mma, A& a, B const& b, C& c) {
+__device__ __forceinline__ void issue_rs_gemm(Mma& mma, A& a, B const& b, C& c) {
   warpgroup_fence_operand(a);
   warpgroup_fence_operand(c);
   warpgroup_arrive();
 #pragma unroll
   for (int kb = 0; kb < size<2>(a); ++kb) cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
   warpgroup_commit_batch();
+}
+
+// The same, waited for.
+template <class Mma, class A, class B, class C>
+__device__ __forceinline__ void ss_gemm(Mma& mma, A const& a, B const& b, C& c) {
+  issue_ss_gemm(mma, a, b, c);
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+}
+
+template <class Mma, class A, class B, class C>
+__device__ __forceinline__ void rs_gemm(Mma& mma, A& a, B const& b, C& c) {
+  issue_rs_gemm(mma, a, b, c);
   warpgroup_wait<0>();
   warpgroup_fence_operand(c);
 }
