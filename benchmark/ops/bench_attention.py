@@ -474,34 +474,13 @@ def report(rows, args, gpu_name, gpu, out_dir, csv_path, tag) -> None:
     for name, (group, d) in groups.items():
         if not group:
             continue
-        passed = [r.get("Check") == "PASS" for r in group]
         backends = sorted({r.get("Baseline Backend", "none") for r in group})
-        entry = bu.summary_entry(
-            ours=[r.get(f"{d} TFLOPS", nan) for r in group],
-            baseline_values=[r.get(f"Baseline {d} TFLOPS", nan) for r in group],
-            passed=passed,
-            metric=f"{d.lower()} TFLOPS",
-            baseline=BASELINE,
-            gpu=gpu_name,
-            dtype=args.dtype,
-            ours_all_geomean=bu.geomean(r.get(f"{d} TFLOPS") for r, p in zip(group, passed) if p),
-            baseline_backends=backends,
-            failed=sum(r.get("Check") == "FAIL" for r in group),
-            errors=sum(r.get("Check") == "ERROR" for r in group),
-            seqlens=list(args.seqlens),
-            tokens=args.tokens,
-            torch=torch.__version__,
-            cudnn=torch.backends.cudnn.version(),
-            ours_backend=args.backend,
-            csv=csv_path.name,
-        )
-        if not args.no_summary:
-            bu.update_summary(args.output_dir, gpu, name + suffix, entry)
-        print(
-            f"[bench_attention] {name + suffix}: {entry['passed']}/{entry['cases']} passed; {d.lower()} TFLOPS geomean "
-            f"{entry['ours_geomean']:.1f} vs {BASELINE} {entry['baseline_geomean']:.1f} over {entry['compared']} "
-            f"cases: ratio {entry['ratio_geomean']:.3f} (min {entry['ratio_min']:.3f}); all ours {entry['ours_all_geomean']:.1f}"
-        )
+        entry = group_entry(
+            group, d, "Baseline", BASELINE, args, gpu_name, csv_path, baseline_backends=backends,
+            cudnn=torch.backends.cudnn.version(), ours_backend=args.backend,
+        )  # fmt: skip
+        publish(args, gpu, name + suffix, entry, BASELINE)
+        print(f"    over {entry['compared']} cases; all ours {entry['ours_all_geomean']:.1f}")
     bu.plot_comparison(
         out_dir / f"{csv_path.stem}.png",
         [f"{r['Case']} S{r['SeqLen']}" for r in rows],
@@ -514,36 +493,52 @@ def report(rows, args, gpu_name, gpu, out_dir, csv_path, tag) -> None:
     )
 
 
+def group_entry(group, d, baseline, baseline_name, args, gpu_name, csv_path, **extra) -> dict:
+    """The summary entry of rows `group` for direction d ("Forward", "Step", ...): our `d TFLOPS`
+    against the rows' `<baseline> d TFLOPS`, geomean over the passing rows."""
+    nan = float("nan")
+    passed = [r.get("Check") == "PASS" for r in group]
+    extra.setdefault("dtype", args.dtype)
+    return bu.summary_entry(
+        ours=[r.get(f"{d} TFLOPS", nan) for r in group],
+        baseline_values=[r.get(f"{baseline} {d} TFLOPS", nan) for r in group],
+        passed=passed,
+        metric=f"{d.lower()} TFLOPS",
+        baseline=baseline_name,
+        gpu=gpu_name,
+        ours_all_geomean=bu.geomean(r.get(f"{d} TFLOPS") for r, p in zip(group, passed) if p),
+        failed=sum(r.get("Check") == "FAIL" for r in group),
+        errors=sum(r.get("Check") == "ERROR" for r in group),
+        seqlens=list(args.seqlens),
+        tokens=args.tokens,
+        torch=torch.__version__,
+        csv=csv_path.name,
+        **extra,
+    )
+
+
+def publish(args, gpu, name, entry, against) -> None:
+    if not args.no_summary:
+        bu.update_summary(args.output_dir, gpu, name, entry)
+    print(
+        f"[bench_attention] {name}: {entry['passed']}/{entry['cases']} passed; {entry['metric']} geomean "
+        f"{entry['ours_geomean']:.1f} vs {against} {entry['baseline_geomean']:.1f}: ratio {entry['ratio_geomean']:.3f} "
+        f"(min {entry['ratio_min']:.3f})"
+    )
+
+
 def report_fp8(rows, args, gpu_name, gpu, csv_path, suffix) -> None:
     """attn_fp8_fwd / attn_fp8_step: FP8 TFLOPS against our 16-bit functions (the targets' ratio),
     with the ratio to SDPA beside it."""
-    nan = float("nan")
     for name, d in (("attn_fp8_fwd", "Forward"), ("attn_fp8_step", "Step")):
         passed = [r.get("Check") == "PASS" for r in rows]
-        entry = bu.summary_entry(
-            ours=[r.get(f"{d} TFLOPS", nan) for r in rows],
-            baseline_values=[r.get(f"BF16 {d} TFLOPS", nan) for r in rows],
-            passed=passed,
-            metric=f"{d.lower()} TFLOPS",
-            baseline="ours bf16 (flash_attn_func, backend unset)",
-            gpu=gpu_name,
-            dtype="fp8 (inputs " + args.dtype + ")",
-            ours_all_geomean=bu.geomean(r.get(f"{d} TFLOPS") for r, p in zip(rows, passed) if p),
-            ratio_vs_sdpa_geomean=bu.geomean(r.get(f"{d} Ratio") for r, p in zip(rows, passed) if p),
-            failed=sum(r.get("Check") == "FAIL" for r in rows),
-            errors=sum(r.get("Check") == "ERROR" for r in rows),
-            seqlens=list(args.seqlens),
-            tokens=args.tokens,
-            torch=torch.__version__,
-            csv=csv_path.name,
-        )
-        if not args.no_summary:
-            bu.update_summary(args.output_dir, gpu, name + suffix, entry)
-        print(
-            f"[bench_attention] {name + suffix}: {entry['passed']}/{entry['cases']} passed; {d.lower()} TFLOPS geomean "
-            f"{entry['ours_geomean']:.1f} vs ours bf16 {entry['baseline_geomean']:.1f}: ratio "
-            f"{entry['ratio_geomean']:.3f} (min {entry['ratio_min']:.3f}); vs SDPA {entry['ratio_vs_sdpa_geomean']:.3f}"
-        )
+        vs_sdpa = bu.geomean(r.get(f"{d} Ratio") for r, p in zip(rows, passed) if p)
+        entry = group_entry(
+            rows, d, "BF16", "ours bf16 (flash_attn_func, backend unset)", args, gpu_name, csv_path,
+            dtype=f"fp8 (inputs {args.dtype})", ratio_vs_sdpa_geomean=vs_sdpa,
+        )  # fmt: skip
+        publish(args, gpu, name + suffix, entry, "ours bf16")
+        print(f"    vs {BASELINE}: ratio {vs_sdpa:.3f}")
 
 
 def main(argv=None) -> int:
