@@ -142,12 +142,16 @@ def test_fp8_forward_is_quantized_and_blockwise():
 
 
 def test_fp8_cuda_graph_capture():
+    """Fixed-length and packed (device-side cu_seqlens) forward and backward in one graph."""
     q, k, v, dout, sink = make(2, 256, 256, 8, 2, 128, 128, sink=True, seed=15)
     leaves = [t.detach().requires_grad_() for t in (q, k, v, sink)]
+    cu = offsets([100, 0, 156])
+    packed = [t.detach().flatten(0, 1)[:256].clone().requires_grad_() for t in (q, k, v)]
 
     def step():
         out, lse = turbo.ops.flash_attn_fp8_func(*leaves[:3], sink=leaves[3], causal=True, return_lse=True)
-        return (out, lse, *torch.autograd.grad(out, leaves, dout))
+        pout = turbo.ops.flash_attn_varlen_fp8_func(*packed, cu, cu, 156, 156, window_size=(32, 32))
+        return (out, lse, *torch.autograd.grad(out, leaves, dout), pout, *torch.autograd.grad(pout, packed, dout[0]))
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -159,14 +163,31 @@ def test_fp8_cuda_graph_capture():
     with torch.cuda.graph(graph):
         static = step()
     torch.manual_seed(101)
-    for t in leaves[:3] + [dout]:
+    for t in leaves[:3] + packed + [dout]:
         with torch.no_grad():
             t.copy_(torch.randn_like(t))
     graph.replay()
     torch.cuda.synchronize()
     ref = reference(*leaves[:3], dout, leaves[3], causal=True)
-    for name, got, r in zip(NAMES, static, ref):
+    for name, got, r in zip(NAMES, static[:6], ref):
         assert_snr(got, r, MIN_SNR, f"replay {name}")
+    pref = varlen_reference(*packed, dout[0], cu, cu, window_size=(32, 32))
+    for name, got, r in zip(("out", "dq", "dk", "dv"), static[6:], (pref[0], *pref[2:5])):
+        assert_snr(got, r, MIN_SNR, f"replay varlen {name}")
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
+def test_fp8_deterministic_backward_is_bitwise_reproducible(varlen):
+    q, k, v, dout, sink = make(2, 300, 300, 8, 2, 128, 128, sink=True, seed=21)
+    cu = offsets([300, 0, 300]) if varlen else None
+    if varlen:
+        q, k, v, dout = (t.flatten(0, 1) for t in (q, k, v, dout))
+    runs = [
+        run_fp8(q, k, v, dout, sink, cu=(cu, cu, 300, 300) if varlen else None, causal=True, deterministic=True)
+        for _ in range(2)
+    ]
+    for name, a, b in zip(NAMES, *runs):
+        assert torch.equal(a, b), f"{name} differs between two deterministic runs"
 
 
 def test_fp8_torch_compile_fullgraph():
