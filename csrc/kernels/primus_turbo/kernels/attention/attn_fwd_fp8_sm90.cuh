@@ -238,7 +238,7 @@ struct FwdFp8 {
   static_assert(kD % 32 == 0 && kDV % 32 == 0 && kD <= 256 && kDV <= 128, "FP8 head dims");
   using Tiles = Fp8Tiles<T, kD, kDV>;
   static constexpr int kBM = kTileRows, kBN = kTileRows, kThreads = 384;
-  static constexpr int kStages = kD <= 128 ? 3 : 2;
+  static constexpr int kStages = 3;  // K/V ring: 144 KiB of shared memory at head dims 192/128
   using LayoutQK = typename Tiles::LayoutQK;
   using LayoutVt = typename Tiles::LayoutVt;
   // Two consumer warpgroups of 64 rows: each issues its own half of every product.
