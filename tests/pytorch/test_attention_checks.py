@@ -523,10 +523,16 @@ def test_fp8_config_errors_name_the_argument(cfg, exc, match):
     assert "fp8_config" in str(info.value)
 
 
-@pytest.mark.parametrize("d,dv", [(256, 256), (192, 192)])
+@pytest.mark.parametrize("d,dv", [(256, 256), (192, 192), (32, 32)])
 def test_fp8_head_dims_it_lacks_raise_not_implemented(d, dv):
-    with pytest.raises(NotImplementedError, match="head dims"):
+    with pytest.raises(NotImplementedError, match=r"flash_attn_fp8 forward: FP8 attention supports head dims 64, 96"):
         fa_fp8(*qkv(d=d, dv=dv))
+
+
+def test_fp8_messages_name_the_fp8_op():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="flash_attn_fp8 forward: argument 'k' has dtype"):
+        fa_fp8(q, k.float(), v)
 
 
 def test_fp8_shares_the_16bit_argument_checks():

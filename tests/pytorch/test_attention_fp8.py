@@ -141,6 +141,29 @@ def test_fp8_forward_is_quantized_and_blockwise():
         assert_snr(out2, ref2, MIN_SNR, f"outlier block, block {block}")
 
 
+def test_fp8_extreme_blocks_stay_finite():
+    """A block of tiny values (amax ~1e-37: the scale's exponent is clamped), fp16 values near its
+    limit (the dequantized copy saturates instead of overflowing), and an infinite input, which
+    must show as NaN as it would in 16 bits rather than as a large finite value."""
+    q, k, v, dout, _ = make(1, 256, 256, 2, 2, 128, 128, dtype=torch.float16, seed=31)
+    with torch.no_grad():
+        k[:, :64] = 0.0  # an all-zero block (scale 0)
+        v[:, 128:192] = v[:, 128:192].sign() * 65000.0
+    got = run_fp8(q, k, v, dout, causal=True)
+    for name, g in zip(NAMES, got):
+        if g is not None:
+            assert torch.isfinite(g).all(), f"fp16 extremes: {name} has non-finite values"
+    qb, kb, vb, doutb, _ = make(1, 256, 256, 2, 2, 128, 128, seed=32)
+    with torch.no_grad():
+        kb[:, 64:128] *= 1e-37  # bf16 holds it
+    got = run_fp8(qb, kb, vb, doutb, causal=True)
+    check(got, reference(qb, kb, vb, doutb, causal=True), qb, "tiny block")
+    with torch.no_grad():
+        vb[0, 5, 0, 3] = float("inf")
+    out = turbo.ops.flash_attn_fp8_func(qb, kb, vb, causal=True)
+    assert not torch.isfinite(out[0, 5:, 0]).all(), "an infinite value must not turn into a finite one"
+
+
 def test_fp8_cuda_graph_capture():
     """Fixed-length and packed (device-side cu_seqlens) forward and backward in one graph."""
     q, k, v, dout, sink = make(2, 256, 256, 8, 2, 128, 128, sink=True, seed=15)
@@ -204,7 +227,7 @@ def test_fp8_torch_compile_fullgraph():
         out = f(*leaves)
         results.append((out.detach(), *torch.autograd.grad(out, leaves, dout)))
     for name, got, want in zip(("out", "dq", "dk", "dv", "dsink"), *results):
-        assert_snr(got, want, 40.0, f"compiled vs eager {name}")  # the same kernels: only atomics' order differs
+        assert_snr(got, want, 40.0, f"compiled vs eager {name}")  # the same kernels; cuDNN's backward may use atomics
 
 
 def test_fp8_unsupported_head_dim_names_the_limit():

@@ -148,12 +148,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> attention_fp8_fwd(
   Forward f = prepare_forward(op, q_in, k_in, v_in, sink_in, cu_q_in, cu_k_in);
   DeviceScope scope(f.device);
   void* stream = current_stream(f.device);
-  // Tokens outside every packed sequence are never written: zeros, not garbage, for the backward.
-  const bool packed = cu_q_in.has_value();
+  // Tokens outside every packed sequence are never written, and without queries nothing is: zeros,
+  // not garbage, for the backward.
+  const bool untouched_rows = cu_q_in.has_value() || f.out.numel() == 0;
   auto copy_of = [&](const Tensor& t) {
     if (!dequantized) return placeholder(f.device);
     Tensor c = empty(t.sizes().data(), t.dim(), t.scalar_type(), f.device);
-    if (packed) torch::stable::zero_(c);
+    if (untouched_rows) torch::stable::zero_(c);
     return c;
   };
   Tensor qd = copy_of(f.q), kd = copy_of(f.k), vd = copy_of(f.v);

@@ -40,11 +40,12 @@ def _is_int(x) -> bool:
     return isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool)
 
 
-def _check_args(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, wl, wr):
+def _check_args(
+    q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, wl, wr, op="flash_attn forward"
+):
     """Validates the native op's arguments (no device work) with the native op's messages and
     exception classes. The fake implementation runs it, so meta/fake tensors and torch.compile's
     tracing raise what the native op raises on the GPU."""
-    op = "flash_attn forward"
     packed = cu_seqlens_q is not None or cu_seqlens_k is not None
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -131,12 +132,16 @@ def _check_args(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 def _fwd_fake(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, wl, wr, backend):
     _check_args(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, wl, wr)
+    return forward_outputs(q, v, cu_seqlens_q is not None)
+
+
+def forward_outputs(q, v, packed: bool):
+    """Empty (out, lse) of a forward: out [.., Hq, Dv] in q's dtype; lse float32 [B, Hq, Sq], or
+    [Hq, Tq] packed."""
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-    if cu_seqlens_q is None:  # lse [B, Hq, Sq]
-        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    else:  # lse [Hq, Tq]
-        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-    return out, lse
+    if packed:
+        return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return out, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
 def _bwd_fake(

@@ -24,15 +24,26 @@ FP8_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128))
 _DEFAULT_BLOCK = 64  # rows per scale without a config (the original library's default)
 
 
-def _fwd_fake(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, scale_rows, dequantized):
-    out, lse = _attn._fwd_fake(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, 0)
-    if (q.shape[-1], v.shape[-1]) not in FP8_HEAD_DIMS:
-        raise NotImplementedError(
-            f"FP8 attention supports head dims 64, 96 and 128 (q/k and v alike) and 192 for q/k with 128 for v; got "
-            f"{q.shape[-1]}/{v.shape[-1]}: use flash_attn_func (16-bit) for this shape"
-        )
+_OP = "flash_attn_fp8 forward"  # the native op's name in its messages
+
+
+def check_fp8_args(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, scale_rows=_DEFAULT_BLOCK):
+    """The native op's checks and messages, for fake tensors and wrong argument types: the FP8
+    limits first (so an unsupported head dim names FP8's set), then the 16-bit problem's."""
     if scale_rows not in (64, 128):
-        raise ValueError(f"argument 'scale_rows' (the quantization block) is {scale_rows}; expected 64 or 128 rows")
+        raise ValueError(f"{_OP}: argument 'scale_rows' (the quantization block) is {scale_rows}; expected 64 or 128")
+    if isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() and v.dim():
+        if (q.shape[-1], v.shape[-1]) not in FP8_HEAD_DIMS:
+            raise NotImplementedError(
+                f"{_OP}: FP8 attention supports head dims 64, 96 and 128 (q/k and v alike) and 192 for q/k with "
+                f"128 for v; got {q.shape[-1]}/{v.shape[-1]}: use flash_attn_func (16-bit) for this shape"
+            )
+    _attn._check_args(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, op=_OP)
+
+
+def _fwd_fake(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, scale_rows, dequantized):
+    check_fp8_args(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, scale_rows)
+    out, lse = _attn.forward_outputs(q, v, cu_q is not None)
     copies = (t.new_empty(t.shape) if dequantized else library.placeholder(t) for t in (q, k, v))
     return out, lse, *copies
 
@@ -128,7 +139,7 @@ def flash_attn_fp8_func(
         op, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes, return_attn_probs, sink
     )
     if not (_attn._tensors(q, k, v, sink) and q.dim() == 4 and k.dim() == 4):
-        _attn._check_args(q, k, v, sink, None, None, 0, 0, scale, wl, wr)
+        check_fp8_args(q, k, v, sink, None, None, 0, 0, scale, wl, wr)
     return _attention_fp8(
         q, k, v, sink, None, None, q.shape[1], k.shape[1], scale, wl, wr, rows, return_lse, deterministic
     )
@@ -164,5 +175,5 @@ def flash_attn_varlen_fp8_func(
     )
     cu_q, cu_k, max_q, max_k = _attn.packed_offsets(op, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if not _attn._tensors(q, k, v, sink, cu_q, cu_k):
-        _attn._check_args(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr)
+        check_fp8_args(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr)
     return _attention_fp8(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, rows, return_lse, deterministic)

@@ -20,7 +20,9 @@
 // blocks have different scales: O is kept in units of the largest v scale seen so far (vref),
 // rescaled with the softmax correction when a larger one arrives, and P carries each block's v
 // scale / vref (<= 1). The two consumer warpgroups run unsynchronized, so one's softmax overlaps
-// the other's products.
+// the other's products. A limit of this scheme: a V block whose scale is 2^10 or more below the
+// largest seen by the same CTA gets P values near E4M3's subnormal range, so a row that attends
+// mostly to such keys loses precision (its output is small against the block's others).
 #pragma once
 
 #include <cuda_fp8.h>
@@ -61,7 +63,9 @@ struct Fp8Tiles {
   static constexpr int kQKBytes = kTileRows * kD, kVtBytes = kDV * kTileRows;
 };
 
-// 8 values of a 16-bit chunk times `inv`, as 8 E4M3 bytes.
+// 8 values of a 16-bit chunk times `inv`, as 8 E4M3 bytes. Not saturating: scaled values are within
+// 448 by construction, and an infinite input becomes NaN, so it shows in the output as it would in
+// 16 bits instead of turning into a large finite value.
 template <class T>
 __device__ __forceinline__ uint2 to_e4m3x8(const uint4& chunk, float inv) {
   const T* x = reinterpret_cast<const T*>(&chunk);
@@ -69,9 +73,9 @@ __device__ __forceinline__ uint2 to_e4m3x8(const uint4& chunk, float inv) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(float(x[4 * i]) * inv, float(x[4 * i + 1]) * inv),
-                                                 __NV_SATFINITE, __NV_E4M3);
+                                                 __NV_NOSAT, __NV_E4M3);
     const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(float(x[4 * i + 2]) * inv, float(x[4 * i + 3]) * inv),
-                                                 __NV_SATFINITE, __NV_E4M3);
+                                                 __NV_NOSAT, __NV_E4M3);
     w[i] = lo | (hi << 16);
   }
   return make_uint2(w[0], w[1]);
@@ -86,14 +90,21 @@ __device__ __forceinline__ float chunk_amax(const uint4& chunk) {
   return m;
 }
 
-// 8 E4M3 bytes times `scale`, as 8 16-bit values: what the forward computes with.
+// 8 E4M3 bytes times `scale`, as 8 16-bit values: what the forward computes with (exact in bf16;
+// fp16 saturates at its largest finite value, which a rounded-up amax near 65504 can exceed).
 template <class T>
 __device__ __forceinline__ uint4 from_e4m3x8(const uint2& q, float scale) {
   const E* x = reinterpret_cast<const E*>(&q);
   uint4 out;
   T* y = reinterpret_cast<T*>(&out);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) y[i] = T(float(x[i]) * scale);
+  for (int i = 0; i < 8; ++i) {
+    float f = float(x[i]) * scale;
+    if constexpr (std::is_same_v<T, __half>) {
+      if (fabsf(f) > 65504.f) f = copysignf(65504.f, f);  // NaN stays NaN
+    }
+    y[i] = T(f);
+  }
   return out;
 }
 
@@ -142,11 +153,12 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
     if (scale_rows == kTileRows) m[0] = m[1] = fmaxf(m[0], m[1]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // A power of two at or above amax / 448: dequantized values are exact in 16 bits, so the
-      // backward's scores are the forward's. An all-zero half (rows past the sequence too) gets
+      // A power of two at or above amax / 448: dequantized values are exact in bf16 (and in fp16
+      // within its normal range), so the backward's scores are the forward's. An all-zero half (rows past the sequence too) gets
       // scale 0, so it never inflates the forward's running v scale; an infinite amax keeps 1.
       const bool finite = m[h] <= 3.4e38f, zero = m[h] == 0.f;
-      const float pow2 = finite && !zero ? exp2f(ceilf(log2f(m[h] / kE4m3Max))) : 1.f;
+      // (The exponent stays >= -126: a subnormal scale would make 1 / scale infinite.)
+      const float pow2 = finite && !zero ? exp2f(fmaxf(ceilf(log2f(m[h] / kE4m3Max)), -126.f)) : 1.f;
       scale[h] = scale_half[h] = zero ? 0.f : pow2;
       inv_half[h] = 1.f / pow2;
     }
