@@ -63,9 +63,9 @@ struct Fp8Tiles {
   static constexpr int kQKBytes = kTileRows * kD, kVtBytes = kDV * kTileRows;
 };
 
-// 8 values of a 16-bit chunk times `inv`, as 8 E4M3 bytes. Not saturating: scaled values are within
-// 448 by construction, and an infinite input becomes NaN, so it shows in the output as it would in
-// 16 bits instead of turning into a large finite value.
+// 8 values of a 16-bit chunk times `inv`, as 8 E4M3 bytes (the hardware conversion saturates, so
+// a block with an infinite value gets inv = NaN from quantize_tile: it shows in the output as it
+// would in 16 bits instead of turning into 448).
 template <class T>
 __device__ __forceinline__ uint2 to_e4m3x8(const uint4& chunk, float inv) {
   const T* x = reinterpret_cast<const T*>(&chunk);
@@ -73,9 +73,9 @@ __device__ __forceinline__ uint2 to_e4m3x8(const uint4& chunk, float inv) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(float(x[4 * i]) * inv, float(x[4 * i + 1]) * inv),
-                                                 __NV_NOSAT, __NV_E4M3);
+                                                 __NV_SATFINITE, __NV_E4M3);
     const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(float(x[4 * i + 2]) * inv, float(x[4 * i + 3]) * inv),
-                                                 __NV_NOSAT, __NV_E4M3);
+                                                 __NV_SATFINITE, __NV_E4M3);
     w[i] = lo | (hi << 16);
   }
   return make_uint2(w[0], w[1]);
@@ -154,13 +154,14 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // A power of two at or above amax / 448: dequantized values are exact in bf16 (and in fp16
-      // within its normal range), so the backward's scores are the forward's. An all-zero half (rows past the sequence too) gets
-      // scale 0, so it never inflates the forward's running v scale; an infinite amax keeps 1.
+      // within its normal range), so the backward's scores are the forward's. An all-zero half
+      // (rows past the sequence too) gets scale 0, so it never inflates the forward's running v
+      // scale; the exponent stays >= -126 (a subnormal scale would make 1 / scale infinite); a
+      // half holding an infinity is NaN throughout.
       const bool finite = m[h] <= 3.4e38f, zero = m[h] == 0.f;
-      // (The exponent stays >= -126: a subnormal scale would make 1 / scale infinite.)
       const float pow2 = finite && !zero ? exp2f(fmaxf(ceilf(log2f(m[h] / kE4m3Max)), -126.f)) : 1.f;
       scale[h] = scale_half[h] = zero ? 0.f : pow2;
-      inv_half[h] = 1.f / pow2;
+      inv_half[h] = finite ? 1.f / pow2 : __int_as_float(0x7fc00000);
     }
   }
   __syncthreads();
