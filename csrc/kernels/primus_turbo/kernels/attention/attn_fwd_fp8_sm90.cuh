@@ -38,7 +38,6 @@
 namespace primus_turbo::kernels::attention::fp8 {
 
 using namespace cute;
-using sm90::store_rows_sm90;
 
 using E = cutlass::float_e4m3_t;
 constexpr int kTileRows = PT_ATTN_FP8_TILE_ROWS;
@@ -479,21 +478,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
     Empty::arrive(&smem.kv_empty[last]);
   }
 
-  T* out = blk.template rows<T>(p.out, p.o_sb, p.o_ss, p.o_sh);
-  float* lse_row = p.lse + lse_offset(p, blk.b, blk.h, blk.s.start_q + m0);
-  float inv[2], lse[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float sum = quad_sum(row_sum[r]);
-    inv[r] = sum > 0.f ? vref / kPScale / sum : 0.f;
-    lse[r] = sum > 0.f ? (row_max[r] + log2f(sum)) * kLn2 : INFINITY;
-  }
-  store_rows_sm90<T>(tOrO, out, p.o_ss, local_row, blk.valid_q, lane, inv);
-  if (lane % 4 == 0) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (local_row + 8 * r < blk.valid_q) lse_row[local_row + 8 * r] = lse[r];
-  }
+  sm90::store_forward_rows<T>(p, blk, tOrO, row_max, row_sum, vref / kPScale, local_row, lane);
 }
 
 // Host side: Attention's checks and packed-sequence memsets around the quantization and the

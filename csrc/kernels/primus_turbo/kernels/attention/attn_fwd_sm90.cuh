@@ -140,6 +140,31 @@ __device__ __forceinline__ void store_rows_sm90(const Acc& acc, T* out, int64_t 
   }
 }
 
+// A forward warpgroup's epilogue: its rows of O (accumulated in units of `unit`) divided by their
+// softmax denominators into out, and their log-sum-exp (natural log; +inf for a row that saw
+// nothing, whose output is 0). row_max / row_sum: this thread's two rows, row_max in log2 units,
+// row_sum partial over the quad.
+template <class T, int kBM, int kBN, class Acc>
+__device__ __forceinline__ void store_forward_rows(const PtAttnParams& p, const QueryBlock<kBM, kBN>& blk,
+                                                   const Acc& acc, const float (&row_max)[2],
+                                                   const float (&row_sum)[2], float unit, int local_row, int lane) {
+  T* out = blk.template rows<T>(p.out, p.o_sb, p.o_ss, p.o_sh);
+  float* lse_row = p.lse + lse_offset(p, blk.b, blk.h, blk.s.start_q + blk.m0);
+  float inv[2], lse[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = quad_sum(row_sum[r]);
+    inv[r] = sum > 0.f ? unit / sum : 0.f;
+    lse[r] = sum > 0.f ? (row_max[r] + log2f(sum)) * kLn2 : INFINITY;
+  }
+  store_rows_sm90<T>(acc, out, p.o_ss, local_row, blk.valid_q, lane, inv);
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (local_row + 8 * r < blk.valid_q) lse_row[local_row + 8 * r] = lse[r];
+  }
+}
+
 template <class T, int kD, int kDV>
 __global__ void __launch_bounds__(256, 1) attn_fwd_sm90_kernel(const PtAttnParams p) {
   using F = FwdSm90<T, kD, kDV>;
@@ -232,22 +257,8 @@ __global__ void __launch_bounds__(256, 1) attn_fwd_sm90_kernel(const PtAttnParam
   }
   cp_async_wait_all();
 
-  T* out = blk.template rows<T>(p.out, p.o_sb, p.o_ss, p.o_sh);
-  float* lse_row = p.lse + lse_offset(p, blk.b, blk.h, blk.s.start_q + m0);
-  float inv[2], lse[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float sum = quad_sum(row_sum[r]);
-    inv[r] = sum > 0.f ? 1.f / sum : 0.f;
-    lse[r] = sum > 0.f ? (row_max[r] + log2f(sum)) * kLn2 : INFINITY;
-  }
   const int local_row = wg * 64 + warp * 16 + lane / 4;  // in the block
-  store_rows_sm90<T>(tOrO, out, p.o_ss, local_row, valid_q, lane, inv);
-  if (lane % 4 == 0) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (local_row + 8 * r < valid_q) lse_row[local_row + 8 * r] = lse[r];
-  }
+  store_forward_rows<T>(p, blk, tOrO, row_max, row_sum, 1.f, local_row, lane);
 }
 
 // Host side of the experimental forward: Attention's checks and memsets around this kernel.
