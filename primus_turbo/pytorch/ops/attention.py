@@ -303,13 +303,22 @@ def _traced_backend_code() -> int:
     return _backend_code("flash_attn")
 
 
-def _attention(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, return_lse, deterministic):
-    # A traced graph keeps the choice made when it was traced.
-    backend = _traced_backend_code() if torch.compiler.is_compiling() else _backend_code("flash_attn")
-    args = (q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, backend)
-    if torch.is_grad_enabled() and (
+def backend_code() -> int:
+    """The attention backend code for this call; a traced graph keeps the choice made when it was
+    traced."""
+    return _traced_backend_code() if torch.compiler.is_compiling() else _backend_code("flash_attn")
+
+
+def needs_grad(q, k, v, sink) -> bool:
+    """Whether autograd must record the call (else the forward op runs alone)."""
+    return torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad or (sink is not None and sink.requires_grad)
-    ):
+    )
+
+
+def _attention(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, return_lse, deterministic):
+    args = (q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, backend_code())
+    if needs_grad(q, k, v, sink):
         out, lse = FlashAttnFunction.apply(*args, bool(deterministic))
     else:
         out, lse = _fwd_op(*args)

@@ -91,12 +91,9 @@ def block_rows(op, fp8_config) -> int:
 
 
 def _attention_fp8(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, rows, return_lse, deterministic):
-    backend = _attn._traced_backend_code() if torch.compiler.is_compiling() else _attn._backend_code("flash_attn")
     args = (q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, rows)
-    if torch.is_grad_enabled() and (
-        q.requires_grad or k.requires_grad or v.requires_grad or (sink is not None and sink.requires_grad)
-    ):
-        out, lse = FlashAttnFp8Function.apply(*args, backend, bool(deterministic))
+    if _attn.needs_grad(q, k, v, sink):  # the backend setting only matters to the backward
+        out, lse = FlashAttnFp8Function.apply(*args, _attn.backend_code(), bool(deterministic))
     else:
         out, lse = _fwd_op(*args, False)[:2]
     return (out, lse) if return_lse else out
