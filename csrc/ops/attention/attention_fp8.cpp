@@ -21,7 +21,6 @@ size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 // Where each part of the workspace starts, from an aligned base.
 struct Fp8Workspace {
   size_t q_tiles = 0, k_tiles = 0, vt_tiles = 0, q_scale = 0, k_scale = 0, v_scale = 0, bytes = 0;
-  int64_t q_cap = 0, k_cap = 0;
 };
 
 Fp8Workspace plan(const PtAttnParams& r) {
@@ -29,20 +28,20 @@ Fp8Workspace plan(const PtAttnParams& r) {
   Fp8Workspace w;
   const int64_t tokens_q = packed ? r.total_q : r.batch * r.seqlen_q;
   const int64_t tokens_k = packed ? r.total_k : r.batch * r.seqlen_k;
-  w.q_cap = r.batch + (tokens_q + kTile - 1) / kTile;  // attention_fp8_abi.h's tile indices
-  w.k_cap = r.batch + (tokens_k + kTile - 1) / kTile;
+  const size_t q_cap = r.batch + (tokens_q + kTile - 1) / kTile;  // attention_fp8_abi.h's tile indices
+  const size_t k_cap = r.batch + (tokens_k + kTile - 1) / kTile;
   size_t at = 0;
   auto take = [&](size_t bytes) {
     const size_t start = at;
     at += round_up(bytes);
     return start;
   };
-  w.q_tiles = take(static_cast<size_t>(w.q_cap) * r.heads_q * kTile * r.head_dim);
-  w.k_tiles = take(static_cast<size_t>(w.k_cap) * r.heads_kv * kTile * r.head_dim);
-  w.vt_tiles = take(static_cast<size_t>(w.k_cap) * r.heads_kv * kTile * r.head_dim_v);
-  w.q_scale = take(static_cast<size_t>(w.q_cap) * r.heads_q * 2 * sizeof(float));
-  w.k_scale = take(static_cast<size_t>(w.k_cap) * r.heads_kv * 2 * sizeof(float));
-  w.v_scale = take(static_cast<size_t>(w.k_cap) * r.heads_kv * 2 * sizeof(float));
+  w.q_tiles = take(q_cap * r.heads_q * kTile * r.head_dim);
+  w.k_tiles = take(k_cap * r.heads_kv * kTile * r.head_dim);
+  w.vt_tiles = take(k_cap * r.heads_kv * kTile * r.head_dim_v);
+  w.q_scale = take(q_cap * r.heads_q * 2 * sizeof(float));
+  w.k_scale = take(k_cap * r.heads_kv * 2 * sizeof(float));
+  w.v_scale = take(k_cap * r.heads_kv * 2 * sizeof(float));
   w.bytes = at + kAlign;  // room to align the caller's base
   return w;
 }
@@ -95,7 +94,6 @@ pt_status pt_attention_fp8_fwd(const pt_tensor* q, const pt_tensor* k, const pt_
     f.q_deq = q_deq != nullptr ? q_deq->data : nullptr;
     f.k_deq = k_deq != nullptr ? k_deq->data : nullptr;
     f.v_deq = v_deq != nullptr ? v_deq->data : nullptr;
-    f.q_tiles_cap = w.q_cap, f.k_tiles_cap = w.k_cap;
     f.scale_rows = scale_rows;
     char err[1024] = {0};
     if (fn(&f, err, sizeof(err)) != 0) {

@@ -22,19 +22,19 @@ extern "C" {
 // scale that dequantizes it, then runs the forward on the tiles.
 typedef struct PtAttnFp8Params {
   PtAttnParams base;
-  void* q_tiles;   // [q_tiles_cap, heads_q][128 x head_dim], 1024-byte aligned
-  void* k_tiles;   // [k_tiles_cap, heads_kv][128 x head_dim]
-  void* vt_tiles;  // [k_tiles_cap, heads_kv][head_dim_v x 128]
-  float* q_scale;  // [q_tiles_cap, heads_q, 2]: one scale per 64 rows
-  float* k_scale;  // [k_tiles_cap, heads_kv, 2]
-  float* v_scale;  // [k_tiles_cap, heads_kv, 2]
+  // Q_TILES / K_TILES below: the tile indices of q's / k's tokens (batch + ceil(tokens / 128)).
+  void* q_tiles;   // [Q_TILES, heads_q][128 x head_dim], 1024-byte aligned
+  void* k_tiles;   // [K_TILES, heads_kv][128 x head_dim]
+  void* vt_tiles;  // [K_TILES, heads_kv][head_dim_v x 128]
+  float* q_scale;  // [Q_TILES, heads_q, 2]: one scale per 64 rows
+  float* k_scale;  // [K_TILES, heads_kv, 2]
+  float* v_scale;  // [K_TILES, heads_kv, 2]
   // 16-bit copies of the dequantized q, k, v (what the forward computes with, so what the backward
   // differentiates), contiguous [tokens, heads, head dim] (fixed length: batch * seqlen tokens);
   // each may be null. Tokens outside every sequence are not written.
   void* q_deq;
   void* k_deq;
   void* v_deq;
-  int64_t q_tiles_cap, k_tiles_cap;
   int32_t scale_rows;  // 64 or 128: rows that share one amax (128: both halves get the same scale)
 } PtAttnFp8Params;
 

@@ -55,7 +55,7 @@ __device__ __forceinline__ int64_t tile_index(int64_t b, int64_t first_token, in
   return b + first_token / kTileRows + nb;
 }
 
-template <class T, int kD, int kDV>
+template <int kD, int kDV>
 struct Fp8Tiles {
   using LayoutQK = KMajorLayout<kTileRows, kD>;   // [rows, head dim]
   using LayoutVt = KMajorLayout<kDV, kTileRows>;  // [head dim of v, keys]
@@ -204,7 +204,7 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
 // Grid (tiles of the longer side, batch, heads_q + 2 heads_kv): z picks q's, k's or v's head.
 template <class T, int kD, int kDV>
 __global__ void __launch_bounds__(kQuantThreads) attn_fp8_quantize_kernel(const PtAttnFp8Params fp) {
-  using Tiles = Fp8Tiles<T, kD, kDV>;
+  using Tiles = Fp8Tiles<kD, kDV>;
   const PtAttnParams& p = fp.base;
   const int64_t b = blockIdx.y;
   const Sequence s = sequence(p, b);
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kQuantThreads) attn_fp8_quantize_kernel(const 
 template <class T, int kD, int kDV>
 struct FwdFp8 {
   static_assert(kD % 32 == 0 && kDV % 32 == 0 && kD <= 256 && kDV <= 128, "FP8 head dims");
-  using Tiles = Fp8Tiles<T, kD, kDV>;
+  using Tiles = Fp8Tiles<kD, kDV>;
   static constexpr int kBM = kTileRows, kBN = kTileRows, kThreads = 384;
   static constexpr int kStages = 3;  // K/V ring: 144 KiB of shared memory at head dims 192/128
   using LayoutQK = typename Tiles::LayoutQK;
