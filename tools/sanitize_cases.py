@@ -4,8 +4,7 @@
 
 Each case runs once and checks nothing but that it completes: memcheck reports any out-of-bounds or
 misaligned access, racecheck (--tool racecheck) shared-memory races. Families: gemm, norm, rope,
-grouped, gemm_fp8, activation, quantize, attention,
-attention_fp8.
+grouped, gemm_fp8, activation, quantize, attention, attention_turbo, attention_fp8.
 """
 
 import sys
@@ -74,6 +73,26 @@ def attention():
     step(turbo.ops.flash_attn_func(q, k, v, causal=True), q, k, v)
 
 
+def attention_turbo():
+    """Our kernels (backend TURBO): the warp-specialized forward on Hopper, odd lengths, GQA, a
+    window with sinks, MLA's head dims, packed sequences with an empty one."""
+    from primus_turbo.pytorch.core.backend import GlobalBackendManager
+
+    GlobalBackendManager.set_attn_backend("TURBO")
+    try:
+        q, k, v = t(2, 77, 4, 64), t(2, 130, 2, 64), t(2, 130, 2, 64)
+        step(turbo.ops.flash_attn_func(q, k, v, causal=True), q, k, v)
+        sink = torch.randn(4, device=dev, requires_grad=True)
+        step(turbo.ops.flash_attn_func(q, k, v, window_size=(33, 5), sink=sink), q, k, v, sink)
+        q, k, v = t(1, 150, 2, 192), t(1, 150, 2, 192), t(1, 150, 2, 128)
+        step(turbo.ops.flash_attn_func(q, k, v, causal=True), q, k, v)
+        cu = torch.tensor([0, 5, 5, 150, 200], device=dev, dtype=torch.int32)
+        pq, pk, pv = t(200, 4, 128), t(200, 2, 128), t(200, 2, 128)
+        step(turbo.ops.flash_attn_varlen_func(pq, pk, pv, cu, cu, 145, 145, causal=True), pq, pk, pv)
+    finally:
+        GlobalBackendManager.set_attn_backend(None)
+
+
 def attention_fp8():
     q, k, v = t(2, 77, 4, 128), t(2, 200, 2, 128), t(2, 200, 2, 128)
     turbo.ops.flash_attn_fp8_func(q.detach(), k.detach(), v.detach(), causal=True)
@@ -83,7 +102,7 @@ def attention_fp8():
 
 
 CASES = {
-    f.__name__: f for f in (gemm, norm, rope, grouped, gemm_fp8, activation, quantize, attention, attention_fp8)
+    f.__name__: f for f in (gemm, norm, rope, grouped, gemm_fp8, activation, quantize, attention, attention_turbo, attention_fp8)
 }
 
 if __name__ == "__main__":

@@ -535,17 +535,20 @@ def test_hf_model_with_primus_turbo_attention():
     assert snr_db(ours[keep], eager[keep]) >= 30.0  # two bf16 implementations through two layers
 
 
-def test_experimental_wgmma_module_matches_reference():
-    """The opt-in wgmma module (PRIMUS_TURBO_ATTN_KERNEL=wgmma, read once per process: a child runs
-    it, wgmma_attention_check.py), forward and backward, against the float32 reference."""
+@pytest.mark.parametrize("choice", ["wgmma", "mma"])
+def test_kernel_choice_matches_reference(choice):
+    """PRIMUS_TURBO_ATTN_KERNEL (read once per process: a child runs attention_kernel_choice_check.py):
+    "wgmma", the opt-in wgmma backward; "mma", the mma.sync forward on Hopper. Forward and backward
+    against the float32 reference."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     here = Path(__file__).resolve().parent
-    env = dict(os.environ, PRIMUS_TURBO_ATTN_KERNEL="wgmma", PYTHONPATH=f"{here}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    run = subprocess.run([sys.executable, "-P", str(here / "wgmma_attention_check.py")], capture_output=True, text=True,
-                         timeout=600, env=env)
+    env = dict(os.environ, PRIMUS_TURBO_ATTN_KERNEL=choice,
+               PYTHONPATH=f"{here}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    run = subprocess.run([sys.executable, "-P", str(here / "attention_kernel_choice_check.py")], capture_output=True,
+                         text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
 

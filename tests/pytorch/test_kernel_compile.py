@@ -90,16 +90,17 @@ def _assert_sass_contains(instruction, dir_glob, min_modules=1, every_module=Fal
         assert instruction in sass, module
 
 
-def _assert_no_register_spills(dir_glob, kernel_marker="device_kernel"):
+def _assert_no_register_spills(dir_glob, kernel_marker="device_kernel", max_stack=0):
     """Every kernel whose name contains kernel_marker, in every compiled module matching dir_glob,
-    uses no stack or local memory (a spilled accumulator costs more than half the speed)."""
+    uses no stack or local memory (a spilled accumulator costs more than half the speed); with
+    max_stack, up to that many bytes of stack (a few values parked across a kernel's main loop)."""
     for module, usage in _cuobjdump_each("-res-usage", dir_glob):
         lines = usage.splitlines()
         kernels = [lines[i + 1] for i, name in enumerate(lines[:-1]) if kernel_marker in name]
         assert kernels, f"no {kernel_marker} in {module}"
         for res in kernels:
             spills = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", res)}
-            assert spills == {"STACK": 0, "LOCAL": 0}, f"{module}: {res.strip()}"
+            assert spills["STACK"] <= max_stack and spills["LOCAL"] <= max_stack, f"{module}: {res.strip()}"
 
 
 def test_cutlass_gemm_configs_compile_for_sm90a():
@@ -173,8 +174,8 @@ def test_quantization_modules_compile_for_sm90a():
     jobs = [(i, o) for i in _QUANT_IN for o in _QUANT_OUT]
     _prepare_all(jobs, lambda io: check(lib.pt_quantize_prepare(_QUANT_IN[io[0]], _QUANT_OUT[io[1]])), "quantization")
     _assert_compiled(*(f"quant_{i}_{o}" for i, o in jobs))
-# Attention (our kernel): one module per (dtype, head dim of q/k, head dim of v), holding the
-# forward and the backward kernels; the tensor-core work is mma.sync (HMMA).
+# Attention (our kernels): per (dtype, head dim of q/k, head dim of v), the mma.sync module (forward
+# and backward kernels, HMMA) and the warp-specialized sm90 forward (HGMMA).
 _ATTN_DTYPES = {"bf16": 2, "f16": 1}
 
 
@@ -182,13 +183,19 @@ def test_attention_modules_compile_for_sm90a():
     jobs = [(dt, d, dv) for dt in _ATTN_DTYPES for d, dv in precompile.ATTENTION_HEAD_DIMS]
     _prepare_all(jobs, lambda j: check(lib.pt_attention_prepare(_ATTN_DTYPES[j[0]], j[1], j[2])), "attention")
     _assert_compiled(*(f"attention_{dt}_d{d}_dv{dv}" for dt, d, dv in jobs), "attention_ragged_offsets")
-    for dt in _ATTN_DTYPES:  # (not the attention_sm90_* modules: those are wgmma, HGMMA)
+    _assert_compiled(*(f"attention_fwd_sm90_{dt}_d{d}_dv{dv}" for dt, d, dv in jobs))
+    for dt in _ATTN_DTYPES:
         _assert_sass_contains("HMMA", f"attention_{dt}_d*", min_modules=len(jobs) // 2, every_module=True)
+    _assert_sass_contains("HGMMA", "attention_fwd_sm90_*", min_modules=len(jobs), every_module=True)
+    for d in (64, 96, 128):
+        _assert_no_register_spills(f"attention_fwd_sm90_*_d{d}_dv{d}-*", kernel_marker="attn_fwd_sm90")
+    # 192/128 and 256: two or four values parked on the stack in the prologue, not in the loop.
+    _assert_no_register_spills("attention_fwd_sm90_*_d[12]*", kernel_marker="attn_fwd_sm90", max_stack=64)
 
 
 def test_experimental_wgmma_attention_compiles_for_sm90a():
-    """PRIMUS_TURBO_ATTN_KERNEL=wgmma (read once per process, hence the child): the module with the
-    forward and the dK/dV kernel on Hopper's warpgroup MMA compiles for both dtypes and head dims
+    """PRIMUS_TURBO_ATTN_KERNEL=wgmma (read once per process, hence the child): the backward module
+    with the dK/dV and dQ kernels on Hopper's warpgroup MMA compiles for both dtypes and head dims
     64 and 128, with HGMMA in its SASS and no spills in the wgmma kernels."""
     import subprocess
     import sys
@@ -201,9 +208,9 @@ def test_experimental_wgmma_attention_compiles_for_sm90a():
     env = dict(os.environ, PRIMUS_TURBO_ATTN_KERNEL="wgmma")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
-    _assert_compiled(*(f"attention_sm90_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)))
-    _assert_sass_contains("HGMMA", "attention_sm90_*", min_modules=4, every_module=True)
-    _assert_no_register_spills("attention_sm90_*", kernel_marker="_sm90_kernel")
+    _assert_compiled(*(f"attention_bwd_sm90_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)))
+    _assert_sass_contains("HGMMA", "attention_bwd_sm90_*", min_modules=4, every_module=True)
+    _assert_no_register_spills("attention_bwd_sm90_*", kernel_marker="_sm90_kernel")
 
 
 def test_fp8_attention_modules_compile_for_sm90a():

@@ -20,13 +20,17 @@ void run(PtAttnFn fn, PtAttnParams params, void* stream, const char* what, const
   }
 }
 
-// Our kernels for the problem: the experimental wgmma module's when it is opted in and applies.
-Kernels kernels_for(const Problem& p) {
+// Our kernel for the problem's forward or backward: the sm90 forward on Hopper, the experimental
+// wgmma backward when opted in, else the mma.sync module's.
+PtAttnFn kernel_for(const Problem& p, bool backward) {
   const int device = current_device();
   bind_device_context(device);
   const std::string arch = arch_for_device(device);
-  const Kernels wgmma = load_wgmma_kernels(p.dtype, p.params.head_dim, p.params.head_dim_v, arch);
-  return wgmma.forward != nullptr ? wgmma : load_kernels(p.dtype, p.params.head_dim, p.params.head_dim_v, arch);
+  const int32_t d = p.params.head_dim, dv = p.params.head_dim_v;
+  PtAttnFn fn = backward ? load_wgmma_backward(p.dtype, d, dv, arch) : load_sm90_forward(p.dtype, d, dv, arch);
+  if (fn != nullptr) return fn;
+  const Kernels k = load_kernels(p.dtype, d, dv, arch);
+  return backward ? k.backward : k.forward;
 }
 
 // The cuDNN plan when the backend asks for cuDNN and cuDNN runs the problem, null for our kernel.
@@ -83,7 +87,7 @@ pt_status pt_attention_fwd(const pt_tensor* q, const pt_tensor* k, const pt_tens
       run_cudnn(*plan, p, workspace, workspace_bytes, workspace_needed, stream);
       return;
     }
-    run(kernels_for(p).forward, p.params, stream, "forward", *q, *k);
+    run(kernel_for(p, false), p.params, stream, "forward", *q, *k);
   });
 }
 
@@ -104,7 +108,7 @@ pt_status pt_attention_bwd(const pt_tensor* dout, const pt_tensor* q, const pt_t
       run_cudnn(*plan, p, workspace, workspace_bytes, workspace_needed, stream);
       return;
     }
-    run(kernels_for(p).backward, p.params, stream, "backward", *q, *k);
+    run(kernel_for(p, true), p.params, stream, "backward", *q, *k);
   });
 }
 
@@ -115,7 +119,8 @@ pt_status pt_attention_prepare(int32_t dtype, int32_t head_dim, int32_t head_dim
     PT_CHECK_SUPPORTED(supported_head_dims(head_dim, head_dim_v), "head dims ", head_dim, "/", head_dim_v,
                        " are not supported");
     load_kernels(dtype, head_dim, head_dim_v, "90a");
-    load_wgmma_kernels(dtype, head_dim, head_dim_v, "90a");  // with PRIMUS_TURBO_ATTN_KERNEL=wgmma
+    load_sm90_forward(dtype, head_dim, head_dim_v, "90a");
+    load_wgmma_backward(dtype, head_dim, head_dim_v, "90a");  // with PRIMUS_TURBO_ATTN_KERNEL=wgmma
     cudnn::prepare_ragged_metadata("90a");                   // packed sequences on cuDNN
   });
 }

@@ -25,22 +25,54 @@ Kernels load_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const 
   });
 }
 
-Kernels load_wgmma_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
-  static const bool wanted = env_value("PRIMUS_TURBO_ATTN_KERNEL").value_or("") == "wgmma";
-  if (!wanted || arch != "90a" || head_dim != head_dim_v || (head_dim != 64 && head_dim != 128)) return Kernels{};
-  using Key = std::tuple<int32_t, int32_t, std::string>;
-  static jit::LoadedCache<Key, Kernels> loaded;
-  return loaded.get(Key{dtype, head_dim, arch}, [&] {
-    jit::ModuleRequest r;
-    r.name = str_cat("attention_sm90_", dtype_short_name(dtype), "_d", head_dim);
-    r.arch = arch;
-    r.needs_cutlass = true;  // CuTe's wgmma atoms and swizzled layouts
-    r.source = str_cat("#include \"primus_turbo/kernels/common/warp.cuh\"\n"
-                       "#include \"primus_turbo/kernels/jit_export.cuh\"\n"
-                       "#include \"primus_turbo/kernels/attention/attn_bwd_sm90.cuh\"\n"
-                       "PT_JIT_EXPORT_ATTENTION_SM90(", cuda_float_type(dtype), ", ", head_dim, ", ", head_dim, ")\n");
-    const auto module = jit::get_module(r);
-    return Kernels{module->function<PtAttnFn>("pt_attn_fwd_run"), module->function<PtAttnFn>("pt_attn_bwd_run")};
+namespace {
+
+// PRIMUS_TURBO_ATTN_KERNEL: "mma" keeps the mma.sync forward on Hopper too, "wgmma" opts in to the
+// experimental wgmma backward; read once per process.
+const std::string& kernel_choice() {
+  static const std::string choice = env_value("PRIMUS_TURBO_ATTN_KERNEL").value_or("");
+  return choice;
+}
+
+// A module of the sm90 kernels (CuTe's wgmma atoms, swizzled layouts and barriers).
+jit::ModuleRequest sm90_request(const std::string& name, const char* header, const char* export_macro, int32_t dtype,
+                                int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
+  jit::ModuleRequest r;
+  r.name = name;
+  r.arch = arch;
+  r.needs_cutlass = true;
+  r.source = str_cat("#include \"primus_turbo/kernels/common/warp.cuh\"\n"
+                     "#include \"primus_turbo/kernels/jit_export.cuh\"\n"
+                     "#include \"primus_turbo/kernels/attention/", header, "\"\n", export_macro, "(",
+                     cuda_float_type(dtype), ", ", head_dim, ", ", head_dim_v, ")\n");
+  return r;
+}
+
+}  // namespace
+
+PtAttnFn load_sm90_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
+  if (arch != "90a" || kernel_choice() == "mma") return nullptr;
+  using Key = std::tuple<int32_t, int32_t, int32_t>;
+  static jit::LoadedCache<Key, PtAttnFn> loaded;
+  return loaded.get(Key{dtype, head_dim, head_dim_v}, [&] {
+    const std::string name =
+        str_cat("attention_fwd_sm90_", dtype_short_name(dtype), "_d", head_dim, "_dv", head_dim_v);
+    return jit::get_module(sm90_request(name, "attn_fwd_sm90.cuh", "PT_JIT_EXPORT_ATTENTION_SM90_FWD", dtype,
+                                        head_dim, head_dim_v, arch))
+        ->function<PtAttnFn>("pt_attn_fwd_run");
+  });
+}
+
+PtAttnFn load_wgmma_backward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
+  if (kernel_choice() != "wgmma" || arch != "90a" || head_dim != head_dim_v || (head_dim != 64 && head_dim != 128))
+    return nullptr;
+  using Key = std::tuple<int32_t, int32_t>;
+  static jit::LoadedCache<Key, PtAttnFn> loaded;
+  return loaded.get(Key{dtype, head_dim}, [&] {
+    const std::string name = str_cat("attention_bwd_sm90_", dtype_short_name(dtype), "_d", head_dim);
+    return jit::get_module(sm90_request(name, "attn_bwd_sm90.cuh", "PT_JIT_EXPORT_ATTENTION_SM90_BWD", dtype,
+                                        head_dim, head_dim, arch))
+        ->function<PtAttnFn>("pt_attn_bwd_run");
   });
 }
 
@@ -58,14 +90,9 @@ PtAttnFp8Fn load_fp8_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v
   using Key = std::tuple<int32_t, int32_t, int32_t>;
   static jit::LoadedCache<Key, PtAttnFp8Fn> loaded;
   return loaded.get(Key{dtype, head_dim, head_dim_v}, [&] {
-    jit::ModuleRequest r;
-    r.name = str_cat("attention_fp8_", dtype_short_name(dtype), "_d", head_dim, "_dv", head_dim_v);
-    r.arch = arch;
-    r.needs_cutlass = true;  // CuTe's wgmma atoms, swizzled layouts, barriers and bulk copies
-    r.source = str_cat("#include \"primus_turbo/kernels/common/warp.cuh\"\n"
-                       "#include \"primus_turbo/kernels/jit_export.cuh\"\n"
-                       "#include \"primus_turbo/kernels/attention/attn_fwd_fp8_sm90.cuh\"\n"
-                       "PT_JIT_EXPORT_ATTENTION_FP8(", cuda_float_type(dtype), ", ", head_dim, ", ", head_dim_v, ")\n");
+    const jit::ModuleRequest r =
+        sm90_request(str_cat("attention_fp8_", dtype_short_name(dtype), "_d", head_dim, "_dv", head_dim_v),
+                     "attn_fwd_fp8_sm90.cuh", "PT_JIT_EXPORT_ATTENTION_FP8", dtype, head_dim, head_dim_v, arch);
     return jit::get_module(r)->function<PtAttnFp8Fn>("pt_attn_fp8_fwd_run");
   });
 }

@@ -1,5 +1,5 @@
-// The JIT modules of attention: one per (dtype, head dim of q/k, head dim of v, arch), holding the
-// forward and the backward.
+// The JIT modules of attention: per (dtype, head dim of q/k, head dim of v, arch), the mma.sync
+// module (forward and backward, any GPU) and the sm90 forward; the FP8 forward.
 #pragma once
 
 #include <string>
@@ -17,10 +17,13 @@ struct Kernels {
 // Builds or loads the module (memoized). arch is an nvcc arch such as "90a".
 Kernels load_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
 
-// The experimental wgmma module (kernels/attention/attn_fwd_sm90.cuh, attn_bwd_sm90.cuh: the
-// forward, and the backward with its dK/dV kernel on wgmma), or null functions where it does not
+// The warp-specialized forward on sm_90a (kernels/attention/attn_fwd_sm90.cuh), memoized; null
+// elsewhere, or with PRIMUS_TURBO_ATTN_KERNEL=mma (the mma.sync forward of load_kernels).
+PtAttnFn load_sm90_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
+
+// The experimental wgmma backward (kernels/attention/attn_bwd_sm90.cuh), or null where it does not
 // apply: only with PRIMUS_TURBO_ATTN_KERNEL=wgmma, on sm_90a, for head dims 64/64 and 128/128.
-Kernels load_wgmma_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
+PtAttnFn load_wgmma_backward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
 
 // Head dims the FP8 forward (kernels/attention/attn_fwd_fp8_sm90.cuh) is built for.
 bool fp8_head_dims(int64_t d, int64_t dv);

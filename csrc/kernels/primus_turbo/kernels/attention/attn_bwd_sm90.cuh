@@ -1,7 +1,7 @@
 // The dK/dV and dQ kernels of the attention backward on Hopper's warpgroup MMA. EXPERIMENTAL:
-// opt-in with PRIMUS_TURBO_ATTN_KERNEL=wgmma (with the wgmma forward), head dims 64 and 128; not yet
-// run on a GPU. Same schedules and arithmetic as attn_bwd.cuh's mma.sync kernels; delta and dsink
-// keep those kernels (Attention::backward_with).
+// opt-in with PRIMUS_TURBO_ATTN_KERNEL=wgmma, head dims 64 and 128; no faster than attn_bwd.cuh's
+// mma.sync kernels yet (not warp-specialized). Same schedules and arithmetic as those kernels;
+// delta and dsink keep them (Attention::backward_with).
 //
 // dK/dV: one CTA per (128 keys, sequence, KV head), two warpgroups of 64 keys, walking every query
 // head of the GQA group and every 64-row query block that sees its keys (Q, dO, lse and delta of
@@ -303,14 +303,9 @@ struct AttentionBwdSm90 {
 
 }  // namespace primus_turbo::kernels::attention::sm90
 
-// Exports AttentionFwdSm90::forward and AttentionBwdSm90::backward as pt_attn_fwd_run /
-// pt_attn_bwd_run (the experimental module).
-#define PT_JIT_EXPORT_ATTENTION_SM90(T, D, DV)                                                                    \
+// Exports AttentionBwdSm90::backward as pt_attn_bwd_run (the experimental backward module).
+#define PT_JIT_EXPORT_ATTENTION_SM90_BWD(T, D, DV)                                                                \
   PT_JIT_EXPORT_ABI_VERSION                                                                                       \
-  extern "C" __attribute__((visibility("default"))) int pt_attn_fwd_run(const PtAttnParams* params, char* err,   \
-                                                                        size_t err_len) {                        \
-    return primus_turbo::kernels::attention::sm90::AttentionFwdSm90<T, D, DV>::forward(params, err, err_len);    \
-  }                                                                                                               \
   extern "C" __attribute__((visibility("default"))) int pt_attn_bwd_run(const PtAttnParams* params, char* err,   \
                                                                         size_t err_len) {                        \
     return primus_turbo::kernels::attention::sm90::AttentionBwdSm90<T, D, DV>::backward(params, err, err_len);   \

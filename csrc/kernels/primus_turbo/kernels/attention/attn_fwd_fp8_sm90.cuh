@@ -44,12 +44,8 @@ constexpr int kTileRows = PT_ATTN_FP8_TILE_ROWS;
 constexpr float kE4m3Max = 448.f;
 constexpr float kPScale = 256.f;  // P in [0, 1] scaled into E4M3's normal range (max 448)
 
-// The widest swizzle whose atom row (bytes of K) divides kK: what wgmma reads K-major.
-template <int kK>
-using KMajorAtom = conditional_t<kK % 128 == 0, GMMA::Layout_K_SW128_Atom<E>,
-                                 conditional_t<kK % 64 == 0, GMMA::Layout_K_SW64_Atom<E>, GMMA::Layout_K_SW32_Atom<E>>>;
 template <int kMN, int kK>
-using KMajorLayout = decltype(tile_to_shape(KMajorAtom<kK>{}, Shape<Int<kMN>, Int<kK>>{}));
+using KMajorLayout = sm90::KMajorLayout<E, kMN, kK>;
 
 __device__ __forceinline__ int64_t tile_index(int64_t b, int64_t first_token, int nb) {
   return b + first_token / kTileRows + nb;

@@ -1,14 +1,19 @@
-// Flash-attention forward on Hopper's warpgroup MMA (wgmma). EXPERIMENTAL: opt-in with
-// PRIMUS_TURBO_ATTN_KERNEL=wgmma, head dims 64/64 and 128/128 (with attn_bwd_sm90.cuh's dK/dV, in
-// one module); not yet run on a GPU.
+// Flash-attention forward on Hopper: warp-specialized, on the warpgroup MMA (wgmma). Our TURBO
+// forward on sm_90a for head dims up to 256 (multiples of 32); attn_fwd.cuh's mma.sync kernel
+// serves other GPUs. Also the shared pieces of the sm90 attention kernels (swizzled tiles, wgmma
+// issue, the forward epilogue), which attn_bwd_sm90.cuh and attn_fwd_fp8_sm90.cuh use.
 //
-// One CTA per (128 query rows, sequence, query head): two warpgroups of 64 rows each. Q, and K/V
-// blocks of 128 keys in two stages, sit in 128-byte-swizzled shared memory (K-major for Q and K,
-// MN-major for V, the layouts wgmma reads), copied with cp.async by all 256 threads (the next
-// block's copy overlaps this block's math). S = Q K^T is a shared-memory wgmma; the online softmax
-// runs on its accumulators in registers (same rule as attn_fwd.cuh: log2 domain, sink start); P is
-// converted in place into the A operand of the register-sourced wgmma O += P V (the accumulator
-// and A-operand register orders coincide for 16-bit types, so no shuffle is needed).
+// One CTA per (128 query rows, sequence, query head), three warpgroups. Warpgroup 0 is the
+// producer: its 128 threads copy Q once and each block of keys' K and V into a ring of kStages
+// buffers with 16-byte cp.async (any 16-byte aligned strides, zeros past the sequence), straight
+// into the swizzled layouts wgmma reads (K-major Q and K, MN-major V); each buffer is signalled by
+// a "full" barrier on which every producer thread arrives when its copies land, and released by an
+// "empty" barrier. Warpgroups 1 and 2 each own 64 query rows: S = Q K^T (shared-memory wgmma), the
+// online softmax on its accumulators (log2 domain, as attn_fwd.cuh: sink start, masked blocks only
+// where the tile is cut), P converted in place into the A operand of the register-sourced wgmma
+// O += P V (for 16-bit types the accumulator and A-operand register orders coincide). Block i's
+// S = Q K^T is issued before block i - 1's P V and runs beside it; the two consumer warpgroups run
+// unsynchronized, so one's softmax overlaps the other's products.
 //
 // Fragment map (per warpgroup, thread t = 32 * warp + lane): accumulator value i = c0 + 2 r + 4 j
 // is row 16 warp + lane / 4 + 8 r and column 8 j + 2 (lane % 4) + c0.
@@ -16,6 +21,7 @@
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
 
 #include "primus_turbo/kernels/attention/attention.cuh"
 
@@ -34,28 +40,20 @@ struct CuteElement<__half> {
   using type = cutlass::half_t;
 };
 
-template <class T, int kD, int kDV>
-struct FwdSm90 {
-  static_assert(kD % 64 == 0 && kDV % 64 == 0 && kD <= 128 && kDV <= 128, "head dims 64 or 128");
-  using E = typename CuteElement<T>::type;
-  static constexpr int kBM = 128, kBN = 128, kThreads = 256;
-
-  using LayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<Int<kBM>, Int<kD>>{}));
-  using LayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<Int<kBN>, Int<kD>>{}));
-  using LayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<E>{}, Shape<Int<kDV>, Int<kBN>>{}));
-  using MmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kBN>, Int<kD>>>(),
-                                        Layout<Shape<_2, _1, _1>>{}));
-  using MmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<E, E, float, Shape<_64, Int<kDV>, Int<kBN>>, GMMA::Major::K, GMMA::Major::MN>(),
-      Layout<Shape<_2, _1, _1>>{}));
-
-  struct Smem {
-    array_aligned<E, cosize_v<LayoutQ>, 1024> q;
-    array_aligned<E, cosize_v<LayoutK>, 1024> k[2];
-    array_aligned<E, cosize_v<LayoutVt>, 1024> v[2];
-  };
-  static constexpr size_t kSmem = sizeof(Smem);
-};
+// The widest swizzle whose atom row (bytes along the contiguous dimension) divides the tile's:
+// what wgmma reads, K-major (rows x kK, K contiguous) or MN-major (kMN x columns, MN contiguous).
+template <class E, int kK>
+using KMajorAtom =
+    conditional_t<kK * sizeof(E) % 128 == 0, GMMA::Layout_K_SW128_Atom<E>,
+                  conditional_t<kK * sizeof(E) % 64 == 0, GMMA::Layout_K_SW64_Atom<E>, GMMA::Layout_K_SW32_Atom<E>>>;
+template <class E, int kMN>
+using MNMajorAtom =
+    conditional_t<kMN * sizeof(E) % 128 == 0, GMMA::Layout_MN_SW128_Atom<E>,
+                  conditional_t<kMN * sizeof(E) % 64 == 0, GMMA::Layout_MN_SW64_Atom<E>, GMMA::Layout_MN_SW32_Atom<E>>>;
+template <class E, int kMN, int kK>
+using KMajorLayout = decltype(tile_to_shape(KMajorAtom<E, kK>{}, Shape<Int<kMN>, Int<kK>>{}));
+template <class E, int kMN, int kK>
+using MNMajorLayout = decltype(tile_to_shape(MNMajorAtom<E, kMN>{}, Shape<Int<kMN>, Int<kK>>{}));
 
 // 16-byte chunks of a [rows, cols] row-major global tile into a swizzled shared-memory layout, rows
 // past `valid` zero-filled: element (r, c) goes to (r, c), or to (c, r) with kTransposed (V as the
@@ -165,75 +163,133 @@ __device__ __forceinline__ void store_forward_rows(const PtAttnParams& p, const 
   }
 }
 
+// Tile shapes and shared memory of the forward for head dims kD (q, k) and kDV (v).
 template <class T, int kD, int kDV>
-__global__ void __launch_bounds__(256, 1) attn_fwd_sm90_kernel(const PtAttnParams p) {
+struct FwdSm90 {
+  static_assert(kD % 32 == 0 && kDV % 32 == 0 && kD <= 256 && kDV <= 256, "head dims: multiples of 32 up to 256");
+  using E = typename CuteElement<T>::type;
+  // 128 keys a block while S, O and P fit the consumers' registers; 64 with a 256-wide O.
+  static constexpr int kBM = 128, kBN = kDV > 128 ? 64 : 128, kThreads = 384, kProducerThreads = 128;
+  using LayoutQ = KMajorLayout<E, kBM, kD>;
+  using LayoutK = KMajorLayout<E, kBN, kD>;
+  using LayoutVt = MNMajorLayout<E, kDV, kBN>;  // V as stored (keys x dv, dv contiguous), read (dv, key)
+  static constexpr size_t kQBytes = sizeof(E) * kBM * kD, kKvBytes = sizeof(E) * kBN * (kD + kDV);
+  // As many K/V stages as fit, up to 3 (227 KiB a CTA).
+  static constexpr int kStages = kQBytes + 3 * kKvBytes + 1024 <= 227 * 1024 ? 3 : 2;
+  // Two consumer warpgroups of 64 rows: each issues its own half of every product.
+  using MmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kBN>, Int<kD>>>(),
+                                        Layout<Shape<_2, _1, _1>>{}));
+  using MmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<E, E, float, Shape<_64, Int<kDV>, Int<kBN>>, GMMA::Major::K, GMMA::Major::MN>(),
+      Layout<Shape<_2, _1, _1>>{}));
+
+  struct Smem {
+    array_aligned<E, cosize_v<LayoutQ>, 1024> q;
+    array_aligned<E, cosize_v<LayoutK>, 1024> k[kStages];
+    array_aligned<E, cosize_v<LayoutVt>, 1024> v[kStages];
+    uint64_t q_full, k_full[kStages], v_full[kStages], kv_empty[kStages];
+  };
+  static constexpr size_t kSmem = sizeof(Smem);
+};
+
+template <class T, int kD, int kDV>
+__global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParams p) {
   using F = FwdSm90<T, kD, kDV>;
   using E = typename F::E;
-  constexpr int kBM = F::kBM, kBN = F::kBN, kThreads = F::kThreads;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int kBM = F::kBM, kBN = F::kBN, kStages = F::kStages, kProducers = F::kProducerThreads;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto& smem = *reinterpret_cast<typename F::Smem*>(smem_raw);
 
   const QueryBlock<kBM, kBN> blk(p);
   if (blk.valid_q <= 0) return;
-  const Mask& mask = blk.mask;
-  const int m0 = blk.m0, valid_q = blk.valid_q, nb_lo = blk.nb_lo, nb_hi = blk.nb_hi;
+  const int nb_lo = blk.nb_lo, nb_hi = blk.nb_hi;
 
-  const typename F::LayoutQ layout_q{};
-  const typename F::LayoutK layout_k{};
-  const typename F::LayoutVt layout_v{};
-  auto load_kv = [&](int nb, int buf) {
-    const int n0 = nb * kBN;
-    load_kv_swizzled<T, kBN, kD, kDV, kThreads, true>(p, blk.b, blk.hk, blk.s.start_k + n0, min(kBN, blk.s.len_k - n0),
-                                                      smem.k[buf].data(), layout_k, smem.v[buf].data(), layout_v);
-  };
-  load_swizzled<kBM, kD, kThreads>(smem.q.data(), layout_q, blk.template rows<const T>(p.q, p.q_sb, p.q_ss, p.q_sh),
-                                   p.q_ss, valid_q);
-  if (nb_lo < nb_hi) load_kv(nb_lo, 0);
-  cp_async_commit();
+  if (threadIdx.x == 0) {
+    // Full barriers: one arrival per producer thread once its copies have landed; empty barriers:
+    // one per consumer thread once its reads are done.
+    Barrier::init(&smem.q_full, kProducers);
+    for (int s = 0; s < kStages; ++s) {
+      Barrier::init(&smem.k_full[s], kProducers);
+      Barrier::init(&smem.v_full[s], kProducers);
+      Barrier::init(&smem.kv_empty[s], F::kThreads - kProducers);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
 
+  if (threadIdx.x < kProducers) {  // producer warpgroup: 16-byte copies straight into the swizzled tiles
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    load_swizzled<kBM, kD, kProducers>(smem.q.data(), typename F::LayoutQ{},
+                                       blk.template rows<const T>(p.q, p.q_sb, p.q_ss, p.q_sh), p.q_ss, blk.valid_q);
+    cutlass::arch::cpasync_barrier_arrive_noinc(&smem.q_full);
+    for (int nb = nb_lo; nb < nb_hi; ++nb) {
+      const int i = nb - nb_lo, st = i % kStages, n0 = nb * kBN, valid = min(kBN, blk.s.len_k - n0);
+      if (i >= kStages) Barrier::wait(&smem.kv_empty[st], ((i / kStages) - 1) & 1);
+      const int64_t first = blk.s.start_k + n0;
+      load_swizzled<kBN, kD, kProducers>(smem.k[st].data(), typename F::LayoutK{},
+                                         row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, blk.b, first, blk.hk), p.k_ss,
+                                         valid);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&smem.k_full[st]);
+      load_swizzled<kBN, kDV, kProducers, true>(smem.v[st].data(), typename F::LayoutVt{},
+                                                row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, blk.b, first, blk.hk),
+                                                p.v_ss, valid);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&smem.v_full[st]);
+    }
+    cp_async_wait_all();
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int tid = threadIdx.x - kProducers;  // in the two consumer warpgroups
+  const int cw = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
   typename F::MmaQK mma_qk;
   typename F::MmaPV mma_pv;
-  auto thr_qk = mma_qk.get_thread_slice(threadIdx.x);
-  auto thr_pv = mma_pv.get_thread_slice(threadIdx.x);
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), layout_q);
+  auto thr_qk = mma_qk.get_thread_slice(tid);
+  auto thr_pv = mma_pv.get_thread_slice(tid);
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename F::LayoutQ{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBM>, Int<kBN>>{});
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBM>, Int<kDV>>{});
   Tensor tOrP = make_tensor<E>(partition_shape_A(mma_pv, Shape<Int<kBM>, Int<kBN>>{}));
+  Tensor tOrP_words = recast<uint32_t>(tOrP);  // accumulator pairs (2w, 2w + 1): for 16-bit A the orders coincide
   static_assert(decltype(size(tSrS))::value == kBN / 2 && decltype(size(tOrP))::value == kBN / 2, "64 rows a WG");
   clear(tOrO);
 
-  const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-  const int row_base = m0 + wg * 64 + warp * 16 + lane / 4;  // + 8 r: this thread's two rows
+  const Mask& mask = blk.mask;
+  const int m0 = blk.m0;
+  const int local_row = cw * 64 + warp * 16 + lane / 4;  // + 8 r: this thread's two rows in the block
+  const int row_base = m0 + local_row;
   const float scale_log2 = p.softmax_scale * kLog2e;
   const float sink2 = p.sink != nullptr ? p.sink[blk.h] * kLog2e : -INFINITY;
   float row_max[2] = {sink2, sink2};
   float row_sum[2];
   row_sum[0] = row_sum[1] = (p.sink != nullptr && lane % 4 == 0) ? 1.f : 0.f;
 
-  for (int nb = nb_lo; nb < nb_hi; ++nb) {
-    const int buf = (nb - nb_lo) & 1;
-    cp_async_wait_all();
-    cutlass::arch::fence_view_async_shared();  // cp.async's writes become visible to wgmma's reads
-    __syncthreads();
-    if (nb + 1 < nb_hi) load_kv(nb + 1, buf ^ 1);
-    cp_async_commit();
-
-    Tensor sK = make_tensor(make_smem_ptr(smem.k[buf].data()), layout_k);
-    ss_gemm(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK), tSrS);
-
+  // The online softmax of key block nb on S's accumulators: row statistics updated, S replaced by
+  // P = 2^(S scale - max), corr receives O's correction per row. Unmasked blocks with a positive
+  // scale take the maximum of the raw accumulators and one FFMA per exponent.
+  auto softmax = [&](auto masked, auto raw_max, int nb, float (&corr)[2]) {
+    constexpr bool kMasked = decltype(masked)::value, kRawMax = decltype(raw_max)::value;
     const int n0 = nb * kBN;
-    const bool full = mask.all_visible(m0, m0 + kBM, n0, n0 + kBN);
     float mx[2] = {row_max[0], row_max[1]};
+    if constexpr (kRawMax) {
+      float raw[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int i = 0; i < size(tSrS); ++i) {
-      const int c0 = i & 1, r = (i >> 1) & 1, j = i >> 2;
-      float x = tSrS(i) * scale_log2;
-      if (!full && !mask.visible(row_base + 8 * r, n0 + 8 * j + 2 * (lane % 4) + c0)) x = -INFINITY;
-      tSrS(i) = x;
-      mx[r] = fmaxf(mx[r], x);
+      for (int e = 0; e < size(tSrS); ++e) raw[(e >> 1) & 1] = fmaxf(raw[(e >> 1) & 1], tSrS(e));
+#pragma unroll
+      for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], raw[r] * scale_log2);
+    } else {
+#pragma unroll
+      for (int e = 0; e < size(tSrS); ++e) {
+        const int c0 = e & 1, r = (e >> 1) & 1, j = e >> 2;
+        float x = tSrS(e) * scale_log2;
+        if (kMasked && !mask.visible(row_base + 8 * r, n0 + 8 * j + 2 * (lane % 4) + c0)) x = -INFINITY;
+        tSrS(e) = x;
+        mx[r] = fmaxf(mx[r], x);
+      }
     }
-    float base[2], corr[2];
+    float base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = quad_max(mx[r]);
@@ -243,25 +299,80 @@ __global__ void __launch_bounds__(256, 1) attn_fwd_sm90_kernel(const PtAttnParam
       row_sum[r] *= corr[r];
     }
 #pragma unroll
-    for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= corr[(i >> 1) & 1];
-#pragma unroll
-    for (int i = 0; i < size(tSrS); ++i) {
-      const int r = (i >> 1) & 1;
-      const float e = ex2(tSrS(i) - base[r]);
-      row_sum[r] += e;
-      tOrP(i) = static_cast<E>(e);
+    for (int e = 0; e < size(tSrS); ++e) {
+      const int r = (e >> 1) & 1;
+      const float pe = kRawMax ? ex2(fmaf(tSrS(e), scale_log2, -base[r])) : ex2(tSrS(e) - base[r]);
+      tSrS(e) = pe;
+      row_sum[r] += pe;
     }
+  };
+  auto softmax_block = [&](int nb, float (&corr)[2]) {
+    if (!mask.all_visible(m0, m0 + kBM, nb * kBN, nb * kBN + kBN))
+      softmax(std::true_type{}, std::false_type{}, nb, corr);
+    else if (scale_log2 >= 0.f)
+      softmax(std::false_type{}, std::true_type{}, nb, corr);
+    else
+      softmax(std::false_type{}, std::false_type{}, nb, corr);
+  };
+  auto to_p = [&] {
+#pragma unroll
+    for (int w = 0; w < size(tOrP_words); ++w) tOrP_words(w) = pack2<T>(tSrS(2 * w), tSrS(2 * w + 1));
+  };
+  // A full barrier's wait, then a proxy fence: cp.async writes through the generic proxy, wgmma
+  // reads through the async one.
+  auto wait_full = [&](uint64_t* bar, int phase) {
+    Barrier::wait(bar, phase);
+    cutlass::arch::fence_view_async_shared();
+  };
+  // Asynchronous products (committed, not waited for): S = Q K^T of stage st, O += P V of stage st.
+  auto issue_qk = [&](int st) {
+    Tensor sK = make_tensor(make_smem_ptr(smem.k[st].data()), typename F::LayoutK{});
+    issue_ss_gemm(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK), tSrS);
+  };
+  auto issue_pv = [&](int st) {
+    Tensor sV = make_tensor(make_smem_ptr(smem.v[st].data()), typename F::LayoutVt{});
+    issue_rs_gemm(mma_pv, tOrP, thr_pv.partition_fragment_B(sV), tOrO);
+  };
 
-    Tensor sV = make_tensor(make_smem_ptr(smem.v[buf].data()), layout_v);
-    rs_gemm(mma_pv, tOrP, thr_pv.partition_fragment_B(sV), tOrO);
+  // Block i's S = Q K^T runs while block i - 1's P V does: the softmax of block i waits for its S
+  // only, and O's correction waits for the P V before it.
+  wait_full(&smem.q_full, 0);
+  if (nb_lo < nb_hi) {
+    float corr[2];
+    wait_full(&smem.k_full[0], 0);
+    issue_qk(0);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    softmax_block(nb_lo, corr);  // O is still 0: nothing to correct
+    to_p();
+    for (int nb = nb_lo + 1; nb < nb_hi; ++nb) {
+      const int i = nb - nb_lo, st = i % kStages, prev = (i - 1) % kStages;
+      wait_full(&smem.k_full[st], (i / kStages) & 1);
+      issue_qk(st);
+      wait_full(&smem.v_full[prev], ((i - 1) / kStages) & 1);
+      issue_pv(prev);
+      warpgroup_wait<1>();  // this block's S; the last block's P V may still run
+      warpgroup_fence_operand(tSrS);
+      softmax_block(nb, corr);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      Barrier::arrive(&smem.kv_empty[prev]);
+#pragma unroll
+      for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= corr[(e >> 1) & 1];
+      to_p();
+    }
+    const int i = nb_hi - 1 - nb_lo, last = i % kStages;
+    wait_full(&smem.v_full[last], (i / kStages) & 1);
+    issue_pv(last);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    Barrier::arrive(&smem.kv_empty[last]);
   }
-  cp_async_wait_all();
 
-  const int local_row = wg * 64 + warp * 16 + lane / 4;  // in the block
   store_forward_rows<T>(p, blk, tOrO, row_max, row_sum, 1.f, local_row, lane);
 }
 
-// Host side of the experimental forward: Attention's checks and memsets around this kernel.
+// Host side: Attention's checks and packed-sequence memsets around this kernel.
 template <class T, int kD, int kDV>
 struct AttentionFwdSm90 {
   static void launch(const PtAttnParams& q, cudaStream_t stream) {
@@ -275,8 +386,16 @@ struct AttentionFwdSm90 {
   }
 
   static int forward(const PtAttnParams* p, char* err, size_t err_len) {
-    return Attention<T, kD, kDV>::forward_with(p, err, err_len, "attention forward (wgmma)", launch);
+    return Attention<T, kD, kDV>::forward_with(p, err, err_len, "attention forward (sm90)", launch);
   }
 };
 
 }  // namespace primus_turbo::kernels::attention::sm90
+
+// Exports AttentionFwdSm90<T, D, DV>::forward as pt_attn_fwd_run.
+#define PT_JIT_EXPORT_ATTENTION_SM90_FWD(T, D, DV)                                                               \
+  PT_JIT_EXPORT_ABI_VERSION                                                                                     \
+  extern "C" __attribute__((visibility("default"))) int pt_attn_fwd_run(const PtAttnParams* params, char* err, \
+                                                                        size_t err_len) {                      \
+    return primus_turbo::kernels::attention::sm90::AttentionFwdSm90<T, D, DV>::forward(params, err, err_len);  \
+  }
