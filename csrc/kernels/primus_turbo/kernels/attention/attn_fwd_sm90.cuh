@@ -55,20 +55,41 @@ using KMajorLayout = decltype(tile_to_shape(KMajorAtom<E, kK>{}, Shape<Int<kMN>,
 template <class E, int kMN, int kK>
 using MNMajorLayout = decltype(tile_to_shape(MNMajorAtom<E, kMN>{}, Shape<Int<kMN>, Int<kK>>{}));
 
-// 16-byte chunks of a [rows, cols] row-major global tile into a swizzled shared-memory layout, rows
-// past `valid` zero-filled: element (r, c) goes to (r, c), or to (c, r) with kTransposed (V as the
-// MN-major operand of P V). Addresses go through a shared-memory tensor: the SW128 atoms' swizzle
-// acts on byte addresses, so calling the layout on element coordinates alone would misplace chunks.
+// Elements along the contiguous dimension of one swizzle-atom row for a tile kContig elements wide:
+// the rule of KMajorAtom / MNMajorAtom (128, 64 or 32 bytes).
+template <class E>
+constexpr int swizzle_width(int contig) {
+  const int bytes = contig * static_cast<int>(sizeof(E));
+  return (bytes % 128 == 0 ? 128 : bytes % 64 == 0 ? 64 : 32) / static_cast<int>(sizeof(E));
+}
+
+// 16-byte chunks of a [kRows, kCols] row-major global tile into its swizzled shared-memory tile,
+// rows past `valid` zero-filled: element (r, c) goes to (r, c) of a K-major layout, or to (c, r)
+// of an MN-major one with kTransposed (V as the operand of P V). Both are tile_to_shape layouts of
+// an atom of 8 rows by W contiguous elements, atoms numbered first-mode-first, the swizzle acting
+// inside an atom. So each of the kThreads threads takes one fixed chunk position inside an atom
+// (its swizzled offset computed once through the layout) in every kThreads / W-th atom: the
+// shared-memory offsets of its chunks are that offset plus a constant step. (Evaluating the
+// swizzled layout per chunk made a producer warp too slow to feed the tensor cores.)
 template <int kRows, int kCols, int kThreads, bool kTransposed = false, class E, class T, class Layout>
-__device__ __forceinline__ void load_swizzled(E* smem, Layout layout, const T* src, int64_t stride, int valid) {
-  constexpr int kChunksPerRow = kCols / 8;
+__device__ __forceinline__ void load_swizzled(E* smem, Layout layout, const T* src, int64_t stride, int valid,
+                                              int tid = threadIdx.x) {
+  constexpr int kW = swizzle_width<E>(kCols), kAtomChunks = kW;  // 8 rows of W / 8 chunks
+  constexpr int kAtomsR = kRows / 8, kAtomsC = kCols / kW;        // along rows, along the contiguous columns
+  constexpr int kStep = kThreads / kAtomChunks, kPasses = kAtomsR * kAtomsC / kStep;
+  static_assert(kRows % 8 == 0 && kCols % kW == 0 && kThreads % kAtomChunks == 0 && kAtomsR * kAtomsC % kStep == 0,
+                "whole atoms, and every thread a chunk of each pass");
+  const int q = tid % kAtomChunks, first_atom = tid / kAtomChunks;
+  const int rr = q / (kW / 8), cc = (q % (kW / 8)) * 8;  // row and element column inside an atom
   Tensor tile = make_tensor(make_smem_ptr(smem), layout);
+  E* dst = &tile(kTransposed ? cc : rr, kTransposed ? rr : cc);  // in atom 0
+  const T* from = src + rr * stride + cc;
 #pragma unroll
-  for (int c = threadIdx.x; c < kRows * kChunksPerRow; c += kThreads) {
-    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    const bool ok = r < valid;
-    E* dst = kTransposed ? &tile(col, r) : &tile(r, col);
-    cp_async16(dst, ok ? src + r * stride + col : src, ok);
+  for (int j = 0; j < kPasses; ++j) {
+    const int a = first_atom + j * kStep;
+    const int ar = kTransposed ? a / kAtomsC : a % kAtomsR, ac = kTransposed ? a % kAtomsC : a / kAtomsR;
+    const bool ok = 8 * ar + rr < valid;
+    cp_async16(dst + a * 8 * kW, ok ? from + 8 * ar * stride + ac * kW : src, ok);
   }
 }
 
@@ -176,6 +197,9 @@ struct FwdSm90 {
   static constexpr size_t kQBytes = sizeof(E) * kBM * kD, kKvBytes = sizeof(E) * kBN * (kD + kDV);
   // As many K/V stages as fit, up to 3 (227 KiB a CTA).
   static constexpr int kStages = kQBytes + 3 * kKvBytes + 1024 <= 227 * 1024 ? 3 : 2;
+  // Registers per thread after the split (at most 512 over the three warpgroups): the producer's
+  // copy offsets, the consumers' accumulators (up to 64 x 256 floats of O).
+  static constexpr int kProducerRegs = kDV > 128 ? 40 : 56, kConsumerRegs = kDV > 128 ? 232 : 224;
   // Two consumer warpgroups of 64 rows: each issues its own half of every product.
   using MmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kBN>, Int<kD>>>(),
                                         Layout<Shape<_2, _1, _1>>{}));
@@ -219,7 +243,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParam
   __syncthreads();
 
   if (threadIdx.x < kProducers) {  // producer warpgroup: 16-byte copies straight into the swizzled tiles
-    cutlass::arch::warpgroup_reg_dealloc<40>();
+    cutlass::arch::warpgroup_reg_dealloc<F::kProducerRegs>();
     load_swizzled<kBM, kD, kProducers>(smem.q.data(), typename F::LayoutQ{},
                                        blk.template rows<const T>(p.q, p.q_sb, p.q_ss, p.q_sh), p.q_ss, blk.valid_q);
     cutlass::arch::cpasync_barrier_arrive_noinc(&smem.q_full);
@@ -240,7 +264,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParam
     return;
   }
 
-  cutlass::arch::warpgroup_reg_alloc<232>();
+  cutlass::arch::warpgroup_reg_alloc<F::kConsumerRegs>();
   const int tid = threadIdx.x - kProducers;  // in the two consumer warpgroups
   const int cw = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
   typename F::MmaQK mma_qk;
