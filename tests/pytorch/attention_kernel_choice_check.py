@@ -1,9 +1,8 @@
 """Child process of test_attention.py's kernel-choice test: with PRIMUS_TURBO_ATTN_KERNEL set before
-the first attention call (the core reads it once) our kernel runs on the chosen modules: "wgmma"
-(the experimental wgmma backward) or "mma" (the mma.sync forward, which sm_90a otherwise replaces
-with the warp-specialized one). out, lse, dq, dk, dv (and dsink) against the float32 reference
-over masks, GQA, sinks, odd lengths, both dtypes and head dims 64 and 128. Prints one line a
-case; exits 1 on a failure."""
+the first attention call (the core reads it once) our kernel runs on the chosen modules: "mma",
+the mma.sync forward and backward, which sm_90a otherwise replaces with the wgmma ones. out, lse,
+dq, dk, dv (and dsink) against the float32 reference over masks, GQA, sinks, odd lengths, both
+dtypes and head dims 64 and 128. Prints one line a case; exits 1 on a failure."""
 
 import os
 import sys
@@ -15,7 +14,7 @@ from turbo_test_utils import snr_db
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.backend import GlobalBackendManager
 
-assert os.environ.get("PRIMUS_TURBO_ATTN_KERNEL") in ("wgmma", "mma")
+assert os.environ.get("PRIMUS_TURBO_ATTN_KERNEL") == "mma"
 GlobalBackendManager.set_attn_backend("TURBO")
 
 CASES = [  # b, sq, sk, hq, hkv, d, causal, window, sink, dtype

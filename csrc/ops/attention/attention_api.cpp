@@ -20,14 +20,14 @@ void run(PtAttnFn fn, PtAttnParams params, void* stream, const char* what, const
   }
 }
 
-// Our kernel for the problem's forward or backward: the sm90 forward on Hopper, the experimental
-// wgmma backward when opted in, else the mma.sync module's.
+// Our kernel for the problem's forward or backward: the sm90 ones on Hopper where they apply, else
+// the mma.sync module's.
 PtAttnFn kernel_for(const Problem& p, bool backward) {
   const int device = current_device();
   bind_device_context(device);
   const std::string arch = arch_for_device(device);
   const int32_t d = p.params.head_dim, dv = p.params.head_dim_v;
-  PtAttnFn fn = backward ? load_wgmma_backward(p.dtype, d, dv, arch) : load_sm90_forward(p.dtype, d, dv, arch);
+  PtAttnFn fn = backward ? load_sm90_backward(p.dtype, d, dv, arch) : load_sm90_forward(p.dtype, d, dv, arch);
   if (fn != nullptr) return fn;
   const Kernels k = load_kernels(p.dtype, d, dv, arch);
   return backward ? k.backward : k.forward;
@@ -120,7 +120,7 @@ pt_status pt_attention_prepare(int32_t dtype, int32_t head_dim, int32_t head_dim
                        " are not supported");
     load_kernels(dtype, head_dim, head_dim_v, "90a");
     load_sm90_forward(dtype, head_dim, head_dim_v, "90a");
-    load_wgmma_backward(dtype, head_dim, head_dim_v, "90a");  // with PRIMUS_TURBO_ATTN_KERNEL=wgmma
+    load_sm90_backward(dtype, head_dim, head_dim_v, "90a");
     cudnn::prepare_ragged_metadata("90a");                   // packed sequences on cuDNN
   });
 }

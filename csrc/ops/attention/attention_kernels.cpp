@@ -27,8 +27,7 @@ Kernels load_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const 
 
 namespace {
 
-// PRIMUS_TURBO_ATTN_KERNEL: "mma" keeps the mma.sync forward on Hopper too, "wgmma" opts in to the
-// experimental wgmma backward; read once per process.
+// PRIMUS_TURBO_ATTN_KERNEL=mma keeps the mma.sync kernels on Hopper too; read once per process.
 const std::string& kernel_choice() {
   static const std::string choice = env_value("PRIMUS_TURBO_ATTN_KERNEL").value_or("");
   return choice;
@@ -63,8 +62,8 @@ PtAttnFn load_sm90_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, 
   });
 }
 
-PtAttnFn load_wgmma_backward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
-  if (kernel_choice() != "wgmma" || arch != "90a" || head_dim != head_dim_v || (head_dim != 64 && head_dim != 128))
+PtAttnFn load_sm90_backward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
+  if (arch != "90a" || kernel_choice() == "mma" || head_dim != head_dim_v || (head_dim != 64 && head_dim != 128))
     return nullptr;
   using Key = std::tuple<int32_t, int32_t>;
   static jit::LoadedCache<Key, PtAttnFn> loaded;

@@ -1,5 +1,5 @@
 // The JIT modules of attention: per (dtype, head dim of q/k, head dim of v, arch), the mma.sync
-// module (forward and backward, any GPU) and the sm90 forward; the FP8 forward.
+// module (forward and backward, any GPU), the sm90 forward and backward; the FP8 forward.
 #pragma once
 
 #include <string>
@@ -21,9 +21,9 @@ Kernels load_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const 
 // elsewhere, or with PRIMUS_TURBO_ATTN_KERNEL=mma (the mma.sync forward of load_kernels).
 PtAttnFn load_sm90_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
 
-// The experimental wgmma backward (kernels/attention/attn_bwd_sm90.cuh), or null where it does not
-// apply: only with PRIMUS_TURBO_ATTN_KERNEL=wgmma, on sm_90a, for head dims 64/64 and 128/128.
-PtAttnFn load_wgmma_backward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
+// The wgmma backward on sm_90a (kernels/attention/attn_bwd_sm90.cuh) for head dims 64/64 and
+// 128/128, memoized; null elsewhere, or with PRIMUS_TURBO_ATTN_KERNEL=mma.
+PtAttnFn load_sm90_backward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
 
 // Head dims the FP8 forward (kernels/attention/attn_fwd_fp8_sm90.cuh) is built for.
 bool fp8_head_dims(int64_t d, int64_t dv);

@@ -68,7 +68,7 @@ struct Attention {
   }
 
   // The forward's checks and packed-sequence memsets around launch(params, stream): the
-  // experimental wgmma module swaps in its own kernel. `what` names it in a launch error.
+  // sm90 modules swap in their own kernel. `what` names it in a launch error.
   template <class Launch>
   static int forward_with(const PtAttnParams* p, char* err, size_t err_len, const char* what, Launch launch) {
     if (!check(p, err, err_len)) return 1;
@@ -103,7 +103,7 @@ struct Attention {
   }
 
   // The backward's launches with the dK/dV and dQ steps given (launch(params, batch, stream)): the
-  // experimental wgmma module swaps in its own.
+  // sm90 module swaps in its own.
   template <class LaunchDkdv, class LaunchDq>
   static int backward_with(const PtAttnParams* p, char* err, size_t err_len, LaunchDkdv dkdv, LaunchDq dq) {
     if (!check(p, err, err_len)) return 1;

@@ -93,6 +93,55 @@ __device__ __forceinline__ void load_swizzled(E* smem, Layout layout, const T* s
   }
 }
 
+// 4 bytes global -> shared (the backward's per-row lse and delta); zero-filled when !valid.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+
+// The barriers of a ring of kStages shared-memory buffers that the producer warpgroup fills with
+// cp.async and the consumer warpgroups read: each buffer's kParts parts (K and V, say) are
+// signalled separately by "full" barriers, on which every producer thread arrives once its copies
+// have landed; the buffer is released by an "empty" barrier on which every consumer thread arrives.
+// Use i counts the buffer's fills: buffer i % kStages, phase (i / kStages) & 1.
+template <int kStages, int kParts = 1>
+struct CopyRing {
+  using Barrier = cutlass::arch::ClusterBarrier;
+  uint64_t full[kStages][kParts], empty[kStages];
+
+  __device__ __forceinline__ void init(int producers, int consumers) {
+    for (int s = 0; s < kStages; ++s) {
+      for (int part = 0; part < kParts; ++part) Barrier::init(&full[s][part], producers);
+      Barrier::init(&empty[s], consumers);
+    }
+  }
+  // Producer: wait until use i's buffer is free, then, after issuing a part's copies, signal it.
+  __device__ __forceinline__ void acquire(int i) {
+    if (i >= kStages) Barrier::wait(&empty[i % kStages], ((i / kStages) - 1) & 1);
+  }
+  __device__ __forceinline__ void commit(int i, int part = 0) {
+    cutlass::arch::cpasync_barrier_arrive_noinc(&full[i % kStages][part]);
+  }
+  // Consumer: wait for a part, then a proxy fence (cp.async writes through the generic proxy,
+  // wgmma reads through the async one); release the buffer when its reads are done.
+  __device__ __forceinline__ void wait_full(int i, int part = 0) {
+    Barrier::wait(&full[i % kStages][part], (i / kStages) & 1);
+    cutlass::arch::fence_view_async_shared();
+  }
+  __device__ __forceinline__ void release(int i) { Barrier::arrive(&empty[i % kStages]); }
+};
+
+// A one-time fill (operands a CTA keeps throughout): the same signalling with a single barrier.
+struct CopyOnce {
+  using Barrier = cutlass::arch::ClusterBarrier;
+  uint64_t full;
+  __device__ __forceinline__ void init(int producers) { Barrier::init(&full, producers); }
+  __device__ __forceinline__ void commit() { cutlass::arch::cpasync_barrier_arrive_noinc(&full); }
+  __device__ __forceinline__ void wait() {
+    Barrier::wait(&full, 0);
+    cutlass::arch::fence_view_async_shared();
+  }
+};
+
 // kRows keys of K and V (KV head hk of batch entry b, from sequence row `first`; `valid` of them
 // real) into their tiles; V transposed with kVTransposed.
 template <class T, int kRows, int kD, int kDV, int kThreads, bool kVTransposed, class E, class LayoutK, class LayoutV>
@@ -197,9 +246,11 @@ struct FwdSm90 {
   static constexpr size_t kQBytes = sizeof(E) * kBM * kD, kKvBytes = sizeof(E) * kBN * (kD + kDV);
   // As many K/V stages as fit, up to 3 (227 KiB a CTA).
   static constexpr int kStages = kQBytes + 3 * kKvBytes + 1024 <= 227 * 1024 ? 3 : 2;
-  // Registers per thread after the split (at most 512 over the three warpgroups): the producer's
-  // copy offsets, the consumers' accumulators (up to 64 x 256 floats of O).
+  // Registers per thread after the split: the producer's copy offsets, the consumers' accumulators
+  // (up to 64 x 256 floats of O). The three warpgroups share what the launch gave (168 each at 384
+  // threads): an increase beyond it waits forever.
   static constexpr int kProducerRegs = kDV > 128 ? 40 : 56, kConsumerRegs = kDV > 128 ? 232 : 224;
+  static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * 168, "register split exceeds the launch's");
   // Two consumer warpgroups of 64 rows: each issues its own half of every product.
   using MmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kBN>, Int<kD>>>(),
                                         Layout<Shape<_2, _1, _1>>{}));
@@ -211,7 +262,8 @@ struct FwdSm90 {
     array_aligned<E, cosize_v<LayoutQ>, 1024> q;
     array_aligned<E, cosize_v<LayoutK>, 1024> k[kStages];
     array_aligned<E, cosize_v<LayoutVt>, 1024> v[kStages];
-    uint64_t q_full, k_full[kStages], v_full[kStages], kv_empty[kStages];
+    CopyOnce q_ready;
+    CopyRing<kStages, 2> kv;  // parts: K, V
   };
   static constexpr size_t kSmem = sizeof(Smem);
 };
@@ -220,7 +272,6 @@ template <class T, int kD, int kDV>
 __global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParams p) {
   using F = FwdSm90<T, kD, kDV>;
   using E = typename F::E;
-  using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kBM = F::kBM, kBN = F::kBN, kStages = F::kStages, kProducers = F::kProducerThreads;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto& smem = *reinterpret_cast<typename F::Smem*>(smem_raw);
@@ -230,14 +281,8 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParam
   const int nb_lo = blk.nb_lo, nb_hi = blk.nb_hi;
 
   if (threadIdx.x == 0) {
-    // Full barriers: one arrival per producer thread once its copies have landed; empty barriers:
-    // one per consumer thread once its reads are done.
-    Barrier::init(&smem.q_full, kProducers);
-    for (int s = 0; s < kStages; ++s) {
-      Barrier::init(&smem.k_full[s], kProducers);
-      Barrier::init(&smem.v_full[s], kProducers);
-      Barrier::init(&smem.kv_empty[s], F::kThreads - kProducers);
-    }
+    smem.q_ready.init(kProducers);
+    smem.kv.init(kProducers, F::kThreads - kProducers);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -246,19 +291,19 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParam
     cutlass::arch::warpgroup_reg_dealloc<F::kProducerRegs>();
     load_swizzled<kBM, kD, kProducers>(smem.q.data(), typename F::LayoutQ{},
                                        blk.template rows<const T>(p.q, p.q_sb, p.q_ss, p.q_sh), p.q_ss, blk.valid_q);
-    cutlass::arch::cpasync_barrier_arrive_noinc(&smem.q_full);
+    smem.q_ready.commit();
     for (int nb = nb_lo; nb < nb_hi; ++nb) {
       const int i = nb - nb_lo, st = i % kStages, n0 = nb * kBN, valid = min(kBN, blk.s.len_k - n0);
-      if (i >= kStages) Barrier::wait(&smem.kv_empty[st], ((i / kStages) - 1) & 1);
+      smem.kv.acquire(i);
       const int64_t first = blk.s.start_k + n0;
       load_swizzled<kBN, kD, kProducers>(smem.k[st].data(), typename F::LayoutK{},
                                          row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, blk.b, first, blk.hk), p.k_ss,
                                          valid);
-      cutlass::arch::cpasync_barrier_arrive_noinc(&smem.k_full[st]);
+      smem.kv.commit(i, 0);
       load_swizzled<kBN, kDV, kProducers, true>(smem.v[st].data(), typename F::LayoutVt{},
                                                 row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, blk.b, first, blk.hk),
                                                 p.v_ss, valid);
-      cutlass::arch::cpasync_barrier_arrive_noinc(&smem.v_full[st]);
+      smem.kv.commit(i, 1);
     }
     cp_async_wait_all();
     return;
@@ -342,12 +387,6 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParam
 #pragma unroll
     for (int w = 0; w < size(tOrP_words); ++w) tOrP_words(w) = pack2<T>(tSrS(2 * w), tSrS(2 * w + 1));
   };
-  // A full barrier's wait, then a proxy fence: cp.async writes through the generic proxy, wgmma
-  // reads through the async one.
-  auto wait_full = [&](uint64_t* bar, int phase) {
-    Barrier::wait(bar, phase);
-    cutlass::arch::fence_view_async_shared();
-  };
   // Asynchronous products (committed, not waited for): S = Q K^T of stage st, O += P V of stage st.
   auto issue_qk = [&](int st) {
     Tensor sK = make_tensor(make_smem_ptr(smem.k[st].data()), typename F::LayoutK{});
@@ -360,10 +399,10 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParam
 
   // Block i's S = Q K^T runs while block i - 1's P V does: the softmax of block i waits for its S
   // only, and O's correction waits for the P V before it.
-  wait_full(&smem.q_full, 0);
+  smem.q_ready.wait();
   if (nb_lo < nb_hi) {
     float corr[2];
-    wait_full(&smem.k_full[0], 0);
+    smem.kv.wait_full(0, 0);
     issue_qk(0);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
@@ -371,26 +410,26 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParam
     to_p();
     for (int nb = nb_lo + 1; nb < nb_hi; ++nb) {
       const int i = nb - nb_lo, st = i % kStages, prev = (i - 1) % kStages;
-      wait_full(&smem.k_full[st], (i / kStages) & 1);
+      smem.kv.wait_full(i, 0);
       issue_qk(st);
-      wait_full(&smem.v_full[prev], ((i - 1) / kStages) & 1);
+      smem.kv.wait_full(i - 1, 1);
       issue_pv(prev);
       warpgroup_wait<1>();  // this block's S; the last block's P V may still run
       warpgroup_fence_operand(tSrS);
       softmax_block(nb, corr);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      Barrier::arrive(&smem.kv_empty[prev]);
+      smem.kv.release(i - 1);
 #pragma unroll
       for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= corr[(e >> 1) & 1];
       to_p();
     }
     const int i = nb_hi - 1 - nb_lo, last = i % kStages;
-    wait_full(&smem.v_full[last], (i / kStages) & 1);
+    smem.kv.wait_full(i, 1);
     issue_pv(last);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tOrO);
-    Barrier::arrive(&smem.kv_empty[last]);
+    smem.kv.release(i);
   }
 
   store_forward_rows<T>(p, blk, tOrO, row_max, row_sum, 1.f, local_row, lane);
