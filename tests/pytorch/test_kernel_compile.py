@@ -175,8 +175,8 @@ def test_quantization_modules_compile_for_sm90a():
     _prepare_all(jobs, lambda io: check(lib.pt_quantize_prepare(_QUANT_IN[io[0]], _QUANT_OUT[io[1]])), "quantization")
     _assert_compiled(*(f"quant_{i}_{o}" for i, o in jobs))
 # Attention (our kernels): per (dtype, head dim of q/k, head dim of v), the mma.sync module (forward
-# and backward kernels, HMMA), the warp-specialized sm90 forward and, at head dims 64 and 128, the
-# sm90 backward (HGMMA).
+# and backward kernels, HMMA), the warp-specialized sm90 forward and, at head dims 64, 96, 128 and
+# 192/128, the sm90 backward (HGMMA).
 _ATTN_DTYPES = {"bf16": 2, "f16": 1}
 
 
@@ -192,8 +192,9 @@ def test_attention_modules_compile_for_sm90a():
         _assert_no_register_spills(f"attention_fwd_sm90_*_d{d}_dv{d}-*", kernel_marker="attn_fwd_sm90")
     # 192/128 and 256: two or four values parked on the stack in the prologue, not in the loop.
     _assert_no_register_spills("attention_fwd_sm90_*_d[12]*", kernel_marker="attn_fwd_sm90", max_stack=64)
-    _assert_compiled(*(f"attention_bwd_sm90_{dt}_d{d}" for dt in _ATTN_DTYPES for d in (64, 128)))
-    _assert_sass_contains("HGMMA", "attention_bwd_sm90_*", min_modules=4, every_module=True)
+    bwd = [(dt, d, dv) for dt, d, dv in jobs if (d, dv) in ((64, 64), (96, 96), (128, 128), (192, 128))]
+    _assert_compiled(*(f"attention_bwd_sm90_{dt}_d{d}_dv{dv}" for dt, d, dv in bwd))
+    _assert_sass_contains("HGMMA", "attention_bwd_sm90_*", min_modules=len(bwd), every_module=True)
     _assert_no_register_spills("attention_bwd_sm90_*", kernel_marker="_sm90_kernel")
 
 

@@ -62,15 +62,19 @@ PtAttnFn load_sm90_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, 
   });
 }
 
+bool sm90_backward_head_dims(int64_t d, int64_t dv) {
+  return (d == dv && (d == 64 || d == 96 || d == 128)) || (d == 192 && dv == 128);
+}
+
 PtAttnFn load_sm90_backward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
-  if (arch != "90a" || kernel_choice() == "mma" || head_dim != head_dim_v || (head_dim != 64 && head_dim != 128))
-    return nullptr;
-  using Key = std::tuple<int32_t, int32_t>;
+  if (arch != "90a" || kernel_choice() == "mma" || !sm90_backward_head_dims(head_dim, head_dim_v)) return nullptr;
+  using Key = std::tuple<int32_t, int32_t, int32_t>;
   static jit::LoadedCache<Key, PtAttnFn> loaded;
-  return loaded.get(Key{dtype, head_dim}, [&] {
-    const std::string name = str_cat("attention_bwd_sm90_", dtype_short_name(dtype), "_d", head_dim);
+  return loaded.get(Key{dtype, head_dim, head_dim_v}, [&] {
+    const std::string name =
+        str_cat("attention_bwd_sm90_", dtype_short_name(dtype), "_d", head_dim, "_dv", head_dim_v);
     return jit::get_module(sm90_request(name, "attn_bwd_sm90.cuh", "PT_JIT_EXPORT_ATTENTION_SM90_BWD", dtype,
-                                        head_dim, head_dim, arch))
+                                        head_dim, head_dim_v, arch))
         ->function<PtAttnFn>("pt_attn_bwd_run");
   });
 }

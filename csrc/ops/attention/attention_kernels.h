@@ -21,8 +21,11 @@ Kernels load_kernels(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const 
 // elsewhere, or with PRIMUS_TURBO_ATTN_KERNEL=mma (the mma.sync forward of load_kernels).
 PtAttnFn load_sm90_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
 
-// The wgmma backward on sm_90a (kernels/attention/attn_bwd_sm90.cuh) for head dims 64/64 and
-// 128/128, memoized; null elsewhere, or with PRIMUS_TURBO_ATTN_KERNEL=mma.
+// Head dims the sm90 backward is built for: 64, 96 and 128 for both, 192 for q/k with 128 for v.
+bool sm90_backward_head_dims(int64_t d, int64_t dv);
+
+// The wgmma backward on sm_90a (kernels/attention/attn_bwd_sm90.cuh) for those head dims,
+// memoized; null elsewhere, or with PRIMUS_TURBO_ATTN_KERNEL=mma.
 PtAttnFn load_sm90_backward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
 
 // Head dims the FP8 forward (kernels/attention/attn_fwd_fp8_sm90.cuh) is built for.

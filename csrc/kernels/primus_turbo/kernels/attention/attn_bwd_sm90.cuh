@@ -1,13 +1,13 @@
 // The dK/dV and dQ kernels of the attention backward on Hopper's warpgroup MMA: our TURBO backward
-// on sm_90a for head dims 64 and 128 (PRIMUS_TURBO_ATTN_KERNEL=mma keeps attn_bwd.cuh's mma.sync
-// kernels). Same schedules and arithmetic as those kernels; delta and dsink keep them
+// on sm_90a for head dims 64, 96, 128 and MLA's 192/128 (PRIMUS_TURBO_ATTN_KERNEL=mma keeps
+// attn_bwd.cuh's mma.sync kernels). Same schedules and arithmetic as those kernels; delta and dsink keep them
 // (Attention::backward_with). Both are warp-specialized like the forward (attn_fwd_sm90.cuh):
 // warpgroup 0 copies the operands with cp.async into shared memory (a CopyRing of stages), two
 // consumer warpgroups of 64 rows run the products.
 //
 // dK/dV: one CTA per (128 keys, sequence, KV head), walking every query head of the GQA group and
 // every 64-row query block that sees its keys (Q, dO, lse and delta of each block through the
-// ring; K and V copied once). Per block, four products:
+// ring; K and V copied once; 32-row blocks at 192/128). Per block, four products:
 //   S^T  = K Q^T         (shared-memory operands: K, and Q K-major)
 //   dP^T = V dO^T        (V, and dO K-major)
 //   dV  += P^T dO        (P^T from registers, dO read MN-major through a transposed view)
@@ -30,11 +30,19 @@ constexpr int kBwdThreads = 384, kBwdProducers = 128;
 constexpr int kBwdProducerRegs = 40, kBwdConsumerRegs = 232;
 static_assert(kBwdProducerRegs + 2 * kBwdConsumerRegs <= 3 * 168, "register split exceeds the launch's");
 
+// Head dims the sm90 backward is built for: the consumers' dK and dV accumulators (64 x (kD + kDV)
+// a warpgroup) must leave room for the score tiles.
+template <int kD, int kDV>
+constexpr bool sm90_backward_dims() {
+  return kD % 32 == 0 && kDV % 32 == 0 && kD <= 192 && kDV <= 128;
+}
+
 template <class T, int kD, int kDV>
 struct DkdvSm90 {
-  static_assert(kD % 64 == 0 && kDV % 64 == 0 && kD <= 128 && kDV <= 128, "head dims 64 or 128");
+  static_assert(sm90_backward_dims<kD, kDV>(), "sm90 backward head dims");
   using E = typename CuteElement<T>::type;
-  static constexpr int kBN = 128, kBM = 64, kStages = 3;
+  // Query blocks of 64 rows, 32 where dK and dV take more than 256 columns (MLA's 192/128).
+  static constexpr int kBN = 128, kBM = kD + kDV > 256 ? 32 : 64, kStages = 3;
 
   using LayoutK = KMajorLayout<E, kBN, kD>;
   using LayoutV = KMajorLayout<E, kBN, kDV>;
@@ -113,12 +121,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
       load_swizzled<kBM, kDV, kProducers>(smem.dout[st].data(), typename F::LayoutDo{},
                                           row_at<const T>(p.dout, p.do_sb, p.do_ss, p.do_sh, b, s.start_q + m0, h),
                                           p.do_ss, valid);
-      // lse by threads [0, 64), delta by [64, 128): one row each.
+      // lse by threads [0, kBM), delta by [kBM, 2 kBM): one row each.
       const int r = tid % kBM;
       const int64_t off = lse_offset(p, b, h, s.start_q + m0 + r);
       if (tid < kBM)
         cp_async4(&smem.lse[st][r], p.lse + off, r < valid);
-      else
+      else if (tid < 2 * kBM)
         cp_async4(&smem.delta[st][r], p.delta + off, r < valid);
       smem.blocks.commit(it);
     }
@@ -198,7 +206,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
 
 template <class T, int kD, int kDV>
 struct DqSm90 {
-  static_assert(kD % 64 == 0 && kDV % 64 == 0 && kD <= 128 && kDV <= 128, "head dims 64 or 128");
+  static_assert(sm90_backward_dims<kD, kDV>(), "sm90 backward head dims");
   using E = typename CuteElement<T>::type;
   static constexpr int kBM = 128, kBN = 64, kStages = 3;
 
