@@ -179,21 +179,6 @@ __device__ __forceinline__ void issue_rs_gemm(Mma& mma, A& a, B const& b, C& c) 
   warpgroup_commit_batch();
 }
 
-// The same, waited for.
-template <class Mma, class A, class B, class C>
-__device__ __forceinline__ void ss_gemm(Mma& mma, A const& a, B const& b, C& c) {
-  issue_ss_gemm(mma, a, b, c);
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(c);
-}
-
-template <class Mma, class A, class B, class C>
-__device__ __forceinline__ void rs_gemm(Mma& mma, A& a, B const& b, C& c) {
-  issue_rs_gemm(mma, a, b, c);
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(c);
-}
-
 // A warpgroup accumulator's rows (local_row + 8 r of the tile, those below `valid`) times scale[r],
 // as pairs of 16-bit values into out (row stride `stride`, columns from 0).
 template <class T, class Acc>
