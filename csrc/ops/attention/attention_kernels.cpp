@@ -47,19 +47,28 @@ jit::ModuleRequest sm90_request(const std::string& name, const char* header, con
   return r;
 }
 
+// The entry point of the sm90 module of one direction ("fwd" or "bwd"), memoized per direction,
+// dtype and head dims.
+PtAttnFn load_sm90(const char* direction, int32_t dtype, int32_t head_dim, int32_t head_dim_v,
+                   const std::string& arch) {
+  using Key = std::tuple<std::string, int32_t, int32_t, int32_t>;
+  static jit::LoadedCache<Key, PtAttnFn> loaded;
+  return loaded.get(Key{direction, dtype, head_dim, head_dim_v}, [&] {
+    const std::string dir = direction;
+    const std::string macro = dir == "fwd" ? "PT_JIT_EXPORT_ATTENTION_SM90_FWD" : "PT_JIT_EXPORT_ATTENTION_SM90_BWD";
+    const std::string name =
+        str_cat("attention_", dir, "_sm90_", dtype_short_name(dtype), "_d", head_dim, "_dv", head_dim_v);
+    return jit::get_module(sm90_request(name, str_cat("attn_", dir, "_sm90.cuh").c_str(), macro.c_str(), dtype,
+                                        head_dim, head_dim_v, arch))
+        ->function<PtAttnFn>(str_cat("pt_attn_", dir, "_run").c_str());
+  });
+}
+
 }  // namespace
 
 PtAttnFn load_sm90_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
   if (arch != "90a" || kernel_choice() == "mma") return nullptr;
-  using Key = std::tuple<int32_t, int32_t, int32_t>;
-  static jit::LoadedCache<Key, PtAttnFn> loaded;
-  return loaded.get(Key{dtype, head_dim, head_dim_v}, [&] {
-    const std::string name =
-        str_cat("attention_fwd_sm90_", dtype_short_name(dtype), "_d", head_dim, "_dv", head_dim_v);
-    return jit::get_module(sm90_request(name, "attn_fwd_sm90.cuh", "PT_JIT_EXPORT_ATTENTION_SM90_FWD", dtype,
-                                        head_dim, head_dim_v, arch))
-        ->function<PtAttnFn>("pt_attn_fwd_run");
-  });
+  return load_sm90("fwd", dtype, head_dim, head_dim_v, arch);
 }
 
 bool sm90_backward_head_dims(int64_t d, int64_t dv) {
@@ -68,15 +77,7 @@ bool sm90_backward_head_dims(int64_t d, int64_t dv) {
 
 PtAttnFn load_sm90_backward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
   if (arch != "90a" || kernel_choice() == "mma" || !sm90_backward_head_dims(head_dim, head_dim_v)) return nullptr;
-  using Key = std::tuple<int32_t, int32_t, int32_t>;
-  static jit::LoadedCache<Key, PtAttnFn> loaded;
-  return loaded.get(Key{dtype, head_dim, head_dim_v}, [&] {
-    const std::string name =
-        str_cat("attention_bwd_sm90_", dtype_short_name(dtype), "_d", head_dim, "_dv", head_dim_v);
-    return jit::get_module(sm90_request(name, "attn_bwd_sm90.cuh", "PT_JIT_EXPORT_ATTENTION_SM90_BWD", dtype,
-                                        head_dim, head_dim_v, arch))
-        ->function<PtAttnFn>("pt_attn_bwd_run");
-  });
+  return load_sm90("bwd", dtype, head_dim, head_dim_v, arch);
 }
 
 bool fp8_head_dims(int64_t d, int64_t dv) {
