@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
         cp_async4(&smem.delta[st][r], p.delta + off, r < valid);
       smem.blocks.commit(it);
     }
-    cp_async_wait_all();
+    cp_async_drain();
     return;
   }
 
@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dq_sm90_kernel(const 
                                                            typename F::LayoutV{});
       smem.kv.commit(i);
     }
-    cp_async_wait_all();
+    cp_async_drain();
     return;
   }
 

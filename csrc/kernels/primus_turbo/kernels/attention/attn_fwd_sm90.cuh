@@ -93,6 +93,10 @@ __device__ __forceinline__ void load_swizzled(E* smem, Layout layout, const T* s
   }
 }
 
+// Waits for every cp.async this thread issued, committed to a group or not: the producers signal
+// barriers instead of committing groups, so cp.async.wait_group would not wait for their copies.
+__device__ __forceinline__ void cp_async_drain() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 // 4 bytes global -> shared (the backward's per-row lse and delta); zero-filled when !valid.
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
@@ -290,7 +294,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParam
                                                 p.v_ss, valid);
       smem.kv.commit(i, 1);
     }
-    cp_async_wait_all();
+    cp_async_drain();
     return;
   }
 
