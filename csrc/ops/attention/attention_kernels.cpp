@@ -47,19 +47,18 @@ jit::ModuleRequest sm90_request(const std::string& name, const char* header, con
   return r;
 }
 
-// The entry point of the sm90 module of one direction ("fwd" or "bwd"), memoized per direction,
-// dtype and head dims.
-PtAttnFn load_sm90(const char* direction, int32_t dtype, int32_t head_dim, int32_t head_dim_v,
-                   const std::string& arch) {
-  using Key = std::tuple<std::string, int32_t, int32_t, int32_t>;
+// The entry point of the sm90 module of one direction, memoized per direction, dtype and head dims
+// (an integer key: this lookup runs on every call).
+PtAttnFn load_sm90(bool backward, int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
+  using Key = std::tuple<bool, int32_t, int32_t, int32_t>;
   static jit::LoadedCache<Key, PtAttnFn> loaded;
-  return loaded.get(Key{direction, dtype, head_dim, head_dim_v}, [&] {
-    const std::string dir = direction;
-    const std::string macro = dir == "fwd" ? "PT_JIT_EXPORT_ATTENTION_SM90_FWD" : "PT_JIT_EXPORT_ATTENTION_SM90_BWD";
+  return loaded.get(Key{backward, dtype, head_dim, head_dim_v}, [&] {
+    const char* dir = backward ? "bwd" : "fwd";
     const std::string name =
         str_cat("attention_", dir, "_sm90_", dtype_short_name(dtype), "_d", head_dim, "_dv", head_dim_v);
-    return jit::get_module(sm90_request(name, str_cat("attn_", dir, "_sm90.cuh").c_str(), macro.c_str(), dtype,
-                                        head_dim, head_dim_v, arch))
+    const char* macro = backward ? "PT_JIT_EXPORT_ATTENTION_SM90_BWD" : "PT_JIT_EXPORT_ATTENTION_SM90_FWD";
+    return jit::get_module(sm90_request(name, str_cat("attn_", dir, "_sm90.cuh").c_str(), macro, dtype, head_dim,
+                                        head_dim_v, arch))
         ->function<PtAttnFn>(str_cat("pt_attn_", dir, "_run").c_str());
   });
 }
@@ -68,7 +67,7 @@ PtAttnFn load_sm90(const char* direction, int32_t dtype, int32_t head_dim, int32
 
 PtAttnFn load_sm90_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
   if (arch != "90a" || kernel_choice() == "mma") return nullptr;
-  return load_sm90("fwd", dtype, head_dim, head_dim_v, arch);
+  return load_sm90(false, dtype, head_dim, head_dim_v, arch);
 }
 
 bool sm90_backward_head_dims(int64_t d, int64_t dv) {
@@ -77,7 +76,7 @@ bool sm90_backward_head_dims(int64_t d, int64_t dv) {
 
 PtAttnFn load_sm90_backward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
   if (arch != "90a" || kernel_choice() == "mma" || !sm90_backward_head_dims(head_dim, head_dim_v)) return nullptr;
-  return load_sm90("bwd", dtype, head_dim, head_dim_v, arch);
+  return load_sm90(true, dtype, head_dim, head_dim_v, arch);
 }
 
 bool fp8_head_dims(int64_t d, int64_t dv) {

@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
   if (threadIdx.x < kProducers) {  // producer warpgroup
     cutlass::arch::warpgroup_reg_dealloc<kBwdProducerRegs>();
     const int tid = threadIdx.x;
-    load_kv_swizzled<T, kBN, kD, kDV, kProducers, false>(p, b, hk, s.start_k + n0, valid_k, smem.k.data(),
-                                                         typename F::LayoutK{}, smem.v.data(), typename F::LayoutV{});
+    load_kv_swizzled<T, kBN, kD, kDV, kProducers>(p, b, hk, s.start_k + n0, valid_k, smem.k.data(),
+                                                  typename F::LayoutK{}, smem.v.data(), typename F::LayoutV{});
     smem.kv_ready.commit();
     for (int it = 0; it < iters; ++it) {
       const int st = it % kStages, h = head_of(it), m0 = row_of(it), valid = min(kBM, s.len_q - m0);
@@ -266,10 +266,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dq_sm90_kernel(const 
     for (int nb = nb_lo; nb < nb_hi; ++nb) {
       const int i = nb - nb_lo, st = i % kStages, n0 = nb * kBN;
       smem.kv.acquire(i);
-      load_kv_swizzled<T, kBN, kD, kDV, kProducers, false>(p, blk.b, blk.hk, blk.s.start_k + n0,
-                                                           min(kBN, blk.s.len_k - n0), smem.k[st].data(),
-                                                           typename F::LayoutK{}, smem.v[st].data(),
-                                                           typename F::LayoutV{});
+      load_kv_swizzled<T, kBN, kD, kDV, kProducers>(p, blk.b, blk.hk, blk.s.start_k + n0, min(kBN, blk.s.len_k - n0),
+                                                    smem.k[st].data(), typename F::LayoutK{}, smem.v[st].data(),
+                                                    typename F::LayoutV{});
       smem.kv.commit(i);
     }
     cp_async_drain();

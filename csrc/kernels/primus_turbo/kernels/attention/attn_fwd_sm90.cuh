@@ -147,13 +147,13 @@ struct CopyOnce {
 };
 
 // kRows keys of K and V (KV head hk of batch entry b, from sequence row `first`; `valid` of them
-// real) into their tiles; V transposed with kVTransposed.
-template <class T, int kRows, int kD, int kDV, int kThreads, bool kVTransposed, class E, class LayoutK, class LayoutV>
+// real) into their K-major tiles.
+template <class T, int kRows, int kD, int kDV, int kThreads, class E, class LayoutK, class LayoutV>
 __device__ __forceinline__ void load_kv_swizzled(const PtAttnParams& p, int64_t b, int hk, int64_t first, int valid,
                                                  E* sk, LayoutK layout_k, E* sv, LayoutV layout_v) {
   load_swizzled<kRows, kD, kThreads>(sk, layout_k, row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, b, first, hk),
                                      p.k_ss, valid);
-  load_swizzled<kRows, kDV, kThreads, kVTransposed>(
+  load_swizzled<kRows, kDV, kThreads>(
       sv, layout_v, row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, first, hk), p.v_ss, valid);
 }
 
