@@ -14,6 +14,7 @@ EXAMPLES = Path(__file__).parent / "seed_examples"
     "script,expected",
     [
         ("example_1_1_gemm.py", "torch.Size([128, 256])"),
+        ("example_1_2_attention.py", "torch.Size([4, 4096, 32, 128])"),
         ("example_1_3_grouped_gemm.py", "torch.Size([128, 256])"),
         ("example_2_1_linear.py", "torch.Size([128, 256])"),
         ("example_3_2_gemm_fp8.py", "torch.Size([128, 256])"),

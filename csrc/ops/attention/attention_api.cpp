@@ -20,17 +20,27 @@ void run(PtAttnFn fn, PtAttnParams params, void* stream, const char* what, const
   }
 }
 
-// Our kernel for the problem's forward or backward: the sm90 ones on Hopper where they apply, else
-// the mma.sync module's.
-PtAttnFn kernel_for(const Problem& p, bool backward) {
+// Our kernel for the problem's forward or backward: the sm90 ones on Hopper where they apply (then
+// *sm90 is set), else the mma.sync module's.
+PtAttnFn kernel_for(const Problem& p, bool backward, bool* sm90 = nullptr) {
   const int device = current_device();
   bind_device_context(device);
   const std::string arch = arch_for_device(device);
   const int32_t d = p.params.head_dim, dv = p.params.head_dim_v;
   PtAttnFn fn = backward ? load_sm90_backward(p.dtype, d, dv, arch) : load_sm90_forward(p.dtype, d, dv, arch);
+  if (sm90 != nullptr) *sm90 = fn != nullptr;
   if (fn != nullptr) return fn;
   const Kernels k = load_kernels(p.dtype, d, dv, arch);
   return backward ? k.backward : k.forward;
+}
+
+// Bytes of the float32 dQ workspace of the sm90 backward that fuses dQ into its dK/dV kernel; 0
+// where the problem takes the separate dQ kernel (deterministic, other head dims or kernels).
+size_t fused_dq_bytes(const Problem& p, bool sm90, bool deterministic) {
+  const PtAttnParams& r = p.params;
+  if (!sm90 || deterministic || !sm90_fused_dq_head_dims(r.head_dim, r.head_dim_v)) return 0;
+  const int64_t rows = r.cu_seqlens_q != nullptr ? r.total_q : r.batch * r.seqlen_q;
+  return static_cast<size_t>(rows) * r.heads_q * r.head_dim * sizeof(float);
 }
 
 // The cuDNN plan when the backend asks for cuDNN and cuDNN runs the problem, null for our kernel.
@@ -39,7 +49,7 @@ const cudnn::Plan* choose(const Problem& p, int32_t backend, bool backward, bool
   if (backend == PT_BACKEND_TURBO) return nullptr;
   PT_CHECK_ARG(backend == PT_BACKEND_NONE || backend == PT_BACKEND_CUDNN, "argument 'backend' is ",
                backend_name(backend), "; attention runs on TURBO or CUDNN");
-  // Unset and deterministic: ours, deterministic by construction. cuDNN's deterministic backward
+  // Unset and deterministic: ours, with its separate dQ kernel (no atomics). cuDNN's deterministic backward
   // needs a dP workspace of B*H*Sq*Sk*2 bytes on Hopper (137 GB at 2x32x32K^2).
   if (backend == PT_BACKEND_NONE && backward && deterministic) return nullptr;
   std::string why;
@@ -108,7 +118,19 @@ pt_status pt_attention_bwd(const pt_tensor* dout, const pt_tensor* q, const pt_t
       run_cudnn(*plan, p, workspace, workspace_bytes, workspace_needed, stream);
       return;
     }
-    run(kernel_for(p, true), p.params, stream, "backward", *q, *k);
+    bool sm90 = false;
+    const PtAttnFn fn = kernel_for(p, true, &sm90);
+    // The fused dQ needs a workspace: report its size to a caller who can allocate one; a caller
+    // who passes neither gets the separate dQ kernel.
+    if (const size_t need = fused_dq_bytes(p, sm90, deterministic != 0); need > 0) {
+      if (workspace_needed != nullptr) *workspace_needed = need;
+      if (workspace_bytes >= need) {
+        p.params.dq_accum = static_cast<float*>(workspace);
+      } else if (workspace_needed != nullptr) {
+        return;
+      }
+    }
+    run(fn, p.params, stream, "backward", *q, *k);
   });
 }
 

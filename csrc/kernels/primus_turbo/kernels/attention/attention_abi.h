@@ -47,6 +47,10 @@ typedef struct PtAttnParams {
   float softmax_scale;
   int32_t window_left, window_right;
   void* stream;  // cudaStream_t
+  // Backward, optional: a float32 workspace of [rows, heads_q, head_dim] (rows: total_q packed,
+  // batch * seqlen_q fixed) for modules that fuse dQ into the dK/dV kernel (run-to-run order of
+  // additions: not bitwise reproducible). Null: separate dQ kernel, deterministic.
+  float* dq_accum;
 } PtAttnParams;
 
 typedef int (*PtAttnFn)(const PtAttnParams* params, char* err, size_t err_len);

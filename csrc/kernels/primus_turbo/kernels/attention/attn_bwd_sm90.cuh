@@ -15,6 +15,11 @@
 // dQ: one CTA per (128 query rows, sequence, query head), over the 64-key blocks its rows see (K
 // and V through the ring; Q and dO copied once): S = Q K^T, dP = dO V^T, dQ += dS K (K MN-major,
 // transposed view).
+// Fused dQ (the non-deterministic backward, head dim 128 of q/k): the dK/dV kernel also computes
+// each query block's share of dQ = dS K from the keys it holds and adds it into a float32
+// workspace (dq_accum) with vector atomics; a last pass scales it into dq. Five products a block
+// instead of the two kernels' seven (S and dP are not computed twice); the order of the additions,
+// and so the last bits of dq, vary from run to run.
 // Accumulator value i = c0 + 2 r + 4 j of a warpgroup is row 16 warp + lane / 4 + 8 r of its 64
 // (a key for dK/dV, a query for dQ) and column 8 j + 2 (lane % 4) + c0.
 #pragma once
@@ -37,7 +42,16 @@ constexpr bool sm90_backward_dims() {
   return kD % 32 == 0 && kDV % 32 == 0 && kD <= 192 && kDV <= 128;
 }
 
-template <class T, int kD, int kDV>
+// Head dims whose dK/dV kernel can fuse dQ: 64-row query blocks, and K's columns split into two
+// halves that are whole swizzle atoms (each half the MN-major B operand of one warpgroup's share
+// of dQ = dS K).
+template <class E, int kD, int kDV>
+constexpr bool sm90_fused_dq_dims() {
+  return sm90_backward_dims<kD, kDV>() && kD + kDV <= 256 && swizzle_width<E>(kD) == swizzle_width<E>(kD / 2) &&
+         (kD / 2) % swizzle_width<E>(kD) == 0;
+}
+
+template <class T, int kD, int kDV, bool kFuseDq = false>
 struct DkdvSm90 {
   static_assert(sm90_backward_dims<kD, kDV>(), "sm90 backward head dims");
   using E = typename CuteElement<T>::type;
@@ -64,6 +78,24 @@ struct DkdvSm90 {
       GMMA::rs_op_selector<E, E, float, Shape<_64, Int<kD>, Int<kBM>>, GMMA::Major::K, GMMA::Major::MN>(),
       Layout<Shape<_2, _1, _1>>{}));
 
+  // Fused dQ: dS (queries x keys, queries contiguous) in shared memory is the A operand of
+  // dQ = dS K; warpgroup w computes columns [w kD / 2, (w + 1) kD / 2) from that half of K's tile
+  // (a K-major [kBN, kD / 2] tile of its own, read transposed as an MN-major B).
+  static_assert(!kFuseDq || sm90_fused_dq_dims<E, kD, kDV>(), "fused dQ head dims");
+  static constexpr int kDqCols = kD / 2;
+  using LayoutDs = MNMajorLayout<E, kBM, kBN>;
+  using LayoutKtHalf = decltype(composition(KMajorLayout<E, kBN, kDqCols>{},
+                                            make_layout(Shape<Int<kDqCols>, Int<kBN>>{}, Stride<Int<kBN>, _1>{})));
+  using MmaDq = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kDqCols>, Int<kBN>>, GMMA::Major::MN, GMMA::Major::MN>(),
+      Layout<Shape<_1, _1, _1>>{}));
+  // With dS in shared memory anyway, dK += dS^T Q reads it from there too (dS seen transposed is
+  // a K-major A): the registers of a 16-bit dS^T copy are what the dQ accumulator needs.
+  using LayoutDst = decltype(composition(LayoutDs{}, make_layout(Shape<Int<kBN>, Int<kBM>>{}, Stride<Int<kBM>, _1>{})));
+  using MmaDkSs = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kD>, Int<kBM>>, GMMA::Major::K, GMMA::Major::MN>(),
+      Layout<Shape<_2, _1, _1>>{}));
+
   struct Smem {
     array_aligned<E, cosize_v<LayoutK>, 1024> k;
     array_aligned<E, cosize_v<LayoutV>, 1024> v;
@@ -71,15 +103,32 @@ struct DkdvSm90 {
     array_aligned<E, cosize_v<LayoutDo>, 1024> dout[kStages];
     float lse[kStages][kBM];  // natural log, as stored; 0 past the sequence (masked there)
     float delta[kStages][kBM];
+    // Fused dQ: two dS buffers, so one warpgroup may write block i + 1's while the other still
+    // reads block i's (both pass a barrier per block).
+    array_aligned<E, kFuseDq ? cosize_v<LayoutDs> : 8, 1024> ds[2];
     CopyOnce kv_ready;
     CopyRing<kStages> blocks;  // Q, dO, lse, delta of a query block
   };
   static constexpr size_t kSmem = sizeof(Smem);
 };
 
-template <class T, int kD, int kDV>
+// Adds a warpgroup's share of a query block's dQ (accumulator rows: queries, columns: its half of
+// the head dim) into the float32 workspace, rows below `valid`, two columns per vector atomic.
+template <int kD, class Acc>
+__device__ __forceinline__ void add_dq_share(const Acc& acc, float* rows, int64_t row_stride, int local_row,
+                                             int valid, int lane) {
+#pragma unroll
+  for (int i = 0; i < size(acc); i += 2) {
+    const int r = (i >> 1) & 1, j = i >> 2, row = local_row + 8 * r;
+    if (row < valid)
+      atomicAdd(reinterpret_cast<float2*>(rows + row * row_stride + 8 * j + 2 * (lane % 4)),
+                make_float2(acc(i), acc(i + 1)));
+  }
+}
+
+template <class T, int kD, int kDV, bool kFuseDq>
 __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(const PtAttnParams p) {
-  using F = DkdvSm90<T, kD, kDV>;
+  using F = DkdvSm90<T, kD, kDV, kFuseDq>;
   using E = typename F::E;
   constexpr int kBN = F::kBN, kBM = F::kBM, kStages = F::kStages, kProducers = kBwdProducers;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -160,6 +209,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
   const int key_base = n0 + wg * 64 + warp * 16 + lane / 4;  // + 8 r: this thread's two keys
   const float scale_log2 = p.softmax_scale * kLog2e;
 
+  // Fused dQ: this warpgroup's half of K's columns, read transposed, and the workspace's rows
+  // (packed: [total_q, heads_q, kD]; fixed: [batch * seqlen_q, heads_q, kD]).
+  typename F::MmaDq mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(tid % 128);
+  typename F::MmaDkSs mma_dk_ss;
+  auto thr_dk_ss = mma_dk_ss.get_thread_slice(tid);
+  Tensor sKtHalf = make_tensor(make_smem_ptr(smem.k.data() + wg * kBN * F::kDqCols), typename F::LayoutKtHalf{});
+  const int64_t dq_row0 = (p.cu_seqlens_q != nullptr ? 0 : b * p.seqlen_q) + s.start_q;
+  const int64_t dq_row_stride = static_cast<int64_t>(p.heads_q) * kD;
+
   smem.kv_ready.wait();
   for (int it = 0; it < iters; ++it) {
     const int st = it % kStages, m0 = row_of(it);
@@ -179,21 +238,55 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
     warpgroup_fence_operand(tSrS);
     warpgroup_fence_operand(tDPrDP);
     const bool full = mask.all_visible(m0, m0 + kBM, n0, n0 + kBN);
+    // Fused dQ: where this thread's dS pairs go in LayoutDs (tested against CuTe's layout): atom
+    // key / 8 of 512 elements (key / 8 = 8 wg + 2 warp + r), row key % 8 (= lane / 4) of 64
+    // elements, 16-byte chunk query / 8 (= j) XOR-swizzled by that row. Taken per block through an
+    // opaque copy of the row: hoisted out of the loop, the eight chunk offsets spill.
+    int ds_row = lane / 4;
+    asm volatile("" : "+r"(ds_row));
+    E* ds_at = smem.ds[it & 1].data() + (wg * 8 + warp * 2) * 512 + ds_row * 64 + 2 * (lane % 4);
 #pragma unroll
-    for (int i = 0; i < size(tSrS); ++i) {
-      const int c0 = i & 1, r = (i >> 1) & 1, j = i >> 2;
-      const int col = 8 * j + 2 * (lane % 4) + c0;
-      const bool vis = full || mask.visible(m0 + col, key_base + 8 * r);
-      const float pr = vis ? ex2(fmaf(tSrS(i), scale_log2, -lse[col] * kLog2e)) : 0.f;
-      tDVrP(i) = static_cast<E>(pr);
-      tDKrDS(i) = static_cast<E>(pr * (tDPrDP(i) - delta[col]));
+    for (int i = 0; i < size(tSrS); i += 2) {
+      const int r = (i >> 1) & 1, j = i >> 2;
+      const int col = 8 * j + 2 * (lane % 4), key = key_base + 8 * r;
+      float ds[2];
+#pragma unroll
+      for (int c0 = 0; c0 < 2; ++c0) {
+        const bool vis = full || mask.visible(m0 + col + c0, key);
+        const float pr = vis ? ex2(fmaf(tSrS(i + c0), scale_log2, -lse[col + c0] * kLog2e)) : 0.f;
+        ds[c0] = pr * (tDPrDP(i + c0) - delta[col + c0]);
+        tDVrP(i + c0) = static_cast<E>(pr);
+        if constexpr (!kFuseDq) tDKrDS(i + c0) = static_cast<E>(ds[c0]);
+      }
+      // dS^T's pair (key, queries col and col + 1) is dS's (col, key) and (col + 1, key): adjacent.
+      if constexpr (kFuseDq) *reinterpret_cast<uint32_t*>(ds_at + r * 512 + ((j ^ ds_row) << 3)) = pack2<T>(ds[0], ds[1]);
+    }
+    if constexpr (kFuseDq) {
+      // Both warpgroups' dS stores visible to the async proxy before either reads the tile.
+      cutlass::arch::fence_view_async_shared();
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
     }
     issue_rs_gemm(mma_dv, tDVrP, thr_dv.partition_fragment_B(sDot), tDVrDV);
-    issue_rs_gemm(mma_dk, tDKrDS, thr_dk.partition_fragment_B(sQt), tDKrDK);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tDVrDV);
-    warpgroup_fence_operand(tDKrDK);
-    smem.blocks.release(it);
+    if constexpr (kFuseDq) {
+      Tensor sDst = make_tensor(make_smem_ptr(smem.ds[it & 1].data()), typename F::LayoutDst{});
+      issue_ss_gemm_acc(mma_dk_ss, thr_dk_ss.partition_fragment_A(sDst), thr_dk_ss.partition_fragment_B(sQt), tDKrDK);
+      Tensor sDs = make_tensor(make_smem_ptr(smem.ds[it & 1].data()), typename F::LayoutDs{});
+      Tensor tDQrDQ = partition_fragment_C(mma_dq, Shape<_64, Int<F::kDqCols>>{});
+      issue_ss_gemm(mma_dq, thr_dq.partition_fragment_A(sDs), thr_dq.partition_fragment_B(sKtHalf), tDQrDQ);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tDVrDV);
+      warpgroup_fence_operand(tDKrDK);
+      warpgroup_fence_operand(tDQrDQ);
+      smem.blocks.release(it);
+      add_dq_share<kD>(tDQrDQ, p.dq_accum + ((dq_row0 + m0) * p.heads_q + head_of(it)) * kD + wg * F::kDqCols,
+                       dq_row_stride, warp * 16 + lane / 4, min(kBM, s.len_q - m0), lane);
+    } else {
+      issue_rs_gemm(mma_dk, tDKrDS, thr_dk.partition_fragment_B(sQt), tDKrDK);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tDVrDV);
+      warpgroup_fence_operand(tDKrDK);
+      smem.blocks.release(it);
+    }
   }
 
   T* dk_out = row_at<T>(p.dk, p.dk_sb, p.dk_ss, p.dk_sh, b, s.start_k + n0, hk);
@@ -331,15 +424,43 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dq_sm90_kernel(const 
                      dq_scale);
 }
 
-// The sm90 backward: Attention's launches (delta, dsink, packed memsets) with the
-// dK/dV and dQ kernels above.
+// Fused dQ's last pass: dq = softmax_scale * dq_accum in T, 8 columns a thread (rows of the
+// workspace: see the dK/dV kernel; every row, so tokens outside packed sequences get zeros).
+template <class T, int kD>
+__global__ void attn_bwd_dq_convert_kernel(const PtAttnParams p, int64_t rows) {
+  constexpr int kChunks = kD / 8;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * p.heads_q * kChunks) return;
+  const int c = static_cast<int>(i % kChunks);
+  const int64_t row_head = i / kChunks, row = row_head / p.heads_q;
+  const int h = static_cast<int>(row_head % p.heads_q);
+  const bool packed = p.cu_seqlens_q != nullptr;
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + row_head * kD + 8 * c);
+  const float4 lo = src[0], hi = src[1];
+  const float s = p.softmax_scale;
+  uint32_t* dst = reinterpret_cast<uint32_t*>(row_at<T>(p.dq, p.dq_sb, p.dq_ss, p.dq_sh, packed ? 0 : row / p.seqlen_q,
+                                                        packed ? row : row % p.seqlen_q, h) +
+                                              8 * c);
+  dst[0] = pack2<T>(lo.x * s, lo.y * s);
+  dst[1] = pack2<T>(lo.z * s, lo.w * s);
+  dst[2] = pack2<T>(hi.x * s, hi.y * s);
+  dst[3] = pack2<T>(hi.z * s, hi.w * s);
+}
+
+// The sm90 backward: Attention's launches (delta, dsink, packed memsets) with the dK/dV and dQ
+// kernels above, or, when the caller passes a dq_accum workspace (the non-deterministic
+// backward), the dK/dV kernel with fused dQ and the conversion pass.
 template <class T, int kD, int kDV>
 struct AttentionBwdSm90 {
+  using E = typename CuteElement<T>::type;
+  static constexpr bool kFusable = sm90_fused_dq_dims<E, kD, kDV>();
+
+  template <bool kFuseDq>
   static void launch_dkdv(const PtAttnParams& q, unsigned batch, cudaStream_t stream) {
-    using F = DkdvSm90<T, kD, kDV>;
+    using F = DkdvSm90<T, kD, kDV, kFuseDq>;
     const int64_t n_blocks = (q.seqlen_k + F::kBN - 1) / F::kBN;
     if (n_blocks <= 0) return;
-    auto kernel = attn_bwd_dkdv_sm90_kernel<T, kD, kDV>;
+    auto kernel = attn_bwd_dkdv_sm90_kernel<T, kD, kDV, kFuseDq>;
     Attention<T, kD, kDV>::allow_smem(kernel, F::kSmem);
     kernel<<<dim3(static_cast<unsigned>(n_blocks), batch, q.heads_kv), kBwdThreads, F::kSmem, stream>>>(q);
   }
@@ -353,8 +474,33 @@ struct AttentionBwdSm90 {
     kernel<<<dim3(static_cast<unsigned>(m_blocks), batch, q.heads_q), kBwdThreads, F::kSmem, stream>>>(q);
   }
 
+  static int64_t accum_rows(const PtAttnParams& q) {
+    return q.cu_seqlens_q != nullptr ? q.total_q : q.batch * q.seqlen_q;
+  }
+
+  static void launch_fused_dkdv(const PtAttnParams& q, unsigned batch, cudaStream_t stream) {
+    cudaMemsetAsync(q.dq_accum, 0, accum_rows(q) * q.heads_q * kD * sizeof(float), stream);
+    launch_dkdv<true>(q, batch, stream);
+  }
+
+  static void launch_dq_convert(const PtAttnParams& q, unsigned, cudaStream_t stream) {
+    const int64_t chunks = accum_rows(q) * q.heads_q * (kD / 8);
+    if (chunks <= 0) return;
+    constexpr int kThreads = 256;
+    attn_bwd_dq_convert_kernel<T, kD>
+        <<<static_cast<unsigned>((chunks + kThreads - 1) / kThreads), kThreads, 0, stream>>>(q, accum_rows(q));
+  }
+
   static int backward(const PtAttnParams* p, char* err, size_t err_len) {
-    return Attention<T, kD, kDV>::backward_with(p, err, err_len, launch_dkdv, launch_dq);
+    using A = Attention<T, kD, kDV>;
+    if (p->dq_accum == nullptr) return A::backward_with(p, err, err_len, launch_dkdv<false>, launch_dq);
+    if constexpr (kFusable) {
+      return A::backward_with(p, err, err_len, launch_fused_dkdv, launch_dq_convert);
+    } else {
+      snprintf(err, err_len, "attention backward module (head dims %d/%d) does not fuse dQ: pass no dq_accum", kD,
+               kDV);
+      return 1;
+    }
   }
 };
 

@@ -172,6 +172,17 @@ __device__ __forceinline__ void issue_ss_gemm(Mma& mma, A const& a, B const& b, 
   warpgroup_commit_batch();
 }
 
+// C += A B with shared-memory A and B, issued and committed, not waited for.
+template <class Mma, class A, class B, class C>
+__device__ __forceinline__ void issue_ss_gemm_acc(Mma& mma, A const& a, B const& b, C& c) {
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::One;
+#pragma unroll
+  for (int kb = 0; kb < size<2>(a); ++kb) cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+  warpgroup_commit_batch();
+}
+
 // C += A B with A from registers, issued and committed, not waited for.
 template <class Mma, class A, class B, class C>
 __device__ __forceinline__ void issue_rs_gemm(Mma& mma, A& a, B const& b, C& c) {
