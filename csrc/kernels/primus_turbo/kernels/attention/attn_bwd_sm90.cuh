@@ -104,7 +104,7 @@ struct DkdvSm90 {
     float lse[kStages][kBM];  // natural log, as stored; 0 past the sequence (masked there)
     float delta[kStages][kBM];
     // Fused dQ: two dS buffers, so one warpgroup may write block i + 1's while the other still
-    // reads block i's (both pass a barrier per block).
+    // reads block i's (DsHandoff).
     array_aligned<E, kFuseDq ? cosize_v<LayoutDs> : 8, 1024> ds[2];
     // Fused dQ: each warpgroup's share of a block's dQ on its way to the workspace (DqShare).
     array_aligned<float, kFuseDq ? 64 * kDqCols : 4, 128> dq_share[2];
@@ -148,6 +148,23 @@ struct DqShare {
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
   }
   __device__ __forceinline__ static void wait_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+};
+
+// Fused dQ: each consumer warpgroup writes the dS rows of its 64 keys; its dK reads only those,
+// dQ reads both warpgroups'. Named barriers hand them over without putting the warpgroups in
+// lock step (so one's softmax can run beside the other's products): a warpgroup syncs its own warps,
+// arrives on its "written" barrier and only waits on the other's right before issuing dQ. The
+// barriers alternate with the block's parity: a warpgroup can only arrive for block i + 2 after
+// the other has passed block i + 1's handoff, hence block i's wait. (Which is also why two dS
+// buffers suffice.) Ids: 1, 2 a warpgroup's own; 3 + 2 wg + parity its "written".
+struct DsHandoff {
+  __device__ __forceinline__ static void publish(int wg, int block) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + 2 * wg + (block & 1)) : "memory");
+  }
+  __device__ __forceinline__ static void wait_other(int wg, int block) {
+    asm volatile("bar.sync %0, 256;\n" ::"r"(3 + 2 * (1 - wg) + (block & 1)) : "memory");
+  }
 };
 
 template <class T, int kD, int kDV, bool kFuseDq>
@@ -288,14 +305,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
         *reinterpret_cast<uint32_t*>(ds_at + r * 512 + ((j ^ ds_row) << 3)) = pack2<T>(ds[0], ds[1]);
     }
     if constexpr (kFuseDq) {
-      // Both warpgroups' dS stores visible to the async proxy before either reads the tile.
+      // This warpgroup's dS rows, visible to the async proxy: complete for its own dK (a barrier of
+      // its warps), announced to the other warpgroup's dQ without waiting for it (DsHandoff).
       cutlass::arch::fence_view_async_shared();
-      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      DsHandoff::publish(wg, it);
     }
     issue_rs_gemm(mma_dv, tDVrP, thr_dv.partition_fragment_B(sDot), tDVrDV);
     if constexpr (kFuseDq) {
       Tensor sDst = make_tensor(make_smem_ptr(smem.ds[it & 1].data()), typename F::LayoutDst{});
       issue_ss_gemm_acc(mma_dk_ss, thr_dk_ss.partition_fragment_A(sDst), thr_dk_ss.partition_fragment_B(sQt), tDKrDK);
+      DsHandoff::wait_other(wg, it);  // dQ reads both halves of dS
       Tensor sDs = make_tensor(make_smem_ptr(smem.ds[it & 1].data()), typename F::LayoutDs{});
       Tensor tDQrDQ = partition_fragment_C(mma_dq, Shape<_64, Int<F::kDqCols>>{});
       issue_ss_gemm(mma_dq, thr_dq.partition_fragment_A(sDs), thr_dq.partition_fragment_B(sKtHalf), tDQrDQ);
