@@ -89,6 +89,10 @@ def attention_turbo():
         cu = torch.tensor([0, 5, 5, 150, 200], device=dev, dtype=torch.int32)
         pq, pk, pv = t(200, 4, 128), t(200, 2, 128), t(200, 2, 128)
         step(turbo.ops.flash_attn_varlen_func(pq, pk, pv, cu, cu, 145, 145, causal=True), pq, pk, pv)
+        # head dim 128: dQ fused into the dK/dV kernel (default), and the separate dQ kernel
+        q, k, v = t(2, 77, 4, 128), t(2, 130, 2, 128), t(2, 130, 2, 128)
+        for det in (False, True):
+            step(turbo.ops.flash_attn_func(q, k, v, causal=True, deterministic=det), q, k, v)
     finally:
         GlobalBackendManager.set_attn_backend(None)
 
