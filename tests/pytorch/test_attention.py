@@ -353,15 +353,14 @@ def test_backward_is_bitwise_deterministic(varlen, with_sink, backend):
         assert (a is None and b is None) or torch.equal(a, b), f"{name} differs between two runs"
 
 
-@pytest.mark.parametrize("dims", [(128, 128), (192, 128)], ids=["d128", "mla"])
 @pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
-def test_fused_dq_backward_matches_the_deterministic_one(varlen, dims):
-    """TURBO at head dims 128/128 and 192/128 on Hopper: the default backward adds dQ up in float32
-    inside the dK/dV kernel, deterministic=True takes the separate dQ kernel. Each against the
-    reference (GQA, a sink, a causal window, odd lengths), and the two dq's within float32 rounding."""
+def test_fused_dq_backward_matches_the_deterministic_one(varlen):
+    """TURBO at head dims 128/128 on Hopper: the default backward adds dQ with float32 atomics inside
+    the dK/dV kernel, deterministic=True takes the separate dQ kernel. Each against the reference
+    (GQA, a sink, a causal window, odd lengths), and the two dq's within float32 rounding."""
     GlobalBackendManager.set_attn_backend("TURBO")
     try:
-        q, k, v, dout, sink = make(2, 777, 777, 8, 2, *dims, sink=True, seed=22)
+        q, k, v, dout, sink = make(2, 777, 777, 8, 2, 128, 128, sink=True, seed=22)
         kw = dict(causal=True, window_size=(300, 0))
         if varlen:
             cu = offsets([777, 0, 1, 776])

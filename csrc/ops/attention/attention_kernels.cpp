@@ -74,7 +74,7 @@ bool sm90_backward_head_dims(int64_t d, int64_t dv) {
   return (d == dv && (d == 64 || d == 96 || d == 128)) || (d == 192 && dv == 128);
 }
 
-bool sm90_fused_dq_head_dims(int64_t d, int64_t dv) { return (d == 128 && dv == 128) || (d == 192 && dv == 128); }
+bool sm90_fused_dq_head_dims(int64_t d, int64_t dv) { return d == 128 && dv == 128; }
 
 PtAttnFn load_sm90_backward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
   if (arch != "90a" || kernel_choice() == "mma" || !sm90_backward_head_dims(head_dim, head_dim_v)) return nullptr;

@@ -25,7 +25,7 @@ PtAttnFn load_sm90_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, 
 bool sm90_backward_head_dims(int64_t d, int64_t dv);
 
 // Head dims whose sm90 backward can fuse dQ into its dK/dV kernel (attn_bwd_sm90.cuh's
-// sm90_fused_dq_dims): 128 for q/k and v, and MLA's 192 for q/k with 128 for v.
+// sm90_fused_dq_dims): 128 for q/k and v.
 bool sm90_fused_dq_head_dims(int64_t d, int64_t dv);
 
 // The wgmma backward on sm_90a (kernels/attention/attn_bwd_sm90.cuh) for those head dims,

@@ -15,8 +15,8 @@
 // dQ: one CTA per (128 query rows, sequence, query head), over the 64-key blocks its rows see (K
 // and V through the ring; Q and dO copied once): S = Q K^T, dP = dO V^T, dQ += dS K (K MN-major,
 // transposed view).
-// Fused dQ (the non-deterministic backward, head dims 128/128 and 192/128): the dK/dV kernel also
-// computes each query block's share of dQ = dS K from the keys it holds and adds it into a float32
+// Fused dQ (the non-deterministic backward, head dim 128 of q/k): the dK/dV kernel also computes
+// each query block's share of dQ = dS K from the keys it holds and adds it into a float32
 // workspace (dq_accum) with bulk reductions (DqShare); a last pass scales it into dq. Five products a block
 // instead of the two kernels' seven (S and dP are not computed twice); the order of the additions,
 // and so the last bits of dq, vary from run to run.
@@ -42,23 +42,13 @@ constexpr bool sm90_backward_dims() {
   return kD % 32 == 0 && kDV % 32 == 0 && kD <= 192 && kDV <= 128;
 }
 
-// Head dims whose dK/dV kernel can fuse dQ, two ways:
-// - by columns (128/128): 64-row query blocks, each consumer warpgroup computes half of dQ's
-//   columns over all 128 keys (K's column halves must be whole swizzle atoms);
-// - by keys (MLA's 192/128, 32-row query blocks, below wgmma's 64 rows): each warpgroup computes
-//   dQ^T = K^T dS^T over its own 64 keys, both adding whole rows (kD a multiple of 64).
-template <class E, int kD, int kDV>
-constexpr bool sm90_dq_by_columns() {
-  return sm90_backward_dims<kD, kDV>() && kD + kDV <= 256 && swizzle_width<E>(kD) == swizzle_width<E>(kD / 2) &&
-         (kD / 2) % swizzle_width<E>(kD) == 0;
-}
-template <class E, int kD, int kDV>
-constexpr bool sm90_dq_by_keys() {
-  return sm90_backward_dims<kD, kDV>() && kD + kDV > 256 && kD % 64 == 0;
-}
+// Head dims whose dK/dV kernel can fuse dQ: 64-row query blocks, and K's columns split into two
+// halves that are whole swizzle atoms (each half the MN-major B operand of one warpgroup's share
+// of dQ = dS K).
 template <class E, int kD, int kDV>
 constexpr bool sm90_fused_dq_dims() {
-  return sm90_dq_by_columns<E, kD, kDV>() || sm90_dq_by_keys<E, kD, kDV>();
+  return sm90_backward_dims<kD, kDV>() && kD + kDV <= 256 && swizzle_width<E>(kD) == swizzle_width<E>(kD / 2) &&
+         (kD / 2) % swizzle_width<E>(kD) == 0;
 }
 
 template <class T, int kD, int kDV, bool kFuseDq = false>
@@ -92,8 +82,6 @@ struct DkdvSm90 {
   // dQ = dS K; warpgroup w computes columns [w kD / 2, (w + 1) kD / 2) from that half of K's tile
   // (a K-major [kBN, kD / 2] tile of its own, read transposed as an MN-major B).
   static_assert(!kFuseDq || sm90_fused_dq_dims<E, kD, kDV>(), "fused dQ head dims");
-  static constexpr bool kByColumns = kFuseDq && sm90_dq_by_columns<E, kD, kDV>();
-  static constexpr bool kByKeys = kFuseDq && !kByColumns;
   static constexpr int kDqCols = kD / 2;
   using LayoutDs = MNMajorLayout<E, kBM, kBN>;
   using LayoutKtHalf = decltype(composition(KMajorLayout<E, kBN, kDqCols>{},
@@ -107,24 +95,6 @@ struct DkdvSm90 {
   using MmaDkSs = decltype(make_tiled_mma(
       GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kD>, Int<kBM>>, GMMA::Major::K, GMMA::Major::MN>(),
       Layout<Shape<_2, _1, _1>>{}));
-  // Fused dQ by keys: a warpgroup's dS^T (its 64 keys x the block's queries) stored as (query, key),
-  // queries contiguous, the MN-major B of dQ^T = K^T dS^T, whose A is the warpgroup's 64 rows of
-  // K seen as (feature, key) (MN-major). Its dK += dS^T Q reads the same tile as a K-major A
-  // (keys, queries), as by columns.
-  using LayoutDsKeys = MNMajorLayout<E, kBM, 64>;
-  // 64 features at a time (an M tile of 64 x kBM floats: all of dQ^T at once would not leave dV's
-  // and dK's accumulators room); feature tile t of the warpgroup's keys starts 8192 t + 4096 wg
-  // elements into K's tile, the transposed view of a K-major [kBN, 64] tile's first 64 rows.
-  using LayoutKtOwn =
-      decltype(composition(KMajorLayout<E, kBN, 64>{}, make_layout(Shape<_64, _64>{}, Stride<Int<kBN>, _1>{})));
-  using LayoutDsKeysT =
-      decltype(composition(LayoutDsKeys{}, make_layout(Shape<_64, Int<kBM>>{}, Stride<Int<kBM>, _1>{})));
-  using MmaDkOwn = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kD>, Int<kBM>>, GMMA::Major::K, GMMA::Major::MN>(),
-      Layout<Shape<_1, _1, _1>>{}));
-  using MmaDqT = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kBM>, _64>, GMMA::Major::MN, GMMA::Major::MN>(),
-      Layout<Shape<_1, _1, _1>>{}));
 
   struct Smem {
     array_aligned<E, cosize_v<LayoutK>, 1024> k;
@@ -133,11 +103,11 @@ struct DkdvSm90 {
     array_aligned<E, cosize_v<LayoutDo>, 1024> dout[kStages];
     float lse[kStages][kBM];  // natural log, as stored; 0 past the sequence (masked there)
     float delta[kStages][kBM];
-    // Fused dQ by columns: two dS buffers, so one warpgroup may write block i + 1's while the
-    // other still reads block i's (DsHandoff). By keys: one per warpgroup.
-    array_aligned<E, kByColumns ? cosize_v<LayoutDs> : (kByKeys ? cosize_v<LayoutDsKeys> : 8), 1024> ds[2];
+    // Fused dQ: two dS buffers, so one warpgroup may write block i + 1's while the other still
+    // reads block i's (DsHandoff).
+    array_aligned<E, kFuseDq ? cosize_v<LayoutDs> : 8, 1024> ds[2];
     // Fused dQ: each warpgroup's share of a block's dQ on its way to the workspace (DqShare).
-    array_aligned<float, kByColumns ? 64 * kDqCols : (kByKeys ? kBM * kD : 4), 128> dq_share[2];
+    array_aligned<float, kFuseDq ? 64 * kDqCols : 4, 128> dq_share[2];
     CopyOnce kv_ready;
     CopyRing<kStages> blocks;  // Q, dO, lse, delta of a query block
   };
@@ -145,49 +115,26 @@ struct DkdvSm90 {
   static_assert(kSmem <= 227 * 1024, "shared memory of a CTA");
 };
 
-// Fused dQ: a warpgroup's share of a query block's dQ goes to the float32 workspace through a
-// shared-memory image and bulk reductions, which the TMA unit adds in L2 asynchronously
-// (per-thread vector atomics took a fifth of the kernel's time). Workspace layouts keep a share
-// contiguous: by columns [Hq][2 halves][rows][64] (a warpgroup's half of 64-row blocks, sent by
-// each warp for its 16 rows), by keys [Hq][rows][kD] (a warpgroup's whole rows of 32-row blocks).
-// In a row, 8-column chunk c sits at c ^ (row % 8) within its group of 8 (row: the workspace's),
-// so that the image is written without bank conflicts; attn_bwd_dq_convert_kernel undoes it.
-template <int kD, bool kByColumns>
+// Fused dQ: a warpgroup's share of a query block's dQ (64 rows x its 64 columns) goes to the
+// float32 workspace through shared memory and bulk reductions (one a warp), which the TMA unit
+// adds in L2 asynchronously (per-thread vector atomics, 2048 a block, took a fifth of the time).
+// Workspace layout [Hq][2 halves][rows][64] keeps a block's share contiguous; in each row the
+// 8-column chunk j sits at j ^ (row % 8) (row: the workspace row), so that the shared-memory image
+// is written without bank conflicts. attn_bwd_dq_convert_kernel undoes both.
 struct DqShare {
-  static constexpr int kCols = kByColumns ? 64 : kD;  // floats of a share row
+  static constexpr int kCols = 64;
 
-  // The workspace's first float of a share row (half: the warpgroup's, by columns).
-  __device__ __forceinline__ static int64_t row_offset(int h, int half, int64_t rows, int64_t row) {
-    return kByColumns ? ((static_cast<int64_t>(h) * 2 + half) * rows + row) * kCols
-                      : (static_cast<int64_t>(h) * rows + row) * kCols;
+  __device__ __forceinline__ static int64_t offset(int h, int half, int64_t rows, int64_t row) {
+    return ((static_cast<int64_t>(h) * 2 + half) * rows + row) * kCols;
   }
-  // Where dQ's 8-column chunk c of (head h, workspace row) lives.
-  __device__ __forceinline__ static int64_t chunk_offset(int h, int64_t rows, int64_t row, int c) {
-    const int sw = static_cast<int>(row & 7);
-    return kByColumns ? row_offset(h, c / 8, rows, row) + ((c % 8) ^ sw) * 8
-                      : row_offset(h, 0, rows, row) + (c ^ sw) * 8;
-  }
-  // By columns: the accumulator (rows: queries local_row + 8 r, columns: the half's) into the image.
+  // The accumulator's rows local_row + 8 r into the shared image (first: the block's first workspace row).
   template <class Acc>
-  __device__ __forceinline__ static void write_columns(const Acc& acc, float* share, int local_row, int64_t first,
-                                                       int lane) {
+  __device__ __forceinline__ static void write(const Acc& acc, float* share, int local_row, int64_t first, int lane) {
 #pragma unroll
     for (int i = 0; i < size(acc); i += 2) {
       const int r = (i >> 1) & 1, j = i >> 2, row = local_row + 8 * r;
       const int chunk = j ^ static_cast<int>((first + row) & 7);
       *reinterpret_cast<float2*>(share + row * kCols + chunk * 8 + 2 * (lane % 4)) = make_float2(acc(i), acc(i + 1));
-    }
-  }
-  // By keys: feature tile t of dQ^T's accumulator (rows: features 64 t.., columns: queries) into
-  // the image.
-  template <class Acc>
-  __device__ __forceinline__ static void write_keys(const Acc& acc, int t, float* share, int warp, int lane,
-                                                    int64_t first) {
-#pragma unroll
-    for (int v = 0; v < size(acc); ++v) {
-      const int c0 = v & 1, r = (v >> 1) & 1, j = v >> 2;
-      const int d = t * 64 + warp * 16 + lane / 4 + 8 * r, q = 8 * j + 2 * (lane % 4) + c0;
-      share[q * kCols + (((d >> 3) ^ static_cast<int>((first + q) & 7)) << 3) + (d & 7)] = acc(v);
     }
   }
   __device__ __forceinline__ static void reduce_add(float* dst, const float* share, uint32_t bytes) {
@@ -203,8 +150,6 @@ struct DqShare {
   __device__ __forceinline__ static void wait_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 };
 
-__device__ __forceinline__ void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
-
 // Fused dQ: each consumer warpgroup writes the dS rows of its 64 keys; its dK reads only those,
 // dQ reads both warpgroups'. Named barriers hand them over without putting the warpgroups in
 // lock step (so one's softmax can run beside the other's products): a warpgroup syncs its own warps,
@@ -214,7 +159,7 @@ __device__ __forceinline__ void warpgroup_sync(int wg) { asm volatile("bar.sync 
 // buffers suffice.) Ids: 1, 2 a warpgroup's own; 3 + 2 wg + parity its "written".
 struct DsHandoff {
   __device__ __forceinline__ static void publish(int wg, int block) {
-    warpgroup_sync(wg);
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
     asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + 2 * wg + (block & 1)) : "memory");
   }
   __device__ __forceinline__ static void wait_other(int wg, int block) {
@@ -305,21 +250,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
   const int key_base = n0 + wg * 64 + warp * 16 + lane / 4;  // + 8 r: this thread's two keys
   const float scale_log2 = p.softmax_scale * kLog2e;
 
-  constexpr bool kByColumns = F::kByColumns, kByKeys = F::kByKeys;
-  using Share = DqShare<kD, kByColumns>;
-  static_assert(!kByColumns || F::kDqCols == Share::kCols, "a warpgroup's dQ share is 64 columns");
-  // Fused dQ by columns: this warpgroup's half of K's columns, read transposed. By keys: its 64
-  // rows of K, read transposed. The workspace's rows: packed total_q, fixed batch * seqlen_q.
+  static_assert(!kFuseDq || F::kDqCols == DqShare::kCols, "a warpgroup's dQ share is 64 columns");
+  // Fused dQ: this warpgroup's half of K's columns, read transposed, and the workspace's rows
+  // (packed: [total_q, heads_q, kD]; fixed: [batch * seqlen_q, heads_q, kD]).
   typename F::MmaDq mma_dq;
   auto thr_dq = mma_dq.get_thread_slice(tid % 128);
   typename F::MmaDkSs mma_dk_ss;
   auto thr_dk_ss = mma_dk_ss.get_thread_slice(tid);
   Tensor sKtHalf = make_tensor(make_smem_ptr(smem.k.data() + wg * kBN * F::kDqCols), typename F::LayoutKtHalf{});
-  typename F::MmaDqT mma_dqt;
-  auto thr_dqt = mma_dqt.get_thread_slice(tid % 128);
-  Tensor sDsKeys = make_tensor(make_smem_ptr(smem.ds[wg].data()), typename F::LayoutDsKeys{});
-  typename F::MmaDkOwn mma_dk_own;
-  auto thr_dk_own = mma_dk_own.get_thread_slice(tid % 128);
   const int64_t dq_row0 = (p.cu_seqlens_q != nullptr ? 0 : b * p.seqlen_q) + s.start_q;
   const int64_t dq_rows = p.cu_seqlens_q != nullptr ? p.total_q : p.batch * p.seqlen_q;
 
@@ -342,16 +280,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
     warpgroup_fence_operand(tSrS);
     warpgroup_fence_operand(tDPrDP);
     const bool full = mask.all_visible(m0, m0 + kBM, n0, n0 + kBN);
-    // Fused dQ by columns: where this thread's dS pairs go in LayoutDs (tested against CuTe's
-    // layout): atom key / 8 of 512 elements (key / 8 = 8 wg + 2 warp + r), row key % 8 (= lane / 4)
-    // of 64 elements, 16-byte chunk query / 8 (= j) XOR-swizzled by that row. Taken per block
-    // through an opaque copy of the row: hoisted out of the loop, the eight chunk offsets spill.
-    // By keys (LayoutDsKeys, also tested): atom 2 warp + r of 256 elements, row lane / 4 of 32,
-    // chunk j XOR-swizzled by (lane / 4) / 2.
+    // Fused dQ: where this thread's dS pairs go in LayoutDs (tested against CuTe's layout): atom
+    // key / 8 of 512 elements (key / 8 = 8 wg + 2 warp + r), row key % 8 (= lane / 4) of 64
+    // elements, 16-byte chunk query / 8 (= j) XOR-swizzled by that row. Taken per block through an
+    // opaque copy of the row: hoisted out of the loop, the eight chunk offsets spill.
     int ds_row = lane / 4;
     asm volatile("" : "+r"(ds_row));
-    E* ds_at = kByColumns ? smem.ds[it & 1].data() + (wg * 8 + warp * 2) * 512 + ds_row * 64 + 2 * (lane % 4)
-                          : smem.ds[wg].data() + warp * 512 + ds_row * 32 + 2 * (lane % 4);
+    E* ds_at = smem.ds[it & 1].data() + (wg * 8 + warp * 2) * 512 + ds_row * 64 + 2 * (lane % 4);
 #pragma unroll
     for (int i = 0; i < size(tSrS); i += 2) {
       const int r = (i >> 1) & 1, j = i >> 2;
@@ -366,23 +301,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
         if constexpr (!kFuseDq) tDKrDS(i + c0) = static_cast<E>(ds[c0]);
       }
       // dS^T's pair (key, queries col and col + 1) is dS's (col, key) and (col + 1, key): adjacent.
-      if constexpr (kByColumns)
+      if constexpr (kFuseDq)
         *reinterpret_cast<uint32_t*>(ds_at + r * 512 + ((j ^ ds_row) << 3)) = pack2<T>(ds[0], ds[1]);
-      if constexpr (kByKeys)
-        *reinterpret_cast<uint32_t*>(ds_at + r * 256 + ((j ^ ((ds_row >> 1) & 3)) << 3)) = pack2<T>(ds[0], ds[1]);
     }
-    if constexpr (kByColumns) {
+    if constexpr (kFuseDq) {
       // This warpgroup's dS rows, visible to the async proxy: complete for its own dK (a barrier of
       // its warps), announced to the other warpgroup's dQ without waiting for it (DsHandoff).
       cutlass::arch::fence_view_async_shared();
       DsHandoff::publish(wg, it);
     }
-    if constexpr (kByKeys) {  // its own dS^T, for its own dQ^T only
-      cutlass::arch::fence_view_async_shared();
-      warpgroup_sync(wg);
-    }
     issue_rs_gemm(mma_dv, tDVrP, thr_dv.partition_fragment_B(sDot), tDVrDV);
-    if constexpr (kByColumns) {
+    if constexpr (kFuseDq) {
       Tensor sDst = make_tensor(make_smem_ptr(smem.ds[it & 1].data()), typename F::LayoutDst{});
       issue_ss_gemm_acc(mma_dk_ss, thr_dk_ss.partition_fragment_A(sDst), thr_dk_ss.partition_fragment_B(sQt), tDKrDK);
       DsHandoff::wait_other(wg, it);  // dQ reads both halves of dS
@@ -398,43 +327,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
       const int rows = min(16, s.len_q - m0 - warp * 16);
       const int64_t first = dq_row0 + m0;
       float* share = smem.dq_share[wg].data();
-      if (lane == 0) Share::wait_read();  // the previous block's reduction is done with the rows
+      if (lane == 0) DqShare::wait_read();  // the previous block's reduction is done with the rows
       __syncwarp();
-      Share::write_columns(tDQrDQ, share, warp * 16 + lane / 4, first, lane);
+      DqShare::write(tDQrDQ, share, warp * 16 + lane / 4, first, lane);
       cutlass::arch::fence_view_async_shared();
       __syncwarp();
       if (lane == 0 && rows > 0)
-        Share::reduce_add(p.dq_accum + Share::row_offset(head_of(it), wg, dq_rows, first + warp * 16),
-                          share + warp * 16 * Share::kCols, rows * Share::kCols * sizeof(float));
-    } else if constexpr (kByKeys) {
-      Tensor sDsKeysT = make_tensor(make_smem_ptr(smem.ds[wg].data()), typename F::LayoutDsKeysT{});
-      issue_ss_gemm_acc(mma_dk_own, thr_dk_own.partition_fragment_A(sDsKeysT), thr_dk_own.partition_fragment_B(sQt),
-                        tDKrDK);
-      // dQ^T a feature tile at a time; the first wait also completes dV and dK.
-      const int rows = min(kBM, s.len_q - m0);
-      const int64_t first = dq_row0 + m0;
-      float* share = smem.dq_share[wg].data();
-#pragma unroll 1
-      for (int t = 0; t < kD / 64; ++t) {
-        Tensor sKt = make_tensor(make_smem_ptr(smem.k.data() + t * kBN * 64 + wg * 64 * 64), typename F::LayoutKtOwn{});
-        Tensor tDQrDQt = partition_fragment_C(mma_dqt, Shape<_64, Int<kBM>>{});
-        issue_ss_gemm(mma_dqt, thr_dqt.partition_fragment_A(sKt), thr_dqt.partition_fragment_B(sDsKeys), tDQrDQt);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tDQrDQt);
-        if (t == 0) {
-          warpgroup_fence_operand(tDVrDV);
-          warpgroup_fence_operand(tDKrDK);
-          smem.blocks.release(it);
-          if (tid % 128 == 0) Share::wait_read();  // the previous block's reduction is done with the image
-          warpgroup_sync(wg);
-        }
-        Share::write_keys(tDQrDQt, t, share, warp, lane, first);
-      }
-      cutlass::arch::fence_view_async_shared();
-      warpgroup_sync(wg);
-      if (tid % 128 == 0 && rows > 0)
-        Share::reduce_add(p.dq_accum + Share::row_offset(head_of(it), 0, dq_rows, first), share,
-                          rows * Share::kCols * sizeof(float));
+        DqShare::reduce_add(p.dq_accum + DqShare::offset(head_of(it), wg, dq_rows, first + warp * 16),
+                            share + warp * 16 * DqShare::kCols, rows * DqShare::kCols * sizeof(float));
     } else {
       issue_rs_gemm(mma_dk, tDKrDS, thr_dk.partition_fragment_B(sQt), tDKrDK);
       warpgroup_wait<0>();
@@ -445,7 +345,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
   }
 
   if constexpr (kFuseDq) {
-    if (kByColumns ? lane == 0 : tid % 128 == 0) Share::wait_done();
+    if (lane == 0) DqShare::wait_done();
   }
   T* dk_out = row_at<T>(p.dk, p.dk_sb, p.dk_ss, p.dk_sh, b, s.start_k + n0, hk);
   T* dv_out = row_at<T>(p.dv, p.dv_sb, p.dv_ss, p.dv_sh, b, s.start_k + n0, hk);
@@ -584,7 +484,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dq_sm90_kernel(const 
 
 // Fused dQ's last pass: dq = softmax_scale * dq_accum in T, 8 columns a thread (rows of the
 // workspace: see the dK/dV kernel; every row, so tokens outside packed sequences get zeros).
-template <class T, int kD, bool kByColumns>
+template <class T, int kD>
 __global__ void attn_bwd_dq_convert_kernel(const PtAttnParams p, int64_t rows) {
   constexpr int kChunks = kD / 8;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -593,8 +493,8 @@ __global__ void attn_bwd_dq_convert_kernel(const PtAttnParams p, int64_t rows) {
   const int64_t row_head = i / kChunks, row = row_head / p.heads_q;
   const int h = static_cast<int>(row_head % p.heads_q);
   const bool packed = p.cu_seqlens_q != nullptr;
-  const float4* src =
-      reinterpret_cast<const float4*>(p.dq_accum + DqShare<kD, kByColumns>::chunk_offset(h, rows, row, c));
+  const int j = (c % 8) ^ static_cast<int>(row & 7);
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + DqShare::offset(h, c / 8, rows, row) + 8 * j);
   const float4 lo = src[0], hi = src[1];
   const float s = p.softmax_scale;
   uint32_t* dst = reinterpret_cast<uint32_t*>(row_at<T>(p.dq, p.dq_sb, p.dq_ss, p.dq_sh, packed ? 0 : row / p.seqlen_q,
@@ -646,7 +546,7 @@ struct AttentionBwdSm90 {
     const int64_t chunks = accum_rows(q) * q.heads_q * (kD / 8);
     if (chunks <= 0) return;
     constexpr int kThreads = 256;
-    attn_bwd_dq_convert_kernel<T, kD, sm90_dq_by_columns<E, kD, kDV>()>
+    attn_bwd_dq_convert_kernel<T, kD>
         <<<static_cast<unsigned>((chunks + kThreads - 1) / kThreads), kThreads, 0, stream>>>(q, accum_rows(q));
   }
 
