@@ -313,7 +313,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
     issue_rs_gemm(mma_dv, tDVrP, thr_dv.partition_fragment_B(sDot), tDVrDV);
     if constexpr (kFuseDq) {
       Tensor sDst = make_tensor(make_smem_ptr(smem.ds[it & 1].data()), typename F::LayoutDst{});
-      issue_ss_gemm_acc(mma_dk_ss, thr_dk_ss.partition_fragment_A(sDst), thr_dk_ss.partition_fragment_B(sQt), tDKrDK);
+      issue_ss_gemm(mma_dk_ss, thr_dk_ss.partition_fragment_A(sDst), thr_dk_ss.partition_fragment_B(sQt), tDKrDK,
+                    true);
       DsHandoff::wait_other(wg, it);  // dQ reads both halves of dS
       Tensor sDs = make_tensor(make_smem_ptr(smem.ds[it & 1].data()), typename F::LayoutDs{});
       Tensor tDQrDQ = partition_fragment_C(mma_dq, Shape<_64, Int<F::kDqCols>>{});

@@ -157,29 +157,18 @@ __device__ __forceinline__ void load_kv_swizzled(const PtAttnParams& p, int64_t 
       sv, layout_v, row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, first, hk), p.v_ss, valid);
 }
 
-// One warpgroup product issued and committed, not waited for: C = A B (shared-memory A and B; C
-// overwritten).
+// One warpgroup product issued and committed, not waited for: C = A B, or C += A B with
+// `accumulate` (shared-memory A and B).
 template <class Mma, class A, class B, class C>
-__device__ __forceinline__ void issue_ss_gemm(Mma& mma, A const& a, B const& b, C& c) {
+__device__ __forceinline__ void issue_ss_gemm(Mma& mma, A const& a, B const& b, C& c, bool accumulate = false) {
   warpgroup_fence_operand(c);
   warpgroup_arrive();
-  mma.accumulate_ = GMMA::ScaleOut::Zero;
+  mma.accumulate_ = accumulate ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
 #pragma unroll
   for (int kb = 0; kb < size<2>(a); ++kb) {
     cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
-  warpgroup_commit_batch();
-}
-
-// C += A B with shared-memory A and B, issued and committed, not waited for.
-template <class Mma, class A, class B, class C>
-__device__ __forceinline__ void issue_ss_gemm_acc(Mma& mma, A const& a, B const& b, C& c) {
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  mma.accumulate_ = GMMA::ScaleOut::One;
-#pragma unroll
-  for (int kb = 0; kb < size<2>(a); ++kb) cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
   warpgroup_commit_batch();
 }
 
