@@ -90,6 +90,17 @@ def _assert_sass_contains(instruction, dir_glob, min_modules=1, every_module=Fal
         assert instruction in sass, module
 
 
+def _assert_wgmma_not_serialized(dir_glob, min_modules=1):
+    """No compiled module matching dir_glob waits after every warpgroup MMA: ptxas serializes them
+    (warning C7512, a wait after each wgmma) when their registers do not fit, which costs a warp-
+    specialized kernel most of its overlap without failing anything. Unserialized kernels wait once
+    per group of products."""
+    for module, sass in _cuobjdump_each("--dump-sass", dir_glob, min_modules):
+        mma = len(re.findall(r"\b[HQ]GMMA\.", sass))
+        waits = sass.count("WARPGROUP.DEPBAR")
+        assert mma and waits * 3 <= mma, f"{module}: {waits} wgmma waits for {mma} wgmma (serialized by ptxas?)"
+
+
 def _assert_no_register_spills(dir_glob, kernel_marker="device_kernel", max_stack=0):
     """Every kernel whose name contains kernel_marker, in every compiled module matching dir_glob,
     uses no stack or local memory (a spilled accumulator costs more than half the speed); with
@@ -196,6 +207,8 @@ def test_attention_modules_compile_for_sm90a():
     _assert_compiled(*(f"attention_bwd_sm90_{dt}_d{d}_dv{dv}" for dt, d, dv in bwd))
     _assert_sass_contains("HGMMA", "attention_bwd_sm90_*", min_modules=len(bwd), every_module=True)
     _assert_no_register_spills("attention_bwd_sm90_*", kernel_marker="_sm90_kernel")
+    _assert_wgmma_not_serialized("attention_fwd_sm90_*", min_modules=len(jobs))
+    _assert_wgmma_not_serialized("attention_bwd_sm90_*", min_modules=len(bwd))
 
 
 def test_fp8_attention_modules_compile_for_sm90a():
@@ -206,6 +219,7 @@ def test_fp8_attention_modules_compile_for_sm90a():
     _assert_compiled(*(f"attention_fp8_{dt}_d{d}_dv{dv}" for dt, d, dv in jobs))
     _assert_sass_contains("QGMMA", "attention_fp8_*", min_modules=len(jobs), every_module=True)
     _assert_no_register_spills("attention_fp8_*", kernel_marker="fp8")
+    _assert_wgmma_not_serialized("attention_fp8_*", min_modules=len(jobs))
 
 
 # Grouped GEMM: every config on the forward layout, the other two layouts (trans_b forward/dgrad

@@ -1,7 +1,7 @@
 // The dK/dV and dQ kernels of the attention backward on Hopper's warpgroup MMA: our TURBO backward
 // on sm_90a for head dims 64, 96, 128 and MLA's 192/128 (PRIMUS_TURBO_ATTN_KERNEL=mma keeps
-// attn_bwd.cuh's mma.sync kernels). Same schedules and arithmetic as those kernels; delta and dsink keep them
-// (Attention::backward_with). Both are warp-specialized like the forward (attn_fwd_sm90.cuh):
+// attn_bwd.cuh's mma.sync kernels). Same schedules and arithmetic as those kernels; delta and
+// dsink keep them (Attention::backward_with). Both are warp-specialized like the forward (attn_fwd_sm90.cuh):
 // warpgroup 0 copies the operands with cp.async into shared memory (a CopyRing of stages), two
 // consumer warpgroups of 64 rows run the products.
 //
@@ -15,15 +15,17 @@
 // dQ: one CTA per (128 query rows, sequence, query head), over the 64-key blocks its rows see (K
 // and V through the ring; Q and dO copied once): S = Q K^T, dP = dO V^T, dQ += dS K (K MN-major,
 // transposed view).
-// Fused dQ (the non-deterministic backward, head dim 128 of q/k): the dK/dV kernel also computes
+// Fused dQ (the non-deterministic backward, head dims 128/128): the dK/dV kernel also computes
 // each query block's share of dQ = dS K from the keys it holds and adds it into a float32
-// workspace (dq_accum) with bulk reductions (DqShare); a last pass scales it into dq. Five products a block
-// instead of the two kernels' seven (S and dP are not computed twice); the order of the additions,
-// and so the last bits of dq, vary from run to run.
+// workspace (dq_accum) with bulk reductions; a last pass scales it into dq (the pieces:
+// attn_bwd_sm90_fused_dq.cuh). Five products a block instead of the two kernels' seven (S and dP
+// are not computed twice); the order of the additions, and so the last bits of dq, vary from run
+// to run.
 // Accumulator value i = c0 + 2 r + 4 j of a warpgroup is row 16 warp + lane / 4 + 8 r of its 64
 // (a key for dK/dV, a query for dQ) and column 8 j + 2 (lane % 4) + c0.
 #pragma once
 
+#include "primus_turbo/kernels/attention/attn_bwd_sm90_fused_dq.cuh"
 #include "primus_turbo/kernels/attention/attn_fwd_sm90.cuh"
 
 namespace primus_turbo::kernels::attention::sm90 {
@@ -113,58 +115,6 @@ struct DkdvSm90 {
   };
   static constexpr size_t kSmem = sizeof(Smem);
   static_assert(kSmem <= 227 * 1024, "shared memory of a CTA");
-};
-
-// Fused dQ: a warpgroup's share of a query block's dQ (64 rows x its 64 columns) goes to the
-// float32 workspace through shared memory and bulk reductions (one a warp), which the TMA unit
-// adds in L2 asynchronously (per-thread vector atomics, 2048 a block, took a fifth of the time).
-// Workspace layout [Hq][2 halves][rows][64] keeps a block's share contiguous; in each row the
-// 8-column chunk j sits at j ^ (row % 8) (row: the workspace row), so that the shared-memory image
-// is written without bank conflicts. attn_bwd_dq_convert_kernel undoes both.
-struct DqShare {
-  static constexpr int kCols = 64;
-
-  __device__ __forceinline__ static int64_t offset(int h, int half, int64_t rows, int64_t row) {
-    return ((static_cast<int64_t>(h) * 2 + half) * rows + row) * kCols;
-  }
-  // The accumulator's rows local_row + 8 r into the shared image (first: the block's first workspace row).
-  template <class Acc>
-  __device__ __forceinline__ static void write(const Acc& acc, float* share, int local_row, int64_t first, int lane) {
-#pragma unroll
-    for (int i = 0; i < size(acc); i += 2) {
-      const int r = (i >> 1) & 1, j = i >> 2, row = local_row + 8 * r;
-      const int chunk = j ^ static_cast<int>((first + row) & 7);
-      *reinterpret_cast<float2*>(share + row * kCols + chunk * 8 + 2 * (lane % 4)) = make_float2(acc(i), acc(i + 1));
-    }
-  }
-  __device__ __forceinline__ static void reduce_add(float* dst, const float* share, uint32_t bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                 "cp.async.bulk.commit_group;\n" ::"l"(dst),
-                 "r"(smem_addr(share)), "r"(bytes)
-                 : "memory");
-  }
-  // The issuing thread: its reductions have read their shared memory / have completed.
-  __device__ __forceinline__ static void wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-  }
-  __device__ __forceinline__ static void wait_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-};
-
-// Fused dQ: each consumer warpgroup writes the dS rows of its 64 keys; its dK reads only those,
-// dQ reads both warpgroups'. Named barriers hand them over without putting the warpgroups in
-// lock step (so one's softmax can run beside the other's products): a warpgroup syncs its own warps,
-// arrives on its "written" barrier and only waits on the other's right before issuing dQ. The
-// barriers alternate with the block's parity: a warpgroup can only arrive for block i + 2 after
-// the other has passed block i + 1's handoff, hence block i's wait. (Which is also why two dS
-// buffers suffice.) Ids: 1, 2 a warpgroup's own; 3 + 2 wg + parity its "written".
-struct DsHandoff {
-  __device__ __forceinline__ static void publish(int wg, int block) {
-    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-    asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + 2 * wg + (block & 1)) : "memory");
-  }
-  __device__ __forceinline__ static void wait_other(int wg, int block) {
-    asm volatile("bar.sync %0, 256;\n" ::"r"(3 + 2 * (1 - wg) + (block & 1)) : "memory");
-  }
 };
 
 template <class T, int kD, int kDV, bool kFuseDq>
@@ -481,30 +431,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dq_sm90_kernel(const 
   const float dq_scale[2] = {p.softmax_scale, p.softmax_scale};
   store_rows_sm90<T>(tDQrDQ, blk.template rows<T>(p.dq, p.dq_sb, p.dq_ss, p.dq_sh), p.dq_ss, local_row, valid_q, lane,
                      dq_scale);
-}
-
-// Fused dQ's last pass: dq = softmax_scale * dq_accum in T, 8 columns a thread (rows of the
-// workspace: see the dK/dV kernel; every row, so tokens outside packed sequences get zeros).
-template <class T, int kD>
-__global__ void attn_bwd_dq_convert_kernel(const PtAttnParams p, int64_t rows) {
-  constexpr int kChunks = kD / 8;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * p.heads_q * kChunks) return;
-  const int c = static_cast<int>(i % kChunks);
-  const int64_t row_head = i / kChunks, row = row_head / p.heads_q;
-  const int h = static_cast<int>(row_head % p.heads_q);
-  const bool packed = p.cu_seqlens_q != nullptr;
-  const int j = (c % 8) ^ static_cast<int>(row & 7);
-  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + DqShare::offset(h, c / 8, rows, row) + 8 * j);
-  const float4 lo = src[0], hi = src[1];
-  const float s = p.softmax_scale;
-  uint32_t* dst = reinterpret_cast<uint32_t*>(row_at<T>(p.dq, p.dq_sb, p.dq_ss, p.dq_sh, packed ? 0 : row / p.seqlen_q,
-                                                        packed ? row : row % p.seqlen_q, h) +
-                                              8 * c);
-  dst[0] = pack2<T>(lo.x * s, lo.y * s);
-  dst[1] = pack2<T>(lo.z * s, lo.w * s);
-  dst[2] = pack2<T>(hi.x * s, hi.y * s);
-  dst[3] = pack2<T>(hi.z * s, hi.w * s);
 }
 
 // The sm90 backward: Attention's launches (delta, dsink, packed memsets) with the dK/dV and dQ
