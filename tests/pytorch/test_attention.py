@@ -355,8 +355,9 @@ def test_backward_is_bitwise_deterministic(varlen, with_sink, backend):
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
 def test_fused_dq_backward_matches_the_deterministic_one(varlen):
-    """TURBO at head dims 128/128 on Hopper: the default backward adds dQ with float32 atomics inside
-    the dK/dV kernel, deterministic=True takes the separate dQ kernel. Each against the reference
+    """TURBO at head dims 128/128 on Hopper: the default backward adds dQ up in float32 (bulk
+    reductions, no fixed order) inside the dK/dV kernel, deterministic=True takes the separate dQ
+    kernel. Each against the reference
     (GQA, a sink, a causal window, odd lengths), and the two dq's within float32 rounding."""
     GlobalBackendManager.set_attn_backend("TURBO")
     try:

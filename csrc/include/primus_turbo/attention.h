@@ -40,8 +40,8 @@ PT_API pt_status pt_attention_fwd(const pt_tensor* q, const pt_tensor* k, const 
    pt_attention_fwd; the two directions may run on different backends (lse means the same on both).
    deterministic != 0 asks for a bitwise-reproducible backward: cuDNN's deterministic algorithm,
    or our separate dQ kernel. Otherwise our sm_90a kernel at head dims 128/128 fuses dQ into the
-   dK/dV kernel with float32 atomics into a workspace of rows * Hq * 128 * 4 bytes (rows: total
-   tokens of q), reported through workspace_needed; a caller passing no workspace and a null
+   dK/dV kernel, adding it in no fixed order into a float32 workspace of rows * Hq * 128 * 4
+   bytes (rows: total tokens of q) reported through workspace_needed; a caller passing no workspace and a null
    workspace_needed gets the separate dQ kernel. */
 PT_API pt_status pt_attention_bwd(const pt_tensor* dout, const pt_tensor* q, const pt_tensor* k,
                                   const pt_tensor* v, const pt_tensor* out, const pt_tensor* lse,

@@ -1,8 +1,8 @@
 // The dK/dV and dQ kernels of the attention backward on Hopper's warpgroup MMA: our TURBO backward
 // on sm_90a for head dims 64, 96, 128 and MLA's 192/128 (PRIMUS_TURBO_ATTN_KERNEL=mma keeps
 // attn_bwd.cuh's mma.sync kernels). Same schedules and arithmetic as those kernels; delta and
-// dsink keep them (Attention::backward_with). Both are warp-specialized like the forward (attn_fwd_sm90.cuh):
-// warpgroup 0 copies the operands with cp.async into shared memory (a CopyRing of stages), two
+// dsink keep them (Attention::backward_with). Both are warp-specialized like the forward
+// (attn_fwd_sm90.cuh): warpgroup 0 copies the operands with cp.async into shared memory (a CopyRing of stages), two
 // consumer warpgroups of 64 rows run the products.
 //
 // dK/dV: one CTA per (128 keys, sequence, KV head), walking every query head of the GQA group and
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
   auto thr_dk_ss = mma_dk_ss.get_thread_slice(tid);
   Tensor sKtHalf = make_tensor(make_smem_ptr(smem.k.data() + wg * kBN * F::kDqCols), typename F::LayoutKtHalf{});
   const int64_t dq_row0 = (p.cu_seqlens_q != nullptr ? 0 : b * p.seqlen_q) + s.start_q;
-  const int64_t dq_rows = p.cu_seqlens_q != nullptr ? p.total_q : p.batch * p.seqlen_q;
+  const int64_t dq_rows = DqShare::rows(p);
 
   smem.kv_ready.wait();
   for (int it = 0; it < iters; ++it) {
@@ -235,8 +235,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
     // elements, 16-byte chunk query / 8 (= j) XOR-swizzled by that row. Taken per block through an
     // opaque copy of the row: hoisted out of the loop, the eight chunk offsets spill.
     int ds_row = lane / 4;
-    asm volatile("" : "+r"(ds_row));
-    E* ds_at = smem.ds[it & 1].data() + (wg * 8 + warp * 2) * 512 + ds_row * 64 + 2 * (lane % 4);
+    E* ds_at = nullptr;
+    if constexpr (kFuseDq) {
+      asm volatile("" : "+r"(ds_row));
+      ds_at = smem.ds[it & 1].data() + (wg * 8 + warp * 2) * 512 + ds_row * 64 + 2 * (lane % 4);
+    }
 #pragma unroll
     for (int i = 0; i < size(tSrS); i += 2) {
       const int r = (i >> 1) & 1, j = i >> 2;
@@ -460,21 +463,17 @@ struct AttentionBwdSm90 {
     kernel<<<dim3(static_cast<unsigned>(m_blocks), batch, q.heads_q), kBwdThreads, F::kSmem, stream>>>(q);
   }
 
-  static int64_t accum_rows(const PtAttnParams& q) {
-    return q.cu_seqlens_q != nullptr ? q.total_q : q.batch * q.seqlen_q;
-  }
-
   static void launch_fused_dkdv(const PtAttnParams& q, unsigned batch, cudaStream_t stream) {
-    cudaMemsetAsync(q.dq_accum, 0, accum_rows(q) * q.heads_q * kD * sizeof(float), stream);
+    cudaMemsetAsync(q.dq_accum, 0, DqShare::rows(q) * q.heads_q * kD * sizeof(float), stream);
     launch_dkdv<true>(q, batch, stream);
   }
 
   static void launch_dq_convert(const PtAttnParams& q, unsigned, cudaStream_t stream) {
-    const int64_t chunks = accum_rows(q) * q.heads_q * (kD / 8);
+    const int64_t rows = DqShare::rows(q), chunks = rows * q.heads_q * (kD / 8);
     if (chunks <= 0) return;
     constexpr int kThreads = 256;
-    attn_bwd_dq_convert_kernel<T, kD>
-        <<<static_cast<unsigned>((chunks + kThreads - 1) / kThreads), kThreads, 0, stream>>>(q, accum_rows(q));
+    const unsigned blocks = static_cast<unsigned>((chunks + kThreads - 1) / kThreads);
+    attn_bwd_dq_convert_kernel<T, kD><<<blocks, kThreads, 0, stream>>>(q, rows);
   }
 
   static int backward(const PtAttnParams* p, char* err, size_t err_len) {

@@ -16,6 +16,11 @@ namespace primus_turbo::kernels::attention::sm90 {
 struct DqShare {
   static constexpr int kCols = 64;
 
+  // The workspace's rows: every token of q (packed: total_q; fixed: batch * seqlen_q).
+  __host__ __device__ __forceinline__ static int64_t rows(const PtAttnParams& p) {
+    return p.cu_seqlens_q != nullptr ? p.total_q : p.batch * p.seqlen_q;
+  }
+
   __device__ __forceinline__ static int64_t offset(int h, int half, int64_t rows, int64_t row) {
     return ((static_cast<int64_t>(h) * 2 + half) * rows + row) * kCols;
   }
