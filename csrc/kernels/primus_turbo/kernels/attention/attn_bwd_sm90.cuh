@@ -247,8 +247,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
       float ds[2];
 #pragma unroll
       for (int c0 = 0; c0 < 2; ++c0) {
-        const bool vis = full || mask.visible(m0 + col + c0, key);
-        const float pr = vis ? ex2(fmaf(tSrS(i + c0), scale_log2, -lse[col + c0] * kLog2e)) : 0.f;
+        // Every exponent computed, masked ones selected away: no branch per element.
+        const float e2 = ex2(fmaf(tSrS(i + c0), scale_log2, -lse[col + c0] * kLog2e));
+        const float pr = (full | mask.visible(m0 + col + c0, key)) ? e2 : 0.f;
         ds[c0] = pr * (tDPrDP(i + c0) - delta[col + c0]);
         tDVrP(i + c0) = static_cast<E>(pr);
         if constexpr (!kFuseDq) tDKrDS(i + c0) = static_cast<E>(ds[c0]);
@@ -421,8 +422,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dq_sm90_kernel(const 
 #pragma unroll
     for (int e = 0; e < size(tSrS); ++e) {
       const int c0 = e & 1, r = (e >> 1) & 1, j = e >> 2;
-      const bool vis = full || mask.visible(m0 + local_row + 8 * r, n0 + 8 * j + 2 * (lane % 4) + c0);
-      const float pr = vis ? ex2(fmaf(tSrS(e), scale_log2, -lse2[r])) : 0.f;
+      const bool vis = full | mask.visible(m0 + local_row + 8 * r, n0 + 8 * j + 2 * (lane % 4) + c0);
+      const float e2 = ex2(fmaf(tSrS(e), scale_log2, -lse2[r]));  // every one, masked ones selected away
+      const float pr = vis ? e2 : 0.f;
       tDQrDS(e) = static_cast<E>(pr * (tDPrDP(e) - delta[r]));
     }
     issue_rs_gemm(mma_dq, tDQrDS, thr_dq.partition_fragment_B(sKt), tDQrDQ);

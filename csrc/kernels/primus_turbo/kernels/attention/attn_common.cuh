@@ -51,8 +51,10 @@ struct Mask {
   __device__ __forceinline__ Mask(const PtAttnParams& p, const Sequence& s)
       : len_q(s.len_q), len_k(s.len_k), diag(s.len_k - s.len_q), left(p.window_left), right(p.window_right) {}
 
+  // Without short-circuits: per element in unrolled loops this is predicates and a select, not a
+  // branch (and a reconvergence point) around every element.
   __device__ __forceinline__ bool visible(int i, int j) const {
-    return i < len_q && j < len_k && (right < 0 || j <= i + diag + right) && (left < 0 || j >= i + diag - left);
+    return (i < len_q) & (j < len_k) & ((right < 0) | (j <= i + diag + right)) & ((left < 0) | (j >= i + diag - left));
   }
   // Keys [first, last) that some query of rows [i0, i1) sees.
   __device__ __forceinline__ int first_key(int i0) const { return left < 0 ? 0 : max(0, i0 + diag - left); }

@@ -12,8 +12,9 @@
 // online softmax on its accumulators (log2 domain, as attn_fwd.cuh: sink start, masked blocks only
 // where the tile is cut), P converted in place into the A operand of the register-sourced wgmma
 // O += P V (for 16-bit types the accumulator and A-operand register orders coincide). Block i's
-// S = Q K^T is issued before block i - 1's P V and runs beside it; the two consumer warpgroups run
-// unsynchronized, so one's softmax overlaps the other's products.
+// S = Q K^T is issued before block i - 1's P V and runs beside it; the two consumer warpgroups
+// run unsynchronized (or, for head dims above 128, take turns issuing their products: IssueTurns), so
+// one's softmax overlaps the other's products.
 //
 // Fragment map (per warpgroup, thread t = 32 * warp + lane): accumulator value i = c0 + 2 r + 4 j
 // is row 16 warp + lane / 4 + 8 r and column 8 j + 2 (lane % 4) + c0.
@@ -146,6 +147,29 @@ struct CopyOnce {
   }
 };
 
+// Pingpong between the two consumer warpgroups: they take turns issuing their products, so that
+// one's run while the other computes its softmax, instead of both queueing on the tensor cores at
+// once and then both waiting on the exponentials. Named barrier 1 + w is warpgroup w's turn: it
+// syncs there (its 128 threads) once the other has arrived (128 more) after issuing. Warpgroup 0
+// goes first. Both take the same number of turns; the last arrival is left unmatched at exit.
+// Worth it where a block's products are long against its softmax (head dims above 128: MLA's
+// 192/128 forward +3%); at 128/128 the strict alternation cost 1-3%, so kOn = false there.
+template <bool kOn>
+struct IssueTurns {
+  __device__ __forceinline__ static void start(int wg) {
+    if (kOn && wg == 1) arrive(0);
+  }
+  __device__ __forceinline__ static void take(int wg) {
+    if constexpr (kOn) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+  }
+  __device__ __forceinline__ static void pass(int wg) {
+    if constexpr (kOn) arrive(1 - wg);
+  }
+  __device__ __forceinline__ static void arrive(int wg) {
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + wg) : "memory");
+  }
+};
+
 // kRows keys of K and V (KV head hk of batch entry b, from sequence row `first`; `valid` of them
 // real) into their K-major tiles.
 template <class T, int kRows, int kD, int kDV, int kThreads, class E, class LayoutK, class LayoutV>
@@ -240,6 +264,7 @@ struct FwdSm90 {
   // threads): an increase beyond it waits forever.
   static constexpr int kProducerRegs = kDV > 128 ? 40 : 56, kConsumerRegs = kDV > 128 ? 232 : 224;
   static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * 168, "register split exceeds the launch's");
+  using Turns = IssueTurns<(kD + kDV > 256)>;
   // Two consumer warpgroups of 64 rows: each issues its own half of every product.
   using MmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<E, E, float, Shape<_64, Int<kBN>, Int<kD>>>(),
                                         Layout<Shape<_2, _1, _1>>{}));
@@ -300,6 +325,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParam
 
   cutlass::arch::warpgroup_reg_alloc<F::kConsumerRegs>();
   const int tid = threadIdx.x - kProducers;  // in the two consumer warpgroups
+  using Turns = typename F::Turns;
   const int cw = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
   typename F::MmaQK mma_qk;
   typename F::MmaPV mma_pv;
@@ -389,10 +415,13 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParam
   // Block i's S = Q K^T runs while block i - 1's P V does: the softmax of block i waits for its S
   // only, and O's correction waits for the P V before it.
   smem.q_ready.wait();
+  Turns::start(cw);
   if (nb_lo < nb_hi) {
     float corr[2];
     smem.kv.wait_full(0, 0);
+    Turns::take(cw);
     issue_qk(0);
+    Turns::pass(cw);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     softmax_block(nb_lo, corr);  // O is still 0: nothing to correct
@@ -400,9 +429,11 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParam
     for (int nb = nb_lo + 1; nb < nb_hi; ++nb) {
       const int i = nb - nb_lo, st = i % kStages, prev = (i - 1) % kStages;
       smem.kv.wait_full(i, 0);
+      Turns::take(cw);
       issue_qk(st);
-      smem.kv.wait_full(i - 1, 1);
+      smem.kv.wait_full(i - 1, 1);  // loaded before K(i): no wait in practice
       issue_pv(prev);
+      Turns::pass(cw);
       warpgroup_wait<1>();  // this block's S; the last block's P V may still run
       warpgroup_fence_operand(tSrS);
       softmax_block(nb, corr);
