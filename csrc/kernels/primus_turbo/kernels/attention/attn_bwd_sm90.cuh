@@ -240,24 +240,37 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
       asm volatile("" : "+r"(ds_row));
       ds_at = smem.ds[it & 1].data() + (wg * 8 + warp * 2) * 512 + ds_row * 64 + 2 * (lane % 4);
     }
+    // P^T and dS^T; blocks the mask cuts test each element (predicates and a select: a branch per
+    // element costs more than the test), the others take a loop without the tests.
+    auto probs_and_grads = [&](auto masked) {
 #pragma unroll
-    for (int i = 0; i < size(tSrS); i += 2) {
-      const int r = (i >> 1) & 1, j = i >> 2;
-      const int col = 8 * j + 2 * (lane % 4), key = key_base + 8 * r;
-      float ds[2];
+      for (int j = 0; j < size(tSrS) / 4; ++j) {
+        // Queries col and col + 1: their lse and delta read once for both of this thread's keys.
+        const int col = 8 * j + 2 * (lane % 4);
+        const float2 l = *reinterpret_cast<const float2*>(lse + col), d = *reinterpret_cast<const float2*>(delta + col);
+        const float neg_lse2[2] = {-l.x * kLog2e, -l.y * kLog2e}, dl[2] = {d.x, d.y};
 #pragma unroll
-      for (int c0 = 0; c0 < 2; ++c0) {
-        // Every exponent computed, masked ones selected away: no branch per element.
-        const float e2 = ex2(fmaf(tSrS(i + c0), scale_log2, -lse[col + c0] * kLog2e));
-        const float pr = (full | mask.visible(m0 + col + c0, key)) ? e2 : 0.f;
-        ds[c0] = pr * (tDPrDP(i + c0) - delta[col + c0]);
-        tDVrP(i + c0) = static_cast<E>(pr);
-        if constexpr (!kFuseDq) tDKrDS(i + c0) = static_cast<E>(ds[c0]);
+        for (int r = 0; r < 2; ++r) {
+          const int i = 4 * j + 2 * r, key = key_base + 8 * r;
+          float ds[2];
+#pragma unroll
+          for (int c0 = 0; c0 < 2; ++c0) {
+            const float e2 = ex2(fmaf(tSrS(i + c0), scale_log2, neg_lse2[c0]));
+            const float pr = (!decltype(masked)::value || mask.visible(m0 + col + c0, key)) ? e2 : 0.f;
+            ds[c0] = pr * (tDPrDP(i + c0) - dl[c0]);
+            tDVrP(i + c0) = static_cast<E>(pr);
+            if constexpr (!kFuseDq) tDKrDS(i + c0) = static_cast<E>(ds[c0]);
+          }
+          // dS^T's pair (key, queries col and col + 1) is dS's (col, key) and (col + 1, key): adjacent.
+          if constexpr (kFuseDq)
+            *reinterpret_cast<uint32_t*>(ds_at + r * 512 + ((j ^ ds_row) << 3)) = pack2<T>(ds[0], ds[1]);
+        }
       }
-      // dS^T's pair (key, queries col and col + 1) is dS's (col, key) and (col + 1, key): adjacent.
-      if constexpr (kFuseDq)
-        *reinterpret_cast<uint32_t*>(ds_at + r * 512 + ((j ^ ds_row) << 3)) = pack2<T>(ds[0], ds[1]);
-    }
+    };
+    if (full)
+      probs_and_grads(std::false_type{});
+    else
+      probs_and_grads(std::true_type{});
     if constexpr (kFuseDq) {
       // This warpgroup's dS rows, visible to the async proxy: complete for its own dK (a barrier of
       // its warps), announced to the other warpgroup's dQ without waiting for it (DsHandoff).
@@ -418,15 +431,21 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dq_sm90_kernel(const 
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     warpgroup_fence_operand(tDPrDP);
-    const bool full = mask.all_visible(m0, m0 + kBM, n0, n0 + kBN);
+    // dS, as in the dK/dV kernel: the mask tested per element only where it cuts the block.
+    auto grads = [&](auto masked) {
 #pragma unroll
-    for (int e = 0; e < size(tSrS); ++e) {
-      const int c0 = e & 1, r = (e >> 1) & 1, j = e >> 2;
-      const bool vis = full | mask.visible(m0 + local_row + 8 * r, n0 + 8 * j + 2 * (lane % 4) + c0);
-      const float e2 = ex2(fmaf(tSrS(e), scale_log2, -lse2[r]));  // every one, masked ones selected away
-      const float pr = vis ? e2 : 0.f;
-      tDQrDS(e) = static_cast<E>(pr * (tDPrDP(e) - delta[r]));
-    }
+      for (int e = 0; e < size(tSrS); ++e) {
+        const int c0 = e & 1, r = (e >> 1) & 1, j = e >> 2;
+        const float e2 = ex2(fmaf(tSrS(e), scale_log2, -lse2[r]));
+        const bool vis =
+            !decltype(masked)::value || mask.visible(m0 + local_row + 8 * r, n0 + 8 * j + 2 * (lane % 4) + c0);
+        tDQrDS(e) = static_cast<E>((vis ? e2 : 0.f) * (tDPrDP(e) - delta[r]));
+      }
+    };
+    if (mask.all_visible(m0, m0 + kBM, n0, n0 + kBN))
+      grads(std::false_type{});
+    else
+      grads(std::true_type{});
     issue_rs_gemm(mma_dq, tDQrDS, thr_dq.partition_fragment_B(sKt), tDQrDQ);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tDQrDQ);
