@@ -440,8 +440,12 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_sm90_kernel(const PtAttnParam
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       smem.kv.release(i - 1);
+      // Once the row maxima settle, most blocks leave them unchanged (corr = 1 for every row of
+      // the warp): skip the multiplications then (a warp-uniform test, exact either way).
+      if (!__all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) {
 #pragma unroll
-      for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= corr[(e >> 1) & 1];
+        for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= corr[(e >> 1) & 1];
+      }
       to_p();
     }
     const int i = nb_hi - 1 - nb_lo, last = i % kStages;
