@@ -1,4 +1,5 @@
-"""Times our TURBO attention forward or backward alone (CUDA events, 20 calls) on a few shapes, for
+"""Times our TURBO attention forward or backward alone (bench_utils.time_cuda: median of per-call
+CUDA events) on a few shapes, for
 A/B tests of the sm90 kernels (with PRIMUS_TURBO_KERNEL_INCLUDE pointing at a variant of
 csrc/kernels): hdim 128 [4, 4K, 32/8] causal, [2, 8K, 32/32] full, [1, 16K, 32/32] causal and full;
 MLA 192/128 [4, 4K, 128] and [1, 16K, 16] causal. The backward is autograd.grad of one forward.
@@ -6,29 +7,20 @@ MLA 192/128 [4, 4K, 128] and [1, 16K, 16] causal. The backward is autograd.grad 
     python3 -P tools/attention_probe.py TAG fwd|bwd [det]    # det: deterministic=True (separate dQ)
 """
 import sys
+from pathlib import Path
 
 import torch
 
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.backend import GlobalBackendManager
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmark.ops.bench_utils import time_cuda  # noqa: E402
+
 SHAPES = [  # batch, seqlen, heads q / kv, head dims q·k / v, causal
     (4, 4096, 32, 8, 128, 128, True), (2, 8192, 32, 32, 128, 128, False), (1, 16384, 32, 32, 128, 128, True),
     (1, 16384, 32, 32, 128, 128, False), (4, 4096, 128, 128, 192, 128, True), (1, 16384, 16, 16, 192, 128, True),
 ]
-
-
-def timed(fn, n=20):
-    for _ in range(3):
-        fn()
-    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    st.record()
-    for _ in range(n):
-        fn()
-    en.record()
-    torch.cuda.synchronize()
-    return st.elapsed_time(en) / n
 
 
 def main():
@@ -42,12 +34,12 @@ def main():
         v = torch.randn(b, s, hkv, dv, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         if mode == "fwd":
             with torch.no_grad():
-                ms = timed(lambda: turbo.ops.flash_attn_func(q, k, v, causal=causal))
+                ms = time_cuda(lambda: turbo.ops.flash_attn_func(q, k, v, causal=causal))
             mult = 1.0
         else:
             out = turbo.ops.flash_attn_func(q, k, v, causal=causal, deterministic=det)
             do = torch.randn_like(out)
-            ms = timed(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
+            ms = time_cuda(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
             mult = 2.5
         flops = 2 * b * s * s * hq * (d + dv) * (0.5 if causal else 1.0) * mult
         print(f"{tag:10s} {mode} b{b} s{s} h{hq}/{hkv} d{d}/{dv} {'causal' if causal else 'full'} {ms:.3f} ms "

@@ -7,10 +7,14 @@ tests are tests/pytorch/test_attention.py.
 
 import math
 import sys
+from pathlib import Path
 
 import torch
 
 from primus_turbo.pytorch.core import native  # noqa: F401  (loads the native ops)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmark.ops.bench_utils import time_cuda  # noqa: E402
 
 ops = torch.ops.primus_turbo
 BACKENDS = {"TURBO": 4, "CUDNN": 3, "auto": 0}  # pt_backend codes
@@ -127,21 +131,9 @@ def bench(B=4, S=4096, H=32, Hkv=32, D=128, causal=True):
     def sdpa_step():
         torch.autograd.grad(sdpa_fwd(), (qt, kt, vt), dt)
 
-    def ms(fn, reps=20):
-        for _ in range(3):
-            fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / reps
-
     with torch.no_grad():
-        f_ours, f_sdpa = ms(ours_fwd), ms(sdpa_fwd)
-    s_ours, s_sdpa = ms(ours_step), ms(sdpa_step)
+        f_ours, f_sdpa = time_cuda(ours_fwd), time_cuda(sdpa_fwd)
+    s_ours, s_sdpa = time_cuda(ours_step), time_cuda(sdpa_step)
     print(f"B{B} S{S} H{H}/{Hkv} D{D} causal={causal}: fwd ours {f_ours:.2f} ms ({flops / f_ours / 1e9:.0f} TFLOPS) "
           f"cudnn {f_sdpa:.2f} ms ({flops / f_sdpa / 1e9:.0f}); step ours {s_ours:.2f} ms "
           f"({3.5 * flops / s_ours / 1e9:.0f}) cudnn {s_sdpa:.2f} ms ({3.5 * flops / s_sdpa / 1e9:.0f}); "

@@ -10,9 +10,9 @@ One native op per direction (csrc/bindings/torch/attention_ops.cpp) takes both t
 window of which causal is the right = 0 case, and GPT-OSS attention sinks. It reads q, k and v in
 place through their strides, so [S, B, H, D] and [B, H, S, D] tensors passed as transposed views
 cost no copy. TURBO's backward at head dims 128/128 on Hopper adds dQ up in float32 across key
-blocks in no fixed order (its last bits vary from run to run); ``deterministic=True`` takes its separate dQ kernel instead, which
-is bitwise reproducible, as TURBO is at every other head dim; with a forced CUDNN it selects
-cuDNN's deterministic algorithm.
+blocks in no fixed order (its last bits vary from run to run); ``deterministic=True`` takes its
+separate dQ kernel instead, which is bitwise reproducible, as TURBO is at every other head dim;
+with a forced CUDNN it selects cuDNN's deterministic algorithm.
 """
 
 import math
@@ -357,8 +357,8 @@ def flash_attn_func(
             ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``; -1 leaves a side unbounded.
         deterministic: a bitwise-reproducible backward. With the backend unset the backward
             then runs on TURBO (its separate dQ kernel instead of the unordered float32 sums it
-            uses at head dims 128/128); a forced CUDNN uses its deterministic algorithm (a workspace of B*Hq*Sq*Sk*2
-            bytes on Hopper; not with ``sink``).
+            uses at head dims 128/128); a forced CUDNN uses its deterministic algorithm (a
+            workspace of B*Hq*Sq*Sk*2 bytes on Hopper; not with ``sink``).
         return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]`` (natural log; ``+inf`` for
             a query that sees no key and has no sink).
         sink: optional ``[Hq]`` per-head logit (GPT-OSS attention sinks; cast to float32) that joins
