@@ -1,7 +1,7 @@
 """Times our TURBO attention forward or backward alone (bench_utils.time_cuda: median of per-call
-CUDA events) on a few shapes, for
-A/B tests of the sm90 kernels (with PRIMUS_TURBO_KERNEL_INCLUDE pointing at a variant of
-csrc/kernels): hdim 128 [4, 4K, 32/8] causal, [2, 8K, 32/32] full, [1, 16K, 32/32] causal and full;
+CUDA events) on a few shapes, for A/B tests of the sm90 kernels (with PRIMUS_TURBO_KERNEL_INCLUDE
+pointing at a variant of csrc/kernels): hdim 128 [8, 2K, 32/8] causal and [8, 2K, 32/32] full,
+[4, 4K, 32/8] causal, [2, 8K, 32/32] full, [1, 16K, 32/32] causal and full;
 MLA 192/128 [4, 4K, 128] and [1, 16K, 16] causal. The backward is autograd.grad of one forward.
 
     python3 -P tools/attention_probe.py TAG fwd|bwd [det]    # det: deterministic=True (separate dQ)
@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmark.ops.bench_utils import time_cuda  # noqa: E402
 
 SHAPES = [  # batch, seqlen, heads q / kv, head dims q·k / v, causal
+    (8, 2048, 32, 8, 128, 128, True), (8, 2048, 32, 32, 128, 128, False),
     (4, 4096, 32, 8, 128, 128, True), (2, 8192, 32, 32, 128, 128, False), (1, 16384, 32, 32, 128, 128, True),
     (1, 16384, 32, 32, 128, 128, False), (4, 4096, 128, 128, 192, 128, True), (1, 16384, 16, 16, 192, 128, True),
 ]
