@@ -35,7 +35,7 @@ def _layers(turbo):
     ad, bd = a.detach(), b.detach()
     out = {}
     for name, gran in (("tensorwise", G.TENSORWISE), ("rowwise", G.ROWWISE), ("blockwise", G.BLOCKWISE)):
-        cfg = Float8QuantConfig(granularity=gran)
+        cfg = Float8QuantConfig(granularity=gran, block_size=128 if gran == G.BLOCKWISE else None)
         code = f8._NATIVE_GRANULARITY[gran]
         fwd = f8._native_fwd
         out[f"gemm_fp8_{name}"] = {
@@ -65,7 +65,19 @@ def _layers(turbo):
             turbo.ops.grouped_gemm_fp8(ga, gb, lens, trans_b=True, config=block), (ga, gb),
             torch.ones(groups * 64, 256, device="cuda", dtype=bf16)),
     }
+    # Other ops as the host-overhead benchmark calls them (its no-grad forward and its fwd+bwd).
+    import bench_host_overhead as bho
+
+    cases = bho._cases(turbo)
+    for name in ("gemm", "rmsnorm", "layernorm", "moe_permute", "token_permute", "flash_attn", "grouped_gemm_fp4"):
+        fwd, _, step, _ = cases[name]
+        out[name] = {"op fwd (no grad)": (lambda f: lambda: _no_grad(f))(fwd), "op step": step}
     return out
+
+
+def _no_grad(fn):
+    with torch.no_grad():
+        return fn()
 
 
 def _primitives():
@@ -117,7 +129,7 @@ def main() -> None:
                 print(f"  {layer:32s} ERROR {type(e).__name__}: {str(e)[:150]}")
         if args.no_profile:
             continue
-        for layer in ("native fwd (for bwd)", "op step"):
+        for layer in ("native fwd (for bwd)", "op fwd (no grad)", "op step"):
             if layer in layers[name]:
                 print(f"  profile of '{layer}':")
                 try:
