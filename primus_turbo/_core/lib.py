@@ -40,6 +40,22 @@ class PtTensor(ctypes.Structure):
     ]
 
 
+class PtQuantizeJob(ctypes.Structure):
+    """pt_quantize_job (csrc/include/primus_turbo/quantization.h)."""
+
+    _fields_ = [
+        ("x", ctypes.POINTER(PtTensor)),
+        ("q_row", ctypes.POINTER(PtTensor)),
+        ("s_row", ctypes.POINTER(PtTensor)),
+        ("q_col", ctypes.POINTER(PtTensor)),
+        ("s_col", ctypes.POINTER(PtTensor)),
+        ("granularity", ctypes.c_int32),
+        ("block_size", ctypes.c_int32),
+        ("col_transposed", ctypes.c_int32),
+        ("flags", ctypes.c_int32),
+    ]
+
+
 class PtGroupedGemmArgs(ctypes.Structure):
     """pt_grouped_gemm_args (csrc/include/primus_turbo/grouped_gemm.h)."""
 
@@ -191,6 +207,8 @@ _PROTOTYPES = {
     # quantization (csrc/include/primus_turbo/quantization.h)
     "pt_quantize": (_i32, [_T, _T, _T, _T, _T, _i32, _i32, _i32, _i32, ctypes.c_uint64, _vp, _sz, _vp]),
     "pt_quantize_workspace_bytes": (_sz, [_i64, _i64, _i32]),
+    "pt_quantize_jobs": (_i32, [_P(PtQuantizeJob), _i32, _vp, _sz, _vp]),
+    "pt_quantize_jobs_workspace_bytes": (_sz, [_P(PtQuantizeJob), _i32]),
     "pt_dequantize": (_i32, [_T, _T, _T, _i32, _i32, _i32, _i32, _vp]),
     "pt_quantize_prepare": (_i32, [_i32, _i32]),
     # fp8_fusion.h

@@ -42,36 +42,75 @@ void* QuantScratch::at(size_t offset) const {
   return buffer ? static_cast<char*>(buffer->data_ptr()) + offset : nullptr;
 }
 
+namespace {
+
+// x's outputs allocated (row [m, k] and / or col [k, m] with their scales) and described for the C
+// API; the descriptors live as long as this object.
+struct Outputs {
+  std::optional<Quantized> row, col;
+  pt_tensor x{}, qr{}, sr{}, qc{}, sc{};
+
+  Outputs(const Tensor& t, const QuantSpec& spec, bool want_row, bool want_col, int32_t device, const char* context) {
+    const int64_t m = t.sizes()[0], k = t.sizes()[1];
+    const auto [act, wgt] = fp8_scalings(spec.granularity, context);
+    const int32_t scaling = spec.two_d ? wgt : act;
+    x = to_pt(t);
+    if (want_row) {
+      const auto ss = scale_shape(spec, m, k, true);
+      row = Quantized{empty({m, k}, spec.dtype, device), empty(ss.data(), ss.size(), ScalarType::Float, device),
+                      scaling};
+      qr = to_pt(row->q);
+      sr = to_pt(row->s);
+    }
+    if (want_col) {
+      const auto ss = scale_shape(spec, m, k, false);
+      col = Quantized{empty({k, m}, spec.dtype, device), empty(ss.data(), ss.size(), ScalarType::Float, device),
+                      scaling};
+      qc = to_pt(col->q);
+      sc = to_pt(col->s);
+    }
+  }
+
+  pt_quantize_job job(const QuantSpec& spec) {
+    const int64_t g = spec.granularity;
+    const bool blocks = g == PT_QUANT_BLOCKWISE;
+    const int32_t flags = !blocks ? 0 : spec.two_d ? PT_QUANT_2D_BLOCK : spec.mn_major ? PT_QUANT_SCALES_MN_MAJOR : 0;
+    return pt_quantize_job{&x, row ? &qr : nullptr, row ? &sr : nullptr, col ? &qc : nullptr, col ? &sc : nullptr,
+                           static_cast<int32_t>(g), blocks ? 128 : 0, 1, flags};
+  }
+};
+
+}  // namespace
+
 std::pair<std::optional<Quantized>, std::optional<Quantized>> quantize_fp8(const Tensor& x, const QuantSpec& spec,
                                                                            bool want_row, bool want_col, void* ws,
                                                                            int32_t device, void* stream,
                                                                            const char* context) {
-  const int64_t m = x.sizes()[0], k = x.sizes()[1];
-  const int64_t g = spec.granularity;
-  const auto [act, wgt] = fp8_scalings(g, context);
-  const int32_t scaling = spec.two_d ? wgt : act;
-  std::optional<Quantized> row, col;
-  pt_tensor px = to_pt(x), pqr{}, psr{}, pqc{}, psc{};
-  if (want_row) {
-    const auto ss = scale_shape(spec, m, k, true);
-    row = Quantized{empty({m, k}, spec.dtype, device), empty(ss.data(), ss.size(), ScalarType::Float, device), scaling};
-    pqr = to_pt(row->q);
-    psr = to_pt(row->s);
-  }
-  if (want_col) {
-    const auto ss = scale_shape(spec, m, k, false);
-    col = Quantized{empty({k, m}, spec.dtype, device), empty(ss.data(), ss.size(), ScalarType::Float, device), scaling};
-    pqc = to_pt(col->q);
-    psc = to_pt(col->s);
-  }
-  const size_t ws_bytes = quantize_workspace_bytes(m, k, g, want_row, want_col);
-  const bool blocks = g == PT_QUANT_BLOCKWISE;
-  const int32_t flags = !blocks ? 0 : spec.two_d ? PT_QUANT_2D_BLOCK : spec.mn_major ? PT_QUANT_SCALES_MN_MAJOR : 0;
-  check_status(pt_quantize(&px, row ? &pqr : nullptr, row ? &psr : nullptr, col ? &pqc : nullptr,
-                           col ? &psc : nullptr, static_cast<int32_t>(g), blocks ? 128 : 0, 1, flags, 0,
-                           ws_bytes ? ws : nullptr, ws_bytes, stream),
+  Outputs out(x, spec, want_row, want_col, device, context);
+  const pt_quantize_job j = out.job(spec);
+  const size_t ws_bytes = quantize_workspace_bytes(x.sizes()[0], x.sizes()[1], spec.granularity, want_row, want_col);
+  check_status(pt_quantize(j.x, j.q_row, j.s_row, j.q_col, j.s_col, j.granularity, j.block_size, j.col_transposed,
+                           j.flags, 0, ws_bytes ? ws : nullptr, ws_bytes, stream),
                context);
-  return {row, col};
+  return {out.row, out.col};
+}
+
+std::vector<QuantPair> quantize_fp8_jobs(std::initializer_list<QuantRequest> requests, int32_t device, void* stream,
+                                         const char* context) {
+  std::vector<Outputs> outs;
+  outs.reserve(requests.size());
+  std::vector<pt_quantize_job> jobs;
+  for (const QuantRequest& r : requests) {
+    outs.emplace_back(*r.x, r.spec, r.want_row, r.want_col, device, context);
+    jobs.push_back(outs.back().job(r.spec));
+  }
+  const int32_t count = static_cast<int32_t>(jobs.size());
+  const QuantScratch scratch(pt_quantize_jobs_workspace_bytes(jobs.data(), count), device);
+  const size_t ws_bytes = scratch.buffer ? static_cast<size_t>(scratch.buffer->numel()) : 0;
+  check_status(pt_quantize_jobs(jobs.data(), count, scratch.at(0), ws_bytes, stream), context);
+  std::vector<QuantPair> result;
+  for (Outputs& o : outs) result.emplace_back(o.row, o.col);
+  return result;
 }
 
 }  // namespace primus_turbo::torch_binding

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -55,5 +56,20 @@ std::pair<std::optional<Quantized>, std::optional<Quantized>> quantize_fp8(const
                                                                            bool want_row, bool want_col, void* ws,
                                                                            int32_t device, void* stream,
                                                                            const char* context);
+
+using QuantPair = std::pair<std::optional<Quantized>, std::optional<Quantized>>;
+
+// One quantization of a batch: x [m, k] (contiguous) quantized per spec into the copies asked for.
+struct QuantRequest {
+  const Tensor* x;
+  QuantSpec spec;
+  bool want_row, want_col;
+};
+
+// One or two quantizations (a GEMM's operands) in one pt_quantize_jobs call, which launches small
+// FP8 ones together, amax included; the scratch is allocated here. Results in request order, each
+// as quantize_fp8's.
+std::vector<QuantPair> quantize_fp8_jobs(std::initializer_list<QuantRequest> requests, int32_t device, void* stream,
+                                         const char* context);
 
 }  // namespace primus_turbo::torch_binding

@@ -27,12 +27,9 @@ constexpr const char* kOp = "gemm_fp8";
 
 // x [m, k] quantized for the dense GEMM: 1x128 scales blocks-major (the layout the GEMM reads, no
 // restatement follows), 128x128 blocks for a BLOCKWISE weight.
-std::pair<std::optional<Quantized>, std::optional<Quantized>> quantize(const Tensor& x, ScalarType dtype, int64_t g,
-                                                                       bool weight, bool want_row, bool want_col,
-                                                                       void* ws, int32_t device, void* stream) {
+QuantRequest request(const Tensor& x, ScalarType dtype, int64_t g, bool weight, bool want_row, bool want_col) {
   const bool two_d = weight && g == PT_QUANT_BLOCKWISE;
-  return quantize_fp8(x, QuantSpec{dtype, g, two_d, !two_d}, want_row, want_col, ws, device, stream,
-                      "gemm_fp8 quantize");
+  return QuantRequest{&x, QuantSpec{dtype, g, two_d, !two_d}, want_row, want_col};
 }
 
 // The quantizer's scales in the layout the GEMM reads (gemm_fp8.h): tensor -> 0-dim, row ->
@@ -100,12 +97,12 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
   // N the dgrad. Which of a quantizer's two outputs is which depends on the transposes.
   const bool a_row = !trans_a || for_backward, a_col = trans_a || for_backward;
   const bool b_row = trans_b || for_backward, b_col = !trans_b || for_backward;
-  const auto as = a.sizes(), bs = b.sizes();
-  const size_t ws_a = quantize_workspace_bytes(as[0], as[1], granularity, a_row, a_col);
-  const size_t ws_b = quantize_workspace_bytes(bs[0], bs[1], granularity, b_row, b_col);
-  const QuantScratch scratch(ws_a + ws_b, device);
-  auto [qa_row, qa_col] = quantize(a, fwd_dtype, granularity, false, a_row, a_col, scratch.at(0), device, stream);
-  auto [qb_row, qb_col] = quantize(b, fwd_dtype, granularity, true, b_row, b_col, scratch.at(ws_a), device, stream);
+  // Both operands in one call (small ones in one launch, their amax reductions included).
+  auto q = quantize_fp8_jobs({request(a, fwd_dtype, granularity, false, a_row, a_col),
+                              request(b, fwd_dtype, granularity, true, b_row, b_col)},
+                             device, stream, "gemm_fp8 quantize");
+  auto& [qa_row, qa_col] = q[0];
+  auto& [qb_row, qb_col] = q[1];
   Forward f{empty({m, n}, out_dtype, device), std::nullopt, std::nullopt};
   fp8_mm(trans_a ? *qa_col : *qa_row, trans_b ? *qb_row : *qb_col, f.out, 0.0f, device, stream);
   if (for_backward) {
@@ -149,9 +146,9 @@ std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_
   const auto [act, wgt] = fp8_scalings(granularity, kOp);
   const Tensor grad = as_contiguous(grad_in);  // [M, N]
   const bool wgrad = need_b || main_grad.has_value();
-  const QuantScratch scratch(
-      quantize_workspace_bytes(grad.sizes()[0], grad.sizes()[1], granularity, need_a, wgrad), device);
-  auto [g_row, g_col] = quantize(grad, grad_dtype, granularity, false, need_a, wgrad, scratch.at(0), device, stream);
+  auto q = quantize_fp8_jobs({request(grad, grad_dtype, granularity, false, need_a, wgrad)}, device, stream,
+                             "gemm_fp8 quantize");
+  auto& [g_row, g_col] = q[0];
   const Quantized a_saved{a_bwd, sa_bwd, act};  // [K, M] along M
   const Quantized b_saved{b_bwd, sb_bwd, wgt};  // [K, N] along N
   const int64_t m = grad.sizes()[0], n = grad.sizes()[1], k = a_bwd.sizes()[0];

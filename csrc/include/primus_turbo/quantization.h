@@ -46,6 +46,27 @@ PT_API pt_status pt_quantize(const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_
                              int32_t flags, uint64_t seed, void* workspace, size_t workspace_bytes,
                              void* stream);
 PT_API size_t pt_quantize_workspace_bytes(int64_t m, int64_t k, int32_t granularity);
+
+// One quantization of pt_quantize's arguments (seed 0: no FP4 stochastic rounding here).
+typedef struct pt_quantize_job {
+  const pt_tensor* x;
+  pt_tensor* q_row;
+  pt_tensor* s_row;
+  pt_tensor* q_col;
+  pt_tensor* s_col;
+  int32_t granularity;
+  int32_t block_size;
+  int32_t col_transposed;
+  int32_t flags;
+} pt_quantize_job;
+
+// One or two quantizations (a GEMM's operands), with pt_quantize's results. Small FP8 ones of one
+// input dtype and format run as one cooperative launch (their amax reductions included: no
+// memset, no separate amax pass); the others as pt_quantize would. workspace:
+// pt_quantize_jobs_workspace_bytes, 256-byte aligned, contents ignored (each job gets its share).
+PT_API pt_status pt_quantize_jobs(const pt_quantize_job* jobs, int32_t count, void* workspace,
+                                  size_t workspace_bytes, void* stream);
+PT_API size_t pt_quantize_jobs_workspace_bytes(const pt_quantize_job* jobs, int32_t count);
 // out [m, k] = q * scale_inv, scales laid out as pt_quantize writes them for q's layout: axis -1 (or
 // 1): groups along the last dimension; axis 0: along the first (FP8 only; FP4 is packed along the
 // last). flags: PT_QUANT_2D_BLOCK or 0.

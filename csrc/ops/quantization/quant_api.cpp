@@ -22,6 +22,124 @@ std::string arch_of_current_device(int* device) {
   return arch_for_device(*device);
 }
 
+// The kernel parameters of problem p on its tensors; amax sources and block sizes as the separate
+// path sets them (block scales from the tile; tensorwise / rowwise: the caller points amax_*).
+PtQuantParams kernel_params(const QuantProblem& p, const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_row,
+                            pt_tensor* q_col, pt_tensor* s_col, uint64_t seed, void* stream, int num_sms) {
+  PtQuantParams qp{};
+  qp.m = p.m;
+  qp.k = p.k;
+  qp.x = x->data;
+  qp.q_row = p.row ? q_row->data : nullptr;
+  qp.s_row = p.row ? s_row->data : nullptr;
+  qp.q_col = p.col ? q_col->data : nullptr;
+  qp.s_col = p.col ? s_col->data : nullptr;
+  qp.col_transposed = p.col_transposed;
+  qp.row_block = p.block;
+  qp.col_block = p.block;
+  qp.block_2d = p.block_2d;
+  qp.e8m0 = p.granularity == PT_QUANT_MX_BLOCKWISE;
+  qp.rht = p.rht;
+  qp.sr = p.sr;
+  qp.seed = seed;
+  qp.stream = stream;
+  qp.num_sms = num_sms;
+  if (p.mn_major) {
+    // GEMM layout: [blocks, round_up(rows, 4)]; the kernel writes the real rows.
+    qp.s_row_ld_mn = p.row ? (p.m + 3) / 4 * 4 : 0;
+    qp.s_col_ld_mn = p.col ? (p.k + 3) / 4 * 4 : 0;
+  }
+  return qp;
+}
+
+// Whether p's scales come from a device-wide amax reduced before the quantize pass.
+bool needs_amax_pass(const QuantProblem& p) {
+  const bool inline_row_amax = p.granularity == PT_QUANT_ROWWISE && p.row && !p.col && !p.rht && !p.fp4();
+  return (p.granularity == PT_QUANT_TENSORWISE || p.granularity == PT_QUANT_ROWWISE) && !inline_row_amax;
+}
+
+// The separate path: memsets, the amax launch where needed, the quantize launch.
+void quantize_one(const QuantProblem& p, const Kernels& kern, PtQuantParams qp, void* workspace, size_t need,
+                  cudaStream_t s) {
+  char err[1024] = {0};
+  if (p.mn_major) {
+    // The padding rows of the blocks-major scales are zeroed here (a strided memset, only when a
+    // row count is not a multiple of 4).
+    const auto zero_pad = [&](void* scales, int64_t rows, int64_t ld, int64_t blocks) {
+      if (rows == ld) return;
+      PT_CHECK_CUDA(cudaMemset2DAsync(static_cast<float*>(scales) + rows, ld * sizeof(float), 0,
+                                      (ld - rows) * sizeof(float), blocks, s));
+    };
+    if (p.row) zero_pad(qp.s_row, p.m, qp.s_row_ld_mn, (p.k + p.block - 1) / p.block);
+    if (p.col) zero_pad(qp.s_col, p.k, qp.s_col_ld_mn, (p.m + p.block - 1) / p.block);
+  }
+  if (p.granularity == PT_QUANT_ROWWISE && !needs_amax_pass(p)) {
+    // Row output only: each row's amax inside the quantize kernel (one launch, one DRAM read).
+    qp.row_amax_inline = 1;
+    qp.row_block = qp.col_block = 0;
+  } else if (needs_amax_pass(p)) {
+    // Device-side amax first; the quantize kernel reads it (no host round trip).
+    PT_CHECK_CUDA(cudaMemsetAsync(workspace, 0, need, s));
+    float* ws = static_cast<float*>(workspace);
+    PtQuantAmaxParams ap{};
+    ap.m = p.m;
+    ap.k = p.k;
+    ap.x = qp.x;
+    ap.stream = qp.stream;
+    ap.num_sms = qp.num_sms;
+    if (p.granularity == PT_QUANT_TENSORWISE) {
+      ap.amax_tensor = ws;
+      qp.amax_row = qp.amax_col = ws;
+    } else {
+      ap.amax_rows = p.row ? ws : nullptr;
+      ap.amax_cols = p.col ? ws + p.m : nullptr;
+      qp.amax_row = ws;
+      qp.amax_col = ws + p.m;
+      qp.amax_row_per_row = 1;
+      qp.amax_col_per_col = 1;
+    }
+    if (kern.amax(&ap, err, sizeof(err)) != 0) {
+      PT_THROW(PT_ERROR_CUDA, "quantization amax (", p.m, " x ", p.k, ", ", dtype_name(p.x_dtype), ") failed: ", err);
+    }
+    qp.row_block = qp.col_block = 0;
+  }
+  if (kern.quantize(&qp, err, sizeof(err)) != 0) {
+    PT_THROW(PT_ERROR_CUDA, "quantization (", p.m, " x ", p.k, ", ", dtype_name(p.x_dtype), " -> ",
+             dtype_name(p.q_dtype), ") failed: ", err);
+  }
+}
+
+// Bytes of job scratch, rounded so the jobs' shares stay 256-byte aligned in one buffer.
+size_t job_workspace_bytes(const QuantProblem& p) {
+  return (workspace_bytes(p.m, p.k, p.granularity) + 255) / 256 * 256;
+}
+
+// Problems up to this many elements in all take the batched launch: where the host cost of the
+// separate launches (and the GPU's gaps between them) is comparable to the work itself. Larger
+// ones keep the separate kernels, which hold more tiles per SM (the batched kernel, with both
+// passes in one body, fits two).
+constexpr int64_t kBatchMaxElements = int64_t{1} << 24;
+
+// Whether these problems go through one batched launch: FP8 without RHT / SR / E8M0, one input
+// dtype and format, not too large, and a saving (two jobs, or one with an amax pass).
+bool batchable(const QuantProblem* ps, int32_t count) {
+  int64_t elements = 0;
+  bool saves = count > 1;
+  for (int32_t j = 0; j < count; ++j) {
+    const QuantProblem& p = ps[j];
+    if (p.fp4() || p.rht || p.sr || p.granularity == PT_QUANT_MX_BLOCKWISE) return false;
+    if (p.x_dtype != ps[0].x_dtype || p.q_dtype != ps[0].q_dtype) return false;
+    elements += p.m * p.k;
+    saves = saves || needs_amax_pass(p);
+  }
+  return saves && elements <= kBatchMaxElements;
+}
+
+QuantProblem job_problem(const pt_quantize_job& j) {
+  return make_quant_problem(j.x, j.q_row, j.s_row, j.q_col, j.s_col, j.granularity, j.block_size, j.col_transposed,
+                            j.flags);
+}
+
 }  // namespace
 
 extern "C" {
@@ -33,8 +151,7 @@ pt_status pt_quantize(const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_row, pt
     const QuantProblem p =
         make_quant_problem(x, q_row, s_row, q_col, s_col, granularity, block_size, col_transposed, flags);
     // A row-only rowwise quantization reduces each row's amax inside its kernel: no workspace.
-    const bool inline_row_amax = p.granularity == PT_QUANT_ROWWISE && p.row && !p.col && !p.rht && !p.fp4();
-    const size_t need = inline_row_amax ? 0 : workspace_bytes(p.m, p.k, p.granularity);
+    const size_t need = needs_amax_pass(p) ? workspace_bytes(p.m, p.k, p.granularity) : 0;
     PT_CHECK_ARG(ws_bytes >= need, "argument 'workspace' has ", ws_bytes, " bytes; this problem needs ", need,
                  " (pt_quantize_workspace_bytes)");
     PT_CHECK_ARG(need == 0 || (workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 16 == 0),
@@ -43,76 +160,81 @@ pt_status pt_quantize(const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_row, pt
     int device = 0;
     const std::string arch = arch_of_current_device(&device);
     const Kernels kern = load_kernels(p.x_dtype, p.q_dtype, arch);
-    auto s = static_cast<cudaStream_t>(stream);
+    const int sms = device_info(device).sm_count;
+    const PtQuantParams qp = kernel_params(p, x, q_row, s_row, q_col, s_col, seed, stream, sms);
+    quantize_one(p, kern, qp, workspace, need, static_cast<cudaStream_t>(stream));
+  });
+}
+
+size_t pt_quantize_jobs_workspace_bytes(const pt_quantize_job* jobs, int32_t count) {
+  if (jobs == nullptr || count <= 0 || count > 2) return 0;
+  size_t total = 0;
+  for (int32_t j = 0; j < count; ++j) {
+    if (jobs[j].x == nullptr) return 0;
+    const bool two_d = jobs[j].x->ndim == 2;
+    const int64_t m = two_d ? jobs[j].x->shape[0] : 0, k = two_d ? jobs[j].x->shape[1] : 0;
+    total += (workspace_bytes(m, k, jobs[j].granularity) + 255) / 256 * 256;
+  }
+  return total;
+}
+
+pt_status pt_quantize_jobs(const pt_quantize_job* jobs, int32_t count, void* workspace, size_t ws_bytes, void* stream) {
+  return api_guard([&] {
+    PT_CHECK_ARG(jobs != nullptr, "argument 'jobs' is null");
+    PT_CHECK_ARG(count >= 1 && count <= 2, "argument 'count' is ", count, "; expected 1 or 2");
+    QuantProblem ps[2];
+    size_t need = 0;
+    for (int32_t j = 0; j < count; ++j) {
+      ps[j] = job_problem(jobs[j]);
+      need += job_workspace_bytes(ps[j]);
+    }
+    PT_CHECK_ARG(ws_bytes >= need, "argument 'workspace' has ", ws_bytes, " bytes; these jobs need ", need,
+                 " (pt_quantize_jobs_workspace_bytes)");
+    PT_CHECK_ARG(need == 0 || (workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 256 == 0),
+                 "argument 'workspace' must be a non-null, 256-byte aligned pointer");
+    int device = 0;
+    const std::string arch = arch_of_current_device(&device);
+    const int sms = device_info(device).sm_count;
+    auto* ws = static_cast<char*>(workspace);
+    if (!batchable(ps, count)) {
+      for (int32_t j = 0; j < count; ++j) {
+        const QuantProblem& p = ps[j];
+        const pt_quantize_job& job = jobs[j];
+        if (p.m > 0 && p.k > 0) {
+          const PtQuantParams qp = kernel_params(p, job.x, job.q_row, job.s_row, job.q_col, job.s_col, 0, stream, sms);
+          quantize_one(p, load_kernels(p.x_dtype, p.q_dtype, arch), qp, ws, job_workspace_bytes(p),
+                       static_cast<cudaStream_t>(stream));
+        }
+        ws += job_workspace_bytes(p);
+      }
+      return;
+    }
+    PtQuantBatch b{};
+    b.count = count;
+    b.stream = stream;
+    b.num_sms = sms;
+    for (int32_t j = 0; j < count; ++j) {
+      const QuantProblem& p = ps[j];
+      const pt_quantize_job& job = jobs[j];
+      PtQuantParams& qp = b.jobs[j];
+      qp = kernel_params(p, job.x, job.q_row, job.s_row, job.q_col, job.s_col, 0, stream, sms);
+      if (p.granularity == PT_QUANT_TENSORWISE || p.granularity == PT_QUANT_ROWWISE) {
+        // The amax scratch, zeroed by the kernel: tensorwise one value read by both outputs;
+        // rowwise per row [m] and per column [k] for the outputs asked for.
+        float* amax = reinterpret_cast<float*>(ws);
+        const bool tensor = p.granularity == PT_QUANT_TENSORWISE;
+        qp.amax_row = tensor || p.row ? amax : nullptr;
+        qp.amax_col = tensor ? amax : p.col ? amax + p.m : nullptr;
+        qp.amax_row_per_row = !tensor && p.row;
+        qp.amax_col_per_col = !tensor && p.col;
+        qp.row_block = qp.col_block = 0;
+      }
+      ws += job_workspace_bytes(p);
+    }
     char err[1024] = {0};
-
-    PtQuantParams qp{};
-    qp.m = p.m;
-    qp.k = p.k;
-    qp.x = x->data;
-    qp.q_row = p.row ? q_row->data : nullptr;
-    qp.s_row = p.row ? s_row->data : nullptr;
-    qp.q_col = p.col ? q_col->data : nullptr;
-    qp.s_col = p.col ? s_col->data : nullptr;
-    qp.col_transposed = p.col_transposed;
-    qp.row_block = p.block;
-    qp.col_block = p.block;
-    qp.block_2d = p.block_2d;
-    qp.e8m0 = p.granularity == PT_QUANT_MX_BLOCKWISE;
-    qp.rht = p.rht;
-    qp.sr = p.sr;
-    qp.seed = seed;
-    qp.stream = stream;
-    qp.num_sms = device_info(device).sm_count;
-    if (p.mn_major) {
-      // GEMM layout: [blocks, round_up(rows, 4)]; the kernel writes the real rows, the padding is
-      // zeroed here (a strided memset, only when a row count is not a multiple of 4).
-      const int64_t ld_row = (p.m + 3) / 4 * 4, ld_col = (p.k + 3) / 4 * 4;
-      qp.s_row_ld_mn = p.row ? ld_row : 0;
-      qp.s_col_ld_mn = p.col ? ld_col : 0;
-      const auto zero_pad = [&](void* scales, int64_t rows, int64_t ld, int64_t blocks) {
-        if (rows == ld) return;
-        PT_CHECK_CUDA(cudaMemset2DAsync(static_cast<float*>(scales) + rows, ld * sizeof(float), 0,
-                                        (ld - rows) * sizeof(float), blocks, s));
-      };
-      if (p.row) zero_pad(s_row->data, p.m, ld_row, (p.k + p.block - 1) / p.block);
-      if (p.col) zero_pad(s_col->data, p.k, ld_col, (p.m + p.block - 1) / p.block);
-    }
-
-    if (inline_row_amax) {
-      // Row output only: each row's amax inside the quantize kernel (one launch, one DRAM read).
-      qp.row_amax_inline = 1;
-      qp.row_block = qp.col_block = 0;
-    } else if (p.granularity == PT_QUANT_TENSORWISE || p.granularity == PT_QUANT_ROWWISE) {
-      // Device-side amax first; the quantize kernel reads it (no host round trip).
-      PT_CHECK_CUDA(cudaMemsetAsync(workspace, 0, need, s));
-      float* ws = static_cast<float*>(workspace);
-      PtQuantAmaxParams ap{};
-      ap.m = p.m;
-      ap.k = p.k;
-      ap.x = x->data;
-      ap.stream = stream;
-      ap.num_sms = qp.num_sms;
-      if (p.granularity == PT_QUANT_TENSORWISE) {
-        ap.amax_tensor = ws;
-        qp.amax_row = qp.amax_col = ws;
-      } else {
-        ap.amax_rows = p.row ? ws : nullptr;
-        ap.amax_cols = p.col ? ws + p.m : nullptr;
-        qp.amax_row = ws;
-        qp.amax_col = ws + p.m;
-        qp.amax_row_per_row = 1;
-        qp.amax_col_per_col = 1;
-      }
-      if (kern.amax(&ap, err, sizeof(err)) != 0) {
-        PT_THROW(PT_ERROR_CUDA, "quantization amax (", p.m, " x ", p.k, ", ", dtype_name(p.x_dtype),
-                 ") failed: ", err);
-      }
-      qp.row_block = qp.col_block = 0;
-    }
-    if (kern.quantize(&qp, err, sizeof(err)) != 0) {
-      PT_THROW(PT_ERROR_CUDA, "quantization (", p.m, " x ", p.k, ", ", dtype_name(p.x_dtype), " -> ",
-               dtype_name(p.q_dtype), ") failed: ", err);
+    if (load_kernels(ps[0].x_dtype, ps[0].q_dtype, arch).batch(&b, err, sizeof(err)) != 0) {
+      PT_THROW(PT_ERROR_CUDA, "quantization (", count, " jobs, ", dtype_name(ps[0].x_dtype), " -> ",
+               dtype_name(ps[0].q_dtype), ") failed: ", err);
     }
   });
 }

@@ -42,7 +42,8 @@ Kernels load_kernels(int32_t x_dtype, int32_t q_dtype, const std::string& arch) 
     // May compile: not under the lock, so other modules can build in parallel.
     auto module = jit::get_module(r);
     Kernels k{module->function<PtQuantFn>("pt_quantize_run"), module->function<PtQuantAmaxFn>("pt_quant_amax_run"),
-              module->function<PtDequantFn>("pt_dequantize_run")};
+              module->function<PtDequantFn>("pt_dequantize_run"),
+              module->function<PtQuantBatchFn>("pt_quantize_batch_run")};
     return k;
   });
 }

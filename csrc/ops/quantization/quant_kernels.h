@@ -1,5 +1,5 @@
 // The JIT modules of quantization: one per (input dtype, quantized format, arch), each exporting
-// quantize, amax and dequantize (kernels/quantization/quantize_tile.cuh).
+// quantize, amax, dequantize and the batched quantize (kernels/quantization/quantizer.cuh).
 #pragma once
 
 #include <string>
@@ -12,6 +12,7 @@ struct Kernels {
   PtQuantFn quantize = nullptr;
   PtQuantAmaxFn amax = nullptr;
   PtDequantFn dequantize = nullptr;
+  PtQuantBatchFn batch = nullptr;
 };
 
 // Builds or loads the module (memoized). x_dtype: float32/float16/bfloat16 (the dequantized dtype

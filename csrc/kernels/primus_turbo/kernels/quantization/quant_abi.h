@@ -69,7 +69,20 @@ typedef struct PtDequantParams {
   void* stream;
 } PtDequantParams;
 
+// Up to two FP8 quantizations of one input dtype and format in one cooperative launch (no FP4,
+// RHT or E8M0): for each job whose scales come from an amax (row_block or col_block 0), amax_row /
+// amax_col point into scratch the kernel zeroes itself (tensorwise: amax_row == amax_col, one
+// value; rowwise: amax_row [m] per row, amax_col [k] per column); 1-D block scales laid out
+// blocks-major (s_row_ld_mn / s_col_ld_mn) get their padding rows zeroed by the kernel too.
+typedef struct PtQuantBatch {
+  PtQuantParams jobs[2];
+  int count;
+  void* stream;
+  int num_sms;
+} PtQuantBatch;
+
 typedef int (*PtQuantFn)(const PtQuantParams* params, char* err, size_t err_len);
+typedef int (*PtQuantBatchFn)(const PtQuantBatch* batch, char* err, size_t err_len);
 typedef int (*PtQuantAmaxFn)(const PtQuantAmaxParams* params, char* err, size_t err_len);
 typedef int (*PtDequantFn)(const PtDequantParams* params, char* err, size_t err_len);
 

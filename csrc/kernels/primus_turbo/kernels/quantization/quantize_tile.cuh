@@ -393,11 +393,11 @@ __device__ __forceinline__ void col_output(TileSmem<S> s, const PtQuantParams& p
   }
 }
 
+// One tile of a quantization (stages A-C) into the CTA's shared memory s; the caller separates
+// consecutive tiles of one CTA with a barrier.
 template <class T, class F, class S>
-__global__ void __launch_bounds__(kThreads, sizeof(S) == 2 ? 5 : 3) quantize_tile_kernel(const PtQuantParams p) {
-  extern __shared__ __align__(16) float smem[];
-  const TileSmem<S> s = carve<S>(smem);
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTile, k0 = static_cast<int64_t>(blockIdx.y) * kTile;
+__device__ __forceinline__ void quantize_tile(TileSmem<S> s, const PtQuantParams& p, int64_t m_tile, int64_t k_tile) {
+  const int64_t m0 = m_tile * kTile, k0 = k_tile * kTile;
   load_tile(static_cast<const T*>(p.x), p.m, p.k, m0, k0, s.tile);
   __syncthreads();
   const bool row = p.q_row != nullptr, col = p.q_col != nullptr;
@@ -408,45 +408,59 @@ __global__ void __launch_bounds__(kThreads, sizeof(S) == 2 ? 5 : 3) quantize_til
     block2d_amax(s, p.row_block);
     __syncthreads();
   }
-  if (row) row_output<F, S>(s, p, m0, k0, blockIdx.y == 0);
-  if (col) col_output<F, S>(s, p, m0, k0, blockIdx.x == 0);
+  if (row) row_output<F, S>(s, p, m0, k0, k_tile == 0);
+  if (col) col_output<F, S>(s, p, m0, k0, m_tile == 0);
 }
 
-// Absolute maxima into atomically updated buffers (non-negative floats order like their bits).
-template <class T>
-__global__ void __launch_bounds__(kThreads) amax_tile_kernel(const PtQuantAmaxParams p) {
+template <class T, class F, class S>
+__global__ void __launch_bounds__(kThreads, sizeof(S) == 2 ? 5 : 3) quantize_tile_kernel(const PtQuantParams p) {
   extern __shared__ __align__(16) float smem[];
-  const TileSmem<T> s = carve<T>(smem);
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTile, k0 = static_cast<int64_t>(blockIdx.y) * kTile;
-  load_tile(static_cast<const T*>(p.x), p.m, p.k, m0, k0, s.tile);
+  quantize_tile<T, F, S>(carve<S>(smem), p, blockIdx.x, blockIdx.y);
+}
+
+// One tile's absolute maxima into atomically updated buffers (non-negative floats order like their
+// bits; null: not wanted): the whole tensor, per row, per column. The caller separates consecutive
+// tiles of one CTA with a barrier.
+template <class T>
+__device__ __forceinline__ void amax_tile(TileSmem<T> s, const T* x, int64_t m, int64_t k, int64_t m_tile,
+                                          int64_t k_tile, float* amax_tensor, float* amax_rows, float* amax_cols) {
+  const int64_t m0 = m_tile * kTile, k0 = k_tile * kTile;
+  load_tile(x, m, k, m0, k0, s.tile);
   __syncthreads();
   row_segment_amax(s, false);
-  if (p.amax_cols) col_segment_amax(s, false);
+  if (amax_cols) col_segment_amax(s, false);
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (p.amax_rows || p.amax_tensor) {
+  if (amax_rows || amax_tensor) {
     float t = 0.0f;
     for (int r = threadIdx.x; r < kTile; r += kThreads) {
       float a = 0.0f;
       for (int j = 0; j < kSegs; ++j) a = fmaxf(a, s.seg_row[r * kSegs + j]);
-      if (p.amax_rows && m0 + r < p.m) atomicMax(reinterpret_cast<int*>(p.amax_rows + m0 + r), __float_as_int(a));
+      if (amax_rows && m0 + r < m) atomicMax(reinterpret_cast<int*>(amax_rows + m0 + r), __float_as_int(a));
       t = fmaxf(t, a);
     }
-    if (p.amax_tensor) {
+    if (amax_tensor) {
       t = warp_max(t, 32);
       if (lane == 0) s.blk2d[warp] = t;
       __syncthreads();
       if (threadIdx.x == 0) {
         for (int w = 1; w < kWarps; ++w) t = fmaxf(t, s.blk2d[w]);
-        atomicMax(reinterpret_cast<int*>(p.amax_tensor), __float_as_int(t));
+        atomicMax(reinterpret_cast<int*>(amax_tensor), __float_as_int(t));
       }
     }
   }
-  if (p.amax_cols && threadIdx.x < kTile && k0 + threadIdx.x < p.k) {
+  if (amax_cols && threadIdx.x < kTile && k0 + threadIdx.x < k) {
     float a = 0.0f;
     for (int j = 0; j < kSegs; ++j) a = fmaxf(a, s.seg_col[j * kTile + threadIdx.x]);
-    atomicMax(reinterpret_cast<int*>(p.amax_cols + k0 + threadIdx.x), __float_as_int(a));
+    atomicMax(reinterpret_cast<int*>(amax_cols + k0 + threadIdx.x), __float_as_int(a));
   }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) amax_tile_kernel(const PtQuantAmaxParams p) {
+  extern __shared__ __align__(16) float smem[];
+  amax_tile<T>(carve<T>(smem), static_cast<const T*>(p.x), p.m, p.k, blockIdx.x, blockIdx.y, p.amax_tensor,
+               p.amax_rows, p.amax_cols);
 }
 
 }  // namespace primus_turbo::kernels::quant

@@ -13,6 +13,7 @@
 #include "primus_turbo/kernels/jit_export.cuh"
 #include "primus_turbo/kernels/quantization/quant_abi.h"
 #include "primus_turbo/kernels/quantization/quant_formats.cuh"
+#include "primus_turbo/kernels/quantization/quantize_batch.cuh"
 #include "primus_turbo/kernels/quantization/quantize_rows.cuh"
 #include "primus_turbo/kernels/quantization/quantize_tile.cuh"
 
@@ -122,6 +123,19 @@ struct Quantizer {
     return report_launch("amax", err, err_len);
   }
 
+  // FP8 jobs of this module's dtype and format in one cooperative launch (quantize_batch.cuh).
+  static int batch(const PtQuantBatch* b, char* err, size_t err_len) {
+    if constexpr (F::kFp4) {
+      snprintf(err, err_len, "quantization: FP4 has no batched launch");
+      return 1;
+    } else {
+      for (int j = 0; j < b->count; ++j) {
+        if (check_grid(b->jobs[j].m, b->jobs[j].k, err, err_len)) return 1;
+      }
+      return launch_batch<T, F>(b, err, err_len);
+    }
+  }
+
   static int dequantize(const PtDequantParams* p, char* err, size_t err_len) {
     if (p->m <= 0 || p->k <= 0) return 0;
     const int64_t gx = (p->k + 4 * kThreads - 1) / (4 * kThreads);
@@ -137,7 +151,8 @@ struct Quantizer {
 
 }  // namespace primus_turbo::kernels::quant
 
-// Exports Quantizer<T, F>'s entry points as pt_quantize_run / pt_quant_amax_run / pt_dequantize_run.
+// Exports Quantizer<T, F>'s entry points as pt_quantize_run / pt_quant_amax_run / pt_dequantize_run /
+// pt_quantize_batch_run.
 #define PT_JIT_EXPORT_QUANTIZER(Kernel)                                                       \
   PT_JIT_EXPORT_ABI_VERSION                                                                   \
   extern "C" __attribute__((visibility("default"))) int pt_quantize_run(                      \
@@ -151,4 +166,8 @@ struct Quantizer {
   extern "C" __attribute__((visibility("default"))) int pt_dequantize_run(                    \
       const PtDequantParams* params, char* err, size_t err_len) {                             \
     return Kernel::dequantize(params, err, err_len);                                          \
+  }                                                                                           \
+  extern "C" __attribute__((visibility("default"))) int pt_quantize_batch_run(                \
+      const PtQuantBatch* batch, char* err, size_t err_len) {                                 \
+    return Kernel::batch(batch, err, err_len);                                                \
   }
