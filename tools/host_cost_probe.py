@@ -1,113 +1,144 @@
-"""Where the host time of a short op goes: gemm / gemm_fp8 / quantize / swiglu timed layer by
-layer on tiny inputs (256 x 256), each as host µs per call over 2000 calls, over 100 calls (the
-launch queue never fills) and as device-event µs per call: when the three agree the op is
-host-bound. Needs a GPU.
+"""Where an op's host time goes: µs per call at each layer of the path from Python to the kernels
+(public op, autograd.Function, the native op alone, inference form), next to torch primitives of
+known cost (an empty tensor, a small launch, torch.matmul), then the CPU-side profile of the
+native op alone (events per call and self µs per call: allocations, launches, stream queries).
 
-    python3 -P tools/host_cost_probe.py
+    python3 -P tools/host_cost_probe.py [--ops gemm_fp8_rowwise,gemm_fp4] [--iters 3000] [--no-profile]
+
+Tiny inputs (as benchmark/ops/bench_host_overhead.py), so the host is what is timed.
 """
+
+import argparse
 import importlib
 import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-import primus_turbo.pytorch as turbo
-from primus_turbo.pytorch.ops import quantization as QZ
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmark.ops.bench_utils import host_us_per_call  # noqa: E402
-
-G = importlib.import_module("primus_turbo.pytorch.ops.gemm")  # the package re-exports the functions
-G8 = importlib.import_module("primus_turbo.pytorch.ops.gemm_fp8")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "ops"))
+import bench_utils as bu  # noqa: E402
 
 
-def t(fn, n=2000):
-    return host_us_per_call(fn, iters=n, warmup=50)
+def _layers(turbo):
+    """name -> {layer: callable}; every callable runs one forward (or a forward+backward: 'step')."""
+    from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, Float8QuantConfig, ScalingGranularity
+
+    # The modules (turbo.ops re-exports the functions under the same names).
+    f4 = importlib.import_module("primus_turbo.pytorch.ops.gemm_fp4")
+    f8 = importlib.import_module("primus_turbo.pytorch.ops.gemm_fp8")
+
+    G = ScalingGranularity
+    bf16, e4m3 = torch.bfloat16, torch.float8_e4m3fn
+    a = torch.randn(256, 256, device="cuda", dtype=bf16, requires_grad=True)
+    b = torch.randn(256, 256, device="cuda", dtype=bf16, requires_grad=True)
+    g = torch.randn(256, 256, device="cuda", dtype=bf16)
+    ad, bd = a.detach(), b.detach()
+    out = {}
+    for name, gran in (("tensorwise", G.TENSORWISE), ("rowwise", G.ROWWISE), ("blockwise", G.BLOCKWISE)):
+        cfg = Float8QuantConfig(granularity=gran, block_size=128 if gran == G.BLOCKWISE else None)
+        code = f8._NATIVE_GRANULARITY[gran]
+        native_fwd = f8._native_fwd
+        out[f"gemm_fp8_{name}"] = {
+            "op train fwd": (lambda cfg: lambda: turbo.ops.gemm_fp8(a, b, trans_b=True, config=cfg))(cfg),
+            "Function.apply": (lambda cfg: lambda: f8.NativeGemmFp8Function.apply(
+                a, b, False, True, bf16, cfg.format, cfg.granularity, None))(cfg),
+            "native fwd (for bwd)": (
+                lambda code: lambda: native_fwd(ad, bd, False, True, bf16, e4m3, code, True)
+            )(code),
+            "native infer": (lambda code: lambda: f8._native_infer(ad, bd, False, True, bf16, e4m3, code))(code),
+            "op step": (lambda cfg: lambda: torch.autograd.grad(
+                turbo.ops.gemm_fp8(a, b, trans_b=True, config=cfg), (a, b), g))(cfg),
+        }
+    fp4 = Float4QuantConfig()
+    out["gemm_fp4"] = {
+        "op train fwd": lambda: turbo.ops.gemm_fp4(a, b, trans_b=True, config=fp4),
+        "native fwd (for bwd)": lambda: f4._native_fwd(ad, bd, False, True, bf16, False, False, True, True),
+        "native infer": lambda: f4._native_fwd(ad, bd, False, True, bf16, False, False, False, False),
+        "op step": lambda: torch.autograd.grad(turbo.ops.gemm_fp4(a, b, trans_b=True, config=fp4), (a, b), g),
+    }
+    groups = 4
+    ga = torch.randn(groups * 64, 256, device="cuda", dtype=bf16, requires_grad=True)
+    gb = torch.randn(groups, 256, 256, device="cuda", dtype=bf16, requires_grad=True)
+    lens = torch.full((groups,), 64, device="cuda", dtype=torch.int64)
+    block = Float8QuantConfig(granularity=G.BLOCKWISE, block_size=128)
+    out["grouped_gemm_fp8_blockwise"] = {
+        "op train fwd": lambda: turbo.ops.grouped_gemm_fp8(ga, gb, lens, trans_b=True, config=block),
+        "op step": lambda: torch.autograd.grad(
+            turbo.ops.grouped_gemm_fp8(ga, gb, lens, trans_b=True, config=block), (ga, gb),
+            torch.ones(groups * 64, 256, device="cuda", dtype=bf16)),
+    }
+    # Other ops as the host-overhead benchmark calls them (its no-grad forward and its fwd+bwd).
+    import bench_host_overhead as bho
+
+    cases = bho._cases(turbo)
+    for name in ("gemm", "rmsnorm", "layernorm", "moe_permute", "token_permute", "flash_attn", "grouped_gemm_fp4"):
+        fwd, _, step, _ = cases[name]
+        out[name] = {"op fwd (no grad)": (lambda f: lambda: _no_grad(f))(fwd), "op step": step}
+    return out
 
 
-def t3(fn):
-    """Host µs per call over 2000 calls, over 100 calls (launch queue never full), device µs per call."""
-    long = t(fn, 2000)
-    short = t(fn, 100)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(200):
+def _no_grad(fn):
+    with torch.no_grad():
+        return fn()
+
+
+def _primitives():
+    x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    return {
+        "torch.empty 256x256": lambda: torch.empty(256, 256, device="cuda", dtype=torch.bfloat16),
+        "torch.add (one launch)": lambda: torch.add(x, y),
+        "torch.matmul no grad": lambda: torch.matmul(x, y.t()),
+        "torch.cuda.current_stream": lambda: torch.cuda.current_stream(),
+    }
+
+
+def _profile(fn, calls: int = 200, top: int = 18) -> None:
+    for _ in range(20):
         fn()
-    end.record()
-    end.synchronize()
-    return f"{long:7.1f} {short:7.1f} gpu {start.elapsed_time(end) * 1e3 / 200:7.1f}"
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+    print(f"      {'event':44s} {'per call':>8s} {'self us/call':>12s}")
+    for e in rows:
+        print(f"      {e.key[:44]:44s} {e.count / calls:8.2f} {e.self_cpu_time_total / calls:12.2f}")
 
 
 def main() -> None:
-    dev, bf, e4 = "cuda", torch.bfloat16, torch.float8_e4m3fn
-    an = torch.randn(256, 256, device=dev, dtype=bf)
-    bn = torch.randn(256, 256, device=dev, dtype=bf)
-    qa, sa = QZ._quantize_op(an, e4, 1, 0, True, False, False, 0, 0)[:2]  # rowwise along K
-    qb, sb = QZ._quantize_op(bn, e4, 1, 0, True, False, False, 0, 0)[:2]
-    qt, st = QZ._quantize_op(an, e4, 0, 0, True, False, False, 0, 0)[:2]  # tensorwise
-    one = torch.ones((), device=dev)
-    xg = torch.randn(256, 2048, device=dev, dtype=bf)
-    for name, fn in (
-        ("torch.matmul", lambda: torch.matmul(an, bn.t())),
-        ("gemm native", lambda: G._gemm_call(an, bn, False, True, bf)),
-        ("gemm_fp8 native fwd row", lambda: G8._native_fwd(an, bn, False, True, bf, e4, 1, False)),
-        ("gemm_fp8 native fwd tensor", lambda: G8._native_fwd(an, bn, False, True, bf, e4, 0, False)),
-        ("_quantize_op row", lambda: QZ._quantize_op(an, e4, 1, 0, True, False, False, 0, 0)),
-        ("_quantize_op tensor", lambda: QZ._quantize_op(an, e4, 0, 0, True, False, False, 0, 0)),
-        ("_fp8_mm_op row", lambda: G8._fp8_mm_op(qa, sa.reshape(-1), 1, qb, sb.reshape(-1), 1, bf)),
-        ("_fp8_mm_op tensor", lambda: G8._fp8_mm_op(qt, st.reshape(()), 0, qt, st.reshape(()), 0, bf)),
-        ("torch._scaled_mm tensor", lambda: torch._scaled_mm(qt, qt.t(), one, one, out_dtype=bf)),
-        ("turbo.swiglu", lambda: turbo.ops.swiglu(xg)),
-        ("torch silu*mul", lambda: F.silu(xg[:, :1024]) * xg[:, 1024:]),
-    ):
-        print(f"{name:32s} {t3(fn)} us", flush=True)
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--ops", default=None)
+    p.add_argument("--iters", type=int, default=3000)
+    p.add_argument("--no-profile", action="store_true")
+    args = p.parse_args()
+    import primus_turbo.pytorch as turbo
 
-
-def c_api_layers() -> None:
-    """The same pieces one layer down: C API calls through ctypes with descriptors built once (a
-    ctypes call costs ~1 µs), so what remains is the library's own host time per call."""
-    import ctypes
-
-    from primus_turbo._core.lib import lib
-    from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, to_pt
-
-    dev, bf, e4 = "cuda", torch.bfloat16, torch.float8_e4m3fn
-    x = torch.randn(256, 256, device=dev, dtype=bf)
-    q = torch.empty(256, 256, device=dev, dtype=e4)
-    qc = torch.empty(256, 256, device=dev, dtype=e4)
-    s = torch.empty(256, 1, device=dev)
-    sc = torch.empty(256, 1, device=dev)
-    out = torch.empty(256, 256, device=dev, dtype=bf)
-    ws = torch.empty(lib.pt_gemm_workspace_bytes(), dtype=torch.uint8, device=dev)
-    qws = torch.empty(lib.pt_quantize_workspace_bytes(256, 256, 1), dtype=torch.uint8, device=dev)
-    st = current_stream_handle(x.device)
-    px, pq, pqc, ps, psc, pout = (to_pt(t) for t in (x, q, qc, s, sc, out))
-    ps1 = to_pt(s.reshape(256))
-    nul = ctypes.c_void_p()
-    calls = {
-        "C pt_quantize row only": lambda: lib.pt_quantize(px, pq, ps, None, None, 1, 0, 1, 0, 0, None, 0, st),
-        "C pt_quantize row+col": lambda: lib.pt_quantize(px, pq, ps, pqc, psc, 1, 0, 1, 0, 0, qws.data_ptr(),
-                                                         qws.numel(), st),
-        "C pt_gemm_fp8 row cublaslt": lambda: lib.pt_gemm_fp8(pq, ps1, 1, pqc, ps1, 1, pout, 0.0, 1, 0,
-                                                              ws.data_ptr(), ws.numel(), st),
-        "C pt_gemm bf16 cublaslt": lambda: lib.pt_gemm(px, px, pout, 0, 1, 1.0, 0.0, 1, 0, ws.data_ptr(),
-                                                       ws.numel(), st),
-        "torch.empty fp8 256x256": lambda: torch.empty(256, 256, device=dev, dtype=e4),
-        "torch _scaled_mm rowwise": lambda: torch._scaled_mm(q, qc.t(), s, s.reshape(1, 256), out_dtype=bf),
-    }
-    del nul
-    for name, fn in calls.items():
-        print(f"{name:32s} {t3(fn)} us", flush=True)
-    for fb in (False, True):
-        fn = lambda: G8._native_fwd(x, x, False, True, bf, e4, 1, fb)  # noqa: E731
-        print(f"{'native fwd row for_backward=' + str(fb):32s} {t3(fn)} us", flush=True)
-    fwd = G8._native_fwd(x, x, False, True, bf, e4, 1, True)
-    fn = lambda: G8._native_bwd(x, *fwd[1:], False, True, e4, 1, bf, bf, True, True, None)  # noqa: E731
-    print(f"{'native bwd row':32s} {t3(fn)} us", flush=True)
+    print("torch primitives, host us per call:")
+    for name, fn in _primitives().items():
+        print(f"  {name:32s} {bu.host_us_per_call(fn, args.iters, warmup=50):8.2f}")
+    layers = _layers(turbo)
+    names = args.ops.split(",") if args.ops else list(layers)
+    for name in names:
+        print(f"\n{name}: host us per call")
+        for layer, fn in layers[name].items():
+            iters = args.iters // 4 if "step" in layer else args.iters
+            try:
+                best = min(bu.host_us_per_call(fn, iters // 3, warmup=30) for _ in range(3))
+                print(f"  {layer:32s} {best:8.2f}")
+            except Exception as e:  # a layer that cannot run here is reported, not fatal
+                print(f"  {layer:32s} ERROR {type(e).__name__}: {str(e)[:150]}")
+        if args.no_profile:
+            continue
+        for layer in ("native fwd (for bwd)", "op fwd (no grad)", "op step"):
+            if layer in layers[name]:
+                print(f"  profile of '{layer}':")
+                try:
+                    _profile(layers[name][layer])
+                except Exception as e:
+                    print(f"    ERROR {type(e).__name__}: {str(e)[:150]}")
 
 
 if __name__ == "__main__":
     main()
-    c_api_layers()

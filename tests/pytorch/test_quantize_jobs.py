@@ -15,7 +15,7 @@ from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, to_pt
 from primus_turbo.pytorch.ops import quantization as QZ
 
 TENSOR, ROW, BLOCK = 0, 1, 2
-FLAG_2D, FLAG_MN_MAJOR = 1, 8
+FLAG_2D, FLAG_MN_MAJOR, FLAG_PAD4 = 1, 8, 16
 # (granularity, flags, row, col) of one job; the weight-like 2-D blocks and the GEMM's blocks-major
 # 1x128 scales included.
 JOBS = {
@@ -27,6 +27,7 @@ JOBS = {
     "row-c": (ROW, 0, False, True),
     "block-mn-rc": (BLOCK, FLAG_MN_MAJOR, True, True),
     "block2d-rc": (BLOCK, FLAG_2D, True, True),
+    "block2d-pad-rc": (BLOCK, FLAG_2D | FLAG_PAD4, True, True),
 }
 # Pairs of shapes: aligned, odd (partial tiles, rows not a multiple of 4), and one above the
 # batched launch's size limit (the separate path behind the same call).
@@ -37,9 +38,18 @@ SHAPES = {
 }
 
 
+def _cdiv(a, b):
+    return -(-a // b)
+
+
 def _outputs(x, q_dtype, job, fill):
     g, flags, row, col = job
-    outs = QZ._outputs(x, q_dtype, g, 128 if g == BLOCK else 0, row, col, True, flags)
+    outs = list(QZ._outputs(x, q_dtype, g, 128 if g == BLOCK else 0, row, col, True, flags & ~FLAG_PAD4))
+    if flags & FLAG_PAD4:  # 2-D scales with the last dim rounded up to 4
+        m, k = x.shape
+        pad4 = lambda n: _cdiv(n, 4) * 4  # noqa: E731
+        outs[1] = x.new_empty((_cdiv(m, 128), pad4(_cdiv(k, 128))), dtype=torch.float32)
+        outs[3] = x.new_empty((_cdiv(k, 128), pad4(_cdiv(m, 128))), dtype=torch.float32)
     for t in outs:
         if t.numel():
             (t.view(torch.uint8).fill_(fill) if t.dtype != torch.float32 else t.fill_(float(fill)))
@@ -84,7 +94,7 @@ def _jobs(xs, q_dtype, jobs):
 @pytest.mark.parametrize("shapes", list(SHAPES), ids=list(SHAPES))
 @pytest.mark.parametrize("pair", [("tensor-rc", "tensor-rc"), ("row-rc", "row-rc"), ("block-mn-rc", "block2d-rc"),
                                   ("tensor-r", "tensor-c"), ("row-r", "row-c"), ("row-rc", None),
-                                  ("tensor-rc", None), ("block-mn-rc", "row-c")],
+                                  ("tensor-rc", None), ("block-mn-rc", "row-c"), ("block-mn-rc", "block2d-pad-rc")],
                          ids=lambda p: f"{p[0]}+{p[1]}")
 @pytest.mark.parametrize("q_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
@@ -99,7 +109,12 @@ def test_jobs_match_separate_calls(shapes, pair, q_dtype, x_dtype):
         ref = _ref(x, q_dtype, job)
         for name, a, b in zip(("q_row", "s_row", "q_col", "s_col"), outs, ref):
             assert a.shape == b.shape, name
-            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{name} differs"
+            assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), f"{name} differs"
+        if job[1] & FLAG_PAD4:  # the padded scales hold the unpadded ones, then zeros
+            plain = _ref(x, q_dtype, (job[0], FLAG_2D, job[2], job[3]))
+            for padded, unpadded in ((outs[1], plain[1]), (outs[3], plain[3])):
+                n = unpadded.shape[1]
+                assert torch.equal(padded[:, :n], unpadded) and not padded[:, n:].any()
 
 
 # ---- the core's checks (no device work happens before them) ---------------------------------------
@@ -119,6 +134,16 @@ def test_jobs_count_and_workspace_are_checked():
     assert need == 512  # two tensorwise jobs, a 256-byte share each
     assert lib.pt_quantize_jobs(arr, 2, FAKE_PTR, need - 1, None) != 0
     assert "these jobs need" in lib.pt_last_error().decode()
+
+
+def test_padded_scales_need_2d_blocks():
+    x, q = desc([4, 256]), desc([4, 256], 3)
+    assert lib.pt_quantize(x, q, desc([4, 4], 0), None, None, BLOCK, 128, 1, FLAG_PAD4, 0, None, 0, None) != 0
+    assert "PT_QUANT_SCALES_PAD4" in lib.pt_last_error().decode()
+    # 2-D blocks: [ceil(4/128), round_up(2, 4)] = [1, 4] is the padded shape; [1, 2] is refused.
+    assert lib.pt_quantize(x, q, desc([1, 2], 0), None, None, BLOCK, 128, 1, FLAG_2D | FLAG_PAD4, 0, None, 0,
+                           None) != 0
+    assert "expected [1, 4]" in lib.pt_last_error().decode()
 
 
 def test_jobs_check_each_job():

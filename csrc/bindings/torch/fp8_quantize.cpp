@@ -12,7 +12,7 @@ std::vector<int64_t> scale_shape(const QuantSpec& spec, int64_t m, int64_t k, bo
     case PT_QUANT_TENSORWISE: return {};
     case PT_QUANT_ROWWISE: return {rows, 1};
     default:
-      if (spec.two_d) return {cdiv(rows, 128), cdiv(cols, 128)};
+      if (spec.two_d) return {cdiv(rows, 128), spec.pad4 ? round_up4(cdiv(cols, 128)) : cdiv(cols, 128)};
       if (spec.mn_major) return {cdiv(cols, 128), round_up4(rows)};
       return {rows, cdiv(cols, 128)};
   }
@@ -74,7 +74,8 @@ struct Outputs {
   pt_quantize_job job(const QuantSpec& spec) {
     const int64_t g = spec.granularity;
     const bool blocks = g == PT_QUANT_BLOCKWISE;
-    const int32_t flags = !blocks ? 0 : spec.two_d ? PT_QUANT_2D_BLOCK : spec.mn_major ? PT_QUANT_SCALES_MN_MAJOR : 0;
+    const int32_t two_d = PT_QUANT_2D_BLOCK | (spec.pad4 ? PT_QUANT_SCALES_PAD4 : 0);
+    const int32_t flags = !blocks ? 0 : spec.two_d ? two_d : spec.mn_major ? PT_QUANT_SCALES_MN_MAJOR : 0;
     return pt_quantize_job{&x, row ? &qr : nullptr, row ? &sr : nullptr, col ? &qc : nullptr, col ? &sc : nullptr,
                            static_cast<int32_t>(g), blocks ? 128 : 0, 1, flags};
   }

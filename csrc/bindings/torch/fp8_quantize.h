@@ -33,6 +33,7 @@ struct QuantSpec {
   int64_t granularity;
   bool two_d = false;
   bool mn_major = false;
+  bool pad4 = false;  // 2-D block scales with their last dim rounded up to 4 (PT_QUANT_SCALES_PAD4)
 };
 
 // (activation / gradient scaling, weight scaling) of a granularity; raises for the others.
@@ -51,7 +52,7 @@ struct QuantScratch {
 
 // x [m, k] (contiguous) quantized along k (row, [m, k]) and along m stored transposed (col,
 // [k, m]); either may be skipped. Scales: TENSORWISE 0-dim; ROWWISE [rows, 1]; 1x128 [rows, kb]
-// or, with mn_major, [kb, round_up(rows, 4)]; 2-D [ceil(rows/128), kb].
+// or, with mn_major, [kb, round_up(rows, 4)]; 2-D [ceil(rows/128), kb] (pad4: round_up(kb, 4)).
 std::pair<std::optional<Quantized>, std::optional<Quantized>> quantize_fp8(const Tensor& x, const QuantSpec& spec,
                                                                            bool want_row, bool want_col, void* ws,
                                                                            int32_t device, void* stream,

@@ -25,16 +25,17 @@ namespace {
 
 constexpr const char* kOp = "gemm_fp8";
 
-// x [m, k] quantized for the dense GEMM: 1x128 scales blocks-major (the layout the GEMM reads, no
-// restatement follows), 128x128 blocks for a BLOCKWISE weight.
+// x [m, k] quantized for the dense GEMM in the scale layouts it reads (no restatement follows): 1x128
+// scales blocks-major; 128x128 blocks for a BLOCKWISE weight, their last dim padded to 4.
 QuantRequest request(const Tensor& x, ScalarType dtype, int64_t g, bool weight, bool want_row, bool want_col) {
   const bool two_d = weight && g == PT_QUANT_BLOCKWISE;
-  return QuantRequest{&x, QuantSpec{dtype, g, two_d, !two_d}, want_row, want_col};
+  return QuantRequest{&x, QuantSpec{dtype, g, two_d, !two_d, two_d}, want_row, want_col};
 }
 
 // The quantizer's scales in the layout the GEMM reads (gemm_fp8.h): tensor -> 0-dim, row ->
 // [rows] (views of the same memory); 1x128 -> [kb, round_up(rows, 4)], rows contiguous, as the
-// quantizer wrote them; 128x128 -> [ceil(rows/128), round_up(kb, 4)] (a small copy where kb % 4).
+// quantizer wrote them; 128x128 -> [ceil(rows/128), round_up(kb, 4)], as the quantizer writes them
+// here (a small copy where kb % 4 and they came unpadded).
 Tensor kernel_scale(const Quantized& x) {
   const int64_t kb = cdiv(x.q.sizes()[1], 128);
   switch (x.scaling) {
@@ -43,7 +44,7 @@ Tensor kernel_scale(const Quantized& x) {
     case PT_FP8_SCALING_BLOCK_1x128: return x.s;
     default: {
       const int64_t extra = (4 - kb % 4) % 4;
-      if (!extra) return x.s;
+      if (!extra || x.s.sizes()[1] == kb + extra) return x.s;
       const std::vector<int64_t> pad{0, extra};
       return as_contiguous(torch::stable::pad(x.s, pad));
     }

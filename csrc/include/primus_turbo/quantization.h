@@ -20,6 +20,8 @@ typedef enum pt_quant_flags {
   PT_QUANT_SR = 4,        // FP4: stochastic rounding, deterministic for a given seed
   PT_QUANT_SCALES_MN_MAJOR = 8,  // BLOCKWISE 1-D blocks: scales in the layout the 1x128 block-scaled
                                  // GEMM reads (see pt_quantize)
+  PT_QUANT_SCALES_PAD4 = 16,     // BLOCKWISE 2-D blocks: the block count along the last scale dim
+                                 // rounded up to 4, as the 128x128 block-scaled GEMM reads them
 } pt_quant_flags;
 
 // Quantizes a contiguous 2-D x [m, k] (float32/float16/bfloat16) with scale = FMT_MAX / amax per
@@ -36,7 +38,9 @@ typedef enum pt_quant_flags {
 // PT_QUANT_SCALES_MN_MAJOR (BLOCKWISE, 1-D blocks, column output transposed): each output's scales
 // are stored blocks-major with that output's rows contiguous and their count rounded up to 4, as
 // the FP8 GEMM reads 1x128 scales (gemm_fp8.h): s_row [ceil(k/B), round_up(m, 4)], s_col
-// [ceil(m/B), round_up(k, 4)]; the padding entries are set to 0.
+// [ceil(m/B), round_up(k, 4)]; the padding entries are set to 0. PT_QUANT_SCALES_PAD4 (BLOCKWISE
+// 2-D blocks) likewise: s_row [ceil(m/B), round_up(ceil(k/B), 4)], s_col [ceil(k/B),
+// round_up(ceil(m/B), 4)], padding 0.
 // s_* hold scale_inv (fp32, x ~ q * scale_inv) or E8M0 bytes (float8_e8m0fnu or uint8). TENSORWISE
 // and ROWWISE reduce the amax on the device first (workspace: pt_quantize_workspace_bytes, 16-byte
 // aligned); nothing synchronizes with the host, so the call can be captured in a CUDA graph. An

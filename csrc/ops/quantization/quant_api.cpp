@@ -49,6 +49,13 @@ PtQuantParams kernel_params(const QuantProblem& p, const pt_tensor* x, pt_tensor
     qp.s_row_ld_mn = p.row ? (p.m + 3) / 4 * 4 : 0;
     qp.s_col_ld_mn = p.col ? (p.k + 3) / 4 * 4 : 0;
   }
+  if (p.pad4) {
+    // GEMM layout of 2-D block scales: the block count along the last dim rounded up to 4; the
+    // kernel zeroes the padding.
+    const int64_t kb = (p.k + p.block - 1) / p.block, mb = (p.m + p.block - 1) / p.block;
+    qp.s_row_ld_2d = p.row ? (kb + 3) / 4 * 4 : 0;
+    qp.s_col_ld_2d = p.col ? (mb + 3) / 4 * 4 : 0;
+  }
   return qp;
 }
 

@@ -87,7 +87,8 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
   PT_CHECK_ARG(x->ndim == 2, "argument 'x' has shape ", shape_string(*x), "; expected a 2-D tensor [m, k]");
   PT_CHECK_ARG(is_float_dtype(x->dtype), "argument 'x' has dtype ", dtype_name(x->dtype),
                "; expected float32, float16 or bfloat16");
-  PT_CHECK_ARG((flags & ~(PT_QUANT_2D_BLOCK | PT_QUANT_RHT | PT_QUANT_SR | PT_QUANT_SCALES_MN_MAJOR)) == 0,
+  PT_CHECK_ARG((flags & ~(PT_QUANT_2D_BLOCK | PT_QUANT_RHT | PT_QUANT_SR | PT_QUANT_SCALES_MN_MAJOR |
+                          PT_QUANT_SCALES_PAD4)) == 0,
                "argument 'flags' is ", flags,
                "; unknown bits set");
   QuantProblem p;
@@ -118,6 +119,7 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
   p.rht = (flags & PT_QUANT_RHT) != 0;
   p.sr = (flags & PT_QUANT_SR) != 0;
   p.mn_major = (flags & PT_QUANT_SCALES_MN_MAJOR) != 0;
+  p.pad4 = (flags & PT_QUANT_SCALES_PAD4) != 0;
   check_granularity_block(granularity, block_size, p.fp4());
   const bool blocks = granularity == PT_QUANT_BLOCKWISE || granularity == PT_QUANT_MX_BLOCKWISE;
   if (!blocks) p.block = 0;
@@ -129,6 +131,8 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
   PT_CHECK_ARG(!p.mn_major || (granularity == PT_QUANT_BLOCKWISE && !p.block_2d && (!p.col || p.col_transposed)),
                "MN-major scales (PT_QUANT_SCALES_MN_MAJOR) are for BLOCKWISE 1-D blocks with a transposed column "
                "output");
+  PT_CHECK_ARG(!p.pad4 || (granularity == PT_QUANT_BLOCKWISE && p.block_2d),
+               "padded scales (PT_QUANT_SCALES_PAD4) are for BLOCKWISE 2-D blocks (PT_QUANT_2D_BLOCK)");
   if (p.fp4()) {
     PT_CHECK_ARG(!p.col || p.col_transposed, "FP4 column output is stored transposed [k, m/2]");
     PT_CHECK_ARG(!p.row || p.k % 2 == 0, "argument 'x' has shape ", shape_string(*x),
@@ -145,6 +149,7 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
   }
   const int64_t m = p.m, k = p.k;
   const int B = p.block;
+  const auto pad = [&](int64_t blocks) { return p.pad4 ? round_up4(blocks) : blocks; };  // 2-D scales' last dim
   if (p.row) {
     if (p.fp4()) check_shape2(q_row, "q_row", m, k / 2);
     else check_shape2(q_row, "q_row", m, k);
@@ -152,7 +157,7 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
     check_scale_dtype(s_row, "s_row", granularity);
     if (granularity == PT_QUANT_TENSORWISE) check_numel(s_row, "s_row", 1, "one scale for the tensor");
     else if (granularity == PT_QUANT_ROWWISE) check_numel(s_row, "s_row", m, "one scale per row");
-    else if (p.block_2d) check_shape2(s_row, "s_row", ceil_div(m, B), ceil_div(k, B));
+    else if (p.block_2d) check_shape2(s_row, "s_row", ceil_div(m, B), pad(ceil_div(k, B)));
     else if (p.mn_major) check_shape2(s_row, "s_row", ceil_div(k, B), round_up4(m));
     else check_shape2(s_row, "s_row", m, ceil_div(k, B));
   }
@@ -164,7 +169,7 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
     check_scale_dtype(s_col, "s_col", granularity);
     if (granularity == PT_QUANT_TENSORWISE) check_numel(s_col, "s_col", 1, "one scale for the tensor");
     else if (granularity == PT_QUANT_ROWWISE) check_numel(s_col, "s_col", k, "one scale per column of x");
-    else if (p.block_2d) check_shape2(s_col, "s_col", ceil_div(k, B), ceil_div(m, B));
+    else if (p.block_2d) check_shape2(s_col, "s_col", ceil_div(k, B), pad(ceil_div(m, B)));
     else if (p.mn_major) check_shape2(s_col, "s_col", ceil_div(m, B), round_up4(k));
     else if (p.col_transposed) check_shape2(s_col, "s_col", k, ceil_div(m, B));
     else check_shape2(s_col, "s_col", ceil_div(m, B), k);

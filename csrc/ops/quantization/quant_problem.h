@@ -18,6 +18,7 @@ struct QuantProblem {
   bool row = false, col = false, col_transposed = false;
   bool block_2d = false, rht = false, sr = false;
   bool mn_major = false;  // PT_QUANT_SCALES_MN_MAJOR
+  bool pad4 = false;      // PT_QUANT_SCALES_PAD4
   bool fp4() const { return q_dtype == PT_FLOAT4_E2M1_X2; }
 };
 

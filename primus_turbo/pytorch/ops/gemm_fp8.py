@@ -394,7 +394,8 @@ def _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_bac
     if not for_backward:
         return out, *(library.placeholder(a) for _ in range(4))
     s_a = {0: (), 1: (k, 1), 2: (_cdiv(m, 128), k)}[granularity]  # 1x128: MN-major, as the GEMM reads it
-    s_b = {0: (), 1: (k, 1), 2: (_cdiv(k, 128), _cdiv(n, 128))}[granularity]
+    # 128x128: the block count along N rounded up to 4, as the GEMM reads it.
+    s_b = {0: (), 1: (k, 1), 2: (_cdiv(k, 128), -(-_cdiv(n, 128) // 4) * 4)}[granularity]
     f32 = torch.float32
     return (
         out, a.new_empty((k, m), dtype=fwd_dtype), a.new_empty(s_a, dtype=f32),

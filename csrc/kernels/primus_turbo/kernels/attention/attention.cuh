@@ -6,6 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <mutex>
+#include <set>
+#include <tuple>
 
 #include "primus_turbo/kernels/attention/attn_bwd.cuh"
 #include "primus_turbo/kernels/attention/attn_fwd.cuh"
@@ -46,10 +49,21 @@ struct Attention {
     return true;
   }
 
-  // Dynamic shared memory above 48 KiB needs an opt-in per kernel and device.
+  // Dynamic shared memory above 48 KiB needs an opt-in per kernel and device: made once (the
+  // attribute call costs microseconds of host time, and every op call launches).
   template <class Kernel>
   static cudaError_t allow_smem(Kernel kernel, size_t bytes) {
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    static std::mutex mutex;
+    static std::set<std::tuple<const void*, int, size_t>> done;
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) return e;
+    const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, bytes);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (done.count(key)) return cudaSuccess;
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (e == cudaSuccess) done.insert(key);
+    return e;
   }
 
   static bool packed(const PtAttnParams* p) { return p->cu_seqlens_q != nullptr; }

@@ -43,6 +43,9 @@ typedef struct PtQuantParams {
   int64_t s_row_ld_mn;  // > 0: 1-D block scales of the row output at s_row[block * s_row_ld_mn + row]
   int64_t s_col_ld_mn;  // > 0: the same for the transposed column output, s_col[block * ld + column of x]
   int num_sms;          // SMs of the device: sizes the grid-stride launches
+  int64_t s_row_ld_2d;  // > 0: 2-D block scales of the row output at s_row[block_row * ld + block_col],
+                        // the entries past the block count zeroed (the GEMM's padded layout)
+  int64_t s_col_ld_2d;  // > 0: the same for the transposed column output
 } PtQuantParams;
 
 // Absolute maxima of a contiguous [m, k] tensor, accumulated with atomic max into buffers the

@@ -254,10 +254,14 @@ __device__ __forceinline__ void row_output(TileSmem<S> s, const PtQuantParams& p
         store_scale_at(p.s_row, 0, sc, p.e8m0);
       }
     } else if ((32 * sg) % B == 0 && (!p.block_2d || r % B == 0)) {
-      const int64_t ld = (k + B - 1) / B;
+      const int64_t blocks = (k + B - 1) / B, ld = p.s_row_ld_2d ? p.s_row_ld_2d : blocks;
       const int64_t row = p.block_2d ? gr / B : gr;
       const int64_t at = p.s_row_ld_mn ? (gc / B) * p.s_row_ld_mn + gr : row * ld + gc / B;
       store_scale_at(p.s_row, at, sc, p.e8m0);
+      // Padded 2-D scales: the owner of a row's last block zeroes the padding after it.
+      if (gc / B == blocks - 1) {
+        for (int64_t j = blocks; j < ld; ++j) store_scale_at(p.s_row, row * ld + j, Scale{}, false);
+      }
     }
   }
   __syncthreads();
@@ -341,7 +345,11 @@ __device__ __forceinline__ void col_output(TileSmem<S> s, const PtQuantParams& p
       if (p.s_col_ld_mn) {
         store_scale_at(p.s_col, (gr0 / B) * p.s_col_ld_mn + gc, sc, p.e8m0);
       } else if (p.col_transposed) {
-        store_scale_at(p.s_col, (p.block_2d ? gc / B : gc) * ldm + gr0 / B, sc, p.e8m0);
+        const int64_t ld = p.s_col_ld_2d ? p.s_col_ld_2d : ldm, row = p.block_2d ? gc / B : gc;
+        store_scale_at(p.s_col, row * ld + gr0 / B, sc, p.e8m0);
+        if (gr0 / B == ldm - 1) {
+          for (int64_t j = ldm; j < ld; ++j) store_scale_at(p.s_col, row * ld + j, Scale{}, false);
+        }
       } else {
         store_scale_at(p.s_col, (gr0 / B) * k + gc, sc, p.e8m0);
       }
