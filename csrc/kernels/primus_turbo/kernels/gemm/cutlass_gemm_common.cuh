@@ -14,6 +14,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/kernel_hardware_info.h"
 #include "primus_turbo/kernels/common/cute_stride.cuh"
+#include "primus_turbo/kernels/gemm/cutlass_launch.cuh"
 #include "primus_turbo/kernels/jit_abi.h"
 #include "primus_turbo/kernels/jit_export.cuh"
 

@@ -117,8 +117,7 @@ struct CutlassGemmFp8Sm90 {
     auto args = make_arguments(*p);
     if (check_gemm(gemm, args, p->workspace_bytes, "FP8 GEMM", err, err_len)) return 1;
     auto stream = static_cast<cudaStream_t>(p->stream);
-    cutlass::Status status = gemm.initialize(args, p->workspace, stream);
-    if (status == cutlass::Status::kSuccess) status = gemm.run(stream);
+    const cutlass::Status status = initialize_and_run<Gemm>(args, p->workspace, stream);
     const cudaError_t launch = cudaGetLastError();
     if (status != cutlass::Status::kSuccess || launch != cudaSuccess) {
       std::snprintf(err, err_len, "CUTLASS FP8 launch failed: %s (%s)",

@@ -80,8 +80,7 @@ struct CutlassGemmSm90 {
     auto args = make_arguments(*p);
     if (check_gemm(gemm, args, p->workspace_bytes, "problem", err, err_len)) return 1;
     auto stream = static_cast<cudaStream_t>(p->stream);
-    cutlass::Status status = gemm.initialize(args, p->workspace, stream);
-    if (status == cutlass::Status::kSuccess) status = gemm.run(stream);
+    const cutlass::Status status = initialize_and_run<Gemm>(args, p->workspace, stream);
     if (status != cutlass::Status::kSuccess) {
       cudaError_t last = cudaGetLastError();
       std::snprintf(err, err_len, "CUTLASS launch failed: %s (%s)", cutlassGetStatusString(status),

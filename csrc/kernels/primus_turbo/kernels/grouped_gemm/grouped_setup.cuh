@@ -20,6 +20,7 @@
 #include "cutlass/gemm/gemm.h"
 #include "cutlass/kernel_hardware_info.h"
 #include "primus_turbo/kernels/common/cute_stride.cuh"
+#include "primus_turbo/kernels/gemm/cutlass_launch.cuh"
 
 namespace primus_turbo::kernels::grouped {
 
@@ -268,8 +269,7 @@ struct GroupedRunner {
                     cutlassGetStatusString(status));
       return 1;
     }
-    status = gemm.initialize(args, base + before_cutlass, stream);
-    if (status == cutlass::Status::kSuccess) status = gemm.run(stream);
+    status = initialize_and_run<typename K::Gemm>(args, base + before_cutlass, stream);
     cudaError_t launch = cudaGetLastError();
     if (status != cutlass::Status::kSuccess || launch != cudaSuccess) {
       std::snprintf(err, err_len, "CUTLASS %s launch failed: %s (%s)", K::kName,
