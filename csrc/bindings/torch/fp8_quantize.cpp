@@ -55,20 +55,16 @@ struct Outputs {
     const auto [act, wgt] = fp8_scalings(spec.granularity, context);
     const int32_t scaling = spec.two_d ? wgt : act;
     x = to_pt(t);
-    if (want_row) {
-      const auto ss = scale_shape(spec, m, k, true);
-      row = Quantized{empty({m, k}, spec.dtype, device), empty(ss.data(), ss.size(), ScalarType::Float, device),
-                      scaling};
-      qr = to_pt(row->q);
-      sr = to_pt(row->s);
-    }
-    if (want_col) {
-      const auto ss = scale_shape(spec, m, k, false);
-      col = Quantized{empty({k, m}, spec.dtype, device), empty(ss.data(), ss.size(), ScalarType::Float, device),
-                      scaling};
-      qc = to_pt(col->q);
-      sc = to_pt(col->s);
-    }
+    // The copy along k ([m, k]) or along m (stored transposed, [k, m]) with its scales.
+    const auto copy = [&](bool along_k, std::optional<Quantized>& out, pt_tensor& q, pt_tensor& s) {
+      const auto ss = scale_shape(spec, m, k, along_k);
+      out = Quantized{along_k ? empty({m, k}, spec.dtype, device) : empty({k, m}, spec.dtype, device),
+                      empty(ss.data(), ss.size(), ScalarType::Float, device), scaling};
+      q = to_pt(out->q);
+      s = to_pt(out->s);
+    };
+    if (want_row) copy(true, row, qr, sr);
+    if (want_col) copy(false, col, qc, sc);
   }
 
   pt_quantize_job job(const QuantSpec& spec) {
