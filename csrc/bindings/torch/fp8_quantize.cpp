@@ -29,11 +29,6 @@ std::pair<int32_t, int32_t> fp8_scalings(int64_t granularity, const char* op) {
   }
 }
 
-size_t quantize_workspace_bytes(int64_t m, int64_t k, int64_t granularity, bool want_row, bool want_col) {
-  if (granularity == PT_QUANT_ROWWISE && want_row && !want_col) return 0;
-  return (pt_quantize_workspace_bytes(m, k, static_cast<int32_t>(granularity)) + 255) / 256 * 256;
-}
-
 QuantScratch::QuantScratch(size_t bytes, int32_t device) {
   if (bytes) buffer = empty({static_cast<int64_t>(bytes)}, ScalarType::Byte, device);
 }
@@ -78,19 +73,6 @@ struct Outputs {
 };
 
 }  // namespace
-
-std::pair<std::optional<Quantized>, std::optional<Quantized>> quantize_fp8(const Tensor& x, const QuantSpec& spec,
-                                                                           bool want_row, bool want_col, void* ws,
-                                                                           int32_t device, void* stream,
-                                                                           const char* context) {
-  Outputs out(x, spec, want_row, want_col, device, context);
-  const pt_quantize_job j = out.job(spec);
-  const size_t ws_bytes = quantize_workspace_bytes(x.sizes()[0], x.sizes()[1], spec.granularity, want_row, want_col);
-  check_status(pt_quantize(j.x, j.q_row, j.s_row, j.q_col, j.s_col, j.granularity, j.block_size, j.col_transposed,
-                           j.flags, 0, ws_bytes ? ws : nullptr, ws_bytes, stream),
-               context);
-  return {out.row, out.col};
-}
 
 std::vector<QuantPair> quantize_fp8_jobs(std::initializer_list<QuantRequest> requests, int32_t device, void* stream,
                                          const char* context) {

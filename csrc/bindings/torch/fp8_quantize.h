@@ -1,7 +1,7 @@
 // FP8 quantization as the native GEMM ops compose it (dense gemm_fp8_ops.cpp, grouped
-// grouped_gemm_fp8_ops.cpp): one pt_quantize call writes an operand's copy along its last
-// dimension (row) and/or along its first, stored transposed (col), from one read of the input; the
-// caller allocates one scratch buffer for the amax workspaces of all its quantizations.
+// grouped_gemm_fp8_ops.cpp): one pt_quantize_jobs call quantizes a GEMM's operands, each into its
+// copy along its last dimension (row) and/or along its first, stored transposed (col), from one
+// read of the input.
 #pragma once
 
 #include <cstddef>
@@ -39,28 +39,18 @@ struct QuantSpec {
 // (activation / gradient scaling, weight scaling) of a granularity; raises for the others.
 std::pair<int32_t, int32_t> fp8_scalings(int64_t granularity, const char* op);
 
-// Bytes of amax workspace quantize_fp8() needs (0: a row-only rowwise quantization reduces each
-// row inside its kernel), rounded up so several fit in one allocation.
-size_t quantize_workspace_bytes(int64_t m, int64_t k, int64_t granularity, bool want_row, bool want_col);
-
-// One scratch allocation for several quantize_fp8() calls; at(offset) is a call's share.
+// One scratch allocation for the amax of several quantizations; at(offset) is one's share.
 struct QuantScratch {
   std::optional<Tensor> buffer;
   QuantScratch(size_t bytes, int32_t device);
   void* at(size_t offset) const;
 };
 
-// x [m, k] (contiguous) quantized along k (row, [m, k]) and along m stored transposed (col,
-// [k, m]); either may be skipped. Scales: TENSORWISE 0-dim; ROWWISE [rows, 1]; 1x128 [rows, kb]
-// or, with mn_major, [kb, round_up(rows, 4)]; 2-D [ceil(rows/128), kb] (pad4: round_up(kb, 4)).
-std::pair<std::optional<Quantized>, std::optional<Quantized>> quantize_fp8(const Tensor& x, const QuantSpec& spec,
-                                                                           bool want_row, bool want_col, void* ws,
-                                                                           int32_t device, void* stream,
-                                                                           const char* context);
-
 using QuantPair = std::pair<std::optional<Quantized>, std::optional<Quantized>>;
 
-// One quantization of a batch: x [m, k] (contiguous) quantized per spec into the copies asked for.
+// One quantization of a batch: x [m, k] (contiguous) quantized along k (row, [m, k]) and / or along
+// m stored transposed (col, [k, m]). Scales: TENSORWISE 0-dim; ROWWISE [rows, 1]; 1x128 [rows, kb]
+// or, with mn_major, [kb, round_up(rows, 4)]; 2-D [ceil(rows/128), kb] (pad4: round_up(kb, 4)).
 struct QuantRequest {
   const Tensor* x;
   QuantSpec spec;
@@ -68,8 +58,7 @@ struct QuantRequest {
 };
 
 // One or two quantizations (a GEMM's operands) in one pt_quantize_jobs call, which launches small
-// FP8 ones together, amax included; the scratch is allocated here. Results in request order, each
-// as quantize_fp8's.
+// FP8 ones together, amax included; the scratch is allocated here. Results in request order.
 std::vector<QuantPair> quantize_fp8_jobs(std::initializer_list<QuantRequest> requests, int32_t device, void* stream,
                                          const char* context);
 

@@ -90,18 +90,18 @@ Tensor transpose_last2(const Tensor& x, void* stream) {
   return y;
 }
 
-// Scratch share of one quantization of an [m, k] operand along k.
-size_t rows_workspace(int64_t m, int64_t k, int64_t granularity) {
-  return quantize_workspace_bytes(m, k, granularity, true, false);
+// Tokens x [R, C] to quantize along C (the kernel's A operand).
+QuantRequest tokens_request(const Tensor& x, ScalarType dtype, int64_t granularity) {
+  return QuantRequest{&x, QuantSpec{dtype, granularity}, true, false};
 }
 
-// x [R, C] quantized along C: (q [R, C], scale [R, ceil(C/128)]), the kernel's A layout
-// (TENSORWISE / ROWWISE scales repeated over the K blocks they cover).
-std::pair<Tensor, Tensor> quantize_tokens(const Tensor& x, ScalarType dtype, int64_t granularity, void* ws,
-                                          int32_t device, void* stream) {
-  const auto row = quantize_fp8(x, QuantSpec{dtype, granularity}, true, false, ws, device, stream, kOp).first;
-  if (granularity == PT_QUANT_BLOCKWISE) return {row->q, row->s};
-  return {row->q, broadcast(row->s, {x.sizes()[0], cdiv(x.sizes()[1], kBlock)}, device)};
+// x's quantization in the kernel's A layout: (q [R, C], scale [R, ceil(C/128)]), TENSORWISE /
+// ROWWISE scales repeated over the K blocks they cover.
+std::pair<Tensor, Tensor> tokens_operand(const QuantPair& quantized, const Tensor& x, int64_t granularity,
+                                         int32_t device) {
+  const Quantized& row = *quantized.first;
+  if (granularity == PT_QUANT_BLOCKWISE) return {row.q, row.s};
+  return {row.q, broadcast(row.s, {x.sizes()[0], cdiv(x.sizes()[1], kBlock)}, device)};
 }
 
 // A weight operand as the kernel reads B: q [G, n, k] K-major, its scales and b_scale_rows.
@@ -111,28 +111,33 @@ struct WeightOperand {
   int64_t rows;
 };
 
-// ROWWISE: w [G, X, Y] quantized per row of its K-major orientation (K = Y, or X with transpose).
-WeightOperand weight_rows(const Tensor& w, ScalarType dtype, bool transpose, int32_t device, void* stream) {
+// A weight w [G, X, Y] flattened to [G * X, Y] for its quantization along Y: for ROWWISE in its
+// K-major orientation (K = Y, or X with transpose: transposed first), else as it lies.
+Tensor weight_rows_source(const Tensor& w, bool transpose, void* stream) {
   const Tensor src = transpose ? transpose_last2(w, stream) : w;
-  const int64_t g = src.sizes()[0], n = src.sizes()[1], k = src.sizes()[2];
-  const Tensor flat = torch::stable::view(src, {g * n, k});
-  const auto row = quantize_fp8(flat, QuantSpec{dtype, PT_QUANT_ROWWISE}, true, false, nullptr, device, stream, kOp)
-                       .first;
-  const Tensor per_row = torch::stable::view(row->s, {g, n, 1});
-  return {torch::stable::view(row->q, {g, n, k}), broadcast(per_row, {g, n, cdiv(k, kBlock)}, device), 1};
+  return torch::stable::view(src, {src.sizes()[0] * src.sizes()[1], src.sizes()[2]});
 }
 
-// TENSORWISE / BLOCKWISE: w [G, X, Y] quantized as it lies: (q [G, X, Y], scale: 0-dim or
+QuantRequest weight_request(const Tensor& flat, ScalarType dtype, int64_t granularity) {
+  return QuantRequest{&flat, QuantSpec{dtype, granularity, granularity == PT_QUANT_BLOCKWISE}, true, false};
+}
+
+// ROWWISE: the weight's per-row quantization ([G * N, K], from weight_rows_source) as the kernel's B.
+WeightOperand weight_rows(const QuantPair& quantized, int64_t g, int32_t device) {
+  const Quantized& row = *quantized.first;
+  const int64_t n = row.q.sizes()[0] / g, k = row.q.sizes()[1];
+  const Tensor per_row = torch::stable::view(row.s, {g, n, 1});
+  return {torch::stable::view(row.q, {g, n, k}), broadcast(per_row, {g, n, cdiv(k, kBlock)}, device), 1};
+}
+
+// TENSORWISE / BLOCKWISE: the weight [G, X, Y] quantized as it lies: (q [G, X, Y], scale: 0-dim or
 // [G, X/128, ceil(Y/128)] per 128x128 block; X % 128 == 0, so no block crosses two experts).
-std::pair<Tensor, Tensor> quantize_weight_blocks(const Tensor& w, ScalarType dtype, int64_t granularity, void* ws,
-                                                 int32_t device, void* stream) {
-  const int64_t g = w.sizes()[0], x = w.sizes()[1], y = w.sizes()[2];
-  const bool blocks = granularity == PT_QUANT_BLOCKWISE;
-  const Tensor flat = torch::stable::view(w, {g * x, y});
-  const auto row = quantize_fp8(flat, QuantSpec{dtype, granularity, blocks}, true, false, ws, device, stream, kOp)
-                       .first;
-  const Tensor q = torch::stable::view(row->q, {g, x, y});
-  return {q, blocks ? torch::stable::view(row->s, {g, x / kBlock, cdiv(y, kBlock)}) : row->s};
+std::pair<Tensor, Tensor> weight_blocks(const QuantPair& quantized, int64_t g, int64_t granularity) {
+  const Quantized& row = *quantized.first;
+  const int64_t x = row.q.sizes()[0] / g, y = row.q.sizes()[1];
+  const Tensor q = torch::stable::view(row.q, {g, x, y});
+  if (granularity != PT_QUANT_BLOCKWISE) return {q, row.s};
+  return {q, torch::stable::view(row.s, {g, x / kBlock, cdiv(y, kBlock)})};
 }
 
 // quantize_weight_blocks' result as the kernel's K-major B (K = Y, or X with transpose).
@@ -229,18 +234,21 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   void* stream = current_stream(device);
   check_group_lens_on_host(kOp, group_lens, m, stream);
   const Tensor a = as_contiguous(a_in), b = as_contiguous(b_in);
-  const int64_t groups = b.sizes()[0], x = b.sizes()[1], y = b.sizes()[2];
+  const int64_t groups = b.sizes()[0];
   const bool rowwise = granularity == PT_QUANT_ROWWISE;
-  const size_t ws_a = rows_workspace(m, k, granularity);
-  const QuantScratch scratch(ws_a + (rowwise ? 0 : rows_workspace(groups * x, y, granularity)), device);
-  const auto [qa, sa] = quantize_tokens(a, fwd_dtype, granularity, scratch.at(0), device, stream);
+  // Tokens and weight in one call (small ones in one launch, their amax reductions included).
+  const Tensor flat_b = weight_rows_source(b, rowwise && !trans_b, stream);
+  const auto q = quantize_fp8_jobs({tokens_request(a, fwd_dtype, granularity),
+                                    weight_request(flat_b, fwd_dtype, granularity)},
+                                   device, stream, kOp);
+  const auto [qa, sa] = tokens_operand(q[0], a, granularity, device);
   Tensor out = empty({m, n}, out_dtype, device);
   if (rowwise) {
-    const WeightOperand wb = weight_rows(b, fwd_dtype, !trans_b, device, stream);
+    const WeightOperand wb = weight_rows(q[1], groups, device);
     run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
     return {out, placeholder(device), placeholder(device)};
   }
-  const auto [wq, ws] = quantize_weight_blocks(b, fwd_dtype, granularity, scratch.at(ws_a), device, stream);
+  const auto [wq, ws] = weight_blocks(q[1], groups, granularity);
   const WeightOperand wb = orient_blocks(wq, ws, !trans_b, device, stream);
   run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
   if (!for_backward) return {out, placeholder(device), placeholder(device)};
@@ -261,15 +269,25 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
   void* stream = current_stream(device);
   const ScalarType a_dtype = a.scalar_type();
   const Tensor grad = as_contiguous(grad_in), b = as_contiguous(b_in);
-  const int64_t m = grad.sizes()[0], n = grad.sizes()[1], k = trans_b ? b.sizes()[2] : b.sizes()[1];
+  const int64_t m = grad.sizes()[0], k = trans_b ? b.sizes()[2] : b.sizes()[1];
   Tensor grad_a = placeholder(device), grad_b = placeholder(device);
   if (need_a) {
-    const QuantScratch scratch(rows_workspace(m, n, granularity), device);
-    const auto [qg, sg] = quantize_tokens(grad, grad_dtype, granularity, scratch.at(0), device, stream);
-    const WeightOperand wb = granularity == PT_QUANT_ROWWISE ? weight_rows(b, fwd_dtype, trans_b, device, stream)
-                                                             : orient_blocks(wq, ws, trans_b, device, stream);
+    // ROWWISE re-quantizes the weight along the dgrad's K (N): with the gradient, in one call.
+    std::vector<QuantPair> q;
+    std::optional<WeightOperand> wb;
+    if (granularity == PT_QUANT_ROWWISE) {
+      const Tensor flat_b = weight_rows_source(b, trans_b, stream);
+      q = quantize_fp8_jobs({tokens_request(grad, grad_dtype, granularity),
+                             weight_request(flat_b, fwd_dtype, granularity)},
+                            device, stream, kOp);
+      wb = weight_rows(q[1], b.sizes()[0], device);
+    } else {
+      q = quantize_fp8_jobs({tokens_request(grad, grad_dtype, granularity)}, device, stream, kOp);
+      wb = orient_blocks(wq, ws, trans_b, device, stream);
+    }
+    const auto [qg, sg] = tokens_operand(q[0], grad, granularity, device);
     grad_a = empty({m, k}, a_dtype, device);
-    run_mm(qg, sg, wb.q, wb.s, group_lens, group_offs, grad_a, wb.rows, num_sms, -1, device, stream);
+    run_mm(qg, sg, wb->q, wb->s, group_lens, group_offs, grad_a, wb->rows, num_sms, -1, device, stream);
   }
   if (need_b) grad_b = hp_wgrad(a, grad, group_lens, group_offs, trans_b, k, num_sms, device);
   return {grad_a, grad_b};

@@ -116,11 +116,6 @@ void quantize_one(const QuantProblem& p, const Kernels& kern, PtQuantParams qp, 
   }
 }
 
-// Bytes of job scratch, rounded so the jobs' shares stay 256-byte aligned in one buffer.
-size_t job_workspace_bytes(const QuantProblem& p) {
-  return (workspace_bytes(p.m, p.k, p.granularity) + 255) / 256 * 256;
-}
-
 // Problems up to this many elements in all take the batched launch: where the host cost of the
 // separate launches (and the GPU's gaps between them) is comparable to the work itself. Larger
 // ones keep the separate kernels, which hold more tiles per SM (the batched kernel, with both
@@ -140,6 +135,13 @@ bool batchable(const QuantProblem* ps, int32_t count) {
     saves = saves || needs_amax_pass(p);
   }
   return saves && elements <= kBatchMaxElements;
+}
+
+// A job's share of the scratch, rounded so the shares stay 256-byte aligned in one buffer: its amax
+// (batched, every tensorwise / rowwise job; separately, those with an amax pass).
+size_t job_workspace_bytes(const QuantProblem& p, bool batched) {
+  if (!batched && !needs_amax_pass(p)) return 0;
+  return (workspace_bytes(p.m, p.k, p.granularity) + 255) / 256 * 256;
 }
 
 QuantProblem job_problem(const pt_quantize_job& j) {
@@ -175,14 +177,16 @@ pt_status pt_quantize(const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_row, pt
 
 size_t pt_quantize_jobs_workspace_bytes(const pt_quantize_job* jobs, int32_t count) {
   if (jobs == nullptr || count <= 0 || count > 2) return 0;
-  size_t total = 0;
-  for (int32_t j = 0; j < count; ++j) {
-    if (jobs[j].x == nullptr) return 0;
-    const bool two_d = jobs[j].x->ndim == 2;
-    const int64_t m = two_d ? jobs[j].x->shape[0] : 0, k = two_d ? jobs[j].x->shape[1] : 0;
-    total += (workspace_bytes(m, k, jobs[j].granularity) + 255) / 256 * 256;
+  try {  // invalid jobs need nothing here: pt_quantize_jobs reports them
+    QuantProblem ps[2];
+    for (int32_t j = 0; j < count; ++j) ps[j] = job_problem(jobs[j]);
+    const bool batched = batchable(ps, count);
+    size_t total = 0;
+    for (int32_t j = 0; j < count; ++j) total += job_workspace_bytes(ps[j], batched);
+    return total;
+  } catch (...) {
+    return 0;
   }
-  return total;
 }
 
 pt_status pt_quantize_jobs(const pt_quantize_job* jobs, int32_t count, void* workspace, size_t ws_bytes, void* stream) {
@@ -190,11 +194,10 @@ pt_status pt_quantize_jobs(const pt_quantize_job* jobs, int32_t count, void* wor
     PT_CHECK_ARG(jobs != nullptr, "argument 'jobs' is null");
     PT_CHECK_ARG(count >= 1 && count <= 2, "argument 'count' is ", count, "; expected 1 or 2");
     QuantProblem ps[2];
+    for (int32_t j = 0; j < count; ++j) ps[j] = job_problem(jobs[j]);
+    const bool batched = batchable(ps, count);
     size_t need = 0;
-    for (int32_t j = 0; j < count; ++j) {
-      ps[j] = job_problem(jobs[j]);
-      need += job_workspace_bytes(ps[j]);
-    }
+    for (int32_t j = 0; j < count; ++j) need += job_workspace_bytes(ps[j], batched);
     PT_CHECK_ARG(ws_bytes >= need, "argument 'workspace' has ", ws_bytes, " bytes; these jobs need ", need,
                  " (pt_quantize_jobs_workspace_bytes)");
     PT_CHECK_ARG(need == 0 || (workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 256 == 0),
@@ -203,16 +206,16 @@ pt_status pt_quantize_jobs(const pt_quantize_job* jobs, int32_t count, void* wor
     const std::string arch = arch_of_current_device(&device);
     const int sms = device_info(device).sm_count;
     auto* ws = static_cast<char*>(workspace);
-    if (!batchable(ps, count)) {
+    if (!batched) {
       for (int32_t j = 0; j < count; ++j) {
         const QuantProblem& p = ps[j];
         const pt_quantize_job& job = jobs[j];
         if (p.m > 0 && p.k > 0) {
           const PtQuantParams qp = kernel_params(p, job.x, job.q_row, job.s_row, job.q_col, job.s_col, 0, stream, sms);
-          quantize_one(p, load_kernels(p.x_dtype, p.q_dtype, arch), qp, ws, job_workspace_bytes(p),
+          quantize_one(p, load_kernels(p.x_dtype, p.q_dtype, arch), qp, ws, job_workspace_bytes(p, false),
                        static_cast<cudaStream_t>(stream));
         }
-        ws += job_workspace_bytes(p);
+        ws += job_workspace_bytes(p, false);
       }
       return;
     }
@@ -236,7 +239,7 @@ pt_status pt_quantize_jobs(const pt_quantize_job* jobs, int32_t count, void* wor
         qp.amax_col_per_col = !tensor && p.col;
         qp.row_block = qp.col_block = 0;
       }
-      ws += job_workspace_bytes(p);
+      ws += job_workspace_bytes(p, true);
     }
     char err[1024] = {0};
     if (load_kernels(ps[0].x_dtype, ps[0].q_dtype, arch).batch(&b, err, sizeof(err)) != 0) {
