@@ -116,25 +116,26 @@ void quantize_one(const QuantProblem& p, const Kernels& kern, PtQuantParams qp, 
   }
 }
 
-// Problems up to this many elements in all take the batched launch: where the host cost of the
-// separate launches (and the GPU's gaps between them) is comparable to the work itself. Larger
-// ones keep the separate kernels, which hold more tiles per SM (the batched kernel, with both
-// passes in one body, fits two).
-constexpr int64_t kBatchMaxElements = int64_t{1} << 24;
+// Problems of up to this many 128 x 128 tiles in all (2M elements) take the batched launch: where
+// the host cost of the separate launches (and the GPU's gaps between them) is comparable to the
+// work itself. Each CTA of the cooperative grid then holds one tile a phase, and the grid, at most
+// one CTA an SM, stays co-resident beside other kernels (NCCL's, say) on any Hopper part. Larger
+// problems keep the separate kernels, which hold more tiles per SM.
+constexpr int64_t kBatchMaxTiles = 128;
 
 // Whether these problems go through one batched launch: FP8 without RHT / SR / E8M0, one input
 // dtype and format, not too large, and a saving (two jobs, or one with an amax pass).
 bool batchable(const QuantProblem* ps, int32_t count) {
-  int64_t elements = 0;
+  int64_t tiles = 0;
   bool saves = count > 1;
   for (int32_t j = 0; j < count; ++j) {
     const QuantProblem& p = ps[j];
     if (p.fp4() || p.rht || p.sr || p.granularity == PT_QUANT_MX_BLOCKWISE) return false;
     if (p.x_dtype != ps[0].x_dtype || p.q_dtype != ps[0].q_dtype) return false;
-    elements += p.m * p.k;
+    tiles += ((p.m + 127) / 128) * ((p.k + 127) / 128);
     saves = saves || needs_amax_pass(p);
   }
-  return saves && elements <= kBatchMaxElements;
+  return saves && tiles <= kBatchMaxTiles;
 }
 
 // A job's share of the scratch, rounded so the shares stay 256-byte aligned in one buffer: its amax
