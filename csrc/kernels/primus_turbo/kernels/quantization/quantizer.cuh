@@ -71,6 +71,49 @@ int launch_tile(const PtQuantParams* p, cudaStream_t stream, char* err, size_t e
   return report_launch("quantize", err, err_len);
 }
 
+// Launches a batch (quantize_batch.cuh): as many CTAs as can be resident at once (a grid barrier
+// needs all of them), at most one per tile.
+template <class T, class F>
+int launch_batch(const PtQuantBatch* b, char* err, size_t err_len) {
+  constexpr size_t bytes = tile_smem_bytes<T>();
+  constexpr auto kernel = quantize_batch_kernel<T, F>;
+  if (reserve_smem<kernel, bytes>(err, err_len)) return 1;
+  static std::atomic<int> per_sm{0};  // resident CTAs an SM (one architecture in a process)
+  if (per_sm.load(std::memory_order_acquire) == 0) {
+    int n = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, bytes);
+    if (e != cudaSuccess || n <= 0) {
+      snprintf(err, err_len, "quantization: cannot size the cooperative launch: %s",
+               e != cudaSuccess ? cudaGetErrorString(e) : "no CTA fits an SM");
+      return 1;
+    }
+    per_sm.store(n, std::memory_order_release);
+  }
+  int64_t tiles = 0;
+  for (int j = 0; j < b->count; ++j) {
+    const PtQuantParams& p = b->jobs[j];
+    if (p.m > 0 && p.k > 0) tiles += ((p.m + kTile - 1) / kTile) * ((p.k + kTile - 1) / kTile);
+  }
+  if (tiles == 0) return 0;
+  const int64_t grid = std::min<int64_t>(tiles, int64_t{per_sm.load(std::memory_order_acquire)} * b->num_sms);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = bytes;
+  config.stream = static_cast<cudaStream_t>(b->stream);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, *b);
+  if (e != cudaSuccess) {
+    snprintf(err, err_len, "quantization (batch of %d) launch failed: %s", b->count, cudaGetErrorString(e));
+    return 1;
+  }
+  return report_launch("quantize (batch)", err, err_len);
+}
+
 // One module: input dtype T, quantized format F.
 template <class T, class F>
 struct Quantizer {
