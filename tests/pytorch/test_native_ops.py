@@ -339,3 +339,24 @@ def test_grouped_lengths_that_overflow_when_summed_write_nothing_outside():
     out = turbo.ops.grouped_gemm(a, b, lens)
     ref = (a.double() @ b[0].double()).to(torch.bfloat16)
     torch.testing.assert_close(out, ref, atol=5e-2, rtol=2e-2)
+
+
+# ---- the C++ autograd (bindings/torch_autograd), on meta tensors: the graph and the shapes ----------
+
+
+@pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False), (True, True)])
+def test_gemm_cpp_autograd_on_meta(trans_a, trans_b):
+    m, k, n = 64, 32, 48
+    a = torch.empty((k, m) if trans_a else (m, k), device="meta", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.empty((n, k) if trans_b else (k, n), device="meta", dtype=torch.bfloat16, requires_grad=True)
+    y = turbo.ops.gemm(a, b, trans_a=trans_a, trans_b=trans_b, out_dtype=torch.float32)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    assert type(y.grad_fn).__name__ == "CppFunction"  # not the Python GemmFunction
+    ga, gb = torch.autograd.grad(y, (a, b), torch.empty_like(y))
+    assert ga.shape == a.shape and gb.shape == b.shape and ga.dtype == gb.dtype == torch.bfloat16
+    # Only the gradients asked for.
+    b.requires_grad_(False)
+    y = turbo.ops.gemm(a, b, trans_a=trans_a, trans_b=trans_b)
+    (ga,) = torch.autograd.grad(y, (a,), torch.empty_like(y))
+    assert ga.shape == a.shape

@@ -9,6 +9,7 @@ tagged errors back into the Python exception classes the fake implementations ra
 
 import ctypes
 import functools
+import os
 import re
 
 import torch
@@ -26,6 +27,24 @@ torch.ops.load_library(str(_PATH))
 handle = ctypes.CDLL(str(_PATH))
 
 ops = torch.ops.primus_turbo
+
+
+def _load_cpp_autograd() -> bool:
+    """The C++ autograd of some ops (``libprimus_turbo_torch_autograd.so``, built against one torch
+    version's full C++ API): True when it loaded. Missing, or built for another torch (a load
+    error), the ops keep their Python ``autograd.Function``. PRIMUS_TURBO_CPP_AUTOGRAD=0 turns it off."""
+    path = LIBRARY_DIR / "libprimus_turbo_torch_autograd.so"
+    if os.environ.get("PRIMUS_TURBO_CPP_AUTOGRAD", "1") == "0" or not path.exists():
+        return False
+    try:
+        torch.ops.load_library(str(path))
+    except OSError:
+        return False
+    return True
+
+
+# Ops whose autograd runs in C++ when this is True: gemm (plain, without main_grad accumulation).
+CPP_AUTOGRAD = _load_cpp_autograd()
 
 _TAG = re.compile(r"\[primus_turbo:(\w+)\] ")
 _KINDS = {
