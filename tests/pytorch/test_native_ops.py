@@ -360,3 +360,17 @@ def test_gemm_cpp_autograd_on_meta(trans_a, trans_b):
     y = turbo.ops.gemm(a, b, trans_a=trans_a, trans_b=trans_b)
     (ga,) = torch.autograd.grad(y, (a,), torch.empty_like(y))
     assert ga.shape == a.shape
+
+
+@pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
+@pytest.mark.parametrize("code", [0, 1, 2])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False), (False, False)])
+def test_gemm_fp8_train_cpp_autograd_on_meta(code, trans_a, trans_b):
+    m, k, n = 64, 256, 48
+    a = torch.empty((k, m) if trans_a else (m, k), device="meta", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.empty((n, k) if trans_b else (k, n), device="meta", dtype=torch.bfloat16, requires_grad=True)
+    y = native.ops.gemm_fp8_train.default(a, b, trans_a, trans_b, torch.bfloat16, torch.float8_e4m3fn,
+                                          torch.float8_e5m2, code)
+    assert y.shape == (m, n) and type(y.grad_fn).__name__ == "CppFunction"
+    ga, gb = torch.autograd.grad(y, (a, b), torch.empty_like(y))
+    assert ga.shape == a.shape and gb.shape == b.shape

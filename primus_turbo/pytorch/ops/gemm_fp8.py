@@ -416,12 +416,22 @@ def _infer_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity):
     return _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, False)[0]
 
 
+def _train_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, grad_dtype, granularity):
+    return _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, True)[0]
+
+
 library.register_fake("gemm_fp8", _infer_fake)
 library.register_fake("gemm_fp8_fwd", _fwd_fake)
 library.register_fake("gemm_fp8_bwd", _bwd_fake)
 _native_infer = native.ops.gemm_fp8.default
 _native_fwd = native.ops.gemm_fp8_fwd.default
 _native_bwd = native.ops.gemm_fp8_bwd.default
+# With the C++ autograd (bindings/torch_autograd/gemm_fp8_autograd.cpp): forward and backward of a
+# training call without Python in between.
+_native_train = None
+if native.CPP_AUTOGRAD:
+    library.register_fake("gemm_fp8_train", _train_fake)
+    _native_train = native.ops.gemm_fp8_train.default
 
 
 class NativeGemmFp8Function(torch.autograd.Function):
@@ -759,6 +769,8 @@ def gemm_fp8(
                     check_main_grad_pattern(fuse_bgrad_accum_pattern)
                 return _native_infer(a, b, trans_a, trans_b, out_dtype, torch.float8_e4m3fn, code)
             main_grad = _training_main_grad(b, fuse_bgrad_accum_pattern, config.granularity)
+            if main_grad is None and _native_train is not None and not torch.compiler.is_compiling():
+                return _native_train(a, b, trans_a, trans_b, out_dtype, *_dtypes(config.format), code)
             return NativeGemmFp8Function.apply(
                 a, b, trans_a, trans_b, out_dtype, config.format, config.granularity, main_grad
             )
