@@ -374,3 +374,18 @@ def test_gemm_fp8_train_cpp_autograd_on_meta(code, trans_a, trans_b):
     assert y.shape == (m, n) and type(y.grad_fn).__name__ == "CppFunction"
     ga, gb = torch.autograd.grad(y, (a, b), torch.empty_like(y))
     assert ga.shape == a.shape and gb.shape == b.shape
+
+
+@pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
+def test_norm_cpp_autograd_on_meta():
+    x = torch.empty(4, 16, 256, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.empty(256, device="meta", dtype=torch.float32, requires_grad=True)
+    beta = torch.empty(256, device="meta", dtype=torch.float32, requires_grad=True)
+    y = turbo.ops.rmsnorm(x, g)
+    assert y.shape == x.shape and type(y.grad_fn).__name__ == "CppFunction"
+    dx, dg = torch.autograd.grad(y, (x, g), torch.empty_like(y))
+    assert dx.shape == x.shape and dg.shape == g.shape and dg.dtype == torch.float32
+    y = turbo.ops.layernorm(x, g, beta)
+    assert type(y.grad_fn).__name__ == "CppFunction"
+    dx, dg, db = torch.autograd.grad(y, (x, g, beta), torch.empty_like(y))
+    assert dx.shape == x.shape and dg.shape == db.shape == g.shape

@@ -116,6 +116,14 @@ _res_fwd_op = native.ops.rmsnorm_residual_fwd.default
 _res_bwd_op = native.ops.rmsnorm_residual_bwd.default
 _ln_fwd_op = native.ops.layernorm_fwd.default
 _ln_bwd_op = native.ops.layernorm_bwd.default
+# With the C++ autograd (bindings/torch_autograd/norm_autograd.cpp): a training call's forward and
+# backward without Python in between (eager mode; torch.compile traces the Python functions).
+_rms_train = _ln_train = None
+if native.CPP_AUTOGRAD:
+    library.register_fake("rmsnorm_train", lambda x, gamma, eps, zc: _fwd_fake(x, gamma, eps, zc)[0])
+    library.register_fake("layernorm_train", lambda x, gamma, beta, eps: _ln_fwd_fake(x, gamma, beta, eps)[0])
+    _rms_train = native.ops.rmsnorm_train.default
+    _ln_train = native.ops.layernorm_train.default
 
 
 class RmsNormFunction(torch.autograd.Function):
@@ -181,6 +189,8 @@ def rmsnorm(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-6, zero_center
     if type(eps) is not float or not isinstance(x, torch.Tensor) or not isinstance(gamma, torch.Tensor):
         _check_args("rmsnorm", x, eps, {"gamma": gamma})  # names a bad argument's type or value
     if torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad):
+        if _rms_train is not None and not torch.compiler.is_compiling():
+            return _rms_train(x, gamma, eps, bool(zero_centered))
         return RmsNormFunction.apply(x, gamma, eps, bool(zero_centered))
     return _fwd_op(x, gamma, eps, bool(zero_centered))[0]
 
@@ -222,5 +232,7 @@ def layernorm(x: torch.Tensor, gamma=None, beta=None, eps: float = 1e-5) -> torc
     if type(eps) is not float or not all(isinstance(t, torch.Tensor) for t in (x, gamma, beta)):
         _check_args("layernorm", x, eps, {"gamma": gamma, "beta": beta})
     if torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad or beta.requires_grad):
+        if _ln_train is not None and not torch.compiler.is_compiling():
+            return _ln_train(x, gamma, beta, eps)
         return LayerNormFunction.apply(x, gamma, beta, eps)
     return _ln_fwd_op(x, gamma, beta, eps)[0]
