@@ -389,3 +389,19 @@ def test_norm_cpp_autograd_on_meta():
     assert type(y.grad_fn).__name__ == "CppFunction"
     dx, dg, db = torch.autograd.grad(y, (x, g, beta), torch.empty_like(y))
     assert dx.shape == x.shape and dg.shape == db.shape == g.shape
+
+
+@pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_attention_cpp_autograd_on_meta(with_sink):
+    def t(*shape, grad=True):
+        return torch.empty(*shape, device="meta", dtype=torch.bfloat16, requires_grad=grad)
+
+    q, k, v = t(2, 128, 8, 64), t(2, 256, 2, 64), t(2, 256, 2, 64)
+    sink = torch.empty(8, device="meta", dtype=torch.float32, requires_grad=True) if with_sink else None
+    out, lse = turbo.ops.flash_attn_func(q, k, v, causal=True, sink=sink, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (2, 8, 128) and not lse.requires_grad
+    assert type(out.grad_fn).__name__ == "CppFunction"
+    inputs = (q, k, v, sink) if with_sink else (q, k, v)
+    grads = torch.autograd.grad(out, inputs, torch.empty_like(out))
+    assert all(g.shape == x.shape for g, x in zip(grads, inputs))

@@ -169,6 +169,12 @@ library.register_fake("attention_fwd", _fwd_fake)
 library.register_fake("attention_bwd", _bwd_fake)
 _fwd_op = native.ops.attention_fwd.default
 _bwd_op = native.ops.attention_bwd.default
+# With the C++ autograd (bindings/torch_autograd/attention_autograd.cpp): a training call's forward
+# and backward without Python in between (eager mode; torch.compile traces FlashAttnFunction).
+_train_op = None
+if native.CPP_AUTOGRAD:
+    library.register_fake("attention_train", lambda *args: _fwd_fake(*args[:-1]))
+    _train_op = native.ops.attention_train.default
 
 
 class FlashAttnFunction(torch.autograd.Function):
@@ -321,7 +327,10 @@ def needs_grad(q, k, v, sink) -> bool:
 def _attention(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, return_lse, deterministic):
     args = (q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, backend_code())
     if needs_grad(q, k, v, sink):
-        out, lse = FlashAttnFunction.apply(*args, bool(deterministic))
+        if _train_op is not None and not torch.compiler.is_compiling():
+            out, lse = _train_op(*args, bool(deterministic))
+        else:
+            out, lse = FlashAttnFunction.apply(*args, bool(deterministic))
     else:
         out, lse = _fwd_op(*args)
     return (out, lse) if return_lse else out
