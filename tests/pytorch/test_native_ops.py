@@ -405,3 +405,16 @@ def test_attention_cpp_autograd_on_meta(with_sink):
     inputs = (q, k, v, sink) if with_sink else (q, k, v)
     grads = torch.autograd.grad(out, inputs, torch.empty_like(out))
     assert all(g.shape == x.shape for g, x in zip(grads, inputs))
+
+
+@pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_grouped_gemm_cpp_autograd_on_meta(trans_b):
+    g, m, k, n = 4, 256, 128, 64
+    a = torch.empty(m, k, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.empty((g, n, k) if trans_b else (g, k, n), device="meta", dtype=torch.bfloat16, requires_grad=True)
+    lens = torch.empty(g, device="meta", dtype=torch.int64)
+    y = turbo.ops.grouped_gemm(a, b, lens, trans_b=trans_b)
+    assert y.shape == (m, n) and type(y.grad_fn).__name__ == "CppFunction"
+    ga, gb = torch.autograd.grad(y, (a, b), torch.empty_like(y))
+    assert ga.shape == a.shape and gb.shape == b.shape
