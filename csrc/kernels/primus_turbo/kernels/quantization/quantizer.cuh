@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "primus_turbo/kernels/common/smem_opt_in.cuh"
 #include "primus_turbo/kernels/common/warp.cuh"
 #include "primus_turbo/kernels/jit_export.cuh"
 #include "primus_turbo/kernels/quantization/quant_abi.h"
@@ -46,20 +47,14 @@ inline dim3 tile_grid(int64_t m, int64_t k) {
   return dim3(static_cast<unsigned>((m + kTile - 1) / kTile), static_cast<unsigned>((k + kTile - 1) / kTile));
 }
 
-// Opts a tile kernel into its dynamic shared memory (above the 48 KiB default) once per device.
+// Opts a tile kernel into its dynamic shared memory (above the 48 KiB default), once per device.
 template <auto kKernel, size_t kBytes>
 int reserve_smem(char* err, size_t err_len) {
-  static std::atomic<uint64_t> done{0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) dev = 63;
-  const uint64_t bit = uint64_t{1} << dev;
-  if (done.load(std::memory_order_acquire) & bit) return 0;
-  const cudaError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
+  const cudaError_t e = opt_in_smem(kKernel, kBytes);
   if (e != cudaSuccess) {
     snprintf(err, err_len, "quantization: cannot reserve %zu bytes of shared memory: %s", kBytes, cudaGetErrorString(e));
     return 1;
   }
-  done.fetch_or(bit, std::memory_order_acq_rel);
   return 0;
 }
 
