@@ -85,10 +85,7 @@ int launch_batch(const PtQuantBatch* b, char* err, size_t err_len) {
     per_sm.store(n, std::memory_order_release);
   }
   int64_t tiles = 0;
-  for (int j = 0; j < b->count; ++j) {
-    const PtQuantParams& p = b->jobs[j];
-    if (p.m > 0 && p.k > 0) tiles += ((p.m + kTile - 1) / kTile) * ((p.k + kTile - 1) / kTile);
-  }
+  for (int j = 0; j < b->count; ++j) tiles += tiles_of(b->jobs[j]);
   if (tiles == 0) return 0;
   const int64_t grid = std::min<int64_t>(tiles, int64_t{per_sm.load(std::memory_order_acquire)} * b->num_sms);
   cudaLaunchConfig_t config{};
