@@ -29,14 +29,6 @@ std::pair<int32_t, int32_t> fp8_scalings(int64_t granularity, const char* op) {
   }
 }
 
-QuantScratch::QuantScratch(size_t bytes, int32_t device) {
-  if (bytes) buffer = empty({static_cast<int64_t>(bytes)}, ScalarType::Byte, device);
-}
-
-void* QuantScratch::at(size_t offset) const {
-  return buffer ? static_cast<char*>(buffer->data_ptr()) + offset : nullptr;
-}
-
 namespace {
 
 // x's outputs allocated (row [m, k] and / or col [k, m] with their scales) and described for the C
@@ -84,9 +76,12 @@ std::vector<QuantPair> quantize_fp8_jobs(std::initializer_list<QuantRequest> req
     jobs.push_back(outs.back().job(r.spec));
   }
   const int32_t count = static_cast<int32_t>(jobs.size());
-  const QuantScratch scratch(pt_quantize_jobs_workspace_bytes(jobs.data(), count), device);
-  const size_t ws_bytes = scratch.buffer ? static_cast<size_t>(scratch.buffer->numel()) : 0;
-  check_status(pt_quantize_jobs(jobs.data(), count, scratch.at(0), ws_bytes, stream), context);
+  // The amax scratch of all the jobs, one allocation (none where no job reduces an amax).
+  const size_t ws_bytes = pt_quantize_jobs_workspace_bytes(jobs.data(), count);
+  std::optional<Tensor> scratch;
+  if (ws_bytes) scratch = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
+  check_status(pt_quantize_jobs(jobs.data(), count, scratch ? scratch->data_ptr() : nullptr, ws_bytes, stream),
+               context);
   std::vector<QuantPair> result;
   for (Outputs& o : outs) result.emplace_back(o.row, o.col);
   return result;

@@ -39,13 +39,6 @@ struct QuantSpec {
 // (activation / gradient scaling, weight scaling) of a granularity; raises for the others.
 std::pair<int32_t, int32_t> fp8_scalings(int64_t granularity, const char* op);
 
-// One scratch allocation for the amax of several quantizations; at(offset) is one's share.
-struct QuantScratch {
-  std::optional<Tensor> buffer;
-  QuantScratch(size_t bytes, int32_t device);
-  void* at(size_t offset) const;
-};
-
 using QuantPair = std::pair<std::optional<Quantized>, std::optional<Quantized>>;
 
 // One quantization of a batch: x [m, k] (contiguous) quantized along k (row, [m, k]) and / or along

@@ -145,9 +145,23 @@ size_t job_workspace_bytes(const QuantProblem& p, bool batched) {
   return (workspace_bytes(p.m, p.k, p.granularity) + 255) / 256 * 256;
 }
 
-QuantProblem job_problem(const pt_quantize_job& j) {
-  return make_quant_problem(j.x, j.q_row, j.s_row, j.q_col, j.s_col, j.granularity, j.block_size, j.col_transposed,
-                            j.flags);
+// The jobs' problems (checked), whether they take one batched launch, and the scratch they need.
+struct JobsPlan {
+  QuantProblem ps[2];
+  bool batched = false;
+  size_t need = 0;
+};
+
+JobsPlan plan_jobs(const pt_quantize_job* jobs, int32_t count) {
+  JobsPlan plan;
+  for (int32_t j = 0; j < count; ++j) {
+    const pt_quantize_job& q = jobs[j];
+    plan.ps[j] = make_quant_problem(q.x, q.q_row, q.s_row, q.q_col, q.s_col, q.granularity, q.block_size,
+                                    q.col_transposed, q.flags);
+  }
+  plan.batched = batchable(plan.ps, count);
+  for (int32_t j = 0; j < count; ++j) plan.need += job_workspace_bytes(plan.ps[j], plan.batched);
+  return plan;
 }
 
 }  // namespace
@@ -179,12 +193,7 @@ pt_status pt_quantize(const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_row, pt
 size_t pt_quantize_jobs_workspace_bytes(const pt_quantize_job* jobs, int32_t count) {
   if (jobs == nullptr || count <= 0 || count > 2) return 0;
   try {  // invalid jobs need nothing here: pt_quantize_jobs reports them
-    QuantProblem ps[2];
-    for (int32_t j = 0; j < count; ++j) ps[j] = job_problem(jobs[j]);
-    const bool batched = batchable(ps, count);
-    size_t total = 0;
-    for (int32_t j = 0; j < count; ++j) total += job_workspace_bytes(ps[j], batched);
-    return total;
+    return plan_jobs(jobs, count).need;
   } catch (...) {
     return 0;
   }
@@ -194,11 +203,10 @@ pt_status pt_quantize_jobs(const pt_quantize_job* jobs, int32_t count, void* wor
   return api_guard([&] {
     PT_CHECK_ARG(jobs != nullptr, "argument 'jobs' is null");
     PT_CHECK_ARG(count >= 1 && count <= 2, "argument 'count' is ", count, "; expected 1 or 2");
-    QuantProblem ps[2];
-    for (int32_t j = 0; j < count; ++j) ps[j] = job_problem(jobs[j]);
-    const bool batched = batchable(ps, count);
-    size_t need = 0;
-    for (int32_t j = 0; j < count; ++j) need += job_workspace_bytes(ps[j], batched);
+    const JobsPlan plan = plan_jobs(jobs, count);
+    const QuantProblem* ps = plan.ps;
+    const bool batched = plan.batched;
+    const size_t need = plan.need;
     PT_CHECK_ARG(ws_bytes >= need, "argument 'workspace' has ", ws_bytes, " bytes; these jobs need ", need,
                  " (pt_quantize_jobs_workspace_bytes)");
     PT_CHECK_ARG(need == 0 || (workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 256 == 0),

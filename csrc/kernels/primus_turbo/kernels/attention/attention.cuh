@@ -6,12 +6,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <mutex>
-#include <set>
-#include <tuple>
 
 #include "primus_turbo/kernels/attention/attn_bwd.cuh"
 #include "primus_turbo/kernels/attention/attn_fwd.cuh"
+#include "primus_turbo/kernels/common/smem_opt_in.cuh"
 #include "primus_turbo/kernels/common/warp.cuh"  // report_launch
 #include "primus_turbo/kernels/jit_export.cuh"
 
@@ -49,30 +47,13 @@ struct Attention {
     return true;
   }
 
-  // Dynamic shared memory above 48 KiB needs an opt-in per kernel and device: made once (the
-  // attribute call costs microseconds of host time, and every op call launches).
-  template <class Kernel>
-  static cudaError_t allow_smem(Kernel kernel, size_t bytes) {
-    static std::mutex mutex;
-    static std::set<std::tuple<const void*, int, size_t>> done;
-    int device = 0;
-    cudaError_t e = cudaGetDevice(&device);
-    if (e != cudaSuccess) return e;
-    const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, bytes);
-    std::lock_guard<std::mutex> lock(mutex);
-    if (done.count(key)) return cudaSuccess;
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    if (e == cudaSuccess) done.insert(key);
-    return e;
-  }
-
   static bool packed(const PtAttnParams* p) { return p->cu_seqlens_q != nullptr; }
 
   static void launch_fwd(const PtAttnParams& q, cudaStream_t stream) {
     const int64_t m_blocks = (q.seqlen_q + Fwd::kBM - 1) / Fwd::kBM;
     if (m_blocks <= 0) return;
     auto kernel = attn_fwd_kernel<T, kD, kDV, kFwdWarps, kFwdMT, kFwdBN>;
-    allow_smem(kernel, Fwd::kSmem);
+    opt_in_smem(kernel, Fwd::kSmem);
     kernel<<<dim3(static_cast<unsigned>(m_blocks), static_cast<unsigned>(q.batch), static_cast<unsigned>(q.heads_q)),
              Fwd::kThreads, Fwd::kSmem, stream>>>(q);
   }
@@ -100,7 +81,7 @@ struct Attention {
     const int64_t n_blocks = (q.seqlen_k + Dkdv::kBN - 1) / Dkdv::kBN;
     if (n_blocks <= 0) return;
     auto kernel = attn_bwd_dkdv_kernel<T, kD, kDV, kDkdvWarps, kDkdvBM>;
-    allow_smem(kernel, Dkdv::kSmem);
+    opt_in_smem(kernel, Dkdv::kSmem);
     kernel<<<dim3(static_cast<unsigned>(n_blocks), batch, q.heads_kv), Dkdv::kThreads, Dkdv::kSmem, stream>>>(q);
   }
 
@@ -108,7 +89,7 @@ struct Attention {
     const int64_t m_blocks = (q.seqlen_q + Dq::kBM - 1) / Dq::kBM;
     if (m_blocks <= 0) return;
     auto kernel = attn_bwd_dq_kernel<T, kD, kDV, kDqWarps, kDqMT, kDqBN>;
-    allow_smem(kernel, Dq::kSmem);
+    opt_in_smem(kernel, Dq::kSmem);
     kernel<<<dim3(static_cast<unsigned>(m_blocks), batch, q.heads_q), Dq::kThreads, Dq::kSmem, stream>>>(q);
   }
 

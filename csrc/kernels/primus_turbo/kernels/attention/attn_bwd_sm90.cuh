@@ -471,7 +471,7 @@ struct AttentionBwdSm90 {
     const int64_t n_blocks = (q.seqlen_k + F::kBN - 1) / F::kBN;
     if (n_blocks <= 0) return;
     auto kernel = attn_bwd_dkdv_sm90_kernel<T, kD, kDV, kFuseDq>;
-    Attention<T, kD, kDV>::allow_smem(kernel, F::kSmem);
+    opt_in_smem(kernel, F::kSmem);
     kernel<<<dim3(static_cast<unsigned>(n_blocks), batch, q.heads_kv), kBwdThreads, F::kSmem, stream>>>(q);
   }
 
@@ -480,7 +480,7 @@ struct AttentionBwdSm90 {
     const int64_t m_blocks = (q.seqlen_q + F::kBM - 1) / F::kBM;
     if (m_blocks <= 0) return;
     auto kernel = attn_bwd_dq_sm90_kernel<T, kD, kDV>;
-    Attention<T, kD, kDV>::allow_smem(kernel, F::kSmem);
+    opt_in_smem(kernel, F::kSmem);
     kernel<<<dim3(static_cast<unsigned>(m_blocks), batch, q.heads_q), kBwdThreads, F::kSmem, stream>>>(q);
   }
 

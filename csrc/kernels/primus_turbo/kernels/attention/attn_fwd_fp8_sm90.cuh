@@ -496,7 +496,7 @@ struct AttentionFp8 {
                                              kQuantThreads, 0, stream>>>(*fp);
       if (m_blocks <= 0) return;
       auto kernel = attn_fwd_fp8_kernel<T, kD, kDV>;
-      Attention<T, kD, kDV>::allow_smem(kernel, F::kSmem);
+      opt_in_smem(kernel, F::kSmem);
       kernel<<<dim3(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads_q)),
                F::kThreads, F::kSmem, stream>>>(*fp);
     };

@@ -467,7 +467,7 @@ struct AttentionFwdSm90 {
     const int64_t m_blocks = (q.seqlen_q + F::kBM - 1) / F::kBM;
     if (m_blocks <= 0) return;
     auto kernel = attn_fwd_sm90_kernel<T, kD, kDV>;
-    Attention<T, kD, kDV>::allow_smem(kernel, F::kSmem);
+    opt_in_smem(kernel, F::kSmem);
     kernel<<<dim3(static_cast<unsigned>(m_blocks), static_cast<unsigned>(q.batch), static_cast<unsigned>(q.heads_q)),
              F::kThreads, F::kSmem, stream>>>(q);
   }

@@ -16,7 +16,7 @@
 
 namespace primus_turbo::kernels::quant {
 
-__device__ __forceinline__ int64_t tiles_of(const PtQuantParams& p) {
+__host__ __device__ __forceinline__ int64_t tiles_of(const PtQuantParams& p) {
   return ((p.m + kTile - 1) / kTile) * ((p.k + kTile - 1) / kTile);
 }
 

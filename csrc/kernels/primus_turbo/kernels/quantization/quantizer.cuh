@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "primus_turbo/kernels/common/smem_opt_in.cuh"
 #include "primus_turbo/kernels/common/warp.cuh"
 #include "primus_turbo/kernels/jit_export.cuh"
 #include "primus_turbo/kernels/quantization/quant_abi.h"
@@ -46,20 +47,14 @@ inline dim3 tile_grid(int64_t m, int64_t k) {
   return dim3(static_cast<unsigned>((m + kTile - 1) / kTile), static_cast<unsigned>((k + kTile - 1) / kTile));
 }
 
-// Opts a tile kernel into its dynamic shared memory (above the 48 KiB default) once per device.
+// Opts a tile kernel into its dynamic shared memory (above the 48 KiB default), once per device.
 template <auto kKernel, size_t kBytes>
 int reserve_smem(char* err, size_t err_len) {
-  static std::atomic<uint64_t> done{0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) dev = 63;
-  const uint64_t bit = uint64_t{1} << dev;
-  if (done.load(std::memory_order_acquire) & bit) return 0;
-  const cudaError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
+  const cudaError_t e = opt_in_smem(kKernel, kBytes);
   if (e != cudaSuccess) {
     snprintf(err, err_len, "quantization: cannot reserve %zu bytes of shared memory: %s", kBytes, cudaGetErrorString(e));
     return 1;
   }
-  done.fetch_or(bit, std::memory_order_acq_rel);
   return 0;
 }
 
@@ -90,10 +85,7 @@ int launch_batch(const PtQuantBatch* b, char* err, size_t err_len) {
     per_sm.store(n, std::memory_order_release);
   }
   int64_t tiles = 0;
-  for (int j = 0; j < b->count; ++j) {
-    const PtQuantParams& p = b->jobs[j];
-    if (p.m > 0 && p.k > 0) tiles += ((p.m + kTile - 1) / kTile) * ((p.k + kTile - 1) / kTile);
-  }
+  for (int j = 0; j < b->count; ++j) tiles += tiles_of(b->jobs[j]);
   if (tiles == 0) return 0;
   const int64_t grid = std::min<int64_t>(tiles, int64_t{per_sm.load(std::memory_order_acquire)} * b->num_sms);
   cudaLaunchConfig_t config{};
