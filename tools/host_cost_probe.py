@@ -46,6 +46,8 @@ def _layers(turbo):
                 lambda code: lambda: native_fwd(ad, bd, False, True, bf16, e4m3, code, True)
             )(code),
             "native infer": (lambda code: lambda: f8._native_infer(ad, bd, False, True, bf16, e4m3, code))(code),
+            "native train (C++ autograd)": (lambda code: lambda: f8._native_train(
+                a, b, False, True, bf16, e4m3, e4m3, code))(code),
             "op step": (lambda cfg: lambda: torch.autograd.grad(
                 turbo.ops.gemm_fp8(a, b, trans_b=True, config=cfg), (a, b), g))(cfg),
         }
@@ -61,8 +63,16 @@ def _layers(turbo):
     gb = torch.randn(groups, 256, 256, device="cuda", dtype=bf16, requires_grad=True)
     lens = torch.full((groups,), 64, device="cuda", dtype=torch.int64)
     block = Float8QuantConfig(granularity=G.BLOCKWISE, block_size=128)
+    gf8 = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")
+    offs = torch.arange(0, groups * 64 + 1, 64, device="cuda", dtype=torch.int64)
     out["grouped_gemm_fp8_blockwise"] = {
         "op train fwd": lambda: turbo.ops.grouped_gemm_fp8(ga, gb, lens, trans_b=True, config=block),
+        "Function.apply": lambda: gf8.NativeGroupedGemmFp8Function.apply(
+            ga, gb, lens, None, True, bf16, block.format, G.BLOCKWISE, 0),
+        "native fwd (for bwd)": lambda: gf8._fwd_op(ga.detach(), gb.detach(), lens, None, True, bf16, e4m3,
+                                                    f8._NATIVE_GRANULARITY[G.BLOCKWISE], 0, True),
+        "native fwd, offsets given": lambda: gf8._fwd_op(ga.detach(), gb.detach(), lens, offs, True, bf16, e4m3,
+                                                         f8._NATIVE_GRANULARITY[G.BLOCKWISE], 0, True),
         "op step": lambda: torch.autograd.grad(
             turbo.ops.grouped_gemm_fp8(ga, gb, lens, trans_b=True, config=block), (ga, gb),
             torch.ones(groups * 64, 256, device="cuda", dtype=bf16)),

@@ -418,3 +418,24 @@ def test_grouped_gemm_cpp_autograd_on_meta(trans_b):
     assert y.shape == (m, n) and type(y.grad_fn).__name__ == "CppFunction"
     ga, gb = torch.autograd.grad(y, (a, b), torch.empty_like(y))
     assert ga.shape == a.shape and gb.shape == b.shape
+
+
+@pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
+@pytest.mark.parametrize("code", [0, 1, 2])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_grouped_gemm_fp8_train_cpp_autograd_on_meta(code, trans_b):
+    g, m, k, n = 4, 256, 128, 256
+    a = torch.empty(m, k, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.empty((g, n, k) if trans_b else (g, k, n), device="meta", dtype=torch.bfloat16, requires_grad=True)
+    lens = torch.empty(g, device="meta", dtype=torch.int64)
+    y = native.ops.grouped_gemm_fp8_train.default(a, b, lens, None, trans_b, torch.bfloat16, torch.float8_e4m3fn,
+                                                  torch.float8_e5m2, code, 0)
+    assert y.shape == (m, n) and type(y.grad_fn).__name__ == "CppFunction"
+    ga, gb = torch.autograd.grad(y, (a, b), torch.empty_like(y))
+    assert ga.shape == a.shape and gb.shape == b.shape and gb.dtype == torch.bfloat16
+    # Only the weight's gradient (frozen tokens): no quantized weight is kept for a dgrad.
+    a.requires_grad_(False)
+    y = native.ops.grouped_gemm_fp8_train.default(a, b, lens, None, trans_b, torch.bfloat16, torch.float8_e4m3fn,
+                                                  torch.float8_e5m2, code, 0)
+    (gb,) = torch.autograd.grad(y, (b,), torch.empty_like(y))
+    assert gb.shape == b.shape

@@ -43,11 +43,13 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     ctx->saved_data["i"] = std::vector<int64_t>{max_q, max_k, wl, wr, backend, deterministic ? 1 : 0};
     ctx->saved_data["scale"] = scale;
     ctx->mark_non_differentiable({lse});
+    ctx->set_materialize_grads(false);  // no zero-filled gradient for lse on every backward
     return {out, lse};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     static const auto bwd = op<BwdSig>("primus_turbo::attention_bwd");
+    if (!grads[0].defined()) return variable_list(13);  // out was not used
     const variable_list s = ctx->get_saved_variables();
     const auto i = ctx->saved_data["i"].toIntVector();
     auto [dq, dk, dv, dsink] = bwd.call(grads[0], s[0], s[1], s[2], s[3], s[4], present(s[5]), present(s[6]),

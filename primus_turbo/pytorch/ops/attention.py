@@ -185,10 +185,13 @@ class FlashAttnFunction(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k)
         ctx.args = (*args, det)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # no zero-filled gradient for lse on every backward
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if dout is None:
+            return (None,) * 13
         return *attention_grads(ctx, dout), *(None,) * 9
 
 

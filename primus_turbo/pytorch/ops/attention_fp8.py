@@ -62,10 +62,13 @@ class FlashAttnFp8Function(torch.autograd.Function):
         ctx.save_for_backward(qd, kd, vd, out, lse, sink, cu_q, cu_k)
         ctx.args = (max_q, max_k, scale, wl, wr, backend, det)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # no zero-filled gradient for lse on every backward
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if dout is None:
+            return (None,) * 14
         return *_attn.attention_grads(ctx, dout), *(None,) * 10
 
 

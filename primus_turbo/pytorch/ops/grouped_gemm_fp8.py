@@ -404,6 +404,18 @@ _fwd_op = native.ops.grouped_gemm_fp8_fwd.default
 _bwd_op = native.ops.grouped_gemm_fp8_bwd.default
 
 
+def _train_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, grad_dtype, granularity, num_sms):
+    return _fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granularity, num_sms, False)[0]
+
+
+# With the C++ autograd (bindings/torch_autograd/grouped_gemm_fp8_autograd.cpp): forward and backward
+# of a training call without Python in between (bf16/fp16 wgrad only).
+_train_op = None
+if native.CPP_AUTOGRAD:
+    library.register_fake("grouped_gemm_fp8_train", _train_fake)
+    _train_op = native.ops.grouped_gemm_fp8_train.default
+
+
 class NativeGroupedGemmFp8Function(torch.autograd.Function):
     """bf16/fp16 ``a`` and ``b`` at TENSORWISE, ROWWISE or BLOCKWISE: one native call per direction
     (quantization, scale layouts, weight orientation and the launches in C++)."""
@@ -639,6 +651,10 @@ def grouped_gemm_fp8(
             )
         return _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, num_sms)
     if _native_ok(a, b, g):  # checks, quantization and launches in C++
+        if _train_op is not None and not FP8_WGRAD and not torch.compiler.is_compiling():
+            fwd_dtype, grad_dtype = _dtypes(config.format)
+            return _train_op(a, b, group_lens, group_offs, bool(trans_b), a.dtype if out_dtype is None else out_dtype,
+                             fwd_dtype, grad_dtype, _NATIVE_GRANULARITY[g], num_sms)
         return NativeGroupedGemmFp8Function.apply(
             a, b, group_lens, group_offs, bool(trans_b), a.dtype if out_dtype is None else out_dtype, config.format, g,
             num_sms,

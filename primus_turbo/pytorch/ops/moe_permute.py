@@ -147,13 +147,24 @@ class _Permute(torch.autograd.Function):
             out, pprobs, row_id_map = _permute_op(tokens, routing_map, probs, num_out)
         ctx.save_for_backward(row_id_map)
         ctx.with_probs = probs is not None
+        # Shapes and dtypes of the differentiable outputs: a gradient that one of them did not get
+        # is made here, only then (no zero-filled gradient for the map on every call).
+        ctx.metas = (out.shape, out.dtype), (None if pprobs is None else (pprobs.shape, pprobs.dtype))
         ctx.mark_non_differentiable(row_id_map)
+        ctx.set_materialize_grads(False)
         return out, pprobs, row_id_map
 
     @staticmethod
     def backward(ctx, grad_out, grad_pprobs, _):
+        if grad_out is None and grad_pprobs is None:
+            return None, None, None, None
         (row_id_map,) = ctx.saved_tensors
-        pp = grad_pprobs.contiguous() if ctx.with_probs else None
+        out_meta, pp_meta = ctx.metas
+        if grad_out is None:
+            grad_out = row_id_map.new_zeros(out_meta[0], dtype=out_meta[1])
+        pp = None
+        if ctx.with_probs:
+            pp = grad_pprobs.contiguous() if grad_pprobs is not None else row_id_map.new_zeros(pp_meta[0], dtype=pp_meta[1])
         grad_tokens, grad_probs = _unpermute_op(grad_out.contiguous(), row_id_map, None, pp)
         return grad_tokens, None, grad_probs if ctx.with_probs else None, None
 
@@ -435,14 +446,20 @@ class _MoePermute(torch.autograd.Function):
         ctx.num_tokens, ctx.num_experts, ctx.width = tokens.shape[0], num_experts, width
         ctx.with_probs = probs is not None
         ctx.byte_tokens = tokens.dtype in _FP8_TOKENS
+        ctx.out_meta = outs[0].shape, outs[0].dtype
         ctx.mark_non_differentiable(*outs[1:6])
+        ctx.set_materialize_grads(False)  # no zero-filled gradients for the five integer outputs
         return outs
 
     @staticmethod
     def backward(ctx, g_out, _map, _tpe, _ovf, _nd, _scales, g_probs):
         if ctx.byte_tokens:
             raise NotImplementedError("moe_permute: the backward of FP8 (1-byte) tokens is not supported")
+        if g_out is None and g_probs is None:
+            return (None,) * 9
         (row_id_map,) = ctx.saved_tensors
+        if g_out is None:
+            g_out = row_id_map.new_zeros(ctx.out_meta[0], dtype=ctx.out_meta[1])
         gp = g_probs.contiguous() if ctx.with_probs and g_probs is not None else None
         grad_tokens, grad_probs = _moe_gather_op(
             g_out.contiguous(), row_id_map, gp, ctx.num_tokens, ctx.num_experts, ctx.width
@@ -457,11 +474,17 @@ class _MoeUnpermute(torch.autograd.Function):
         ctx.save_for_backward(row_id_map)
         ctx.num_rows, ctx.num_experts = inp.shape[0], num_experts
         ctx.with_probs = permuted_probs is not None
+        ctx.out_meta = out.shape, out.dtype
+        ctx.set_materialize_grads(False)  # no zero-filled gradient for an unused output
         return out, probs
 
     @staticmethod
     def backward(ctx, g_out, g_probs):
+        if g_out is None and g_probs is None:
+            return (None,) * 6
         (row_id_map,) = ctx.saved_tensors
+        if g_out is None:
+            g_out = row_id_map.new_zeros(ctx.out_meta[0], dtype=ctx.out_meta[1])
         gp = g_probs.contiguous() if ctx.with_probs and g_probs is not None else None
         grad_in, grad_pp = _moe_scatter_op(g_out.contiguous(), row_id_map, gp, ctx.num_rows, ctx.num_experts)
         return grad_in, None, grad_pp if gp is not None else None, None, None, None
