@@ -1,5 +1,7 @@
 #include "bindings/torch/fp8_quantize.h"
 
+#include <torch/csrc/stable/ops.h>
+
 namespace primus_turbo::torch_binding {
 
 namespace {
@@ -31,27 +33,87 @@ std::pair<int32_t, int32_t> fp8_scalings(int64_t granularity, const char* op) {
 
 namespace {
 
-// x's outputs allocated (row [m, k] and / or col [k, m] with their scales) and described for the C
-// API; the descriptors live as long as this object.
-struct Outputs {
-  std::optional<Quantized> row, col;
-  pt_tensor x{}, qr{}, sr{}, qc{}, sc{};
+constexpr size_t kArenaAlign = 256;  // every view in the arena starts 256-byte aligned, as an allocation would
 
-  Outputs(const Tensor& t, const QuantSpec& spec, bool want_row, bool want_col, int32_t device, const char* context) {
+size_t arena_bytes(size_t bytes) { return (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign; }
+
+size_t element_bytes(ScalarType t) { return t == ScalarType::Float ? 4 : 1; }  // FP8 copies, float32 scales
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t stride = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= shape[i] > 1 ? shape[i] : 1;
+  }
+  return strides;
+}
+
+// One tensor of a request's outputs: owned (its own allocation: the op may return it) or transient
+// (a view into the batch's arena at `offset`, made by bind() once the arena exists).
+struct Slot {
+  std::vector<int64_t> shape, strides;
+  ScalarType dtype;
+  bool transient;
+  size_t offset = 0;
+  std::optional<Tensor> t;
+  pt_tensor desc{};
+
+  Slot(std::vector<int64_t> sizes, ScalarType type, bool in_arena, size_t& arena, int32_t device)
+      : shape(std::move(sizes)), strides(contiguous_strides(shape)), dtype(type), transient(in_arena) {
+    if (!transient) {
+      t = empty(shape.data(), static_cast<int64_t>(shape.size()), dtype, device);
+      desc = to_pt(*t);
+      return;
+    }
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    offset = arena;
+    arena += arena_bytes(static_cast<size_t>(n) * element_bytes(dtype));
+    // Described on a stand-in base until bind(): the planning reads sizes and alignment only.
+    desc.data = reinterpret_cast<void*>(kArenaAlign + offset);
+    desc.dtype = pt_dtype_of(dtype);
+    desc.ndim = static_cast<int32_t>(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) {
+      desc.shape[i] = shape[i];
+      desc.strides[i] = strides[i];
+    }
+  }
+
+  void bind(char* base, int32_t device) {
+    if (!transient) return;
+    t = torch::stable::from_blob(base + offset, shape, strides,
+                                 torch::stable::Device(torch::headeronly::DeviceType::CUDA, device), dtype);
+    desc.data = base + offset;
+  }
+};
+
+// A request's outputs (row [m, k] and / or col [k, m], each with its scales) and their descriptors
+// for the C API; the descriptors live as long as this object.
+struct Outputs {
+  std::optional<Slot> qr, sr, qc, sc;
+  int32_t scaling;
+  pt_tensor x{};
+
+  Outputs(const QuantRequest& r, size_t& arena, int32_t device, const char* context) {
+    const Tensor& t = *r.x;
     const int64_t m = t.sizes()[0], k = t.sizes()[1];
-    const auto [act, wgt] = fp8_scalings(spec.granularity, context);
-    const int32_t scaling = spec.two_d ? wgt : act;
+    const auto [act, wgt] = fp8_scalings(r.spec.granularity, context);
+    scaling = r.spec.two_d ? wgt : act;
     x = to_pt(t);
-    // The copy along k ([m, k]) or along m (stored transposed, [k, m]) with its scales.
-    const auto copy = [&](bool along_k, std::optional<Quantized>& out, pt_tensor& q, pt_tensor& s) {
-      const auto ss = scale_shape(spec, m, k, along_k);
-      out = Quantized{along_k ? empty({m, k}, spec.dtype, device) : empty({k, m}, spec.dtype, device),
-                      empty(ss.data(), ss.size(), ScalarType::Float, device), scaling};
-      q = to_pt(out->q);
-      s = to_pt(out->s);
-    };
-    if (want_row) copy(true, row, qr, sr);
-    if (want_col) copy(false, col, qc, sc);
+    if (r.want_row) {
+      qr.emplace(std::vector<int64_t>{m, k}, r.spec.dtype, r.row_transient, arena, device);
+      sr.emplace(scale_shape(r.spec, m, k, true), ScalarType::Float, r.row_transient, arena, device);
+    }
+    if (r.want_col) {
+      qc.emplace(std::vector<int64_t>{k, m}, r.spec.dtype, r.col_transient, arena, device);
+      sc.emplace(scale_shape(r.spec, m, k, false), ScalarType::Float, r.col_transient, arena, device);
+    }
+  }
+
+  void bind(char* base, int32_t device) {
+    for (std::optional<Slot>* s : {&qr, &sr, &qc, &sc})
+      if (*s) (*s)->bind(base, device);
   }
 
   pt_quantize_job job(const QuantSpec& spec) {
@@ -59,32 +121,46 @@ struct Outputs {
     const bool blocks = g == PT_QUANT_BLOCKWISE;
     const int32_t two_d = PT_QUANT_2D_BLOCK | (spec.pad4 ? PT_QUANT_SCALES_PAD4 : 0);
     const int32_t flags = !blocks ? 0 : spec.two_d ? two_d : spec.mn_major ? PT_QUANT_SCALES_MN_MAJOR : 0;
-    return pt_quantize_job{&x, row ? &qr : nullptr, row ? &sr : nullptr, col ? &qc : nullptr, col ? &sc : nullptr,
-                           static_cast<int32_t>(g), blocks ? 128 : 0, 1, flags};
+    return pt_quantize_job{&x,  qr ? &qr->desc : nullptr, sr ? &sr->desc : nullptr, qc ? &qc->desc : nullptr,
+                           sc ? &sc->desc : nullptr, static_cast<int32_t>(g), blocks ? 128 : 0, 1, flags};
+  }
+
+  QuantPair result() const {
+    QuantPair p;
+    if (qr) p.first = Quantized{*qr->t, *sr->t, scaling};
+    if (qc) p.second = Quantized{*qc->t, *sc->t, scaling};
+    return p;
   }
 };
 
 }  // namespace
 
-std::vector<QuantPair> quantize_fp8_jobs(std::initializer_list<QuantRequest> requests, int32_t device, void* stream,
-                                         const char* context) {
+QuantBatch quantize_fp8_jobs(std::initializer_list<QuantRequest> requests, int32_t device, void* stream,
+                             const char* context) {
+  size_t arena = 0;
   std::vector<Outputs> outs;
   outs.reserve(requests.size());
   std::vector<pt_quantize_job> jobs;
   for (const QuantRequest& r : requests) {
-    outs.emplace_back(*r.x, r.spec, r.want_row, r.want_col, device, context);
+    outs.emplace_back(r, arena, device, context);
     jobs.push_back(outs.back().job(r.spec));
   }
   const int32_t count = static_cast<int32_t>(jobs.size());
-  // The amax scratch of all the jobs, one allocation (none where no job reduces an amax).
+  // The amax scratch of all the jobs (none where no job reduces an amax) after the transient copies.
   const size_t ws_bytes = pt_quantize_jobs_workspace_bytes(jobs.data(), count);
-  std::optional<Tensor> scratch;
-  if (ws_bytes) scratch = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
-  check_status(pt_quantize_jobs(jobs.data(), count, scratch ? scratch->data_ptr() : nullptr, ws_bytes, stream),
+  const size_t ws_offset = arena;
+  arena += arena_bytes(ws_bytes);
+  QuantBatch batch;
+  char* base = nullptr;
+  if (arena) {
+    batch.arena = empty({static_cast<int64_t>(arena)}, ScalarType::Byte, device);
+    base = static_cast<char*>(batch.arena->data_ptr());
+  }
+  for (Outputs& o : outs) o.bind(base, device);
+  check_status(pt_quantize_jobs(jobs.data(), count, ws_bytes ? base + ws_offset : nullptr, ws_bytes, stream),
                context);
-  std::vector<QuantPair> result;
-  for (Outputs& o : outs) result.emplace_back(o.row, o.col);
-  return result;
+  for (const Outputs& o : outs) batch.pairs.push_back(o.result());
+  return batch;
 }
 
 }  // namespace primus_turbo::torch_binding

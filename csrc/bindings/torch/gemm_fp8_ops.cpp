@@ -26,10 +26,12 @@ namespace {
 constexpr const char* kOp = "gemm_fp8";
 
 // x [m, k] quantized for the dense GEMM in the scale layouts it reads (no restatement follows): 1x128
-// scales blocks-major; 128x128 blocks for a BLOCKWISE weight, their last dim padded to 4.
-QuantRequest request(const Tensor& x, ScalarType dtype, int64_t g, bool weight, bool want_row, bool want_col) {
+// scales blocks-major; 128x128 blocks for a BLOCKWISE weight, their last dim padded to 4. A copy
+// this call alone reads (`keep_*` false) lives in the batch's scratch allocation.
+QuantRequest request(const Tensor& x, ScalarType dtype, int64_t g, bool weight, bool want_row, bool want_col,
+                     bool keep_row, bool keep_col) {
   const bool two_d = weight && g == PT_QUANT_BLOCKWISE;
-  return QuantRequest{&x, QuantSpec{dtype, g, two_d, !two_d, two_d}, want_row, want_col};
+  return QuantRequest{&x, QuantSpec{dtype, g, two_d, !two_d, two_d}, want_row, want_col, !keep_row, !keep_col};
 }
 
 // The quantizer's scales in the layout the GEMM reads (gemm_fp8.h): tensor -> 0-dim, row ->
@@ -99,9 +101,12 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
   const bool a_row = !trans_a || for_backward, a_col = trans_a || for_backward;
   const bool b_row = trans_b || for_backward, b_col = !trans_b || for_backward;
   // Both operands in one call (small ones in one launch, their amax reductions included).
-  auto q = quantize_fp8_jobs({request(a, fwd_dtype, granularity, false, a_row, a_col),
-                              request(b, fwd_dtype, granularity, true, b_row, b_col)},
-                             device, stream, "gemm_fp8 quantize");
+  // The copies the forward reads are transient; the ones the backward reads are returned.
+  const bool keep = for_backward;
+  auto q = quantize_fp8_jobs(
+      {request(a, fwd_dtype, granularity, false, a_row, a_col, keep && trans_a, keep && !trans_a),
+       request(b, fwd_dtype, granularity, true, b_row, b_col, keep && !trans_b, keep && trans_b)},
+      device, stream, "gemm_fp8 quantize");
   auto& [qa_row, qa_col] = q[0];
   auto& [qb_row, qb_col] = q[1];
   Forward f{empty({m, n}, out_dtype, device), std::nullopt, std::nullopt};
@@ -147,8 +152,8 @@ std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_
   const auto [act, wgt] = fp8_scalings(granularity, kOp);
   const Tensor grad = as_contiguous(grad_in);  // [M, N]
   const bool wgrad = need_b || main_grad.has_value();
-  auto q = quantize_fp8_jobs({request(grad, grad_dtype, granularity, false, need_a, wgrad)}, device, stream,
-                             "gemm_fp8 quantize");
+  auto q = quantize_fp8_jobs({request(grad, grad_dtype, granularity, false, need_a, wgrad, false, false)}, device,
+                             stream, "gemm_fp8 quantize");
   auto& [g_row, g_col] = q[0];
   const Quantized a_saved{a_bwd, sa_bwd, act};  // [K, M] along M
   const Quantized b_saved{b_bwd, sb_bwd, wgt};  // [K, N] along N

@@ -90,9 +90,9 @@ Tensor transpose_last2(const Tensor& x, void* stream) {
   return y;
 }
 
-// Tokens x [R, C] to quantize along C (the kernel's A operand).
+// Tokens x [R, C] to quantize along C (the kernel's A operand), read by this call's launches only.
 QuantRequest tokens_request(const Tensor& x, ScalarType dtype, int64_t granularity) {
-  return QuantRequest{&x, QuantSpec{dtype, granularity}, true, false};
+  return QuantRequest{&x, QuantSpec{dtype, granularity}, true, false, true, false};
 }
 
 // x's quantization in the kernel's A layout: (q [R, C], scale [R, ceil(C/128)]), TENSORWISE /
@@ -118,8 +118,10 @@ Tensor weight_rows_source(const Tensor& w, bool transpose, void* stream) {
   return torch::stable::view(src, {src.sizes()[0] * src.sizes()[1], src.sizes()[2]});
 }
 
-QuantRequest weight_request(const Tensor& flat, ScalarType dtype, int64_t granularity) {
-  return QuantRequest{&flat, QuantSpec{dtype, granularity, granularity == PT_QUANT_BLOCKWISE}, true, false};
+// keep: the op returns the quantized weight (for the backward), else this call alone reads it.
+QuantRequest weight_request(const Tensor& flat, ScalarType dtype, int64_t granularity, bool keep) {
+  return QuantRequest{&flat, QuantSpec{dtype, granularity, granularity == PT_QUANT_BLOCKWISE}, true, false, !keep,
+                      false};
 }
 
 // ROWWISE: the weight's per-row quantization ([G * N, K], from weight_rows_source) as the kernel's B.
@@ -239,7 +241,7 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   // Tokens and weight in one call (small ones in one launch, their amax reductions included).
   const Tensor flat_b = weight_rows_source(b, rowwise && !trans_b, stream);
   const auto q = quantize_fp8_jobs({tokens_request(a, fwd_dtype, granularity),
-                                    weight_request(flat_b, fwd_dtype, granularity)},
+                                    weight_request(flat_b, fwd_dtype, granularity, for_backward && !rowwise)},
                                    device, stream, kOp);
   const auto [qa, sa] = tokens_operand(q[0], a, granularity, device);
   Tensor out = empty({m, n}, out_dtype, device);
@@ -273,12 +275,12 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
   Tensor grad_a = placeholder(device), grad_b = placeholder(device);
   if (need_a) {
     // ROWWISE re-quantizes the weight along the dgrad's K (N): with the gradient, in one call.
-    std::vector<QuantPair> q;
+    QuantBatch q;
     std::optional<WeightOperand> wb;
     if (granularity == PT_QUANT_ROWWISE) {
       const Tensor flat_b = weight_rows_source(b, trans_b, stream);
       q = quantize_fp8_jobs({tokens_request(grad, grad_dtype, granularity),
-                             weight_request(flat_b, fwd_dtype, granularity)},
+                             weight_request(flat_b, fwd_dtype, granularity, false)},
                             device, stream, kOp);
       wb = weight_rows(q[1], b.sizes()[0], device);
     } else {
