@@ -51,11 +51,25 @@ def grouped():
     step(turbo.ops.grouped_gemm(a, b, lens, trans_b=True), a, b)
 
 
+def fp8_configs():
+    G = ScalingGranularity
+    for g in (G.TENSORWISE, G.ROWWISE, G.BLOCKWISE):
+        yield Float8QuantConfig(format=Format.HYBRID, granularity=g, block_size=128 if g == G.BLOCKWISE else None)
+
+
 def gemm_fp8():
-    for g in (ScalingGranularity.TENSORWISE, ScalingGranularity.ROWWISE, ScalingGranularity.BLOCKWISE):
-        cfg = Float8QuantConfig(format=Format.HYBRID, granularity=g, block_size=128 if g == ScalingGranularity.BLOCKWISE else None)
+    for cfg in fp8_configs():
         a, b = t(48, 160), t(32, 160)
         step(turbo.ops.gemm_fp8(a, b, trans_b=True, config=cfg), a, b)
+        with torch.no_grad():  # inference: every quantized copy is transient
+            turbo.ops.gemm_fp8(a, b, trans_b=True, config=cfg)
+
+
+def grouped_fp8():
+    for cfg in fp8_configs():
+        a, b = t(100, 160), t(3, 128, 160)
+        lens = torch.tensor([30, 0, 20], device=dev, dtype=torch.int64)  # rows 50..99 uncovered
+        step(turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=True, config=cfg), a, b)
 
 
 def activation():
@@ -106,7 +120,9 @@ def attention_fp8():
 
 
 CASES = {
-    f.__name__: f for f in (gemm, norm, rope, grouped, gemm_fp8, activation, quantize, attention, attention_turbo, attention_fp8)
+    f.__name__: f
+    for f in (gemm, norm, rope, grouped, gemm_fp8, grouped_fp8, activation, quantize, attention, attention_turbo,
+              attention_fp8)
 }
 
 if __name__ == "__main__":
