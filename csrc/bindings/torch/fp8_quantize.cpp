@@ -1,7 +1,5 @@
 #include "bindings/torch/fp8_quantize.h"
 
-#include <torch/csrc/stable/ops.h>
-
 namespace primus_turbo::torch_binding {
 
 namespace {
@@ -50,7 +48,8 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
 }
 
 // One tensor of a request's outputs: owned (its own allocation: the op may return it) or transient
-// (a view into the batch's arena at `offset`, made by bind() once the arena exists).
+// (a view into the batch's arena at `offset`, made by bind() once the arena exists; it shares the
+// arena's storage, so it keeps the memory alive wherever it goes).
 struct Slot {
   std::vector<int64_t> shape, strides;
   ScalarType dtype;
@@ -80,11 +79,10 @@ struct Slot {
     }
   }
 
-  void bind(char* base, int32_t device) {
+  void bind(const Tensor& arena) {
     if (!transient) return;
-    t = torch::stable::from_blob(base + offset, shape, strides,
-                                 torch::stable::Device(torch::headeronly::DeviceType::CUDA, device), dtype);
-    desc.data = base + offset;
+    t = storage_view(arena, static_cast<int64_t>(offset), dtype, shape, strides);
+    desc.data = static_cast<char*>(arena.data_ptr()) + offset;
   }
 };
 
@@ -111,9 +109,9 @@ struct Outputs {
     }
   }
 
-  void bind(char* base, int32_t device) {
+  void bind(const Tensor& arena) {
     for (std::optional<Slot>* s : {&qr, &sr, &qc, &sc})
-      if (*s) (*s)->bind(base, device);
+      if (*s) (*s)->bind(arena);
   }
 
   pt_quantize_job job(const QuantSpec& spec) {
@@ -155,8 +153,8 @@ QuantBatch quantize_fp8_jobs(std::initializer_list<QuantRequest> requests, int32
   if (arena) {
     batch.arena = empty({static_cast<int64_t>(arena)}, ScalarType::Byte, device);
     base = static_cast<char*>(batch.arena->data_ptr());
+    for (Outputs& o : outs) o.bind(*batch.arena);
   }
-  for (Outputs& o : outs) o.bind(base, device);
   check_status(pt_quantize_jobs(jobs.data(), count, ws_bytes ? base + ws_offset : nullptr, ws_bytes, stream),
                context);
   for (const Outputs& o : outs) batch.pairs.push_back(o.result());

@@ -44,8 +44,8 @@ using QuantPair = std::pair<std::optional<Quantized>, std::optional<Quantized>>;
 // One quantization of a batch: x [m, k] (contiguous) quantized along k (row, [m, k]) and / or along
 // m stored transposed (col, [k, m]). Scales: TENSORWISE 0-dim; ROWWISE [rows, 1]; 1x128 [rows, kb]
 // or, with mn_major, [kb, round_up(rows, 4)]; 2-D [ceil(rows/128), kb] (pad4: round_up(kb, 4)).
-// A transient copy is read only by launches of the same call: it is a view into the batch's one
-// scratch allocation and must not be returned from the op.
+// A transient copy is read only by launches of the same call: a view into the batch's one scratch
+// allocation (returned from an op, it would keep that whole allocation alive).
 struct QuantRequest {
   const Tensor* x;
   QuantSpec spec;

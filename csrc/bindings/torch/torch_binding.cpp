@@ -204,6 +204,15 @@ Tensor fresh_copy(const Tensor& t) {
 
 Tensor placeholder(int32_t device) { return empty({0}, ScalarType::Byte, device); }
 
+Tensor storage_view(const Tensor& base, int64_t offset, ScalarType dtype, const std::vector<int64_t>& sizes,
+                    const std::vector<int64_t>& strides) {
+  AtenTensorHandle h = nullptr;
+  check_shim(aoti_torch__alloc_from_pool(base.get(), offset, static_cast<int32_t>(dtype),
+                                         static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), &h),
+             "storage view");
+  return Tensor(h);
+}
+
 Tensor contiguous_as(const Tensor& t, ScalarType dtype) {
   if (t.scalar_type() == dtype) return torch_binding::as_contiguous(t);
   return torch_binding::as_contiguous(torch::stable::to(t, dtype));

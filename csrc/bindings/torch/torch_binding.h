@@ -100,6 +100,10 @@ Tensor fresh_copy(const Tensor& t);
 Tensor contiguous_as(const Tensor& t, ScalarType dtype);
 // The empty uint8 tensor an op returns for an output not asked for (a gradient, a saved copy).
 Tensor placeholder(int32_t device);
+// A tensor of `dtype` and contiguous `sizes` on base's memory from byte `offset` on (base a byte
+// buffer, say): it shares base's storage, so it keeps that memory alive.
+Tensor storage_view(const Tensor& base, int64_t offset, ScalarType dtype, const std::vector<int64_t>& sizes,
+                    const std::vector<int64_t>& strides);
 
 // torch's current stream on device.
 void* current_stream(int32_t device);
