@@ -72,6 +72,14 @@ def grouped_fp8():
         step(turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=True, config=cfg), a, b)
 
 
+def fp4():
+    a, b = t(64, 160), t(96, 160)
+    step(turbo.ops.gemm_fp4(a, b, trans_b=True), a, b)
+    a, b = t(128, 128), t(3, 64, 128)
+    lens = torch.tensor([64, 0, 32], device=dev, dtype=torch.int64)  # rows 96..127 uncovered
+    step(turbo.ops.grouped_gemm_fp4(a, b, lens, trans_b=True), a, b)
+
+
 def activation():
     x = t(7, 2 * 96)
     step(turbo.ops.swiglu(x), x)
@@ -121,7 +129,7 @@ def attention_fp8():
 
 CASES = {
     f.__name__: f
-    for f in (gemm, norm, rope, grouped, gemm_fp8, grouped_fp8, activation, quantize, attention, attention_turbo,
+    for f in (gemm, norm, rope, grouped, gemm_fp8, grouped_fp8, fp4, activation, quantize, attention, attention_turbo,
               attention_fp8)
 }
 

@@ -1,5 +1,7 @@
 #include "bindings/torch/fp8_quantize.h"
 
+#include "bindings/torch/scratch.h"
+
 namespace primus_turbo::torch_binding {
 
 namespace {
@@ -31,58 +33,40 @@ std::pair<int32_t, int32_t> fp8_scalings(int64_t granularity, const char* op) {
 
 namespace {
 
-constexpr size_t kArenaAlign = 256;  // every view in the arena starts 256-byte aligned, as an allocation would
-
-size_t arena_bytes(size_t bytes) { return (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign; }
-
-size_t element_bytes(ScalarType t) { return t == ScalarType::Float ? 4 : 1; }  // FP8 copies, float32 scales
-
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size());
-  int64_t stride = 1;
-  for (size_t i = shape.size(); i-- > 0;) {
-    strides[i] = stride;
-    stride *= shape[i] > 1 ? shape[i] : 1;
-  }
-  return strides;
-}
-
 // One tensor of a request's outputs: owned (its own allocation: the op may return it) or transient
-// (a view into the batch's arena at `offset`, made by bind() once the arena exists; it shares the
-// arena's storage, so it keeps the memory alive wherever it goes).
+// (taken from the batch's Scratch once its size is known). Its descriptor exists before either.
 struct Slot {
-  std::vector<int64_t> shape, strides;
+  std::vector<int64_t> shape;
   ScalarType dtype;
   bool transient;
-  size_t offset = 0;
   std::optional<Tensor> t;
   pt_tensor desc{};
 
-  Slot(std::vector<int64_t> sizes, ScalarType type, bool in_arena, size_t& arena, int32_t device)
-      : shape(std::move(sizes)), strides(contiguous_strides(shape)), dtype(type), transient(in_arena) {
+  Slot(std::vector<int64_t> sizes, ScalarType type, bool in_scratch, size_t& scratch_bytes, int32_t device)
+      : shape(std::move(sizes)), dtype(type), transient(in_scratch) {
     if (!transient) {
       t = empty(shape.data(), static_cast<int64_t>(shape.size()), dtype, device);
       desc = to_pt(*t);
       return;
     }
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    offset = arena;
-    arena += arena_bytes(static_cast<size_t>(n) * element_bytes(dtype));
-    // Described on a stand-in base until bind(): the planning reads sizes and alignment only.
-    desc.data = reinterpret_cast<void*>(kArenaAlign + offset);
+    scratch_bytes += Scratch::share(shape, dtype);
+    // Described on an aligned stand-in address until bind(): the planning reads sizes and
+    // alignment only.
+    desc.data = reinterpret_cast<void*>(Scratch::kAlign);
     desc.dtype = pt_dtype_of(dtype);
     desc.ndim = static_cast<int32_t>(shape.size());
-    for (size_t i = 0; i < shape.size(); ++i) {
+    int64_t stride = 1;
+    for (size_t i = shape.size(); i-- > 0;) {
       desc.shape[i] = shape[i];
-      desc.strides[i] = strides[i];
+      desc.strides[i] = stride;
+      stride *= shape[i] > 1 ? shape[i] : 1;
     }
   }
 
-  void bind(const Tensor& arena) {
+  void bind(Scratch& scratch) {
     if (!transient) return;
-    t = storage_view(arena, static_cast<int64_t>(offset), dtype, shape, strides);
-    desc.data = static_cast<char*>(arena.data_ptr()) + offset;
+    t = scratch.take(shape, dtype);
+    desc.data = t->data_ptr();
   }
 };
 
@@ -93,25 +77,25 @@ struct Outputs {
   int32_t scaling;
   pt_tensor x{};
 
-  Outputs(const QuantRequest& r, size_t& arena, int32_t device, const char* context) {
+  Outputs(const QuantRequest& r, size_t& scratch_bytes, int32_t device, const char* context) {
     const Tensor& t = *r.x;
     const int64_t m = t.sizes()[0], k = t.sizes()[1];
     const auto [act, wgt] = fp8_scalings(r.spec.granularity, context);
     scaling = r.spec.two_d ? wgt : act;
     x = to_pt(t);
     if (r.want_row) {
-      qr.emplace(std::vector<int64_t>{m, k}, r.spec.dtype, r.row_transient, arena, device);
-      sr.emplace(scale_shape(r.spec, m, k, true), ScalarType::Float, r.row_transient, arena, device);
+      qr.emplace(std::vector<int64_t>{m, k}, r.spec.dtype, r.row_transient, scratch_bytes, device);
+      sr.emplace(scale_shape(r.spec, m, k, true), ScalarType::Float, r.row_transient, scratch_bytes, device);
     }
     if (r.want_col) {
-      qc.emplace(std::vector<int64_t>{k, m}, r.spec.dtype, r.col_transient, arena, device);
-      sc.emplace(scale_shape(r.spec, m, k, false), ScalarType::Float, r.col_transient, arena, device);
+      qc.emplace(std::vector<int64_t>{k, m}, r.spec.dtype, r.col_transient, scratch_bytes, device);
+      sc.emplace(scale_shape(r.spec, m, k, false), ScalarType::Float, r.col_transient, scratch_bytes, device);
     }
   }
 
-  void bind(const Tensor& arena) {
+  void bind(Scratch& scratch) {
     for (std::optional<Slot>* s : {&qr, &sr, &qc, &sc})
-      if (*s) (*s)->bind(arena);
+      if (*s) (*s)->bind(scratch);
   }
 
   pt_quantize_job job(const QuantSpec& spec) {
@@ -133,32 +117,28 @@ struct Outputs {
 
 }  // namespace
 
-QuantBatch quantize_fp8_jobs(std::initializer_list<QuantRequest> requests, int32_t device, void* stream,
-                             const char* context) {
-  size_t arena = 0;
+std::vector<QuantPair> quantize_fp8_jobs(std::initializer_list<QuantRequest> requests, int32_t device, void* stream,
+                                         const char* context) {
+  size_t scratch_bytes = 0;
   std::vector<Outputs> outs;
   outs.reserve(requests.size());
   std::vector<pt_quantize_job> jobs;
   for (const QuantRequest& r : requests) {
-    outs.emplace_back(r, arena, device, context);
+    outs.emplace_back(r, scratch_bytes, device, context);
     jobs.push_back(outs.back().job(r.spec));
   }
   const int32_t count = static_cast<int32_t>(jobs.size());
-  // The amax scratch of all the jobs (none where no job reduces an amax) after the transient copies.
+  // The transient copies and the jobs' amax scratch (none where no job reduces an amax) in one
+  // allocation.
   const size_t ws_bytes = pt_quantize_jobs_workspace_bytes(jobs.data(), count);
-  const size_t ws_offset = arena;
-  arena += arena_bytes(ws_bytes);
-  QuantBatch batch;
-  char* base = nullptr;
-  if (arena) {
-    batch.arena = empty({static_cast<int64_t>(arena)}, ScalarType::Byte, device);
-    base = static_cast<char*>(batch.arena->data_ptr());
-    for (Outputs& o : outs) o.bind(*batch.arena);
-  }
-  check_status(pt_quantize_jobs(jobs.data(), count, ws_bytes ? base + ws_offset : nullptr, ws_bytes, stream),
-               context);
-  for (const Outputs& o : outs) batch.pairs.push_back(o.result());
-  return batch;
+  Scratch scratch(device, scratch_bytes + Scratch::share(ws_bytes));
+  for (Outputs& o : outs) o.bind(scratch);
+  std::optional<Tensor> ws;
+  if (ws_bytes) ws = scratch.take({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte);
+  check_status(pt_quantize_jobs(jobs.data(), count, ws ? ws->data_ptr() : nullptr, ws_bytes, stream), context);
+  std::vector<QuantPair> result;
+  for (const Outputs& o : outs) result.push_back(o.result());
+  return result;
 }
 
 }  // namespace primus_turbo::torch_binding

@@ -44,8 +44,9 @@ using QuantPair = std::pair<std::optional<Quantized>, std::optional<Quantized>>;
 // One quantization of a batch: x [m, k] (contiguous) quantized along k (row, [m, k]) and / or along
 // m stored transposed (col, [k, m]). Scales: TENSORWISE 0-dim; ROWWISE [rows, 1]; 1x128 [rows, kb]
 // or, with mn_major, [kb, round_up(rows, 4)]; 2-D [ceil(rows/128), kb] (pad4: round_up(kb, 4)).
-// A transient copy is read only by launches of the same call: a view into the batch's one scratch
-// allocation (returned from an op, it would keep that whole allocation alive).
+// A transient copy is read only by launches of the same call: it comes from the batch's one scratch
+// allocation with the others and the amax scratch (returned from an op, it would keep that whole
+// allocation alive).
 struct QuantRequest {
   const Tensor* x;
   QuantSpec spec;
@@ -53,19 +54,9 @@ struct QuantRequest {
   bool row_transient = false, col_transient = false;
 };
 
-// The results in request order, and the allocation the transient copies and the amax scratch live
-// in (one trip through the caching allocator for all of them); keep it while their launches are
-// being issued.
-struct QuantBatch {
-  std::vector<QuantPair> pairs;
-  std::optional<Tensor> arena;
-  QuantPair& operator[](size_t i) { return pairs[i]; }
-  const QuantPair& operator[](size_t i) const { return pairs[i]; }
-};
-
 // One or two quantizations (a GEMM's operands) in one pt_quantize_jobs call, which launches small
-// FP8 ones together, amax included.
-QuantBatch quantize_fp8_jobs(std::initializer_list<QuantRequest> requests, int32_t device, void* stream,
-                             const char* context);
+// FP8 ones together, amax included. Results in request order.
+std::vector<QuantPair> quantize_fp8_jobs(std::initializer_list<QuantRequest> requests, int32_t device, void* stream,
+                                         const char* context);
 
 }  // namespace primus_turbo::torch_binding

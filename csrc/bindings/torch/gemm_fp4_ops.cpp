@@ -21,20 +21,27 @@ namespace {
 
 constexpr const char* kOp = "gemm_fp4";
 
-// out = x @ y^T for K-major FP4 operands.
-void fp4_mm(const Fp4& x, const Fp4& y, const Tensor& out, int32_t device, void* stream) {
+// out = x @ y^T for K-major FP4 operands; their E4M3 restatements come from scratch.
+void fp4_mm(const Fp4& x, const Fp4& y, const Tensor& out, Scratch& scratch, int32_t device, void* stream) {
   if (out.numel() == 0) return;
-  fp8_mm(restate(x, true, device, stream), restate(y, true, device, stream), out, 0.0f, device, stream);
+  fp8_mm(restate(x, true, device, stream, &scratch), restate(y, true, device, stream, &scratch), out, 0.0f, device,
+         stream);
+}
+
+// Scratch bytes of fp4_mm's restatements: x [rx, k] and y [ry, k].
+size_t fp4_mm_scratch_bytes(int64_t rx, int64_t ry, int64_t k) {
+  return restated_scratch_bytes(rx, k, true) + restated_scratch_bytes(ry, k, true);
 }
 
 // x @ y^T [rows of x, rows of y] in a new tensor, or with swap its transpose, y @ x^T.
-Tensor fp4_product(const Fp4& x, const Fp4& y, bool swap, ScalarType dtype, int32_t device, void* stream) {
+Tensor fp4_product(const Fp4& x, const Fp4& y, bool swap, ScalarType dtype, Scratch& scratch, int32_t device,
+                   void* stream) {
   const int64_t rx = x.q.sizes()[0], ry = y.q.sizes()[0];
   Tensor out = swap ? empty({ry, rx}, dtype, device) : empty({rx, ry}, dtype, device);
   if (swap)
-    fp4_mm(y, x, out, device, stream);
+    fp4_mm(y, x, out, scratch, device, stream);
   else
-    fp4_mm(x, y, out, device, stream);
+    fp4_mm(x, y, out, scratch, device, stream);
   return out;
 }
 
@@ -56,17 +63,21 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> gemm_fp4_fwd(Tensor a_in, Ten
   DeviceScope scope(device);
   void* stream = current_stream(device);
   const Tensor a = as_contiguous(a_in), b = as_contiguous(b_in);
+  // The forward's copies along K and their restatements are read by this call alone: one scratch.
+  Scratch scratch(device, fp4_scratch_bytes(m, k, false) + fp4_scratch_bytes(n, k, two_d) +
+                              fp4_mm_scratch_bytes(m, n, k));
   // a: op(a) along K is a's row output (its col output with trans_a); the wgrad's op(a)^T along M
   // is the other one, Hadamard-transformed when the recipe says so (then a call of its own).
   const bool a_both = need_b && !rht;  // the wgrad copy without a transform: one pass writes both
-  auto [a_row, a_col] = quantize_fp4(a, !trans_a || a_both, trans_a || a_both, 0, 0, device, stream);
+  auto [a_row, a_col] = quantize_fp4(a, !trans_a || a_both, trans_a || a_both, 0, 0, device, stream,
+                                     trans_a ? nullptr : &scratch, trans_a ? &scratch : nullptr);
   const Fp4& a_fwd = trans_a ? *a_col : *a_row;
   // b: 32x32 blocks serve both orientations (one call writes both copies).
   auto [b_row, b_col] = quantize_fp4(b, trans_b || need_a, !trans_b || need_a, recipe_flags(two_d, false, false),
-                                     0, device, stream);
+                                     0, device, stream, trans_b ? &scratch : nullptr, trans_b ? nullptr : &scratch);
   const Fp4& b_fwd = trans_b ? *b_row : *b_col;
   Tensor out = empty({m, n}, out_dtype, device);
-  fp4_mm(a_fwd, b_fwd, out, device, stream);
+  fp4_mm(a_fwd, b_fwd, out, scratch, device, stream);
   Tensor qbn = placeholder(device), sbn = placeholder(device), qam = placeholder(device), sam = placeholder(device);
   if (need_a) {
     const Fp4& bn = trans_b ? *b_col : *b_row;  // op(b) [K, N] along N
@@ -96,16 +107,25 @@ std::tuple<Tensor, Tensor> gemm_fp4_bwd(Tensor grad_in, Tensor qbn, Tensor sbn, 
   DeviceScope scope(device);
   void* stream = current_stream(device);
   const Tensor grad = as_contiguous(grad_in);  // [M, N]
+  const int64_t m = grad.sizes()[0], n = grad.sizes()[1];
+  const int64_t k = need_a ? qbn.sizes()[0] : need_b ? qam.sizes()[0] : 0;
+  // The gradient's copies and every restatement are read by this call alone: one scratch.
+  Scratch scratch(device, (need_a ? fp4_scratch_bytes(m, n, false) + fp4_mm_scratch_bytes(m, k, n) : 0) +
+                              (need_b ? fp4_scratch_bytes(n, m, false) + fp4_mm_scratch_bytes(k, n, m) : 0));
   Tensor grad_a = placeholder(device), grad_b = placeholder(device);
   if (need_a) {
     // d op(a) [M, K] = grad [M, N] x op(b) [K, N]^T, both along N; with trans_a, d a [K, M].
-    const Fp4 g = *quantize_fp4(grad, true, false, recipe_flags(false, false, sr), seed_dgrad, device, stream).first;
-    grad_a = fp4_product(g, Fp4{qbn, sbn}, trans_a, a_dtype, device, stream);
+    const Fp4 g = *quantize_fp4(grad, true, false, recipe_flags(false, false, sr), seed_dgrad, device, stream,
+                                &scratch)
+                       .first;
+    grad_a = fp4_product(g, Fp4{qbn, sbn}, trans_a, a_dtype, scratch, device, stream);
   }
   if (need_b) {
     // d op(b) [K, N] = op(a)^T [K, M] x grad^T [N, M]^T, both along M; with trans_b, d b [N, K].
-    const Fp4 gm = *quantize_fp4(grad, false, true, recipe_flags(false, rht, sr), seed_wgrad, device, stream).second;
-    grad_b = fp4_product(Fp4{qam, sam}, gm, trans_b, b_dtype, device, stream);
+    const Fp4 gm = *quantize_fp4(grad, false, true, recipe_flags(false, rht, sr), seed_wgrad, device, stream,
+                                 nullptr, &scratch)
+                        .second;
+    grad_b = fp4_product(Fp4{qam, sam}, gm, trans_b, b_dtype, scratch, device, stream);
   }
   return {grad_a, grad_b};
 }

@@ -275,7 +275,7 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
   Tensor grad_a = placeholder(device), grad_b = placeholder(device);
   if (need_a) {
     // ROWWISE re-quantizes the weight along the dgrad's K (N): with the gradient, in one call.
-    QuantBatch q;
+    std::vector<QuantPair> q;
     std::optional<WeightOperand> wb;
     if (granularity == PT_QUANT_ROWWISE) {
       const Tensor flat_b = weight_rows_source(b, trans_b, stream);
@@ -299,20 +299,28 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
 
 constexpr const char* kOpFp4 = "grouped_gemm_fp4";
 
-// x [R, C] -> MXFP4 along C, restated: the kernel's A (E4M3 [R, C], scales [R, ceil(C/128)]).
-Quantized fp4_tokens(const Tensor& x, int32_t flags, int64_t seed, int32_t device, void* stream) {
-  return restate(*quantize_fp4(x, true, false, flags, seed, device, stream).first, false, device, stream);
+// Scratch bytes of an MXFP4 operand [rows, k] (32x32 blocks with two_d) and its restatement.
+size_t fp4_operand_bytes(int64_t rows, int64_t k, bool two_d) {
+  return fp4_scratch_bytes(rows, k, two_d) + restated_scratch_bytes(rows, k, false);
+}
+
+// x [R, C] -> MXFP4 along C, restated: the kernel's A (E4M3 [R, C], scales [R, ceil(C/128)]). The
+// FP4 copy and its restatement come from scratch (this call's launches alone read them).
+Quantized fp4_tokens(const Tensor& x, int32_t flags, int64_t seed, Scratch& scratch, int32_t device, void* stream) {
+  return restate(*quantize_fp4(x, true, false, flags, seed, device, stream, &scratch).first, false, device, stream,
+                 &scratch);
 }
 
 // w [G, X, Y] -> the kernel's K-major B (K = Y, or X with transpose), MXFP4 per expert (X and Y are
 // multiples of 32, so no block spans two experts) and restated with one scale per row and 128-block.
-std::pair<Tensor, Tensor> fp4_weight(const Tensor& w, bool transpose, bool two_d, int32_t device, void* stream) {
+std::pair<Tensor, Tensor> fp4_weight(const Tensor& w, bool transpose, bool two_d, Scratch& scratch, int32_t device,
+                                     void* stream) {
   const Tensor src = transpose ? transpose_last2(w, stream) : w;
   const int64_t g = src.sizes()[0], n = src.sizes()[1], k = src.sizes()[2];
   const Quantized r = restate(*quantize_fp4(torch::stable::view(src, {g * n, k}), true, false,
-                                            two_d ? PT_QUANT_2D_BLOCK : 0, 0, device, stream)
+                                            two_d ? PT_QUANT_2D_BLOCK : 0, 0, device, stream, &scratch)
                                    .first,
-                              false, device, stream);
+                              false, device, stream, &scratch);
   return {torch::stable::view(r.q, {g, n, k}), torch::stable::view(r.s, {g, n, cdiv(k, kBlock)})};
 }
 
@@ -325,8 +333,9 @@ Tensor grouped_gemm_fp4_fwd(Tensor a_in, Tensor b_in, Tensor group_lens, std::op
   DeviceScope scope(device);
   void* stream = current_stream(device);
   check_group_lens_on_host(kOpFp4, group_lens, m, stream);
-  const Quantized qa = fp4_tokens(as_contiguous(a_in), 0, 0, device, stream);
-  const auto [qb, sb] = fp4_weight(as_contiguous(b_in), !trans_b, two_d, device, stream);
+  Scratch scratch(device, fp4_operand_bytes(m, k, false) + fp4_operand_bytes(b_in.sizes()[0] * n, k, two_d));
+  const Quantized qa = fp4_tokens(as_contiguous(a_in), 0, 0, scratch, device, stream);
+  const auto [qb, sb] = fp4_weight(as_contiguous(b_in), !trans_b, two_d, scratch, device, stream);
   Tensor out = empty({m, n}, out_dtype, device);
   run_mm(qa.q, qa.s, qb, sb, group_lens, group_offs, out, 1, num_sms, -1, device, stream);
   return out;
@@ -346,8 +355,10 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp4_bwd(Tensor grad_in, Tensor a, Tensor
   const int64_t m = grad.sizes()[0], k = trans_b ? b.sizes()[2] : b.sizes()[1];
   Tensor grad_a = placeholder(device), grad_b = placeholder(device);
   if (need_a) {
-    const Quantized qg = fp4_tokens(grad, sr ? PT_QUANT_SR : 0, seed, device, stream);
-    const auto [qd, sd] = fp4_weight(b, trans_b, two_d, device, stream);  // op(b) [G, K, N] along N
+    const int64_t n = grad.sizes()[1];
+    Scratch scratch(device, fp4_operand_bytes(m, n, false) + fp4_operand_bytes(b.sizes()[0] * k, n, two_d));
+    const Quantized qg = fp4_tokens(grad, sr ? PT_QUANT_SR : 0, seed, scratch, device, stream);
+    const auto [qd, sd] = fp4_weight(b, trans_b, two_d, scratch, device, stream);  // op(b) [G, K, N] along N
     grad_a = empty({m, k}, a_dtype, device);
     run_mm(qg.q, qg.s, qd, sd, group_lens, group_offs, grad_a, 1, num_sms, -1, device, stream);
   }
