@@ -110,6 +110,31 @@ def test_gradients(dtype):
     assert torch.equal(y2.grad[: t * topk], g[t_idx]) and (y2.grad[t * topk :] == 0).all()
 
 
+@pytest.mark.parametrize("used", ["tokens", "probs"])
+def test_gradient_of_one_output(used):
+    """Only one of token_permute's outputs reaches the loss: the other gets no gradient, and the
+    inputs' gradients are what that output alone gives (zero for the unused path)."""
+    t, e, topk, h = 100, 16, 4, 256
+    mask, probs = make_routing(t, e, topk, seed=5)
+    x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    p = probs.clone().requires_grad_()
+    out, pprobs, _ = turbo.ops.token_permute(x, p, mask, num_out_tokens=t * topk)
+    t_idx, e_idx = reference_rows(mask, t * topk)
+    if used == "tokens":
+        g_out = torch.randn_like(out)
+        dx, dp = torch.autograd.grad(out, (x, p), g_out, allow_unused=True)
+        ref_dx = torch.zeros(t, h, dtype=torch.float64, device="cuda").index_add_(0, t_idx, g_out.double())
+        assert_gate(dx, ref_dx, torch.bfloat16, "dx")
+        assert dp is None or (dp == 0).all()
+    else:
+        g_pp = torch.randn_like(pprobs)
+        dx, dp = torch.autograd.grad(pprobs, (x, p), g_pp, allow_unused=True)
+        ref_dp = torch.zeros(t, e, device="cuda")
+        ref_dp[t_idx, e_idx] = g_pp
+        assert torch.equal(dp, ref_dp)
+        assert dx is None or (dx == 0).all()
+
+
 def test_int32_mask_and_unaligned_rows_and_empty():
     mask, probs = make_routing(40, 8, 3, seed=9)
     buf = torch.randn(40 * 35 + 1, device="cuda", dtype=torch.bfloat16)

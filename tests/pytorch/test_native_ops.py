@@ -439,3 +439,28 @@ def test_grouped_gemm_fp8_train_cpp_autograd_on_meta(code, trans_b):
                                                   torch.float8_e5m2, code, 0)
     (gb,) = torch.autograd.grad(y, (b,), torch.empty_like(y))
     assert gb.shape == b.shape
+
+
+@pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
+@pytest.mark.parametrize("with_probs", [False, True])
+def test_token_permute_cpp_autograd_on_meta(with_probs):
+    t, e, h, n = 64, 8, 128, 128
+    tokens = torch.empty(t, h, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    routing_map = torch.empty(t, e, device="meta", dtype=torch.bool)
+    probs = torch.empty(t, e, device="meta", dtype=torch.float32, requires_grad=True) if with_probs else None
+    out, pprobs, row_id_map = native.ops.token_permute_train.default(tokens, routing_map, probs, n)
+    assert out.shape == (n, h) and row_id_map.shape == (t, e) and not row_id_map.requires_grad
+    assert type(out.grad_fn).__name__ == "CppFunction"
+    inputs = (tokens, probs) if with_probs else (tokens,)
+    outputs = (out, pprobs) if with_probs else (out,)
+    result = torch.autograd.grad(outputs, inputs, [torch.empty_like(o) for o in outputs])
+    assert all(g.shape == x.shape for g, x in zip(result, inputs))
+    # The unpermute of those rows, with and without merging probabilities.
+    merging = torch.empty(t, e, device="meta", dtype=torch.float32, requires_grad=True)
+    for mp in (None, merging):
+        rows = out.detach().requires_grad_()
+        y = native.ops.token_unpermute_train.default(rows, row_id_map, mp)
+        assert y.shape == (t, h) and type(y.grad_fn).__name__ == "CppFunction"
+        inputs = (rows, mp) if mp is not None else (rows,)
+        result = torch.autograd.grad(y, inputs, torch.empty_like(y))
+        assert all(g.shape == x.shape for g, x in zip(result, inputs))

@@ -71,6 +71,46 @@ std::tuple<Tensor, Tensor> moe_token_unpermute(Tensor input_in, Tensor row_id_ma
   return {out, probs_grad};
 }
 
+// token_unpermute's backward without merging probabilities: tokens [N, H] scattered back to the
+// permuted rows by row_id_map [T, E], out [num_out, H] (rows no token references stay zero).
+Tensor moe_token_scatter(Tensor tokens_in, Tensor row_id_map_in, int64_t num_out) {
+  const int32_t device = check_cuda("token_unpermute", {{"grad_output", &tokens_in}, {"row_id_map", &row_id_map_in}});
+  if (tokens_in.dim() != 2 || row_id_map_in.dim() != 2)
+    fail_with(ErrorKind::Value, "token_unpermute: 'grad_output' and 'row_id_map' must be 2-D, got ",
+              shape_string(tokens_in), " and ", shape_string(row_id_map_in));
+  if (num_out < 0) fail_with(ErrorKind::Value, "token_unpermute: the permuted row count must be >= 0, got ", num_out);
+  const Tensor tokens = as_contiguous(tokens_in), row_id_map = as_contiguous(row_id_map_in);
+  DeviceScope scope(device);
+  Tensor out = empty({num_out, tokens.sizes()[1]}, tokens.scalar_type(), device);
+  torch::stable::zero_(out);
+  const pt_tensor pt_tokens = to_pt(tokens);
+  pt_tensor pt_out = to_pt(out), pt_rows = to_pt(row_id_map);
+  check_status(pt_moe_permute(&pt_tokens, nullptr, nullptr, &pt_out, nullptr, &pt_rows, nullptr,
+                              current_stream(device)),
+               "token_unpermute backward");
+  return out;
+}
+
+// token_unpermute's backward with merging probabilities: (grad_input like fwd_input, rows no token
+// references zero; grad_probs like merging_probs).
+std::tuple<Tensor, Tensor> moe_token_unpermute_bwd(Tensor grad_in, Tensor fwd_input_in, Tensor row_id_map_in,
+                                                   Tensor merging_probs_in) {
+  const int32_t device = check_cuda("token_unpermute", {{"grad_output", &grad_in}, {"input", &fwd_input_in},
+                                                        {"row_id_map", &row_id_map_in},
+                                                        {"merging_probs", &merging_probs_in}});
+  const Tensor grad = as_contiguous(grad_in), fwd_input = as_contiguous(fwd_input_in),
+               row_id_map = as_contiguous(row_id_map_in), merging = as_contiguous(merging_probs_in);
+  DeviceScope scope(device);
+  Tensor grad_input = torch_binding::empty_like(fwd_input);
+  torch::stable::zero_(grad_input);
+  Tensor grad_probs = torch_binding::empty_like(merging);
+  const pt_tensor pg = to_pt(grad), pf = to_pt(fwd_input), pr = to_pt(row_id_map), pm = to_pt(merging);
+  pt_tensor pgi = to_pt(grad_input), pgp = to_pt(grad_probs);
+  check_status(pt_moe_unpermute_bwd(&pg, &pf, &pr, &pm, &pgi, &pgp, current_stream(device)),
+               "token_unpermute backward");
+  return {grad_input, grad_probs};
+}
+
 // A [1] int32 view of element `index` of an int32 buffer, as a descriptor.
 pt_tensor element_descriptor(const Tensor& buffer, int64_t index) {
   pt_tensor p = to_pt(buffer);
@@ -153,6 +193,9 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("moe_token_permute(Tensor tokens, Tensor routing_map, Tensor? probs, int num_out) -> (Tensor, Tensor, Tensor)");
   m.def("moe_token_unpermute(Tensor input, Tensor row_id_map, Tensor? merging_probs, Tensor? permuted_probs) -> "
         "(Tensor, Tensor)");
+  m.def("moe_token_scatter(Tensor tokens, Tensor row_id_map, int num_out) -> Tensor");
+  m.def("moe_token_unpermute_bwd(Tensor grad_output, Tensor fwd_input, Tensor row_id_map, Tensor merging_probs) -> "
+        "(Tensor, Tensor)");
   m.def("moe_index_permute(Tensor tokens, Tensor expert_map, Tensor? probs, Tensor? scaling_factor, int num_experts, "
         "int pad_multiple, int num_out, bool probs_topk) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
@@ -160,6 +203,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
 static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("moe_token_permute", TORCH_BOX(&moe_token_permute));
   m.impl("moe_token_unpermute", TORCH_BOX(&moe_token_unpermute));
+  m.impl("moe_token_scatter", TORCH_BOX(&moe_token_scatter));
+  m.impl("moe_token_unpermute_bwd", TORCH_BOX(&moe_token_unpermute_bwd));
   m.impl("moe_index_permute", TORCH_BOX(&moe_index_permute));
 }
 

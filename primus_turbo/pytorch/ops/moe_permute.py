@@ -64,24 +64,6 @@ def _permute_fake(tokens, routing_map, probs, num_out):
     )
 
 
-def _scatter_cuda(tokens, row_id_map, num_out: int):
-    out = torch.zeros((num_out, tokens.shape[1]), dtype=tokens.dtype, device=tokens.device)
-    with device_guard(tokens.device):
-        _call(
-            lib.pt_moe_permute,
-            to_pt(tokens),
-            None,
-            None,
-            to_pt(out),
-            None,
-            to_pt(row_id_map),
-            None,
-            current_stream_handle(tokens.device),
-            context="token_unpermute backward",
-        )
-    return out
-
-
 def _scatter_fake(tokens, row_id_map, num_out):
     return tokens.new_empty((num_out, tokens.shape[1]))
 
@@ -94,24 +76,6 @@ def _unpermute_fake(inp, row_id_map, merging_probs, permuted_probs):
         else inp.new_empty((0,), dtype=torch.float32)
     )
     return inp.new_empty((t, inp.shape[1])), pg
-
-
-def _unpermute_bwd_cuda(grad_out, fwd_input, row_id_map, merging_probs):
-    grad_in = torch.zeros_like(fwd_input)  # rows no token references (padding) get zero gradient
-    grad_probs = torch.empty_like(merging_probs)
-    with device_guard(grad_out.device):
-        _call(
-            lib.pt_moe_unpermute_bwd,
-            to_pt(grad_out),
-            to_pt(fwd_input),
-            to_pt(row_id_map),
-            to_pt(merging_probs),
-            to_pt(grad_in),
-            to_pt(grad_probs),
-            current_stream_handle(grad_out.device),
-            context="token_unpermute backward",
-        )
-    return grad_in, grad_probs
 
 
 def _unpermute_bwd_fake(grad_out, fwd_input, row_id_map, merging_probs):
@@ -128,14 +92,18 @@ _permute_counted_op = library.define_op(
     _permute_counted_cuda,
     _permute_counted_fake,
 )
-_scatter_op = library.define_op(
-    "moe_token_scatter(Tensor tokens, Tensor row_id_map, int num_out) -> Tensor", _scatter_cuda, _scatter_fake
-)
-_unpermute_bwd_op = library.define_op(
-    "moe_token_unpermute_bwd(Tensor grad_output, Tensor fwd_input, Tensor row_id_map, Tensor merging_probs) -> (Tensor, Tensor)",
-    _unpermute_bwd_cuda,
-    _unpermute_bwd_fake,
-)
+library.register_fake("moe_token_scatter", _scatter_fake)
+library.register_fake("moe_token_unpermute_bwd", _unpermute_bwd_fake)
+_scatter_op = native.ops.moe_token_scatter.default
+_unpermute_bwd_op = native.ops.moe_token_unpermute_bwd.default
+# With the C++ autograd (bindings/torch_autograd/token_permute_autograd.cpp): a training call's
+# forward and backward without Python in between (eager mode, a given output row count).
+_permute_train = _unpermute_train = None
+if native.CPP_AUTOGRAD:
+    library.register_fake("token_permute_train", _permute_fake)
+    library.register_fake("token_unpermute_train", lambda inp, rows, mp: _unpermute_fake(inp, rows, mp, None)[0])
+    _permute_train = native.ops.token_permute_train.default
+    _unpermute_train = native.ops.token_unpermute_train.default
 
 
 class _Permute(torch.autograd.Function):
@@ -273,6 +241,9 @@ def token_permute(
     if not grad and num_out_tokens >= 0:  # no autograd node to record: the native op alone
         out, pprobs, row_id_map = _permute_op(inp, routing_map, probs, num_out_tokens)
         return out, (pprobs if probs is not None else None), row_id_map
+    if _permute_train is not None and num_out_tokens >= 0 and not torch.compiler.is_compiling():
+        out, pprobs, row_id_map = _permute_train(inp, routing_map, probs, num_out_tokens)
+        return out, (pprobs if probs is not None else None), row_id_map
     out, pprobs, row_id_map = _Permute.apply(
         inp.contiguous(), routing_map.contiguous(), probs.contiguous() if probs is not None else None, num_out_tokens
     )
@@ -323,6 +294,8 @@ def token_unpermute(
     mp = merging_probs.contiguous() if merging_probs is not None else None
     if not (torch.is_grad_enabled() and (inp.requires_grad or (mp is not None and mp.requires_grad))):
         return _unpermute_op(inp, row_id_map, mp, None)[0]  # no autograd node to record
+    if _unpermute_train is not None and not torch.compiler.is_compiling():
+        return _unpermute_train(inp, row_id_map, mp)
     return _Unpermute.apply(inp.contiguous(), row_id_map.contiguous(), mp)
 
 

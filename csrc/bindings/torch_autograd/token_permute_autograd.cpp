@@ -1,0 +1,128 @@
+// token_permute's and token_unpermute's training ops with their autograd in C++:
+// primus_turbo::token_permute_train / token_unpermute_train run the native forward
+// (moe_token_permute / moe_token_unpermute) and their backward is one native call (the other
+// direction's op; moe_token_scatter / moe_token_unpermute_bwd for a merging unpermute). The Python
+// _Permute / _Unpermute do the same where this library is not loaded.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/zeros.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptTensor = std::optional<Tensor>;
+
+using PermuteSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&, int64_t);
+using UnpermuteSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&, const OptTensor&);
+using ScatterSig = Tensor(const Tensor&, const Tensor&, int64_t);
+using UnpermuteBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&);
+
+template <class Sig>
+c10::TypedOperatorHandle<Sig> op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
+OptTensor present(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
+
+struct TokenPermuteFunction : public torch::autograd::Function<TokenPermuteFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& tokens, const Tensor& routing_map,
+                               const OptTensor& probs, int64_t num_out) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static const auto fwd = op<PermuteSig>("primus_turbo::moe_token_permute");
+    auto [out, pprobs, row_id_map] = fwd.call(tokens, routing_map, probs, num_out);
+    ctx->save_for_backward({row_id_map});
+    ctx->saved_data["p"] = probs.has_value();
+    // What a gradient one output did not get is made of (only then): out's rows, hidden size and
+    // dtype, and the permuted probabilities' dtype.
+    ctx->saved_data["o"] = std::vector<int64_t>{out.size(0), out.size(1), static_cast<int64_t>(out.scalar_type()),
+                                                static_cast<int64_t>(pprobs.scalar_type())};
+    ctx->mark_non_differentiable({row_id_map});
+    ctx->set_materialize_grads(false);  // no zero-filled gradient for the map or an unused output
+    return {out, pprobs, row_id_map};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto unpermute = op<UnpermuteSig>("primus_turbo::moe_token_unpermute");
+    Tensor g_out = grads[0], g_pprobs = grads[1];
+    if (!g_out.defined() && !g_pprobs.defined()) return variable_list(4);
+    const Tensor row_id_map = ctx->get_saved_variables()[0];
+    const bool with_probs = ctx->saved_data["p"].toBool();
+    const auto o = ctx->saved_data["o"].toIntVector();
+    const auto options = row_id_map.options();
+    if (!g_out.defined()) g_out = at::zeros({o[0], o[1]}, options.dtype(static_cast<c10::ScalarType>(o[2])));
+    OptTensor pp;
+    if (with_probs)
+      pp = g_pprobs.defined() ? g_pprobs : at::zeros({o[0]}, options.dtype(static_cast<c10::ScalarType>(o[3])));
+    auto [grad_tokens, grad_probs] = unpermute.call(g_out, row_id_map, std::nullopt, pp);
+    return {grad_tokens, Tensor(), with_probs ? grad_probs : Tensor(), Tensor()};
+  }
+};
+
+struct TokenUnpermuteFunction : public torch::autograd::Function<TokenUnpermuteFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& inp, const Tensor& row_id_map,
+                        const OptTensor& merging_probs) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static const auto fwd = op<UnpermuteSig>("primus_turbo::moe_token_unpermute");
+    Tensor out = std::get<0>(fwd.call(inp, row_id_map, merging_probs, std::nullopt));
+    // The input is kept only where the probabilities' gradient reads it.
+    ctx->save_for_backward({merging_probs ? inp : Tensor(), row_id_map, merging_probs.value_or(Tensor())});
+    ctx->saved_data["rows"] = inp.size(0);
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto scatter = op<ScatterSig>("primus_turbo::moe_token_scatter");
+    static const auto bwd = op<UnpermuteBwdSig>("primus_turbo::moe_token_unpermute_bwd");
+    const variable_list s = ctx->get_saved_variables();
+    if (!s[2].defined()) return {scatter.call(grads[0], s[1], ctx->saved_data["rows"].toInt()), Tensor(), Tensor()};
+    auto [grad_in, grad_probs] = bwd.call(grads[0], s[0], s[1], s[2]);
+    return {grad_in, Tensor(), grad_probs};
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> token_permute_train_autograd(const Tensor& tokens, const Tensor& routing_map,
+                                                                const OptTensor& probs, int64_t num_out) {
+  const variable_list r = TokenPermuteFunction::apply(tokens, routing_map, probs, num_out);
+  return {r[0], r[1], r[2]};
+}
+
+std::tuple<Tensor, Tensor, Tensor> token_permute_train_forward_only(const Tensor& tokens, const Tensor& routing_map,
+                                                                    const OptTensor& probs, int64_t num_out) {
+  static const auto fwd = op<PermuteSig>("primus_turbo::moe_token_permute");
+  return fwd.call(tokens, routing_map, probs, num_out);
+}
+
+Tensor token_unpermute_train_autograd(const Tensor& inp, const Tensor& row_id_map, const OptTensor& merging_probs) {
+  return TokenUnpermuteFunction::apply(inp, row_id_map, merging_probs);
+}
+
+Tensor token_unpermute_train_forward_only(const Tensor& inp, const Tensor& row_id_map,
+                                          const OptTensor& merging_probs) {
+  static const auto fwd = op<UnpermuteSig>("primus_turbo::moe_token_unpermute");
+  return std::get<0>(fwd.call(inp, row_id_map, merging_probs, std::nullopt));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
+  m.def("token_permute_train(Tensor tokens, Tensor routing_map, Tensor? probs, int num_out) -> "
+        "(Tensor, Tensor, Tensor)");
+  m.def("token_unpermute_train(Tensor input, Tensor row_id_map, Tensor? merging_probs) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(primus_turbo, Autograd, m) {
+  m.impl("token_permute_train", token_permute_train_autograd);
+  m.impl("token_unpermute_train", token_unpermute_train_autograd);
+}
+
+TORCH_LIBRARY_IMPL(primus_turbo, CUDA, m) {
+  m.impl("token_permute_train", token_permute_train_forward_only);
+  m.impl("token_unpermute_train", token_unpermute_train_forward_only);
+}
