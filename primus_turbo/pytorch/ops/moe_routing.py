@@ -3,9 +3,7 @@ MoE routing on the library's CUDA kernels (kernels/moe_routing/routing.cuh), for
 
 import torch
 
-from primus_turbo._core import check, lib
-from primus_turbo.pytorch.core import library
-from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
+from primus_turbo.pytorch.core import library, native
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
 __all__ = ["fused_group_topk_routing_with_aux_score", "indices_to_multihot", "tokens_per_expert_to_mask"]
@@ -17,45 +15,11 @@ MAX_EXPERTS = 1024
 MAX_GROUPS = 64
 
 
-def _opt(t):
-    return to_pt(t) if t is not None else None
-
-
-def _call(fn, *args, context: str) -> None:
-    status = fn(*args)
-    if status:
-        check(status, context=context)
-
-
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-# ---- registered ops ----------------------------------------------------------------------------
-
-
-def _routing_fwd_cuda(logits, topk: int, groups: int, selected_groups: int, softmax: bool, scaling: float):
-    scores = torch.empty_like(logits, memory_format=torch.contiguous_format)
-    probs = torch.empty_like(logits, memory_format=torch.contiguous_format)
-    routing_map = torch.empty(logits.shape, dtype=torch.bool, device=logits.device)
-    if logits.numel() == 0:
-        return scores, probs, routing_map
-    with device_guard(logits.device):
-        _call(
-            lib.pt_moe_routing_fwd,
-            to_pt(logits),
-            to_pt(scores),
-            to_pt(probs),
-            to_pt(routing_map.view(torch.uint8)),
-            int(topk),
-            int(groups),
-            int(selected_groups),
-            int(softmax),
-            float(scaling),
-            current_stream_handle(logits.device),
-            context="fused_group_topk_routing_with_aux_score forward",
-        )
-    return scores, probs, routing_map
+# ---- native ops (csrc/bindings/torch/moe_routing_ops.cpp) and their fake implementations ---------
 
 
 def _routing_fwd_fake(logits, topk, groups, selected_groups, softmax, scaling):
@@ -66,65 +30,16 @@ def _routing_fwd_fake(logits, topk, groups, selected_groups, softmax, scaling):
     )
 
 
-_routing_fwd = library.define_op(
-    "moe_routing_fwd(Tensor logits, int topk, int groups, int selected_groups, bool softmax, float scaling) "
-    "-> (Tensor, Tensor, Tensor)",
-    _routing_fwd_cuda,
-    _routing_fwd_fake,
-)
-
-
-def _routing_bwd_cuda(logits, routing_map, grad_probs, grad_scores, topk: int, softmax: bool, scaling: float):
-    grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
-    if logits.numel() == 0:
-        return grad
-    with device_guard(logits.device):
-        _call(
-            lib.pt_moe_routing_bwd,
-            to_pt(logits),
-            to_pt(routing_map.view(torch.uint8)),
-            _opt(grad_probs),
-            _opt(grad_scores),
-            to_pt(grad),
-            int(topk),
-            int(softmax),
-            float(scaling),
-            current_stream_handle(logits.device),
-            context="fused_group_topk_routing_with_aux_score backward",
-        )
-    return grad
+library.register_fake("moe_routing_fwd", _routing_fwd_fake)
+_routing_fwd = native.ops.moe_routing_fwd.default
 
 
 def _routing_bwd_fake(logits, routing_map, grad_probs, grad_scores, topk, softmax, scaling):
     return logits.new_empty(logits.shape)
 
 
-_routing_bwd = library.define_op(
-    "moe_routing_bwd(Tensor logits, Tensor routing_map, Tensor? grad_probs, Tensor? grad_scores, int topk, "
-    "bool softmax, float scaling) -> Tensor",
-    _routing_bwd_cuda,
-    _routing_bwd_fake,
-)
-
-
-def _multihot_fwd_cuda(indices, probs, num_experts: int, float32_out: bool):
-    t = indices.shape[0]
-    out_dtype = torch.float32 if float32_out else probs.dtype
-    multihot = torch.empty((t, num_experts), dtype=torch.bool, device=indices.device)
-    probs_out = torch.empty((t, num_experts), dtype=out_dtype, device=indices.device)
-    if multihot.numel() == 0:
-        return multihot, probs_out
-    with device_guard(indices.device):
-        _call(
-            lib.pt_indices_to_multihot_fwd,
-            to_pt(indices),
-            to_pt(probs),
-            to_pt(multihot.view(torch.uint8)),
-            to_pt(probs_out),
-            current_stream_handle(indices.device),
-            context="indices_to_multihot forward",
-        )
-    return multihot, probs_out
+library.register_fake("moe_routing_bwd", _routing_bwd_fake)
+_routing_bwd = native.ops.moe_routing_bwd.default
 
 
 def _multihot_fwd_fake(indices, probs, num_experts, float32_out):
@@ -133,64 +48,24 @@ def _multihot_fwd_fake(indices, probs, num_experts, float32_out):
     return indices.new_empty((t, num_experts), dtype=torch.bool), probs.new_empty((t, num_experts), dtype=out_dtype)
 
 
-_multihot_fwd = library.define_op(
-    "indices_to_multihot_fwd(Tensor indices, Tensor probs, int num_experts, bool float32_out) -> (Tensor, Tensor)",
-    _multihot_fwd_cuda,
-    _multihot_fwd_fake,
-)
-
-
-def _multihot_bwd_cuda(indices, grad_probs_out, dtype: torch.dtype):
-    grad = torch.empty(indices.shape, dtype=dtype, device=indices.device)
-    if grad.numel() == 0:
-        return grad
-    with device_guard(indices.device):
-        _call(
-            lib.pt_indices_to_multihot_bwd,
-            to_pt(indices),
-            to_pt(grad_probs_out),
-            to_pt(grad),
-            current_stream_handle(indices.device),
-            context="indices_to_multihot backward",
-        )
-    return grad
+library.register_fake("indices_to_multihot_fwd", _multihot_fwd_fake)
+_multihot_fwd = native.ops.indices_to_multihot_fwd.default
 
 
 def _multihot_bwd_fake(indices, grad_probs_out, dtype):
     return grad_probs_out.new_empty(indices.shape, dtype=dtype)
 
 
-_multihot_bwd = library.define_op(
-    "indices_to_multihot_bwd(Tensor indices, Tensor grad_probs_out, ScalarType dtype) -> Tensor",
-    _multihot_bwd_cuda,
-    _multihot_bwd_fake,
-)
-
-
-def _tokens_mask_cuda(tokens_per_expert, num_tokens: int):
-    mask = torch.empty((num_tokens,), dtype=torch.int64, device=tokens_per_expert.device)
-    if num_tokens == 0:
-        return mask
-    with device_guard(tokens_per_expert.device):
-        _call(
-            lib.pt_tokens_per_expert_to_mask,
-            to_pt(tokens_per_expert),
-            to_pt(mask),
-            current_stream_handle(tokens_per_expert.device),
-            context="tokens_per_expert_to_mask",
-        )
-    return mask
+library.register_fake("indices_to_multihot_bwd", _multihot_bwd_fake)
+_multihot_bwd = native.ops.indices_to_multihot_bwd.default
 
 
 def _tokens_mask_fake(tokens_per_expert, num_tokens):
     return tokens_per_expert.new_empty((num_tokens,), dtype=torch.int64)
 
 
-_tokens_mask = library.define_op(
-    "tokens_per_expert_to_mask(Tensor tokens_per_expert, int num_tokens) -> Tensor",
-    _tokens_mask_cuda,
-    _tokens_mask_fake,
-)
+library.register_fake("tokens_per_expert_to_mask", _tokens_mask_fake)
+_tokens_mask = native.ops.tokens_per_expert_to_mask.default
 
 
 # ---- autograd ----------------------------------------------------------------------------------
