@@ -21,10 +21,8 @@ backward kernel, with the tensors the plain op saves (RMSNorm: x, gamma, rstd; g
 
 import torch
 
-from primus_turbo._core import check, lib
-from primus_turbo.pytorch.core import library
+from primus_turbo.pytorch.core import library, native
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
-from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops import activation as _act
 from primus_turbo.pytorch.ops import normalization as _norm
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
@@ -34,10 +32,6 @@ __all__ = ["rmsnorm_fp8", "rmsnorm_residual_fp8", "swiglu_fp8", "geglu_fp8"]
 ROWWISE, BLOCKWISE = 1, 2  # pt_quant_granularity codes (quantization.h)
 BLOCK = 128
 _FP8 = {Format.E4M3: torch.float8_e4m3fn, Format.E5M2: torch.float8_e5m2, Format.HYBRID: torch.float8_e4m3fn}
-
-
-def _opt(t):
-    return None if t is None else to_pt(t)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -79,19 +73,12 @@ def _vector_check(op: str, what: str, cols: int, dtype: torch.dtype) -> None:
         )
 
 
-def _aligned(t):
-    """t itself when its data is 16-byte aligned (allocations are; a view at an odd offset may not
-    be), else an aligned copy: these kernels only have the 16-byte access path. Inside the
-    registered ops' CUDA implementations (real tensors)."""
-    return t if t is None or t.data_ptr() % 16 == 0 else t.clone()
-
-
 def _hp_or_empty(x: torch.Tensor, shape, return_hp: bool) -> torch.Tensor:
     # Absent outputs are distinct empty tensors (a custom op's outputs must not alias).
     return x.new_empty(shape) if return_hp else x.new_empty((0,))
 
 
-# ---- registered ops: 2-D contiguous, aligned inputs here -----------------------------------------
+# ---- native ops (csrc/bindings/torch/fused_fp8_ops.cpp): outputs as their fake implementations ----
 
 
 def _norm_outputs(x, residual, g: int, fp8_dtype, return_hp: bool):
@@ -101,21 +88,6 @@ def _norm_outputs(x, residual, g: int, fp8_dtype, return_hp: bool):
     y = _hp_or_empty(x, (rows, hidden), return_hp)
     s_out = x.new_empty((rows, hidden)) if residual is not None else x.new_empty((0,))
     rstd = x.new_empty((rows,), dtype=torch.float32)
-    return q, s, y, s_out, rstd
-
-
-def _norm_fwd_cuda(x, residual, gamma, eps: float, zero_centered: bool, granularity: int, fp8_dtype, return_hp: bool):
-    q, s, y, s_out, rstd = _norm_outputs(x, residual, granularity, fp8_dtype, return_hp)
-    if x.shape[0]:
-        x, residual, gamma = _aligned(x), _aligned(residual), _aligned(gamma)
-        with device_guard(x.device):
-            status = lib.pt_rmsnorm_fp8_fwd(
-                to_pt(x), None if residual is None else to_pt(residual), to_pt(gamma), to_pt(y) if return_hp else None,
-                None if residual is None else to_pt(s_out), to_pt(q), to_pt(s), to_pt(rstd), int(granularity),
-                float(eps), int(zero_centered), current_stream_handle(x.device),
-            )
-        if status:
-            check(status, context="rmsnorm_fp8 forward")
     return q, s, y, s_out, rstd
 
 
@@ -130,37 +102,14 @@ def _gated_outputs(x, g: int, fp8_dtype, return_hp: bool):
     return q, s, _hp_or_empty(x, (rows, cols), return_hp)
 
 
-def _gated_fwd_cuda(x, probs, row_mask, act: int, granularity: int, fp8_dtype, return_hp: bool):
-    q, s, out = _gated_outputs(x, granularity, fp8_dtype, return_hp)
-    if q.numel():
-        x = _aligned(x)
-        with device_guard(x.device):
-            status = lib.pt_gated_act_fp8_fwd(
-                int(act), to_pt(x), _opt(probs), _opt(row_mask), to_pt(out) if return_hp else None,
-                to_pt(q), to_pt(s), int(granularity), current_stream_handle(x.device),
-            )
-        if status:
-            check(status, context="gated activation FP8 forward")
-    return q, s, out
-
-
 def _gated_fwd_fake(x, probs, row_mask, act, granularity, fp8_dtype, return_hp):
     return _gated_outputs(x, granularity, fp8_dtype, return_hp)
 
 
-_norm_fwd_op = library.define_op(
-    "rmsnorm_fp8_fwd(Tensor x, Tensor? residual, Tensor gamma, float eps, bool zero_centered, int granularity, "
-    "ScalarType fp8_dtype, bool return_hp) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
-    _norm_fwd_cuda,
-    _norm_fwd_fake,
-)
-_gated_fwd_op = library.define_op(
-    "gated_act_fp8_fwd(Tensor x, Tensor? probs, Tensor? row_mask, int act, int granularity, ScalarType fp8_dtype, "
-    "bool return_hp) "
-    "-> (Tensor, Tensor, Tensor)",
-    _gated_fwd_cuda,
-    _gated_fwd_fake,
-)
+library.register_fake("rmsnorm_fp8_fwd", _norm_fwd_fake)
+_norm_fwd_op = native.ops.rmsnorm_fp8_fwd.default
+library.register_fake("gated_act_fp8_fwd", _gated_fwd_fake)
+_gated_fwd_op = native.ops.gated_act_fp8_fwd.default
 
 
 # ---- autograd ----------------------------------------------------------------------------------
