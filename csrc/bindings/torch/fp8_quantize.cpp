@@ -55,11 +55,10 @@ struct Slot {
     desc.data = reinterpret_cast<void*>(Scratch::kAlign);
     desc.dtype = pt_dtype_of(dtype);
     desc.ndim = static_cast<int32_t>(shape.size());
-    int64_t stride = 1;
-    for (size_t i = shape.size(); i-- > 0;) {
+    const std::vector<int64_t> strides = contiguous_strides(shape);
+    for (size_t i = 0; i < shape.size(); ++i) {
       desc.shape[i] = shape[i];
-      desc.strides[i] = stride;
-      stride *= shape[i] > 1 ? shape[i] : 1;
+      desc.strides[i] = strides[i];
     }
   }
 

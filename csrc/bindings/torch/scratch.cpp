@@ -16,6 +16,8 @@ size_t element_bytes(ScalarType t) {
   }
 }
 
+}  // namespace
+
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> strides(shape.size());
   int64_t stride = 1;
@@ -25,8 +27,6 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   }
   return strides;
 }
-
-}  // namespace
 
 size_t Scratch::share(const std::vector<int64_t>& shape, ScalarType dtype) {
   int64_t n = 1;
