@@ -8,10 +8,6 @@ namespace {
 
 constexpr int64_t kMx = 32;
 
-}  // namespace
-
-namespace {
-
 std::vector<int64_t> fp4_scale_shape(int64_t rows, int64_t cols, bool two_d) {
   return {two_d ? cdiv(rows, kMx) : rows, cdiv(cols, kMx)};
 }

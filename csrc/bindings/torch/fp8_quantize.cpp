@@ -55,7 +55,7 @@ struct Slot {
     desc.data = reinterpret_cast<void*>(Scratch::kAlign);
     desc.dtype = pt_dtype_of(dtype);
     desc.ndim = static_cast<int32_t>(shape.size());
-    const std::vector<int64_t> strides = contiguous_strides(shape);
+    const std::vector<int64_t> strides = contiguous_strides(shape.data(), static_cast<int64_t>(shape.size()));
     for (size_t i = 0; i < shape.size(); ++i) {
       desc.shape[i] = shape[i];
       desc.strides[i] = strides[i];

@@ -14,20 +14,13 @@ namespace {
 
 constexpr const char* kRouting = "fused_group_topk_routing_with_aux_score";
 
-// A contiguous tensor of x's sizes and the given dtype.
-Tensor empty_as(const Tensor& x, ScalarType dtype, int32_t device) {
-  const auto sizes = x.sizes();
-  return empty(sizes.data(), static_cast<int64_t>(sizes.size()), dtype, device);
-}
-
 // Returns (scores, probs, routing_map bool), each of logits' shape.
 std::tuple<Tensor, Tensor, Tensor> moe_routing_fwd(Tensor logits_in, int64_t topk, int64_t groups,
                                                    int64_t selected_groups, bool softmax, double scaling) {
   const int32_t device = check_cuda(kRouting, {{"logits", &logits_in}});
   const Tensor logits = as_contiguous(logits_in);
-  Tensor scores = empty_as(logits, logits.scalar_type(), device);
-  Tensor probs = empty_as(logits, logits.scalar_type(), device);
-  Tensor routing_map = empty_as(logits, ScalarType::Bool, device);
+  Tensor scores = torch_binding::empty_like(logits), probs = torch_binding::empty_like(logits);
+  Tensor routing_map = torch_binding::empty_like(logits, ScalarType::Bool);
   if (logits.numel() == 0) return {scores, probs, routing_map};
   DeviceScope scope(device);
   const pt_tensor pl = to_pt(logits);
@@ -50,7 +43,7 @@ Tensor moe_routing_bwd(Tensor logits_in, Tensor routing_map_in, std::optional<Te
   std::optional<Tensor> grad_probs, grad_scores;
   if (grad_probs_in) grad_probs = as_contiguous(*grad_probs_in);
   if (grad_scores_in) grad_scores = as_contiguous(*grad_scores_in);
-  Tensor grad = empty_as(logits, logits.scalar_type(), device);
+  Tensor grad = torch_binding::empty_like(logits);
   if (logits.numel() == 0) return grad;
   DeviceScope scope(device);
   const pt_tensor pl = to_pt(logits), pm = mask_to_pt(routing_map);
@@ -84,7 +77,7 @@ std::tuple<Tensor, Tensor> indices_to_multihot_fwd(Tensor indices_in, Tensor pro
 Tensor indices_to_multihot_bwd(Tensor indices_in, Tensor grad_in, ScalarType dtype) {
   const int32_t device = check_cuda("indices_to_multihot", {{"indices", &indices_in}, {"grad_probs_out", &grad_in}});
   const Tensor indices = as_contiguous(indices_in), grad_out = as_contiguous(grad_in);
-  Tensor grad = empty_as(indices, dtype, device);
+  Tensor grad = torch_binding::empty_like(indices, dtype);
   if (grad.numel() == 0) return grad;
   DeviceScope scope(device);
   const pt_tensor pi = to_pt(indices), pg = to_pt(grad_out);

@@ -18,16 +18,6 @@ size_t element_bytes(ScalarType t) {
 
 }  // namespace
 
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size());
-  int64_t stride = 1;
-  for (size_t i = shape.size(); i-- > 0;) {
-    strides[i] = stride;
-    stride *= shape[i] > 1 ? shape[i] : 1;
-  }
-  return strides;
-}
-
 size_t Scratch::share(const std::vector<int64_t>& shape, ScalarType dtype) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -42,7 +32,7 @@ Tensor Scratch::take(const std::vector<int64_t>& shape, ScalarType dtype) {
   const size_t bytes = share(shape, dtype);
   if (!block_ || used_ + bytes > capacity_)
     return empty(shape.data(), static_cast<int64_t>(shape.size()), dtype, device_);
-  Tensor t = storage_view(*block_, static_cast<int64_t>(used_), dtype, shape, contiguous_strides(shape));
+  Tensor t = storage_view(*block_, static_cast<int64_t>(used_), dtype, shape);
   used_ += bytes;
   return t;
 }

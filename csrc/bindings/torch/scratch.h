@@ -13,9 +13,6 @@
 
 namespace primus_turbo::torch_binding {
 
-// Row-major strides of shape (a size-1 dimension counts as 1).
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);
-
 class Scratch {
  public:
   // Every buffer starts 256-byte aligned, as its own allocation would.

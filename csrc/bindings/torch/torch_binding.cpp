@@ -171,13 +171,18 @@ std::string shape_string(const Tensor& t) {
   return s + ")";
 }
 
-Tensor empty(const int64_t* sizes, int64_t ndim, ScalarType dtype, int32_t device) {
+std::vector<int64_t> contiguous_strides(const int64_t* sizes, int64_t ndim) {
   std::vector<int64_t> strides(static_cast<size_t>(ndim));  // any rank: norms take [..., hidden]
   int64_t s = 1;
   for (int64_t i = ndim - 1; i >= 0; --i) {
     strides[i] = s;
     s *= sizes[i] > 1 ? sizes[i] : 1;
   }
+  return strides;
+}
+
+Tensor empty(const int64_t* sizes, int64_t ndim, ScalarType dtype, int32_t device) {
+  const std::vector<int64_t> strides = contiguous_strides(sizes, ndim);
   AtenTensorHandle h = nullptr;
   check_shim(aoti_torch_empty_strided(ndim, sizes, strides.data(), static_cast<int32_t>(dtype), kDeviceCuda, device, &h),
              "empty_strided");
@@ -188,9 +193,11 @@ Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype, int32_t dev
   return empty(sizes.begin(), static_cast<int64_t>(sizes.size()), dtype, device);
 }
 
-Tensor empty_like(const Tensor& t) {
+Tensor empty_like(const Tensor& t) { return empty_like(t, t.scalar_type()); }
+
+Tensor empty_like(const Tensor& t, ScalarType dtype) {
   const auto sizes = t.sizes();
-  return empty(sizes.data(), static_cast<int64_t>(sizes.size()), t.scalar_type(), t.get_device());
+  return empty(sizes.data(), static_cast<int64_t>(sizes.size()), dtype, t.get_device());
 }
 
 Tensor as_contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
@@ -204,8 +211,8 @@ Tensor fresh_copy(const Tensor& t) {
 
 Tensor placeholder(int32_t device) { return empty({0}, ScalarType::Byte, device); }
 
-Tensor storage_view(const Tensor& base, int64_t offset, ScalarType dtype, const std::vector<int64_t>& sizes,
-                    const std::vector<int64_t>& strides) {
+Tensor storage_view(const Tensor& base, int64_t offset, ScalarType dtype, const std::vector<int64_t>& sizes) {
+  const std::vector<int64_t> strides = contiguous_strides(sizes.data(), static_cast<int64_t>(sizes.size()));
   AtenTensorHandle h = nullptr;
   check_shim(aoti_torch__alloc_from_pool(base.get(), offset, static_cast<int32_t>(dtype),
                                          static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), &h),

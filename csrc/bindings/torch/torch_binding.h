@@ -88,10 +88,14 @@ struct OptionalPt {
 
 std::string shape_string(const Tensor& t);
 
+// Row-major strides of [sizes] (a size-1 dimension counts as 1).
+std::vector<int64_t> contiguous_strides(const int64_t* sizes, int64_t ndim);
 // Row-major [sizes] of dtype on a CUDA device, from torch's caching allocator (graph-safe).
 Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype, int32_t device);
 Tensor empty(const int64_t* sizes, int64_t ndim, ScalarType dtype, int32_t device);
 Tensor empty_like(const Tensor& t);
+// Row-major, t's sizes and device, another dtype.
+Tensor empty_like(const Tensor& t, ScalarType dtype);
 // t itself when contiguous, else a contiguous copy.
 Tensor as_contiguous(const Tensor& t);
 // A contiguous copy in a fresh allocation (16-byte aligned), even when t is contiguous.
@@ -102,8 +106,7 @@ Tensor contiguous_as(const Tensor& t, ScalarType dtype);
 Tensor placeholder(int32_t device);
 // A tensor of `dtype` and contiguous `sizes` on base's memory from byte `offset` on (base a byte
 // buffer, say): it shares base's storage, so it keeps that memory alive.
-Tensor storage_view(const Tensor& base, int64_t offset, ScalarType dtype, const std::vector<int64_t>& sizes,
-                    const std::vector<int64_t>& strides);
+Tensor storage_view(const Tensor& base, int64_t offset, ScalarType dtype, const std::vector<int64_t>& sizes);
 
 // torch's current stream on device.
 void* current_stream(int32_t device);
