@@ -1,19 +1,13 @@
 // flash attention's training op with its autograd in C++: primus_turbo::attention_train runs the
 // native forward (attention_fwd), saves its inputs, out and lse, and the backward is one
 // attention_bwd call. The Python FlashAttnFunction does the same where this library is not loaded.
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
+#include "autograd_common.h"
 
-#include <optional>
 #include <tuple>
 
 namespace {
 
-using at::Tensor;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using OptTensor = std::optional<Tensor>;
+using namespace primus_turbo::torch_autograd;
 
 using FwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
                                           const OptTensor&, const OptTensor&, int64_t, int64_t, double, int64_t,
@@ -22,13 +16,6 @@ using BwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const T
                                                           const Tensor&, const Tensor&, const OptTensor&,
                                                           const OptTensor&, const OptTensor&, int64_t, int64_t,
                                                           double, int64_t, int64_t, int64_t, bool);
-
-template <class Sig>
-c10::TypedOperatorHandle<Sig> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
-
-OptTensor present(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
 struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,

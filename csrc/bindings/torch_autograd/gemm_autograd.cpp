@@ -3,21 +3,15 @@
 // autograd, so this file uses torch's full C++ API and is built against the installed torch (the
 // ops themselves stay in the stable-ABI library). Where it is not loaded, the Python
 // autograd.Function (primus_turbo/pytorch/ops/gemm.py) does the same.
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
+#include "autograd_common.h"
 
 namespace {
 
-using at::Tensor;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
+using namespace primus_turbo::torch_autograd;
 
 Tensor call_gemm(const Tensor& a, const Tensor& b, bool ta, bool tb, c10::ScalarType out_dtype) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("primus_turbo::gemm", "")
-                             .typed<Tensor(const Tensor&, const Tensor&, bool, bool, c10::ScalarType)>();
-  return op.call(a, b, ta, tb, out_dtype);
+  static const auto gemm = op<Tensor(const Tensor&, const Tensor&, bool, bool, c10::ScalarType)>("primus_turbo::gemm");
+  return gemm.call(a, b, ta, tb, out_dtype);
 }
 
 // out = op(a) @ op(b); the backward writes each gradient in its operand's own orientation, as

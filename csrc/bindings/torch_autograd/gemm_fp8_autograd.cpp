@@ -2,17 +2,13 @@
 // runs the native forward (gemm_fp8_fwd: both operands quantized, the GEMM, the copies the backward
 // reads) and saves those copies; its backward is one gemm_fp8_bwd call. The Python
 // NativeGemmFp8Function does the same where this library is not loaded.
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
+#include "autograd_common.h"
 
 #include <tuple>
 
 namespace {
 
-using at::Tensor;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
+using namespace primus_turbo::torch_autograd;
 
 using FwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, bool, bool,
                                                                   c10::ScalarType, c10::ScalarType, int64_t, bool);
@@ -20,11 +16,6 @@ using BwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Te
                                           bool, bool, c10::ScalarType, int64_t, c10::ScalarType, c10::ScalarType, bool,
                                           bool, const std::optional<Tensor>&);
 using InferSig = Tensor(const Tensor&, const Tensor&, bool, bool, c10::ScalarType, c10::ScalarType, int64_t);
-
-template <class Sig>
-c10::TypedOperatorHandle<Sig> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
 
 struct GemmFp8Function : public torch::autograd::Function<GemmFp8Function> {
   static Tensor forward(AutogradContext* ctx, const Tensor& a, const Tensor& b, bool ta, bool tb,

@@ -1,29 +1,20 @@
 // The autograd of primus_turbo::grouped_gemm in C++ (its Autograd key): the dgrad is the same
 // kernel reading b the other way round, the wgrad one grouped_gemm_wgrad call, as the Python
 // GroupedGemmFunction does where this library is not loaded.
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
+#include "autograd_common.h"
 
-#include <optional>
 
 namespace {
 
-using at::Tensor;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using OptTensor = std::optional<Tensor>;
-using Sig = Tensor(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, bool, int64_t);
+using namespace primus_turbo::torch_autograd;
 
-c10::TypedOperatorHandle<Sig> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
+using Sig = Tensor(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, bool, int64_t);
 
 struct GroupedGemmFunction : public torch::autograd::Function<GroupedGemmFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& a, const Tensor& b, const Tensor& group_lens,
                         const OptTensor& group_offs, bool trans_b, int64_t num_sms) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static const auto fwd = op("primus_turbo::grouped_gemm");
+    static const auto fwd = op<Sig>("primus_turbo::grouped_gemm");
     ctx->save_for_backward({a, b, group_lens, group_offs.value_or(Tensor())});
     ctx->saved_data["t"] = trans_b;
     ctx->saved_data["n"] = num_sms;
@@ -31,8 +22,8 @@ struct GroupedGemmFunction : public torch::autograd::Function<GroupedGemmFunctio
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto mm = op("primus_turbo::grouped_gemm");
-    static const auto wgrad = op("primus_turbo::grouped_gemm_wgrad");
+    static const auto mm = op<Sig>("primus_turbo::grouped_gemm");
+    static const auto wgrad = op<Sig>("primus_turbo::grouped_gemm_wgrad");
     const variable_list s = ctx->get_saved_variables();
     const OptTensor offs = s[3].defined() ? OptTensor(s[3]) : std::nullopt;
     const bool trans_b = ctx->saved_data["t"].toBool();

@@ -4,30 +4,19 @@
 // one grouped_gemm_fp8_bwd call (FP8 dgrad, bf16/fp16 wgrad). The Python
 // NativeGroupedGemmFp8Function does the same where this library is not loaded, and takes the FP8
 // wgrad (PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD=1), which this op does not.
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
+#include "autograd_common.h"
 
-#include <optional>
 #include <tuple>
 
 namespace {
 
-using at::Tensor;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using OptTensor = std::optional<Tensor>;
+using namespace primus_turbo::torch_autograd;
 
 using FwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, bool,
                                                   c10::ScalarType, c10::ScalarType, int64_t, int64_t, bool);
 using BwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                           const Tensor&, const OptTensor&, bool, c10::ScalarType, c10::ScalarType,
                                           int64_t, int64_t, bool, bool);
-
-template <class Sig>
-c10::TypedOperatorHandle<Sig> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
 
 struct GroupedGemmFp8Function : public torch::autograd::Function<GroupedGemmFp8Function> {
   static Tensor forward(AutogradContext* ctx, const Tensor& a, const Tensor& b, const Tensor& group_lens,

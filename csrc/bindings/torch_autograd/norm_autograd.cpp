@@ -2,22 +2,13 @@
 // layernorm_train run the native forward (rmsnorm_fwd / layernorm_fwd), save what its backward
 // reads, and the backward is one native call. The Python RmsNormFunction / LayerNormFunction do
 // the same where this library is not loaded.
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
+#include "autograd_common.h"
 
 #include <tuple>
 
 namespace {
 
-using at::Tensor;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-template <class Sig>
-c10::TypedOperatorHandle<Sig> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
+using namespace primus_turbo::torch_autograd;
 
 using RmsFwd = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, double, bool);
 using RmsBwd = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool);

@@ -3,33 +3,21 @@
 // (moe_token_permute / moe_token_unpermute) and their backward is one native call (the other
 // direction's op; moe_token_scatter / moe_token_unpermute_bwd for a merging unpermute). The Python
 // _Permute / _Unpermute do the same where this library is not loaded.
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/zeros.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
+#include "autograd_common.h"
 
-#include <optional>
+#include <ATen/ops/zeros.h>
+
 #include <tuple>
 #include <vector>
 
 namespace {
 
-using at::Tensor;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using OptTensor = std::optional<Tensor>;
+using namespace primus_turbo::torch_autograd;
 
 using PermuteSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&, int64_t);
 using UnpermuteSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&, const OptTensor&);
 using ScatterSig = Tensor(const Tensor&, const Tensor&, int64_t);
 using UnpermuteBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&);
-
-template <class Sig>
-c10::TypedOperatorHandle<Sig> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
-
-OptTensor present(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
 struct TokenPermuteFunction : public torch::autograd::Function<TokenPermuteFunction> {
   static variable_list forward(AutogradContext* ctx, const Tensor& tokens, const Tensor& routing_map,
