@@ -43,8 +43,14 @@ def _load_cpp_autograd() -> bool:
     return True
 
 
-# Ops whose autograd runs in C++ when this is True: gemm (plain, without main_grad accumulation).
+# Whether the C++ autograd loaded (the ops that have it: ARCHITECTURE, "The boundary").
 CPP_AUTOGRAD = _load_cpp_autograd()
+
+
+def eager_cpp_autograd() -> bool:
+    """Whether a training call takes an op's C++ autograd: when it loaded, in eager mode
+    (torch.compile traces the Python ``autograd.Function`` instead)."""
+    return CPP_AUTOGRAD and not torch.compiler.is_compiling()
 
 _TAG = re.compile(r"\[primus_turbo:(\w+)\] ")
 _KINDS = {

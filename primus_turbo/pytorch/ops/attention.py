@@ -330,7 +330,7 @@ def needs_grad(q, k, v, sink) -> bool:
 def _attention(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, return_lse, deterministic):
     args = (q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, backend_code())
     if needs_grad(q, k, v, sink):
-        if _train_op is not None and not torch.compiler.is_compiling():
+        if native.eager_cpp_autograd():
             out, lse = _train_op(*args, bool(deterministic))
         else:
             out, lse = FlashAttnFunction.apply(*args, bool(deterministic))

@@ -220,7 +220,7 @@ def gemm(
             check_main_grad_pattern(fuse_bgrad_accum_pattern)  # no wgrad will be made to accumulate
         return _gemm_call(a, b, bool(trans_a), bool(trans_b), out_dtype)
     main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)
-    if main_grad is None and native.CPP_AUTOGRAD and not torch.compiler.is_compiling():
+    if main_grad is None and native.eager_cpp_autograd():
         # The op's autograd is registered in C++ (bindings/torch_autograd): no Python in between.
         return _gemm_call(a, b, bool(trans_a), bool(trans_b), out_dtype)
     return GemmFunction.apply(a, b, bool(trans_a), bool(trans_b), out_dtype, main_grad)

@@ -769,7 +769,7 @@ def gemm_fp8(
                     check_main_grad_pattern(fuse_bgrad_accum_pattern)
                 return _native_infer(a, b, trans_a, trans_b, out_dtype, torch.float8_e4m3fn, code)
             main_grad = _training_main_grad(b, fuse_bgrad_accum_pattern, config.granularity)
-            if main_grad is None and _native_train is not None and not torch.compiler.is_compiling():
+            if main_grad is None and native.eager_cpp_autograd():
                 return _native_train(a, b, trans_a, trans_b, out_dtype, *_dtypes(config.format), code)
             return NativeGemmFp8Function.apply(
                 a, b, trans_a, trans_b, out_dtype, config.format, config.granularity, main_grad

@@ -249,7 +249,7 @@ def grouped_gemm(
     if fuse_bgrad_accum_pattern is not None:
         b = route_wgrad_to_main_grad(b, fuse_bgrad_accum_pattern)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        if native.CPP_AUTOGRAD and not torch.compiler.is_compiling():
+        if native.eager_cpp_autograd():
             # The op's autograd is registered in C++ (bindings/torch_autograd): no Python in between.
             return _grouped_gemm_op(a, b, group_lens, group_offs, bool(trans_b), num_sms)
         return GroupedGemmFunction.apply(a, b, group_lens, group_offs, bool(trans_b), num_sms)

@@ -651,7 +651,7 @@ def grouped_gemm_fp8(
             )
         return _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, num_sms)
     if _native_ok(a, b, g):  # checks, quantization and launches in C++
-        if _train_op is not None and not FP8_WGRAD and not torch.compiler.is_compiling():
+        if not FP8_WGRAD and native.eager_cpp_autograd():
             fwd_dtype, grad_dtype = _dtypes(config.format)
             return _train_op(a, b, group_lens, group_offs, bool(trans_b), a.dtype if out_dtype is None else out_dtype,
                              fwd_dtype, grad_dtype, _NATIVE_GRANULARITY[g], num_sms)

@@ -132,7 +132,10 @@ class _Permute(torch.autograd.Function):
             grad_out = row_id_map.new_zeros(out_meta[0], dtype=out_meta[1])
         pp = None
         if ctx.with_probs:
-            pp = grad_pprobs.contiguous() if grad_pprobs is not None else row_id_map.new_zeros(pp_meta[0], dtype=pp_meta[1])
+            pp = (
+                grad_pprobs.contiguous() if grad_pprobs is not None
+                else row_id_map.new_zeros(pp_meta[0], dtype=pp_meta[1])
+            )
         grad_tokens, grad_probs = _unpermute_op(grad_out.contiguous(), row_id_map, None, pp)
         return grad_tokens, None, grad_probs if ctx.with_probs else None, None
 
@@ -241,7 +244,7 @@ def token_permute(
     if not grad and num_out_tokens >= 0:  # no autograd node to record: the native op alone
         out, pprobs, row_id_map = _permute_op(inp, routing_map, probs, num_out_tokens)
         return out, (pprobs if probs is not None else None), row_id_map
-    if _permute_train is not None and num_out_tokens >= 0 and not torch.compiler.is_compiling():
+    if num_out_tokens >= 0 and native.eager_cpp_autograd():
         out, pprobs, row_id_map = _permute_train(inp, routing_map, probs, num_out_tokens)
         return out, (pprobs if probs is not None else None), row_id_map
     out, pprobs, row_id_map = _Permute.apply(
@@ -294,7 +297,7 @@ def token_unpermute(
     mp = merging_probs.contiguous() if merging_probs is not None else None
     if not (torch.is_grad_enabled() and (inp.requires_grad or (mp is not None and mp.requires_grad))):
         return _unpermute_op(inp, row_id_map, mp, None)[0]  # no autograd node to record
-    if _unpermute_train is not None and not torch.compiler.is_compiling():
+    if native.eager_cpp_autograd():
         return _unpermute_train(inp, row_id_map, mp)
     return _Unpermute.apply(inp.contiguous(), row_id_map.contiguous(), mp)
 

@@ -189,7 +189,7 @@ def rmsnorm(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-6, zero_center
     if type(eps) is not float or not isinstance(x, torch.Tensor) or not isinstance(gamma, torch.Tensor):
         _check_args("rmsnorm", x, eps, {"gamma": gamma})  # names a bad argument's type or value
     if torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad):
-        if _rms_train is not None and not torch.compiler.is_compiling():
+        if native.eager_cpp_autograd():
             return _rms_train(x, gamma, eps, bool(zero_centered))
         return RmsNormFunction.apply(x, gamma, eps, bool(zero_centered))
     return _fwd_op(x, gamma, eps, bool(zero_centered))[0]
@@ -232,7 +232,7 @@ def layernorm(x: torch.Tensor, gamma=None, beta=None, eps: float = 1e-5) -> torc
     if type(eps) is not float or not all(isinstance(t, torch.Tensor) for t in (x, gamma, beta)):
         _check_args("layernorm", x, eps, {"gamma": gamma, "beta": beta})
     if torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad or beta.requires_grad):
-        if _ln_train is not None and not torch.compiler.is_compiling():
+        if native.eager_cpp_autograd():
             return _ln_train(x, gamma, beta, eps)
         return LayerNormFunction.apply(x, gamma, beta, eps)
     return _ln_fwd_op(x, gamma, beta, eps)[0]
