@@ -1,5 +1,6 @@
-// The quantization JIT module: Quantizer<T, F> picks the kernel for a request (row-only outputs:
-// quantize_rows.cuh; column, transposed or 2-D outputs: quantize_tile.cuh), and dequantizes.
+// The quantization JIT module: Quantizer<T, F> picks the kernel for a request (16-bit input to FP8
+// with 128-element blocks or a given amax: quantize_tile_regs.cuh; other row-only outputs:
+// quantize_rows.cuh; other column, transposed or 2-D outputs: quantize_tile.cuh), and dequantizes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +18,7 @@
 #include "primus_turbo/kernels/quantization/quantize_batch.cuh"
 #include "primus_turbo/kernels/quantization/quantize_rows.cuh"
 #include "primus_turbo/kernels/quantization/quantize_tile.cuh"
+#include "primus_turbo/kernels/quantization/quantize_tile_regs.cuh"
 
 namespace primus_turbo::kernels::quant {
 
@@ -109,8 +111,12 @@ int launch_batch(const PtQuantBatch* b, char* err, size_t err_len) {
 // One module: input dtype T, quantized format F.
 template <class T, class F>
 struct Quantizer {
+  static bool grid_too_large(int64_t m, int64_t k) {
+    return (m + kTile - 1) / kTile > INT32_MAX || (k + kTile - 1) / kTile > 65535;
+  }
+
   static int check_grid(int64_t m, int64_t k, char* err, size_t err_len) {
-    if ((m + kTile - 1) / kTile > INT32_MAX || (k + kTile - 1) / kTile > 65535) {
+    if (grid_too_large(m, k)) {
       snprintf(err, err_len, "quantization: tensor [%lld, %lld] is too large for the tile grid",
                static_cast<long long>(m), static_cast<long long>(k));
       return 1;
@@ -126,6 +132,12 @@ struct Quantizer {
         const int64_t grid = std::min<int64_t>(p->m, int64_t{p->num_sms} * 16);
         quantize_rowwise_kernel<T, F><<<static_cast<unsigned>(grid), kRowThreads, 0, stream>>>(*p);
         return report_launch("quantize (rowwise)", err, err_len);
+      }
+    }
+    if constexpr (sizeof(T) == 2 && !F::kFp4) {
+      if (tile_regs_supported(*p, sizeof(T), F::kFp4) && !grid_too_large(p->m, p->k)) {
+        quantize_tile_regs_kernel<T, F><<<tile_grid(p->m, p->k), kRegsThreads, 0, stream>>>(*p);
+        return report_launch("quantize (register tile)", err, err_len);
       }
     }
     if (p->q_col == nullptr && !p->block_2d) {
@@ -144,6 +156,12 @@ struct Quantizer {
   static int amax(const PtQuantAmaxParams* p, char* err, size_t err_len) {
     if (p->m <= 0 || p->k <= 0) return 0;
     auto stream = static_cast<cudaStream_t>(p->stream);
+    if constexpr (sizeof(T) == 2) {
+      if (amax_regs_supported(*p, sizeof(T)) && !grid_too_large(p->m, p->k)) {
+        amax_tile_regs_kernel<T><<<tile_grid(p->m, p->k), kRegsThreads, 0, stream>>>(*p);
+        return report_launch("amax (register tile)", err, err_len);
+      }
+    }
     if (p->amax_cols == nullptr) {
       const int64_t chunks = p->m * ((p->k + kRowChunk - 1) / kRowChunk);
       // Enough blocks to fill the GPU; each warp then walks many chunks (fewer atomics).
