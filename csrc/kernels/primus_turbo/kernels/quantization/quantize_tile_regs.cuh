@@ -140,8 +140,8 @@ __device__ __forceinline__ float column_amax(const uint32_t (&part)[kRegsThreads
 
 // Requests this kernel takes (the rest go to quantize_tile.cuh): 16-bit input in 16-byte aligned
 // rows (k % 8), FP8 with fp32 scales, no transform; the row output with 128-element blocks or a
-// given amax; the column output transposed (m % 16) with 128-row blocks, the row output's 2-D
-// blocks, or a given amax.
+// given amax; the column output in place or transposed (then m % 16) with 128-row blocks, the row
+// output's 2-D blocks, or a given amax.
 __host__ __device__ __forceinline__ bool tile_regs_supported(const PtQuantParams& p, int elem_bytes, bool fp4) {
   if (elem_bytes != 2 || fp4 || p.rht || p.sr || p.e8m0 || p.k % 8 != 0 ||
       reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.q_row) % 8 != 0 ||
@@ -149,17 +149,20 @@ __host__ __device__ __forceinline__ bool tile_regs_supported(const PtQuantParams
     return false;
   if (p.block_2d && p.row_block != 128) return false;
   if (p.q_row && !(p.row_block == 0 || p.row_block == 128)) return false;
-  if (p.q_col && !(p.col_transposed && p.m % 16 == 0 && (p.block_2d || p.col_block == 0 || p.col_block == 128)))
+  if (p.q_col && !((!p.col_transposed || p.m % 16 == 0) && (p.block_2d || p.col_block == 0 || p.col_block == 128)))
     return false;
   return p.q_row || p.q_col;
 }
 
-template <class T, class F>
+// kKFast: consecutive CTAs take consecutive tiles of a row of tiles (blockIdx.x walks k), so the
+// scales of a row-major [m, blocks] layout are completed in L2 by CTAs that run together; else they
+// walk m, which does the same for the transposed column output's [k, m blocks] scales.
+template <class T, class F, bool kKFast>
 __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(const PtQuantParams p) {
   using namespace tile_regs;
   __shared__ Smem s;
   const int64_t m = p.m, k = p.k;
-  const int64_t m_tile = blockIdx.x, k_tile = blockIdx.y;
+  const int64_t m_tile = kKFast ? blockIdx.y : blockIdx.x, k_tile = kKFast ? blockIdx.x : blockIdx.y;
   const int64_t m0 = m_tile * kRegsTile, k0 = k_tile * kRegsTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tc = lane % 16, tr = 2 * warp + lane / 16;  // the thread's block: rows 8 tr.., columns 8 tc..
@@ -232,6 +235,8 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
         const int64_t ldm = (m + kRegsTile - 1) / kRegsTile;
         if (p.s_col_ld_mn) {
           store_scale_at(p.s_col, m_tile * p.s_col_ld_mn + gcol, sc, false);
+        } else if (!p.col_transposed) {
+          store_scale_at(p.s_col, m_tile * k + gcol, sc, false);
         } else {
           const int64_t ld = p.s_col_ld_2d ? p.s_col_ld_2d : ldm, r = p.block_2d ? k_tile : gcol;
           store_scale_at(p.s_col, r * ld + m_tile, sc, false);
@@ -260,10 +265,24 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
     }
   }
   if (!col) return;
+  float cmult[kSide];
+  *reinterpret_cast<float4*>(&cmult[0]) = *reinterpret_cast<const float4*>(&s.col_mult[kSide * tc]);
+  *reinterpret_cast<float4*>(&cmult[4]) = *reinterpret_cast<const float4*>(&s.col_mult[kSide * tc + 4]);
+  if (!p.col_transposed) {  // in place, [m, k]: like the row output, each value with its column's scale
+    if (gc >= k) return;
+    uint8_t* out = static_cast<uint8_t*>(p.q_col) + (m0 + kSide * tr) * k + gc;
+#pragma unroll
+    for (int i = 0; i < kSide; ++i, out += k) {
+      if (m0 + kSide * tr + i >= m) break;
+      const float2 a = P::to_float2(d[i].x), b = P::to_float2(d[i].y), c = P::to_float2(d[i].z),
+                   e = P::to_float2(d[i].w);
+      const uint32_t lo = F::encode2(a.x * cmult[0], a.y * cmult[1]) | (uint32_t{F::encode2(b.x * cmult[2], b.y * cmult[3])} << 16);
+      const uint32_t hi = F::encode2(c.x * cmult[4], c.y * cmult[5]) | (uint32_t{F::encode2(e.x * cmult[6], e.y * cmult[7])} << 16);
+      *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);
+    }
+    return;
+  }
   {  // column j of the block: its 8 rows' codes as one 8-byte run of the staged [column][row] tile
-    float mult[kSide];
-    *reinterpret_cast<float4*>(&mult[0]) = *reinterpret_cast<const float4*>(&s.col_mult[kSide * tc]);
-    *reinterpret_cast<float4*>(&mult[4]) = *reinterpret_cast<const float4*>(&s.col_mult[kSide * tc + 4]);
 #pragma unroll
     for (int j = 0; j < kSide; ++j) {
       float v[kSide];
@@ -272,7 +291,7 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
         const float2 f = P::to_float2(word(d[i], j / 2));
         v[i] = (j & 1) ? f.y : f.x;
       }
-      const uint2 w = make_uint2(encode4<F>(v[0], v[1], v[2], v[3], mult[j]), encode4<F>(v[4], v[5], v[6], v[7], mult[j]));
+      const uint2 w = make_uint2(encode4<F>(v[0], v[1], v[2], v[3], cmult[j]), encode4<F>(v[4], v[5], v[6], v[7], cmult[j]));
       *reinterpret_cast<uint2*>(&s.staged[staged_at(kSide * tc + j, tr)]) = w;
     }
   }
@@ -289,6 +308,21 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
     if (slot & 1) v = make_uint4(v.z, v.w, v.x, v.y);
     *reinterpret_cast<uint4*>(q_col + (k0 + c) * m + m0 + 16 * run) = v;
   }
+}
+
+// Launches the kernel in the tile order that suits the request's scale layouts (kKFast above); the
+// caller checked tile_regs_supported. Returns false where the grid does not fit.
+template <class T, class F>
+bool launch_tile_regs(const PtQuantParams& p, cudaStream_t stream) {
+  const int64_t mt = (p.m + kRegsTile - 1) / kRegsTile, kt = (p.k + kRegsTile - 1) / kRegsTile;
+  const bool k_fast = !(p.q_col && p.col_transposed);
+  if (k_fast ? (kt > INT32_MAX || mt > 65535) : (mt > INT32_MAX || kt > 65535)) return false;
+  if (k_fast) {
+    quantize_tile_regs_kernel<T, F, true><<<dim3(unsigned(kt), unsigned(mt)), kRegsThreads, 0, stream>>>(p);
+  } else {
+    quantize_tile_regs_kernel<T, F, false><<<dim3(unsigned(mt), unsigned(kt)), kRegsThreads, 0, stream>>>(p);
+  }
+  return true;
 }
 
 // Requests the register-tile amax kernel takes: 16-bit input in 16-byte aligned rows.

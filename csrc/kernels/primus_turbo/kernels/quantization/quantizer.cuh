@@ -135,10 +135,8 @@ struct Quantizer {
       }
     }
     if constexpr (sizeof(T) == 2 && !F::kFp4) {
-      if (tile_regs_supported(*p, sizeof(T), F::kFp4) && !grid_too_large(p->m, p->k)) {
-        quantize_tile_regs_kernel<T, F><<<tile_grid(p->m, p->k), kRegsThreads, 0, stream>>>(*p);
+      if (tile_regs_supported(*p, sizeof(T), F::kFp4) && launch_tile_regs<T, F>(*p, stream))
         return report_launch("quantize (register tile)", err, err_len);
-      }
     }
     if (p->q_col == nullptr && !p->block_2d) {
       // A few resident waves of blocks that walk the rows (grid-stride): a warp's setup (divisions,
