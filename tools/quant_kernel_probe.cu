@@ -116,19 +116,6 @@ Launch regs_tile() {
   };
 }
 
-// The register tile in the other tile order than launch_tile_regs picks (to compare the two).
-template <class T, class F>
-Launch regs_tile_other_order() {
-  return [](const PtQuantParams& p) {
-    const unsigned mt = (p.m + kTile - 1) / kTile, kt = (p.k + kTile - 1) / kTile;
-    if (!(p.q_col && p.col_transposed)) {
-      quantize_tile_regs_kernel<T, F, false><<<dim3(mt, kt), kRegsThreads>>>(p);
-    } else {
-      quantize_tile_regs_kernel<T, F, true><<<dim3(kt, mt), kRegsThreads>>>(p);
-    }
-  };
-}
-
 float time_us(const Launch& f, const PtQuantParams& p, int reps) {
   f(p);
   CHECK(cudaDeviceSynchronize());
@@ -285,7 +272,7 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
     p.q_row = p.q_col = reinterpret_cast<void*>(1);
     p.row_block = p.col_block = 128;
     p.s_row_ld_mn = pad_m, p.s_col_ld_mn = pad_k;
-    compare((t + " blockwise row+col^T").c_str(), p, {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}, {"regs other", regs_tile_other_order<T, F>()}},
+    compare((t + " blockwise row+col^T").c_str(), p, {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}},
             ref, out, both + m * k, copy_gbps, timing);
   }
   {  // blockwise activation, public layout (scales row-major)
@@ -293,7 +280,7 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
     p.q_row = p.q_col = reinterpret_cast<void*>(1);
     p.row_block = p.col_block = 128;
     compare((t + " blockwise row+col^T rowmajor s").c_str(), p,
-            {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}, {"regs other", regs_tile_other_order<T, F>()}}, ref, out, both + m * k, copy_gbps,
+            {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}}, ref, out, both + m * k, copy_gbps,
             timing);
   }
   {  // blockwise weight: 128 x 128 blocks, padded 2-D scales
@@ -302,28 +289,28 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
     p.row_block = 128, p.col_block = 128, p.block_2d = 1;
     p.s_row_ld_2d = (kb + 3) / 4 * 4, p.s_col_ld_2d = (mb + 3) / 4 * 4;
     compare((t + " blockwise 2-D row+col^T").c_str(), p,
-            {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}, {"regs other", regs_tile_other_order<T, F>()}}, ref, out, both + m * k, copy_gbps,
+            {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}}, ref, out, both + m * k, copy_gbps,
             timing);
   }
   {  // tensorwise: amax given
     PtQuantParams p = base();
     p.q_row = p.q_col = reinterpret_cast<void*>(1);
     p.amax_row = p.amax_col = amax_tensor;
-    compare((t + " tensorwise row+col^T").c_str(), p, {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}, {"regs other", regs_tile_other_order<T, F>()}},
+    compare((t + " tensorwise row+col^T").c_str(), p, {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}},
             ref, out, both + m * k, copy_gbps, timing);
   }
   {  // rowwise: per-row and per-column amax given
     PtQuantParams p = base();
     p.q_row = p.q_col = reinterpret_cast<void*>(1);
     p.amax_row = amax_rows, p.amax_row_per_row = 1, p.amax_col = amax_cols, p.amax_col_per_col = 1;
-    compare((t + " rowwise row+col^T").c_str(), p, {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}, {"regs other", regs_tile_other_order<T, F>()}},
+    compare((t + " rowwise row+col^T").c_str(), p, {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}},
             ref, out, both + m * k, copy_gbps, timing);
   }
   {  // column copy only (the output gradient's wgrad operand)
     PtQuantParams p = base();
     p.q_col = reinterpret_cast<void*>(1);
     p.col_block = 128, p.s_col_ld_mn = pad_k;
-    compare((t + " blockwise col^T only").c_str(), p, {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}, {"regs other", regs_tile_other_order<T, F>()}},
+    compare((t + " blockwise col^T only").c_str(), p, {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}},
             ref, out, row_only, copy_gbps, timing);
   }
   {  // row copy only, 1 x 128: the row walk, the shared-memory tile and the register tile
@@ -331,8 +318,7 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
     p.q_row = reinterpret_cast<void*>(1);
     p.row_block = 128, p.s_row_ld_mn = pad_m;
     compare((t + " blockwise row only").c_str(), p,
-            {{"row walk", row_walk<T, F>(num_sms)}, {"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()},
-             {"regs other", regs_tile_other_order<T, F>()}},
+            {{"row walk", row_walk<T, F>(num_sms)}, {"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}},
             ref, out, row_only, copy_gbps, timing);
   }
   compare_amax(m, k, x, num_sms, timing, copy_gbps, t.c_str());
@@ -341,8 +327,7 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
     p.q_row = reinterpret_cast<void*>(1);
     p.row_block = 128;
     compare((t + " blockwise row only rowmajor s").c_str(), p,
-            {{"row walk", row_walk<T, F>(num_sms)}, {"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()},
-             {"regs other", regs_tile_other_order<T, F>()}},
+            {{"row walk", row_walk<T, F>(num_sms)}, {"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}},
             ref, out, row_only, copy_gbps, timing);
   }
   {  // the public BLOCKWISE with_trans: the column copy in place ([m, k] along m), scales row-major
@@ -350,7 +335,7 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
     p.q_row = p.q_col = reinterpret_cast<void*>(1);
     p.row_block = p.col_block = 128, p.col_transposed = 0;
     compare((t + " blockwise row+col in place").c_str(), p,
-            {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}, {"regs other", regs_tile_other_order<T, F>()}},
+            {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}},
             ref, out, both + m * k, copy_gbps, timing);
   }
   if (timing) std::printf("copy of the same bytes: %.0f GB/s\n", copy_gbps);

@@ -154,15 +154,15 @@ __host__ __device__ __forceinline__ bool tile_regs_supported(const PtQuantParams
   return p.q_row || p.q_col;
 }
 
-// kKFast: consecutive CTAs take consecutive tiles of a row of tiles (blockIdx.x walks k), so the
-// scales of a row-major [m, blocks] layout are completed in L2 by CTAs that run together; else they
-// walk m, which does the same for the transposed column output's [k, m blocks] scales.
-template <class T, class F, bool kKFast>
+// The grid walks k fastest (blockIdx.x): CTAs that run together cover a band of rows, so a
+// row-major [m, blocks] scale matrix is completed in L2 before it is written back (measured faster
+// for every layout, the transposed column output's included).
+template <class T, class F>
 __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(const PtQuantParams p) {
   using namespace tile_regs;
   __shared__ Smem s;
   const int64_t m = p.m, k = p.k;
-  const int64_t m_tile = kKFast ? blockIdx.y : blockIdx.x, k_tile = kKFast ? blockIdx.x : blockIdx.y;
+  const int64_t m_tile = blockIdx.y, k_tile = blockIdx.x;
   const int64_t m0 = m_tile * kRegsTile, k0 = k_tile * kRegsTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tc = lane % 16, tr = 2 * warp + lane / 16;  // the thread's block: rows 8 tr.., columns 8 tc..
@@ -310,18 +310,12 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
   }
 }
 
-// Launches the kernel in the tile order that suits the request's scale layouts (kKFast above); the
-// caller checked tile_regs_supported. Returns false where the grid does not fit.
+// Launches the kernel (the caller checked tile_regs_supported); false where the grid does not fit.
 template <class T, class F>
 bool launch_tile_regs(const PtQuantParams& p, cudaStream_t stream) {
   const int64_t mt = (p.m + kRegsTile - 1) / kRegsTile, kt = (p.k + kRegsTile - 1) / kRegsTile;
-  const bool k_fast = !(p.q_col && p.col_transposed);
-  if (k_fast ? (kt > INT32_MAX || mt > 65535) : (mt > INT32_MAX || kt > 65535)) return false;
-  if (k_fast) {
-    quantize_tile_regs_kernel<T, F, true><<<dim3(unsigned(kt), unsigned(mt)), kRegsThreads, 0, stream>>>(p);
-  } else {
-    quantize_tile_regs_kernel<T, F, false><<<dim3(unsigned(mt), unsigned(kt)), kRegsThreads, 0, stream>>>(p);
-  }
+  if (kt > INT32_MAX || mt > 65535) return false;
+  quantize_tile_regs_kernel<T, F><<<dim3(unsigned(kt), unsigned(mt)), kRegsThreads, 0, stream>>>(p);
   return true;
 }
 
