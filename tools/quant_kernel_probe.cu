@@ -103,6 +103,24 @@ Launch row_walk(int num_sms) {
 }
 
 template <class T, class F>
+Launch rowwise_l2(int num_sms) {
+  return [num_sms](const PtQuantParams& p) {
+    const int64_t grid = std::min<int64_t>(p.m, int64_t{num_sms} * 16);
+    quantize_rowwise_kernel<T, F><<<static_cast<unsigned>(grid), kRowThreads>>>(p);
+  };
+}
+
+template <class T, class F>
+Launch rowwise_regs() {
+  return [](const PtQuantParams& p) {
+    if (!launch_rowwise_regs<T, F>(p, nullptr)) {
+      std::fprintf(stderr, "rowwise registers: request not supported\n");
+      std::exit(2);
+    }
+  };
+}
+
+template <class T, class F>
 Launch regs_tile() {
   return [](const PtQuantParams& p) {
     if (!tile_regs_supported(p, sizeof(T), F::kFp4)) {
@@ -322,6 +340,13 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
             ref, out, row_only, copy_gbps, timing);
   }
   compare_amax(m, k, x, num_sms, timing, copy_gbps, t.c_str());
+  {  // rowwise, row copy only: each row's amax in the quantize kernel
+    PtQuantParams p = base();
+    p.q_row = reinterpret_cast<void*>(1);
+    p.row_amax_inline = 1;
+    compare((t + " rowwise row only").c_str(), p, {{"two reads", rowwise_l2<T, F>(num_sms)}, {"registers", rowwise_regs<T, F>()}},
+            ref, out, row_only, copy_gbps, timing);
+  }
   {  // row copy only, 1 x 128, scales row-major [m, blocks] (the public layout)
     PtQuantParams p = base();
     p.q_row = reinterpret_cast<void*>(1);
@@ -360,6 +385,8 @@ int main() {
   run_shape<BF, E4M3>(16, 8, num_sms, false, "bf16>e4m3");
   run_shape<BF, E5M2>(400, 1288, num_sms, false, "bf16>e5m2");
   run_shape<__half, E4M3>(272, 136, num_sms, false, "fp16>e4m3");
+  run_shape<BF, E4M3>(48, 18944, num_sms, false, "bf16>e4m3");
+  run_shape<BF, E4M3>(48, 32768, num_sms, false, "bf16>e4m3");
   // Training shapes: correctness and time.
   run_shape<BF, E4M3>(65536, 4096, num_sms, true, "bf16>e4m3");
   run_shape<BF, E4M3>(8192, 4096, num_sms, true, "bf16>e4m3");

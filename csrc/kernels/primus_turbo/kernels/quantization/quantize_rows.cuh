@@ -7,10 +7,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "primus_turbo/kernels/quantization/quant_abi.h"
 #include "primus_turbo/kernels/quantization/quant_formats.cuh"
+#include "primus_turbo/kernels/quantization/quantize_tile_regs.cuh"
 
 namespace primus_turbo::kernels::quant {
 
@@ -199,6 +201,78 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rowwise_kernel(const PtQ
       }
     }
   }
+}
+
+// Rowwise in one read (16-bit input, row output only): each row is held in registers by W warps of
+// a CTA (V 16-byte vectors a lane, so K <= W * 32 * V * 8), its amax reduced from them (shuffles,
+// then one shared-memory exchange between the W warps), and its codes made from the same registers.
+// Same arithmetic as quantize_rowwise_kernel, so bit-identical to it; that kernel, which reads each
+// row a second time from L2, stays for fp32 input and longer rows.
+constexpr int kRowwiseRegsWarps = kRowThreads / 32;
+
+template <class T, class F, int V>
+__global__ void __launch_bounds__(kRowThreads) quantize_rowwise_regs_kernel(const PtQuantParams p, int warps_per_row) {
+  __shared__ float part[2][kRowwiseRegsWarps];  // per warp, by iteration parity (one barrier a row)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int W = warps_per_row, rows_per_cta = kRowwiseRegsWarps / W, row_in = warp / W, seg = warp % W;
+  const int64_t m = p.m, k = p.k;
+  const int64_t groups = (m + rows_per_cta - 1) / rows_per_cta;
+  const T* x = static_cast<const T*>(p.x);
+  int parity = 0;
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x, parity ^= 1) {
+    const int64_t r = g * rows_per_cta + row_in;
+    uint4 d[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) {  // vector v of the row part: the W warps' 512-byte runs interleave
+      const int64_t c = (static_cast<int64_t>(v * W + seg) * 32 + lane) * 8;
+      d[v] = (r < m && c < k) ? __ldg(reinterpret_cast<const uint4*>(x + r * k + c)) : make_uint4(0, 0, 0, 0);
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const float2 a = tile_regs::Pair<T>::to_float2(tile_regs::max2<T>(tile_regs::abs_max2<T>(d[v].x, d[v].y),
+                                                                       tile_regs::abs_max2<T>(d[v].z, d[v].w)));
+      amax = fmaxf(amax, fmaxf(a.x, a.y));
+    }
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (lane == 0) part[parity][warp] = amax;
+    __syncthreads();
+    amax = part[parity][row_in * W];
+    for (int w = 1; w < W; ++w) amax = fmaxf(amax, part[parity][row_in * W + w]);
+    if (r >= m) continue;
+    const Scale sc = make_scale<F>(amax, false);
+    if (seg == 0 && lane == 0) store_scale_at(p.s_row, r, sc, false);
+    uint8_t* out = static_cast<uint8_t*>(p.q_row) + r * k;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int64_t c = (static_cast<int64_t>(v * W + seg) * 32 + lane) * 8;
+      if (c >= k) break;
+      const float2 a = tile_regs::Pair<T>::to_float2(d[v].x), b = tile_regs::Pair<T>::to_float2(d[v].y),
+                   e = tile_regs::Pair<T>::to_float2(d[v].z), f = tile_regs::Pair<T>::to_float2(d[v].w);
+      *reinterpret_cast<uint2*>(out + c) =
+          make_uint2(encode4<F>(a.x, a.y, b.x, b.y, sc.mult), encode4<F>(e.x, e.y, f.x, f.y, sc.mult));
+    }
+  }
+}
+
+// Launches quantize_rowwise_regs_kernel where it applies (16-bit input with 16-byte aligned rows of
+// at most 32768 elements, 8-byte aligned output); false: the caller uses quantize_rowwise_kernel.
+template <class T, class F>
+bool launch_rowwise_regs(const PtQuantParams& p, cudaStream_t stream) {
+  if (sizeof(T) != 2 || p.k % 8 != 0 || p.k > 32768 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.q_row) % 8 != 0)
+    return false;
+  const int v = p.k <= 16384 ? 8 : 16;
+  int w = 1;
+  while (int64_t{w} * 32 * v * 8 < p.k) w *= 2;  // a power of two, so rows tile the CTA's 8 warps
+  const int64_t groups = (p.m + kRowwiseRegsWarps / w - 1) / (kRowwiseRegsWarps / w);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(groups, int64_t{p.num_sms} * 8));
+  if (v == 8) {
+    quantize_rowwise_regs_kernel<T, F, 8><<<grid, kRowThreads, 0, stream>>>(p, w);
+  } else {
+    quantize_rowwise_regs_kernel<T, F, 16><<<grid, kRowThreads, 0, stream>>>(p, w);
+  }
+  return true;
 }
 
 // amax of the whole tensor and/or of each row, same walk as above; one atomic per warp chunk.
