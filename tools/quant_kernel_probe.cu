@@ -21,13 +21,13 @@
 using namespace primus_turbo::kernels;
 using namespace primus_turbo::kernels::quant;
 
-#define CHECK(x)                                                                               \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
+#define CHECK(x)                                                                              \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                            \
-    }                                                                                          \
+      std::exit(2);                                                                           \
+    }                                                                                         \
   } while (0)
 
 template <class T>
@@ -40,7 +40,8 @@ __global__ void fill_random(T* x, int64_t n, uint32_t seed) {
 }
 
 __global__ void copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) b[i] = a[i];
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    b[i] = a[i];
 }
 
 struct Buffers {
@@ -86,7 +87,8 @@ Launch smem_tile() {
   return [](const PtQuantParams& p) {
     constexpr size_t bytes = tile_smem_bytes<T>();
     static bool opted = false;
-    if (!opted) CHECK(cudaFuncSetAttribute(quantize_tile_kernel<T, F, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    if (!opted)
+      CHECK(cudaFuncSetAttribute(quantize_tile_kernel<T, F, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     opted = true;
     const dim3 grid((p.m + kTile - 1) / kTile, (p.k + kTile - 1) / kTile);
     quantize_tile_kernel<T, F, T><<<grid, kThreads, bytes>>>(p);
@@ -189,8 +191,8 @@ void compare(const char* name, PtQuantParams p, const std::vector<std::pair<cons
   for (auto& [impl, f] : impls) {
     const float us = time_us(f, with_buffers(p, out), 20);
     const double gbps = bytes / us / 1e3;
-    std::printf("%-34s [%6lld x %6lld]  %-12s %8.1f us  %6.0f GB/s  %.2f of copy\n", name, (long long)p.m, (long long)p.k,
-                impl, us, gbps, gbps / copy_gbps);
+    std::printf("%-34s [%6lld x %6lld]  %-12s %8.1f us  %6.0f GB/s  %.2f of copy\n", name, (long long)p.m,
+                (long long)p.k, impl, us, gbps, gbps / copy_gbps);
   }
 }
 
@@ -217,8 +219,8 @@ void compare_amax(int64_t m, int64_t k, const T* x, int num_sms, bool timing, do
   using AmaxLaunch = std::function<void(const PtQuantAmaxParams&)>;
   for (const bool per_dim : {false, true}) {
     PtQuantAmaxParams a{m, k, x, buf, per_dim ? buf + 1 : nullptr, per_dim ? buf + 1 + m : nullptr, nullptr, num_sms};
-    const std::vector<std::pair<const char*, AmaxLaunch>> impls = {{per_dim ? "smem tile" : "row walk", per_dim ? AmaxLaunch(smem) : AmaxLaunch(walk)},
-                                                                   {"regs tile", regs}};
+    const std::vector<std::pair<const char*, AmaxLaunch>> impls = {
+        {per_dim ? "smem tile" : "row walk", per_dim ? AmaxLaunch(smem) : AmaxLaunch(walk)}, {"regs tile", regs}};
     std::vector<uint8_t> first;
     for (size_t i = 0; i < impls.size(); ++i) {
       CHECK(cudaMemset(buf, 0, sizeof(float) * n));
@@ -226,7 +228,8 @@ void compare_amax(int64_t m, int64_t k, const T* x, int num_sms, bool timing, do
       CHECK(cudaDeviceSynchronize());
       CHECK(cudaGetLastError());
       std::vector<uint8_t> got = host(buf, sizeof(float) * n);
-      if (i == 0) first = got;
+      if (i == 0)
+        first = got;
       else if (got != first) {
         std::printf("MISMATCH %s amax%s [%lld x %lld]: %s differs\n", tag, per_dim ? " rows+cols" : "", (long long)m,
                     (long long)k, impls[i].first);
@@ -241,7 +244,8 @@ void compare_amax(int64_t m, int64_t k, const T* x, int num_sms, bool timing, do
                     (long long)k, impls[i].first, us, gbps, gbps / copy_gbps);
       }
     }
-    if (!timing) std::printf("%s amax%s [%lld x %lld]: identical\n", tag, per_dim ? " rows+cols" : "", (long long)m, (long long)k);
+    if (!timing)
+      std::printf("%s amax%s [%lld x %lld]: identical\n", tag, per_dim ? " rows+cols" : "", (long long)m, (long long)k);
   }
   CHECK(cudaFree(buf));
 }
@@ -272,7 +276,9 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
     const int64_t n16 = m * k * sizeof(T) / 16;
     uint4* y;
     CHECK(cudaMalloc(&y, n16 * 16));
-    const Launch copy = [&](const PtQuantParams&) { copy_kernel<<<num_sms * 8, 512>>>(reinterpret_cast<const uint4*>(x), y, n16); };
+    const Launch copy = [&](const PtQuantParams&) {
+      copy_kernel<<<num_sms * 8, 512>>>(reinterpret_cast<const uint4*>(x), y, n16);
+    };
     const float us = time_us(copy, PtQuantParams{}, 20);
     copy_gbps = 2.0 * n16 * 16 / us / 1e3;
     CHECK(cudaFree(y));
@@ -290,8 +296,9 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
     p.q_row = p.q_col = reinterpret_cast<void*>(1);
     p.row_block = p.col_block = 128;
     p.s_row_ld_mn = pad_m, p.s_col_ld_mn = pad_k;
-    compare((t + " blockwise row+col^T").c_str(), p, {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}},
-            ref, out, both + m * k, copy_gbps, timing);
+    compare((t + " blockwise row+col^T").c_str(), p,
+            {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}}, ref, out, both + m * k, copy_gbps,
+            timing);
   }
   {  // blockwise activation, public layout (scales row-major)
     PtQuantParams p = base();
@@ -314,8 +321,9 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
     PtQuantParams p = base();
     p.q_row = p.q_col = reinterpret_cast<void*>(1);
     p.amax_row = p.amax_col = amax_tensor;
-    compare((t + " tensorwise row+col^T").c_str(), p, {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}},
-            ref, out, both + m * k, copy_gbps, timing);
+    compare((t + " tensorwise row+col^T").c_str(), p,
+            {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}}, ref, out, both + m * k, copy_gbps,
+            timing);
   }
   {  // rowwise: per-row and per-column amax given
     PtQuantParams p = base();
@@ -328,8 +336,9 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
     PtQuantParams p = base();
     p.q_col = reinterpret_cast<void*>(1);
     p.col_block = 128, p.s_col_ld_mn = pad_k;
-    compare((t + " blockwise col^T only").c_str(), p, {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}},
-            ref, out, row_only, copy_gbps, timing);
+    compare((t + " blockwise col^T only").c_str(), p,
+            {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}}, ref, out, row_only, copy_gbps,
+            timing);
   }
   {  // row copy only, 1 x 128: the row walk, the shared-memory tile and the register tile
     PtQuantParams p = base();
@@ -344,8 +353,9 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
     PtQuantParams p = base();
     p.q_row = reinterpret_cast<void*>(1);
     p.row_amax_inline = 1;
-    compare((t + " rowwise row only").c_str(), p, {{"two reads", rowwise_l2<T, F>(num_sms)}, {"registers", rowwise_regs<T, F>()}},
-            ref, out, row_only, copy_gbps, timing);
+    compare((t + " rowwise row only").c_str(), p,
+            {{"two reads", rowwise_l2<T, F>(num_sms)}, {"registers", rowwise_regs<T, F>()}}, ref, out, row_only,
+            copy_gbps, timing);
   }
   {  // row copy only, 1 x 128, scales row-major [m, blocks] (the public layout)
     PtQuantParams p = base();
@@ -360,8 +370,8 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
     p.q_row = p.q_col = reinterpret_cast<void*>(1);
     p.row_block = p.col_block = 128, p.col_transposed = 0;
     compare((t + " blockwise row+col in place").c_str(), p,
-            {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}},
-            ref, out, both + m * k, copy_gbps, timing);
+            {{"smem tile", smem_tile<T, F>()}, {"regs tile", regs_tile<T, F>()}}, ref, out, both + m * k, copy_gbps,
+            timing);
   }
   if (timing) std::printf("copy of the same bytes: %.0f GB/s\n", copy_gbps);
   CHECK(cudaFree(x));

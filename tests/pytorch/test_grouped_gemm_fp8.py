@@ -339,16 +339,28 @@ def test_rows_no_group_covers_are_zero_and_debug_check(monkeypatch):
         turbo.ops.grouped_gemm_fp8(a, b, torch.tensor([50, 50, 1], dtype=torch.int64, device="cuda"))
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 @pytest.mark.parametrize("g", [ScalingGranularity.TENSORWISE, ScalingGranularity.ROWWISE, ScalingGranularity.BLOCKWISE],
                          ids=lambda v: v.name)
-def test_grouped_linear_fp8_weight_cache_matches_and_refreshes(g, monkeypatch):
+def test_grouped_linear_fp8_weight_cache_matches_and_refreshes(g, native, monkeypatch):
     # Two steps of two micro-batches: the cached layer quantizes its experts' weights once per step
-    # and matches the layer that quantizes per call, in outputs and accumulated gradients.
+    # and matches the layer that quantizes per call, in outputs and accumulated gradients. native:
+    # the cached copies feed the native training op (with the C++ autograd); python: the
+    # QuantizedTensorPair path.
     import primus_turbo.pytorch.modules._weight_cache as wc
+    import primus_turbo.pytorch.modules.grouped_linear as gl
+    from primus_turbo.pytorch.core import native as native_core
 
-    calls = []
+    if native and not native_core.CPP_AUTOGRAD:
+        pytest.skip("the C++ autograd library is not loaded")
+    calls, native_calls = [], []
     real = wc.create_quantized_weight
     monkeypatch.setattr(wc, "create_quantized_weight", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real_native = gl.grouped_gemm_fp8_cached_weight
+    monkeypatch.setattr(gl, "grouped_gemm_fp8_cached_weight",
+                        lambda *a, **k: native_calls.append(1) or real_native(*a, **k))
+    if not native:
+        monkeypatch.setattr(gl, "cached_weight_native_ok", lambda *a: False)
     torch.manual_seed(11)
     config = cfg(g, Format.HYBRID)
     ref = turbo.modules.GroupedLinear(4, 256, 128, device="cuda", dtype=torch.bfloat16, config=config)
@@ -360,3 +372,4 @@ def test_grouped_linear_fp8_weight_cache_matches_and_refreshes(g, monkeypatch):
         ref, cached, lambda: torch.randn(128, 256, device="cuda", dtype=torch.bfloat16),
         lambda layer, x: layer(x, lens), calls,
     )
+    assert bool(native_calls) == native

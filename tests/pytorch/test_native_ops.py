@@ -442,6 +442,24 @@ def test_grouped_gemm_fp8_train_cpp_autograd_on_meta(code, trans_b):
 
 
 @pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
+def test_grouped_gemm_fp8_train_with_given_weight_operands_on_meta():
+    # A per-step weight cache passes the forward's and the dgrad's B in the kernel's layout; the
+    # weight itself still gets the gradient.
+    g, m, k, n = 4, 256, 128, 256
+    a = torch.empty(m, k, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.empty(g, n, k, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    lens = torch.empty(g, device="meta", dtype=torch.int64)
+    fp8 = torch.float8_e4m3fn
+    b_q, b_s = torch.empty(g, n, k, device="meta", dtype=fp8), torch.empty(g, n // 128, k // 128, device="meta")
+    d_q, d_s = torch.empty(g, k, n, device="meta", dtype=fp8), torch.empty(g, k // 128, n // 128, device="meta")
+    y = native.ops.grouped_gemm_fp8_train.default(a, b, lens, None, True, torch.bfloat16, fp8, torch.float8_e5m2, 2,
+                                                  0, b_q, b_s, 128, d_q, d_s, 128)
+    assert y.shape == (m, n) and type(y.grad_fn).__name__ == "CppFunction"
+    ga, gb = torch.autograd.grad(y, (a, b), torch.empty_like(y))
+    assert ga.shape == a.shape and gb.shape == b.shape
+
+
+@pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
 @pytest.mark.parametrize("with_probs", [False, True])
 def test_token_permute_cpp_autograd_on_meta(with_probs):
     t, e, h, n = 64, 8, 128, 128

@@ -150,6 +150,28 @@ WeightOperand orient_blocks(const Tensor& q, const Tensor& s, bool transpose, in
   return {qb, transpose ? torch::stable::contiguous(torch::stable::transpose(s, 1, 2)) : s, kBlock};
 }
 
+// A weight given already in the kernel's B layout (a per-step cache: GroupedLinear with
+// cache_quantized_weight): q [G, N, K] FP8 K-major for this product's N and K, scales in the layout
+// b_scale_rows names. Checked against the problem, so a stale or mismatched copy gets an error.
+WeightOperand given_weight(const char* what, const Tensor& q, const std::optional<Tensor>& s, int64_t rows,
+                           int64_t groups, int64_t n, int64_t k) {
+  if (!s) fail_with(ErrorKind::Value, kOp, ": ", what, "_q is given without ", what, "_s");
+  if (q.dim() != 3 || q.sizes()[0] != groups || q.sizes()[1] != n || q.sizes()[2] != k)
+    fail_with(ErrorKind::Value, kOp, ": ", what, "_q has shape ", shape_string(q), "; expected [", groups, ", ", n,
+              ", ", k, "] (K-major)");
+  if (q.scalar_type() != ScalarType::Float8_e4m3fn && q.scalar_type() != ScalarType::Float8_e5m2)
+    fail_with(ErrorKind::Type, kOp, ": ", what, "_q has dtype ", dtype_name(q.scalar_type()),
+              "; expected a float8 dtype");
+  if (s->scalar_type() != ScalarType::Float)
+    fail_with(ErrorKind::Type, kOp, ": ", what, "_s has dtype ", dtype_name(s->scalar_type()), "; expected float32");
+  const int64_t kb = cdiv(k, kBlock), sn = rows == 1 ? n : cdiv(n, kBlock);
+  if ((rows != 1 && rows != kBlock) || s->dim() != 3 || s->sizes()[0] != groups || s->sizes()[1] != sn ||
+      s->sizes()[2] != kb)
+    fail_with(ErrorKind::Value, kOp, ": ", what, "_s has shape ", shape_string(*s), " with ", what, "_rows=", rows,
+              "; expected [", groups, ", ", sn, ", ", kb, "] with rows 1 or 128");
+  return {q, *s, rows};
+}
+
 // The backward's inputs as the forward left them: grad [M, N] and a [M, K] 2-D with M rows each,
 // b [G, ...] 3-D (a direct call through torch.ops gets the error, not a bad read).
 void check_backward_operands(const char* op, const Tensor& grad, const Tensor& a, const Tensor& b) {
@@ -225,18 +247,30 @@ int32_t check_devices(const char* first, const Tensor& x, const Tensor& b, const
 
 // Returns (out [M, N], wq, ws): with for_backward and a TENSORWISE / BLOCKWISE weight, the weight as
 // quantized (as it lies) and its scales, which the backward orients for the dgrad; else
-// placeholders.
+// placeholders. b_q / b_s / b_rows: the weight already in the kernel's B layout (given_weight), so
+// only the tokens are quantized.
 std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in, Tensor group_lens,
                                                         std::optional<Tensor> group_offs, bool trans_b,
                                                         ScalarType out_dtype, ScalarType fwd_dtype,
-                                                        int64_t granularity, int64_t num_sms, bool for_backward) {
+                                                        int64_t granularity, int64_t num_sms, bool for_backward,
+                                                        std::optional<Tensor> b_q, std::optional<Tensor> b_s,
+                                                        int64_t b_rows) {
   const auto [m, k, n] = check_operands(a_in, b_in, group_lens, group_offs, trans_b, out_dtype, granularity);
   const int32_t device = check_devices("a", a_in, b_in, group_lens, group_offs);
   DeviceScope scope(device);
   void* stream = current_stream(device);
   check_group_lens_on_host(kOp, group_lens, m, stream);
-  const Tensor a = as_contiguous(a_in), b = as_contiguous(b_in);
-  const int64_t groups = b.sizes()[0];
+  const Tensor a = as_contiguous(a_in);
+  const int64_t groups = b_in.sizes()[0];
+  if (b_q) {
+    const WeightOperand wb = given_weight("b", *b_q, b_s, b_rows, groups, n, k);
+    const auto q = quantize_fp8_jobs({tokens_request(a, fwd_dtype, granularity)}, device, stream, kOp);
+    const auto [qa, sa] = tokens_operand(q[0], a, granularity, device);
+    Tensor out = empty({m, n}, out_dtype, device);
+    run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
+    return {out, placeholder(device), placeholder(device)};
+  }
+  const Tensor b = as_contiguous(b_in);
   const bool rowwise = granularity == PT_QUANT_ROWWISE;
   // Tokens and weight in one call (small ones in one launch, their amax reductions included).
   const Tensor flat_b = weight_rows_source(b, rowwise && !trans_b, stream);
@@ -258,13 +292,29 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
 }
 
 // Returns (grad_a [M, K] or a placeholder, grad_b like b or a placeholder). need_b: the bf16/fp16
-// variable-K wgrad from a and grad_out (in a's dtype).
+// variable-K wgrad from a and grad_out (in a's dtype). d_q / d_s / d_rows: the dgrad's B (op(b)
+// [G, K, N], K-major along N) already in the kernel's layout, so only the gradient is quantized.
 std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor b_in, Tensor wq, Tensor ws,
                                                 Tensor group_lens, std::optional<Tensor> group_offs, bool trans_b,
                                                 ScalarType grad_dtype, ScalarType fwd_dtype, int64_t granularity,
-                                                int64_t num_sms, bool need_a, bool need_b) {
+                                                int64_t num_sms, bool need_a, bool need_b, std::optional<Tensor> d_q,
+                                                std::optional<Tensor> d_s, int64_t d_rows) {
   const int32_t device = check_devices("grad_out", grad_in, b_in, group_lens, group_offs);
   check_backward_operands(kOp, grad_in, a, b_in);
+  if (need_a && d_q) {
+    DeviceScope scope(device);
+    void* stream = current_stream(device);
+    const Tensor grad = as_contiguous(grad_in);
+    const int64_t m = grad.sizes()[0], n = grad.sizes()[1], k = trans_b ? b_in.sizes()[2] : b_in.sizes()[1];
+    const WeightOperand wd = given_weight("d", *d_q, d_s, d_rows, b_in.sizes()[0], k, n);
+    const auto q = quantize_fp8_jobs({tokens_request(grad, grad_dtype, granularity)}, device, stream, kOp);
+    const auto [qg, sg] = tokens_operand(q[0], grad, granularity, device);
+    Tensor grad_a = empty({m, k}, a.scalar_type(), device);
+    run_mm(qg, sg, wd.q, wd.s, group_lens, group_offs, grad_a, wd.rows, num_sms, -1, device, stream);
+    Tensor grad_b =
+        need_b ? hp_wgrad(a, grad, group_lens, group_offs, trans_b, k, num_sms, device) : placeholder(device);
+    return {grad_a, grad_b};
+  }
   if (need_a && granularity != PT_QUANT_ROWWISE && wq.dim() != 3)
     fail_with(ErrorKind::Value, kOp, ": the dgrad needs the forward's quantized weight, got ", shape_string(wq));
   DeviceScope scope(device);
@@ -405,11 +455,11 @@ Tensor grouped_gemm_fp8_wgrad_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_sc
 
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("grouped_gemm_fp8_fwd(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b, "
-        "ScalarType out_dtype, ScalarType fwd_dtype, int granularity, int num_sms, bool for_backward) "
-        "-> (Tensor, Tensor, Tensor)");
+        "ScalarType out_dtype, ScalarType fwd_dtype, int granularity, int num_sms, bool for_backward, "
+        "Tensor? b_q=None, Tensor? b_s=None, int b_rows=0) -> (Tensor, Tensor, Tensor)");
   m.def("grouped_gemm_fp8_bwd(Tensor grad_out, Tensor a, Tensor b, Tensor wq, Tensor ws, Tensor group_lens, "
         "Tensor? group_offs, bool trans_b, ScalarType grad_dtype, ScalarType fwd_dtype, int granularity, int num_sms, "
-        "bool need_a, bool need_b) -> (Tensor, Tensor)");
+        "bool need_a, bool need_b, Tensor? d_q=None, Tensor? d_s=None, int d_rows=0) -> (Tensor, Tensor)");
   m.def("grouped_gemm_fp4_fwd(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b, "
         "ScalarType out_dtype, bool two_d, int num_sms) -> Tensor");
   m.def("grouped_gemm_fp4_bwd(Tensor grad_out, Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, "

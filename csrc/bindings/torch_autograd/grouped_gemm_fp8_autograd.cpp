@@ -13,25 +13,32 @@ namespace {
 using namespace primus_turbo::torch_autograd;
 
 using FwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, bool,
-                                                  c10::ScalarType, c10::ScalarType, int64_t, int64_t, bool);
+                                                  c10::ScalarType, c10::ScalarType, int64_t, int64_t, bool,
+                                                  const OptTensor&, const OptTensor&, int64_t);
 using BwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                           const Tensor&, const OptTensor&, bool, c10::ScalarType, c10::ScalarType,
-                                          int64_t, int64_t, bool, bool);
+                                          int64_t, int64_t, bool, bool, const OptTensor&, const OptTensor&, int64_t);
 
+// b_q / b_s / b_rows and d_q / d_s / d_rows: the weight's forward and dgrad operands already in the
+// kernel's layout (a per-step cache), passed through to the native ops; b still receives the wgrad.
 struct GroupedGemmFp8Function : public torch::autograd::Function<GroupedGemmFp8Function> {
   static Tensor forward(AutogradContext* ctx, const Tensor& a, const Tensor& b, const Tensor& group_lens,
                         const OptTensor& group_offs, bool trans_b, c10::ScalarType out_dtype,
-                        c10::ScalarType fwd_dtype, c10::ScalarType grad_dtype, int64_t granularity, int64_t num_sms) {
-    // The quantized weight is kept only where a dgrad will read it.
+                        c10::ScalarType fwd_dtype, c10::ScalarType grad_dtype, int64_t granularity, int64_t num_sms,
+                        const OptTensor& b_q, const OptTensor& b_s, int64_t b_rows, const OptTensor& d_q,
+                        const OptTensor& d_s, int64_t d_rows) {
+    // The quantized weight is kept only where a dgrad will read it (and was not given).
     const bool dgrad = a.requires_grad();
     at::AutoDispatchBelowADInplaceOrView guard;
     static const auto fwd = op<FwdSig>("primus_turbo::grouped_gemm_fp8_fwd");
     auto [out, wq, ws] = fwd.call(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granularity, num_sms,
-                                  dgrad);
-    ctx->save_for_backward({a, b, group_lens, group_offs.value_or(Tensor()), wq, ws});
+                                  dgrad && !d_q, b_q, b_s, b_rows);
+    ctx->save_for_backward({a, b, group_lens, group_offs.value_or(Tensor()), wq, ws, d_q.value_or(Tensor()),
+                            d_s.value_or(Tensor())});
     ctx->saved_data["t"] = trans_b;
     ctx->saved_data["g"] = granularity;
     ctx->saved_data["n"] = num_sms;
+    ctx->saved_data["r"] = d_rows;
     ctx->saved_data["d"] = static_cast<int64_t>(fwd_dtype) | (static_cast<int64_t>(grad_dtype) << 8);
     return out;
   }
@@ -40,40 +47,49 @@ struct GroupedGemmFp8Function : public torch::autograd::Function<GroupedGemmFp8F
     static const auto bwd = op<BwdSig>("primus_turbo::grouped_gemm_fp8_bwd");
     const variable_list s = ctx->get_saved_variables();
     const OptTensor offs = s[3].defined() ? OptTensor(s[3]) : std::nullopt;
+    const OptTensor d_q = s[6].defined() ? OptTensor(s[6]) : std::nullopt;
+    const OptTensor d_s = s[7].defined() ? OptTensor(s[7]) : std::nullopt;
     const int64_t d = ctx->saved_data["d"].toInt();
     const bool need_a = ctx->needs_input_grad(0), need_b = ctx->needs_input_grad(1);
     auto [grad_a, grad_b] = bwd.call(grads[0], s[0], s[1], s[4], s[5], s[2], offs, ctx->saved_data["t"].toBool(),
                                      static_cast<c10::ScalarType>((d >> 8) & 0xff),
                                      static_cast<c10::ScalarType>(d & 0xff), ctx->saved_data["g"].toInt(),
-                                     ctx->saved_data["n"].toInt(), need_a, need_b);
-    return {need_a ? grad_a : Tensor(), need_b ? grad_b : Tensor(), Tensor(), Tensor(), Tensor(), Tensor(),
-            Tensor(), Tensor(), Tensor(), Tensor()};
+                                     ctx->saved_data["n"].toInt(), need_a, need_b, d_q, d_s,
+                                     ctx->saved_data["r"].toInt());
+    variable_list out(16);
+    out[0] = need_a ? grad_a : Tensor();
+    out[1] = need_b ? grad_b : Tensor();
+    return out;
   }
 };
 
 Tensor grouped_gemm_fp8_train_autograd(const Tensor& a, const Tensor& b, const Tensor& group_lens,
                                        const OptTensor& group_offs, bool trans_b, c10::ScalarType out_dtype,
                                        c10::ScalarType fwd_dtype, c10::ScalarType grad_dtype, int64_t granularity,
-                                       int64_t num_sms) {
+                                       int64_t num_sms, const OptTensor& b_q, const OptTensor& b_s, int64_t b_rows,
+                                       const OptTensor& d_q, const OptTensor& d_s, int64_t d_rows) {
   return GroupedGemmFp8Function::apply(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, grad_dtype,
-                                       granularity, num_sms);
+                                       granularity, num_sms, b_q, b_s, b_rows, d_q, d_s, d_rows);
 }
 
 // Below autograd (no gradient will be asked for): the forward alone, nothing kept for a backward.
 Tensor grouped_gemm_fp8_train_forward_only(const Tensor& a, const Tensor& b, const Tensor& group_lens,
                                            const OptTensor& group_offs, bool trans_b, c10::ScalarType out_dtype,
                                            c10::ScalarType fwd_dtype, c10::ScalarType, int64_t granularity,
-                                           int64_t num_sms) {
+                                           int64_t num_sms, const OptTensor& b_q, const OptTensor& b_s, int64_t b_rows,
+                                           const OptTensor&, const OptTensor&, int64_t) {
   static const auto fwd = op<FwdSig>("primus_turbo::grouped_gemm_fp8_fwd");
   return std::get<0>(fwd.call(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granularity, num_sms,
-                              false));
+                              false, b_q, b_s, b_rows));
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("grouped_gemm_fp8_train(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b, "
-        "ScalarType out_dtype, ScalarType fwd_dtype, ScalarType grad_dtype, int granularity, int num_sms) -> Tensor");
+        "ScalarType out_dtype, ScalarType fwd_dtype, ScalarType grad_dtype, int granularity, int num_sms, "
+        "Tensor? b_q=None, Tensor? b_s=None, int b_rows=0, Tensor? d_q=None, Tensor? d_s=None, int d_rows=0) "
+        "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(primus_turbo, Autograd, m) { m.impl("grouped_gemm_fp8_train", grouped_gemm_fp8_train_autograd); }

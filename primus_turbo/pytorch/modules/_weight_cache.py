@@ -77,7 +77,8 @@ class QuantizedWeightCache:
         if getattr(self, "cache_quantized_weight", False):
             _track(self)
 
-    def _cached_weight(self) -> QuantizedTensorPair:
+    def _cached_copies(self):
+        """(data, data_t): the weight's FP8 copies for this optimizer step, made on first use."""
         w = self.weight
         key = (w.data_ptr(), w._version, w.dtype, tuple(w.shape), w.device, self.config)
         if self._weight_cache is None or self._weight_cache[0] != key:
@@ -86,18 +87,23 @@ class QuantizedWeightCache:
                 data, data_t = create_quantized_weight(w.detach(), dtype, self.config, need_weight_transpose_cache=True)
             key = key[:-1] + (copy.copy(self.config),)  # an in-place edit of config must not match
             self._weight_cache = (key, data, data_t)
-        _, data, data_t = self._weight_cache
+        return self._weight_cache[1], self._weight_cache[2]
+
+    def _cached_weight(self) -> QuantizedTensorPair:
+        w = self.weight
+        data, data_t = self._cached_copies()
         if torch.is_grad_enabled() and w.requires_grad:
             data = _StraightThrough.apply(w, data)
         return QuantizedTensorPair(data, data_t)
 
-    def _weight_operand(self):
-        weight = self.weight
-        if (
+    def _weight_cached_now(self) -> bool:
+        """Whether this call reads the per-step cache (eager training with a plain weight)."""
+        return (
             getattr(self, "cache_quantized_weight", False)
-            and not isinstance(weight, QuantizedTensor)
+            and not isinstance(self.weight, QuantizedTensor)
             and not torch.compiler.is_compiling()
             and not torch.is_inference_mode_enabled()  # inference tensors cannot serve a later backward
-        ):
-            return self._cached_weight()
-        return weight
+        )
+
+    def _weight_operand(self):
+        return self._cached_weight() if self._weight_cached_now() else self.weight

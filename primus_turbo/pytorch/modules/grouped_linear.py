@@ -11,7 +11,11 @@ from torch import nn
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
 from primus_turbo.pytorch.modules._weight_cache import QuantizedWeightCache
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
-from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8
+from primus_turbo.pytorch.ops.grouped_gemm_fp8 import (
+    cached_weight_native_ok,
+    grouped_gemm_fp8,
+    grouped_gemm_fp8_cached_weight,
+)
 
 __all__ = ["GroupedLinear"]
 
@@ -85,6 +89,10 @@ class GroupedLinear(QuantizedWeightCache, nn.Module):
             )
         if self.config is None:
             return grouped_gemm(x, self.weight, group_lens, group_offs, trans_b=True)
+        if self._weight_cached_now() and cached_weight_native_ok(x, self.config):
+            # One native call a direction; the copies' kernel layouts are made once a step.
+            data, data_t = self._cached_copies()
+            return grouped_gemm_fp8_cached_weight(x, self.weight, data, data_t, group_lens, group_offs, self.config)
         return grouped_gemm_fp8(x, self._weight_operand(), group_lens, group_offs, trans_b=True, config=self.config)
 
     def extra_repr(self) -> str:

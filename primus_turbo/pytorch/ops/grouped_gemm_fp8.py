@@ -381,10 +381,12 @@ class GroupedGemmFp8Function(torch.autograd.Function):
         return grad_a, grad_b, None, None, None, None, None, None, None, None
 
 
-def _fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granularity, num_sms, for_backward):
+def _fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granularity, num_sms, for_backward,
+              b_q=None, b_s=None, b_rows=0):
     out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype, FP8_ROWS)
     out = a.new_empty((a.shape[0], n), dtype=out_dtype)
-    if not for_backward or granularity == 1:  # ROWWISE: the backward quantizes b again, along N
+    # ROWWISE: the backward quantizes b again, along N; a given b_q: nothing quantized to keep
+    if not for_backward or granularity == 1 or b_q is not None:
         return out, library.placeholder(a), library.placeholder(a)
     g, x, y = b.shape
     s = () if granularity == 0 else (g, x // _BLOCK, _cdiv(y, _BLOCK))
@@ -392,7 +394,7 @@ def _fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granu
 
 
 def _bwd_fake(grad_out, a, b, wq, ws, group_lens, group_offs, trans_b, grad_dtype, fwd_dtype, granularity, num_sms,
-              need_a, need_b):
+              need_a, need_b, d_q=None, d_s=None, d_rows=0):
     grad_a = a.new_empty(a.shape) if need_a else library.placeholder(a)
     grad_b = a.new_empty(b.shape) if need_b else library.placeholder(a)
     return grad_a, grad_b
@@ -404,7 +406,8 @@ _fwd_op = native.ops.grouped_gemm_fp8_fwd.default
 _bwd_op = native.ops.grouped_gemm_fp8_bwd.default
 
 
-def _train_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, grad_dtype, granularity, num_sms):
+def _train_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, grad_dtype, granularity, num_sms,
+                b_q=None, b_s=None, b_rows=0, d_q=None, d_s=None, d_rows=0):
     return _fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granularity, num_sms, False)[0]
 
 
@@ -672,6 +675,34 @@ def grouped_gemm_fp8(
     return GroupedGemmFp8Function.apply(
         a, b, None, group_lens, group_offs, bool(trans_b), out_dtype, config.format, g, num_sms
     )
+
+
+def cached_weight_native_ok(a, config) -> bool:
+    """Whether a layer's per-step FP8 weight cache can feed the native training op: eager mode with
+    the C++ autograd, bf16/fp16 tokens ``a``, a granularity the native path composes, no FP8 wgrad."""
+    return (
+        _train_op is not None and not FP8_WGRAD and native.eager_cpp_autograd() and isinstance(a, torch.Tensor)
+        and not isinstance(a, QuantizedTensor) and a.dtype in _IN_DTYPES and a.dim() == 2
+        and config.granularity in _NATIVE_GRANULARITY
+    )
+
+
+def grouped_gemm_fp8_cached_weight(a, weight, data, data_t, group_lens, group_offs, config, num_sms: int = 0):
+    """``grouped_gemm_fp8(a, weight, ..., trans_b=True)`` with the weight ``[G, N, K]`` already quantized
+    for this optimizer step (``data`` along K, ``data_t`` along N, as ``create_quantized_weight`` makes
+    them): their kernel layouts (restated once, kept with the copies) go to the native training op,
+    which quantizes only the tokens and the output gradient; ``weight`` receives the bf16/fp16 wgrad.
+    The caller checked ``cached_weight_native_ok``."""
+    op = "grouped_gemm_fp8"
+    g = config.granularity
+    fwd_dtype, grad_dtype = _dtypes(config.format)
+    qb, sb, rows = _qo.grouped_weight(op, "b", data, 2)
+    qd = sd = None
+    d_rows = 0
+    if a.requires_grad and torch.is_grad_enabled():
+        qd, sd, d_rows = _dgrad_weight(data, data_t, g, fwd_dtype, 1)
+    return _train_op(a, weight, group_lens, group_offs, True, a.dtype, fwd_dtype, grad_dtype, _NATIVE_GRANULARITY[g],
+                     num_sms, qb, sb, rows, qd, sd, d_rows)
 
 
 def _quantized_forward(a, b, group_lens, group_offs, trans_b: bool, out_dtype, config, num_sms: int, pattern):

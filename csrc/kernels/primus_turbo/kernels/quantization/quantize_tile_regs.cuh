@@ -65,7 +65,9 @@ __device__ __forceinline__ float pair_max(uint32_t a) {
   return fmaxf(f.x, f.y);
 }
 
-__device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+__device__ __forceinline__ uint32_t word(const uint4& v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
 
 struct Smem {
   float row_amax[kRegsTile];
@@ -276,8 +278,10 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
       if (m0 + kSide * tr + i >= m) break;
       const float2 a = P::to_float2(d[i].x), b = P::to_float2(d[i].y), c = P::to_float2(d[i].z),
                    e = P::to_float2(d[i].w);
-      const uint32_t lo = F::encode2(a.x * cmult[0], a.y * cmult[1]) | (uint32_t{F::encode2(b.x * cmult[2], b.y * cmult[3])} << 16);
-      const uint32_t hi = F::encode2(c.x * cmult[4], c.y * cmult[5]) | (uint32_t{F::encode2(e.x * cmult[6], e.y * cmult[7])} << 16);
+      const uint32_t lo = F::encode2(a.x * cmult[0], a.y * cmult[1]) |
+                          (uint32_t{F::encode2(b.x * cmult[2], b.y * cmult[3])} << 16);
+      const uint32_t hi = F::encode2(c.x * cmult[4], c.y * cmult[5]) |
+                          (uint32_t{F::encode2(e.x * cmult[6], e.y * cmult[7])} << 16);
       *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);
     }
     return;
@@ -291,7 +295,8 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
         const float2 f = P::to_float2(word(d[i], j / 2));
         v[i] = (j & 1) ? f.y : f.x;
       }
-      const uint2 w = make_uint2(encode4<F>(v[0], v[1], v[2], v[3], cmult[j]), encode4<F>(v[4], v[5], v[6], v[7], cmult[j]));
+      const uint2 w =
+          make_uint2(encode4<F>(v[0], v[1], v[2], v[3], cmult[j]), encode4<F>(v[4], v[5], v[6], v[7], cmult[j]));
       *reinterpret_cast<uint2*>(&s.staged[staged_at(kSide * tc + j, tr)]) = w;
     }
   }

@@ -130,7 +130,8 @@ struct Quantizer {
     if constexpr (!F::kFp4) {
       if (p->row_amax_inline && p->q_col == nullptr && !p->block_2d && !p->rht) {
         if constexpr (sizeof(T) == 2) {
-          if (launch_rowwise_regs<T, F>(*p, stream)) return report_launch("quantize (rowwise, registers)", err, err_len);
+          if (launch_rowwise_regs<T, F>(*p, stream))
+            return report_launch("quantize (rowwise, registers)", err, err_len);
         }
         const int64_t grid = std::min<int64_t>(p->m, int64_t{p->num_sms} * 16);
         quantize_rowwise_kernel<T, F><<<static_cast<unsigned>(grid), kRowThreads, 0, stream>>>(*p);
