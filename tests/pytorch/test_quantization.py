@@ -424,3 +424,17 @@ def test_public_mx_layouts_are_the_unpadded_ones_padded(shape):
     assert torch.equal(bits(fq), bits(rq)) and torch.equal(bits(fs), bits(rs))
     back = turbo.ops.dequantize_fp4(fq, torch.float32, axis=last, scale_inv=fs)
     assert back.shape == xp.shape and (back[..., shape[-1]:] == 0).all()
+
+
+@pytest.mark.parametrize("g", [G.ROWWISE, G.BLOCKWISE], ids=lambda v: v.name)
+def test_3d_along_the_middle_dim_matches_the_moved_dim(g):
+    # A [G, N, K] expert weight quantized along N (the dgrad's copy): tiled transposes around the row
+    # quantization give the same bits as moving the dim last with torch.
+    torch.manual_seed(5)
+    x = torch.randn(3, 200, 136, device="cuda", dtype=torch.bfloat16)
+    block = 128 if g == G.BLOCKWISE else None
+    q, s = QZ.quantize_fp8_unpadded(x, torch.float8_e4m3fn, g, block_size=block, axis=1)
+    rq, rs = QZ.quantize_fp8_unpadded(x.movedim(1, -1).contiguous(), torch.float8_e4m3fn, g, block_size=block, axis=-1)
+    assert q.shape == x.shape and q.is_contiguous() and s.is_contiguous()
+    assert torch.equal(q.view(torch.uint8), rq.movedim(-1, 1).contiguous().view(torch.uint8))
+    assert torch.equal(s, rs.movedim(-1, 1).contiguous())

@@ -26,6 +26,7 @@ from primus_turbo.pytorch.core import library
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingRecipe, float4_e2m1fn_x2
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+from primus_turbo.pytorch.ops._transpose import transpose_last2
 
 __all__ = [
     "RHT_SIGNS",
@@ -423,6 +424,9 @@ def quantize_fp8_unpadded(
         return q.view(x.shape), (s if dim is None else s.view(*x.shape[:-1], s.shape[-1]))
     if x.dim() == 2:  # along M: the kernels' in-place column output, scales [groups, K]
         return _quantize_op(x.contiguous(), out_dtype, g, block, False, True, False, 0, 0)[2:]
+    if dim == x.dim() - 2:  # e.g. a [G, N, K] weight along N: tiled transposes, not torch's strided copies
+        q, s = quantize_fp8_unpadded(transpose_last2(x), out_dtype, granularity, block_size=block_size, axis=-1)
+        return transpose_last2(q), s.transpose(-1, -2).contiguous()
     # Any other dim: quantize with that dim moved last, then move it back.
     q, s = quantize_fp8_unpadded(x.movedim(dim, -1), out_dtype, granularity, block_size=block_size, axis=-1)
     return q.movedim(-1, dim).contiguous(), s.movedim(-1, dim).contiguous()
