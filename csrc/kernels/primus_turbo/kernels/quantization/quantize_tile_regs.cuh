@@ -138,6 +138,24 @@ __device__ __forceinline__ float column_amax(const uint32_t (&part)[kRegsThreads
   return (t & 1) ? f.y : f.x;
 }
 
+// The block's rows (the first `rows` of them, those inside the tensor) as codes, 8 a row in one
+// 8-byte store at out, out + k, ...: value j of row i scaled by mult(i, j).
+template <class T, class F, class Mult>
+__device__ __forceinline__ void store_row_codes(const uint4 (&d)[kSide], uint8_t* out, int64_t k, int64_t rows,
+                                                Mult mult) {
+#pragma unroll
+  for (int i = 0; i < kSide; ++i, out += k) {
+    if (i >= rows) break;
+    const float2 a = Pair<T>::to_float2(d[i].x), b = Pair<T>::to_float2(d[i].y), c = Pair<T>::to_float2(d[i].z),
+                 e = Pair<T>::to_float2(d[i].w);
+    const uint32_t lo = F::encode2(a.x * mult(i, 0), a.y * mult(i, 1)) |
+                        (uint32_t{F::encode2(b.x * mult(i, 2), b.y * mult(i, 3))} << 16);
+    const uint32_t hi = F::encode2(c.x * mult(i, 4), c.y * mult(i, 5)) |
+                        (uint32_t{F::encode2(e.x * mult(i, 6), e.y * mult(i, 7))} << 16);
+    *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);
+  }
+}
+
 }  // namespace tile_regs
 
 // Requests this kernel takes (the rest go to quantize_tile.cuh): 16-bit input in 16-byte aligned
@@ -252,37 +270,22 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
   __syncthreads();
 
   using P = Pair<T>;
+  const int64_t rows_in = m - (m0 + kSide * tr);  // of the block's 8 rows, those inside the tensor
   if (row && gc < k) {  // 8 codes a row, written as one 8-byte store (a warp: two full 128-byte rows)
     float mult[kSide];
     *reinterpret_cast<float4*>(&mult[0]) = *reinterpret_cast<const float4*>(&s.row_mult[kSide * tr]);
     *reinterpret_cast<float4*>(&mult[4]) = *reinterpret_cast<const float4*>(&s.row_mult[kSide * tr + 4]);
-    uint8_t* out = static_cast<uint8_t*>(p.q_row) + (m0 + kSide * tr) * k + gc;
-#pragma unroll
-    for (int i = 0; i < kSide; ++i, out += k) {
-      if (m0 + kSide * tr + i >= m) break;
-      const float2 a = P::to_float2(d[i].x), b = P::to_float2(d[i].y), c = P::to_float2(d[i].z),
-                   e = P::to_float2(d[i].w);
-      const uint2 w = make_uint2(encode4<F>(a.x, a.y, b.x, b.y, mult[i]), encode4<F>(c.x, c.y, e.x, e.y, mult[i]));
-      *reinterpret_cast<uint2*>(out) = w;
-    }
+    store_row_codes<T, F>(d, static_cast<uint8_t*>(p.q_row) + (m0 + kSide * tr) * k + gc, k, rows_in,
+                          [&](int i, int) { return mult[i]; });
   }
   if (!col) return;
   float cmult[kSide];
   *reinterpret_cast<float4*>(&cmult[0]) = *reinterpret_cast<const float4*>(&s.col_mult[kSide * tc]);
   *reinterpret_cast<float4*>(&cmult[4]) = *reinterpret_cast<const float4*>(&s.col_mult[kSide * tc + 4]);
   if (!p.col_transposed) {  // in place, [m, k]: like the row output, each value with its column's scale
-    if (gc >= k) return;
-    uint8_t* out = static_cast<uint8_t*>(p.q_col) + (m0 + kSide * tr) * k + gc;
-#pragma unroll
-    for (int i = 0; i < kSide; ++i, out += k) {
-      if (m0 + kSide * tr + i >= m) break;
-      const float2 a = P::to_float2(d[i].x), b = P::to_float2(d[i].y), c = P::to_float2(d[i].z),
-                   e = P::to_float2(d[i].w);
-      const uint32_t lo = F::encode2(a.x * cmult[0], a.y * cmult[1]) |
-                          (uint32_t{F::encode2(b.x * cmult[2], b.y * cmult[3])} << 16);
-      const uint32_t hi = F::encode2(c.x * cmult[4], c.y * cmult[5]) |
-                          (uint32_t{F::encode2(e.x * cmult[6], e.y * cmult[7])} << 16);
-      *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);
+    if (gc < k) {
+      store_row_codes<T, F>(d, static_cast<uint8_t*>(p.q_col) + (m0 + kSide * tr) * k + gc, k, rows_in,
+                            [&](int, int j) { return cmult[j]; });
     }
     return;
   }
