@@ -230,8 +230,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rowwise_regs_kernel(cons
     float amax = 0.0f;
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      const float2 a = tile_regs::Pair<T>::to_float2(tile_regs::max2<T>(tile_regs::abs_max2<T>(d[v].x, d[v].y),
-                                                                       tile_regs::abs_max2<T>(d[v].z, d[v].w)));
+      const float2 a = tile_regs::Pair<T>::to_float2(tile_regs::abs_max8<T>(d[v]));
       amax = fmaxf(amax, fmaxf(a.x, a.y));
     }
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -247,10 +246,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rowwise_regs_kernel(cons
     for (int v = 0; v < V; ++v) {
       const int64_t c = (static_cast<int64_t>(v * W + seg) * 32 + lane) * 8;
       if (c >= k) break;
-      const float2 a = tile_regs::Pair<T>::to_float2(d[v].x), b = tile_regs::Pair<T>::to_float2(d[v].y),
-                   e = tile_regs::Pair<T>::to_float2(d[v].z), f = tile_regs::Pair<T>::to_float2(d[v].w);
-      *reinterpret_cast<uint2*>(out + c) =
-          make_uint2(encode4<F>(a.x, a.y, b.x, b.y, sc.mult), encode4<F>(e.x, e.y, f.x, f.y, sc.mult));
+      *reinterpret_cast<uint2*>(out + c) = tile_regs::encode8<T, F>(d[v], [&](int) { return sc.mult; });
     }
   }
 }

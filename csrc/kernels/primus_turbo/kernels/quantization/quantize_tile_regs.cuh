@@ -59,10 +59,22 @@ __device__ __forceinline__ uint32_t max2(uint32_t a, uint32_t b) {
   const P r = __hmax2(*reinterpret_cast<const P*>(&a), *reinterpret_cast<const P*>(&b));
   return *reinterpret_cast<const uint32_t*>(&r);
 }
+// |max| of 8 packed 16-bit values, as a pair (the max of the even and of the odd positions).
 template <class T>
-__device__ __forceinline__ float pair_max(uint32_t a) {
-  const float2 f = Pair<T>::to_float2(a);
-  return fmaxf(f.x, f.y);
+__device__ __forceinline__ uint32_t abs_max8(const uint4& v) {
+  return max2<T>(abs_max2<T>(v.x, v.y), abs_max2<T>(v.z, v.w));
+}
+
+// 8 packed 16-bit values as FP8 codes in one 8-byte word, value j scaled by mult(j).
+template <class T, class F, class Mult>
+__device__ __forceinline__ uint2 encode8(const uint4& v, Mult mult) {
+  const float2 a = Pair<T>::to_float2(v.x), b = Pair<T>::to_float2(v.y), c = Pair<T>::to_float2(v.z),
+               e = Pair<T>::to_float2(v.w);
+  const uint32_t lo = F::encode2(a.x * mult(0), a.y * mult(1)) |
+                      (uint32_t{F::encode2(b.x * mult(2), b.y * mult(3))} << 16);
+  const uint32_t hi = F::encode2(c.x * mult(4), c.y * mult(5)) |
+                      (uint32_t{F::encode2(e.x * mult(6), e.y * mult(7))} << 16);
+  return make_uint2(lo, hi);
 }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
@@ -99,8 +111,7 @@ template <class T>
 __device__ __forceinline__ void row_maxima(const uint4 (&d)[kSide], int tc, float* out) {
 #pragma unroll
   for (int i = 0; i < kSide; i += 2) {
-    const uint32_t a = max2<T>(abs_max2<T>(d[i].x, d[i].y), abs_max2<T>(d[i].z, d[i].w));
-    const uint32_t b = max2<T>(abs_max2<T>(d[i + 1].x, d[i + 1].y), abs_max2<T>(d[i + 1].z, d[i + 1].w));
+    const uint32_t a = abs_max8<T>(d[i]), b = abs_max8<T>(d[i + 1]);
     // (a.lo, b.lo) max (a.hi, b.hi): the low half is row i's max, the high half row i + 1's.
     uint32_t w = max2<T>(__byte_perm(a, b, 0x5410), __byte_perm(a, b, 0x7632));
 #pragma unroll
@@ -146,13 +157,7 @@ __device__ __forceinline__ void store_row_codes(const uint4 (&d)[kSide], uint8_t
 #pragma unroll
   for (int i = 0; i < kSide; ++i, out += k) {
     if (i >= rows) break;
-    const float2 a = Pair<T>::to_float2(d[i].x), b = Pair<T>::to_float2(d[i].y), c = Pair<T>::to_float2(d[i].z),
-                 e = Pair<T>::to_float2(d[i].w);
-    const uint32_t lo = F::encode2(a.x * mult(i, 0), a.y * mult(i, 1)) |
-                        (uint32_t{F::encode2(b.x * mult(i, 2), b.y * mult(i, 3))} << 16);
-    const uint32_t hi = F::encode2(c.x * mult(i, 4), c.y * mult(i, 5)) |
-                        (uint32_t{F::encode2(e.x * mult(i, 6), e.y * mult(i, 7))} << 16);
-    *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);
+    *reinterpret_cast<uint2*>(out) = encode8<T, F>(d[i], [&](int j) { return mult(i, j); });
   }
 }
 
