@@ -260,27 +260,24 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   DeviceScope scope(device);
   void* stream = current_stream(device);
   check_group_lens_on_host(kOp, group_lens, m, stream);
-  const Tensor a = as_contiguous(a_in);
   const int64_t groups = b_in.sizes()[0];
-  if (b_q) {
-    const WeightOperand wb = given_weight("b", *b_q, b_s, b_rows, groups, n, k);
-    const auto q = quantize_fp8_jobs({tokens_request(a, fwd_dtype, granularity)}, device, stream, kOp);
-    const auto [qa, sa] = tokens_operand(q[0], a, granularity, device);
-    Tensor out = empty({m, n}, out_dtype, device);
-    run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
-    return {out, placeholder(device), placeholder(device)};
-  }
-  const Tensor b = as_contiguous(b_in);
+  std::optional<WeightOperand> given;
+  if (b_q) given = given_weight("b", *b_q, b_s, b_rows, groups, n, k);
+  const Tensor a = as_contiguous(a_in);
   const bool rowwise = granularity == PT_QUANT_ROWWISE;
-  // Tokens and weight in one call (small ones in one launch, their amax reductions included).
-  const Tensor flat_b = weight_rows_source(b, rowwise && !trans_b, stream);
-  const auto q = quantize_fp8_jobs({tokens_request(a, fwd_dtype, granularity),
-                                    weight_request(flat_b, fwd_dtype, granularity, for_backward && !rowwise)},
-                                   device, stream, kOp);
+  // Tokens and (unless given) weight in one call (small ones in one launch, their amax reductions
+  // included).
+  const QuantRequest tokens = tokens_request(a, fwd_dtype, granularity);
+  std::optional<Tensor> flat_b;
+  if (!given) flat_b = weight_rows_source(as_contiguous(b_in), rowwise && !trans_b, stream);
+  const auto q = given ? quantize_fp8_jobs({tokens}, device, stream, kOp)
+                       : quantize_fp8_jobs({tokens, weight_request(*flat_b, fwd_dtype, granularity,
+                                                                   for_backward && !rowwise)},
+                                           device, stream, kOp);
   const auto [qa, sa] = tokens_operand(q[0], a, granularity, device);
   Tensor out = empty({m, n}, out_dtype, device);
-  if (rowwise) {
-    const WeightOperand wb = weight_rows(q[1], groups, device);
+  if (given || rowwise) {
+    const WeightOperand wb = given ? *given : weight_rows(q[1], groups, device);
     run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
     return {out, placeholder(device), placeholder(device)};
   }
@@ -301,41 +298,29 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
                                                 std::optional<Tensor> d_s, int64_t d_rows) {
   const int32_t device = check_devices("grad_out", grad_in, b_in, group_lens, group_offs);
   check_backward_operands(kOp, grad_in, a, b_in);
-  if (need_a && d_q) {
-    DeviceScope scope(device);
-    void* stream = current_stream(device);
-    const Tensor grad = as_contiguous(grad_in);
-    const int64_t m = grad.sizes()[0], n = grad.sizes()[1], k = trans_b ? b_in.sizes()[2] : b_in.sizes()[1];
-    const WeightOperand wd = given_weight("d", *d_q, d_s, d_rows, b_in.sizes()[0], k, n);
-    const auto q = quantize_fp8_jobs({tokens_request(grad, grad_dtype, granularity)}, device, stream, kOp);
-    const auto [qg, sg] = tokens_operand(q[0], grad, granularity, device);
-    Tensor grad_a = empty({m, k}, a.scalar_type(), device);
-    run_mm(qg, sg, wd.q, wd.s, group_lens, group_offs, grad_a, wd.rows, num_sms, -1, device, stream);
-    Tensor grad_b =
-        need_b ? hp_wgrad(a, grad, group_lens, group_offs, trans_b, k, num_sms, device) : placeholder(device);
-    return {grad_a, grad_b};
-  }
-  if (need_a && granularity != PT_QUANT_ROWWISE && wq.dim() != 3)
+  if (need_a && !d_q && granularity != PT_QUANT_ROWWISE && wq.dim() != 3)
     fail_with(ErrorKind::Value, kOp, ": the dgrad needs the forward's quantized weight, got ", shape_string(wq));
+  const ScalarType a_dtype = a.scalar_type();
+  const int64_t m = grad_in.sizes()[0], n = grad_in.sizes()[1], k = trans_b ? b_in.sizes()[2] : b_in.sizes()[1];
+  std::optional<WeightOperand> wb;
+  if (need_a && d_q) wb = given_weight("d", *d_q, d_s, d_rows, b_in.sizes()[0], k, n);
   DeviceScope scope(device);
   void* stream = current_stream(device);
-  const ScalarType a_dtype = a.scalar_type();
-  const Tensor grad = as_contiguous(grad_in), b = as_contiguous(b_in);
-  const int64_t m = grad.sizes()[0], k = trans_b ? b.sizes()[2] : b.sizes()[1];
+  const Tensor grad = as_contiguous(grad_in);
   Tensor grad_a = placeholder(device), grad_b = placeholder(device);
   if (need_a) {
-    // ROWWISE re-quantizes the weight along the dgrad's K (N): with the gradient, in one call.
+    // ROWWISE re-quantizes the weight along the dgrad's K (N), unless given: with the gradient, in
+    // one call.
     std::vector<QuantPair> q;
-    std::optional<WeightOperand> wb;
-    if (granularity == PT_QUANT_ROWWISE) {
-      const Tensor flat_b = weight_rows_source(b, trans_b, stream);
+    if (!wb && granularity == PT_QUANT_ROWWISE) {
+      const Tensor flat_b = weight_rows_source(as_contiguous(b_in), trans_b, stream);
       q = quantize_fp8_jobs({tokens_request(grad, grad_dtype, granularity),
                              weight_request(flat_b, fwd_dtype, granularity, false)},
                             device, stream, kOp);
-      wb = weight_rows(q[1], b.sizes()[0], device);
+      wb = weight_rows(q[1], b_in.sizes()[0], device);
     } else {
       q = quantize_fp8_jobs({tokens_request(grad, grad_dtype, granularity)}, device, stream, kOp);
-      wb = orient_blocks(wq, ws, trans_b, device, stream);
+      if (!wb) wb = orient_blocks(wq, ws, trans_b, device, stream);
     }
     const auto [qg, sg] = tokens_operand(q[0], grad, granularity, device);
     grad_a = empty({m, k}, a_dtype, device);
