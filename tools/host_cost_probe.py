@@ -4,6 +4,8 @@ known cost (an empty tensor, a small launch, torch.matmul), then the CPU-side pr
 native op alone (events per call and self µs per call: allocations, launches, stream queries).
 
     python3 -P tools/host_cost_probe.py [--ops gemm_fp8_rowwise,gemm_fp4] [--iters 3000] [--no-profile]
+    py-spy record --native -f raw -o stacks.txt -- python3 -P tools/host_cost_probe.py \
+        --spin "gemm_fp8_rowwise/native infer" --seconds 5     # one layer in a loop, for a sampler
 
 Tiny inputs (as benchmark/ops/bench_host_overhead.py), so the host is what is timed.
 """
@@ -11,6 +13,7 @@ Tiny inputs (as benchmark/ops/bench_host_overhead.py), so the host is what is ti
 import argparse
 import importlib
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -122,8 +125,25 @@ def main() -> None:
     p.add_argument("--ops", default=None)
     p.add_argument("--iters", type=int, default=3000)
     p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--spin", default=None, help="OP/LAYER: call only this layer, for --seconds, then exit")
+    p.add_argument("--seconds", type=float, default=5.0)
     args = p.parse_args()
     import primus_turbo.pytorch as turbo
+
+    if args.spin:
+        op, layer = args.spin.split("/", 1)
+        fn = _layers(turbo)[op][layer]
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        calls, end = 0, time.perf_counter() + args.seconds
+        while time.perf_counter() < end:
+            for _ in range(100):
+                fn()
+            torch.cuda.synchronize()
+            calls += 100
+        print(f"{args.spin}: {calls} calls in {args.seconds} s")
+        return
 
     print("torch primitives, host us per call:")
     for name, fn in _primitives().items():
