@@ -388,6 +388,63 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
   CHECK(cudaFree(amax_tensor));
 }
 
+// A stack of b matrices [mm, k] quantized in one launch (col_rows = mm: each matrix's own transposed
+// column output) against each matrix quantized alone: the same bytes, matrix by matrix.
+template <class T, class F>
+void check_stack(int64_t b, int64_t mm, int64_t k, bool two_d, const char* tag) {
+  const int64_t m = b * mm, kb = (k + 127) / 128, mb = mm / 128;
+  T* x;
+  float* amax;
+  CHECK(cudaMalloc(&x, sizeof(T) * m * k));
+  CHECK(cudaMalloc(&amax, sizeof(float)));
+  fill_random<<<1024, 256>>>(x, m * k, 77u + static_cast<uint32_t>(m + k));
+  const float one_amax = 300.0f;
+  CHECK(cudaMemcpy(amax, &one_amax, sizeof(float), cudaMemcpyHostToDevice));
+  const size_t s_col_per = sizeof(float) * (two_d ? kb * mb : 1), s_row_per = sizeof(float) * (two_d ? mb * kb : 1);
+  Buffers whole = alloc(m, k), one = alloc(mm, k);
+  poison(whole);
+  PtQuantParams p{};
+  p.m = m, p.k = k, p.x = x, p.col_transposed = 1, p.col_rows = mm;
+  p.q_row = whole.q_row, p.s_row = whole.s_row, p.q_col = whole.q_col, p.s_col = whole.s_col;
+  if (two_d) {
+    p.row_block = p.col_block = 128, p.block_2d = 1;
+  } else {
+    p.amax_row = p.amax_col = amax;
+  }
+  regs_tile<T, F>()(p);
+  CHECK(cudaDeviceSynchronize());
+  int bad = 0;
+  for (int64_t g = 0; g < b; ++g) {
+    poison(one);
+    PtQuantParams q = p;
+    q.m = mm, q.col_rows = 0, q.x = x + g * mm * k;
+    q.q_row = one.q_row, q.s_row = one.s_row, q.q_col = one.q_col, q.s_col = one.s_col;
+    regs_tile<T, F>()(q);
+    CHECK(cudaDeviceSynchronize());
+    const size_t qb = mm * k;
+    const char* base_q_row = static_cast<const char*>(whole.q_row) + g * qb;
+    const char* base_q_col = static_cast<const char*>(whole.q_col) + g * qb;
+    const char* base_s_row = static_cast<const char*>(whole.s_row) + (two_d ? g * s_row_per : 0);
+    const char* base_s_col = static_cast<const char*>(whole.s_col) + (two_d ? g * s_col_per : 0);
+    bad += host(base_q_row, qb) != host(one.q_row, qb);
+    bad += host(base_q_col, qb) != host(one.q_col, qb);
+    bad += host(base_s_row, s_row_per) != host(one.s_row, s_row_per);
+    bad += host(base_s_col, s_col_per) != host(one.s_col, s_col_per);
+  }
+  std::printf("%s stack of %lld x [%lld x %lld] %s: %s\n", tag, static_cast<long long>(b),
+              static_cast<long long>(mm), static_cast<long long>(k), two_d ? "128x128 blocks" : "tensorwise",
+              bad ? "MISMATCH" : "same as one matrix at a time");
+  failures += bad;
+  CHECK(cudaFree(x));
+  CHECK(cudaFree(amax));
+  for (Buffers* bb : {&whole, &one}) {
+    CHECK(cudaFree(bb->q_row));
+    CHECK(cudaFree(bb->q_col));
+    CHECK(cudaFree(bb->s_row));
+    CHECK(cudaFree(bb->s_col));
+  }
+}
+
 int main(int argc, char** argv) {
   const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
   int dev = 0, num_sms = 0;
@@ -400,6 +457,9 @@ int main(int argc, char** argv) {
   run_shape<__half, E4M3>(272, 136, num_sms, false, "fp16>e4m3");
   run_shape<BF, E4M3>(48, 18944, num_sms, false, "bf16>e4m3");
   run_shape<BF, E4M3>(48, 32768, num_sms, false, "bf16>e4m3");
+  check_stack<BF, E4M3>(3, 256, 200, true, "bf16>e4m3");
+  check_stack<BF, E4M3>(5, 128, 136, false, "bf16>e4m3");
+  check_stack<__half, E5M2>(2, 384, 1032, true, "fp16>e5m2");
   if (small) {
     std::printf(failures ? "FAILED: %d mismatches\n" : "all kernels agree\n", failures);
     return failures ? 1 : 0;

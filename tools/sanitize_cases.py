@@ -70,6 +70,10 @@ def grouped_fp8():
         a, b = t(100, 160), t(3, 128, 160)
         lens = torch.tensor([30, 0, 20], device=dev, dtype=torch.int64)  # rows 50..99 uncovered
         step(turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=True, config=cfg), a, b)
+        a, b = t(100, 256), t(3, 256, 48)  # [G, K, N]: the forward reads each expert transposed
+        step(turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=False, config=cfg), a, b)
+    a, b = t(100, 160), t(3, 144, 160)  # TENSORWISE, expert rows not a multiple of 128: transposed after
+    step(turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=True, config=next(fp8_configs())), a, b)
 
 
 def fp4():

@@ -59,6 +59,34 @@ TEST(QuantProblem, TwoDimensionalBlocksShareTransposedScales) {
               HasSubstr("argument 's_col' has shape [3, 2]; expected [2, 3]"));
 }
 
+TEST(QuantProblem, StackOfMatricesTransposesEachOne) {
+  const pt_tensor x = tensor(PT_BFLOAT16, {3, 256, 200});
+  pt_tensor q_row = tensor(PT_FLOAT8_E4M3, {3, 256, 200}), s_row = tensor(PT_FLOAT32, {3, 2, 2});
+  pt_tensor q_col = tensor(PT_FLOAT8_E4M3, {3, 200, 256}), s_col = tensor(PT_FLOAT32, {3, 2, 2});
+  const auto p =
+      make_quant_problem(&x, &q_row, &s_row, &q_col, &s_col, PT_QUANT_BLOCKWISE, 128, 1, PT_QUANT_2D_BLOCK);
+  EXPECT_EQ(p.m, 3 * 256);
+  EXPECT_EQ(p.k, 200);
+  EXPECT_EQ(p.col_rows, 256);
+  pt_tensor s_one = tensor(PT_FLOAT32, {1});
+  EXPECT_EQ(make_quant_problem(&x, nullptr, nullptr, &q_col, &s_one, PT_QUANT_TENSORWISE, 0, 1, 0).col_rows, 256);
+  pt_tensor flat = tensor(PT_FLOAT8_E4M3, {200, 768});
+  EXPECT_THAT(error_of([&] {
+                make_quant_problem(&x, nullptr, nullptr, &flat, &s_col, PT_QUANT_BLOCKWISE, 128, 1, PT_QUANT_2D_BLOCK);
+              }).what(),
+              HasSubstr("argument 'q_col' has shape [200, 768]; expected [3, 200, 256]"));
+  const pt_tensor odd = tensor(PT_BFLOAT16, {3, 200, 256});
+  EXPECT_THAT(error_of([&] {
+                make_quant_problem(&odd, nullptr, nullptr, &q_col, &s_one, PT_QUANT_TENSORWISE, 0, 1, 0);
+              }).what(),
+              HasSubstr("m % 128 == 0"));
+  pt_tensor s_rows = tensor(PT_FLOAT32, {768});
+  EXPECT_THAT(error_of([&] {
+                make_quant_problem(&x, &q_row, &s_rows, nullptr, nullptr, PT_QUANT_ROWWISE, 0, 1, 0);
+              }).what(),
+              HasSubstr("TENSORWISE or BLOCKWISE"));
+}
+
 TEST(QuantProblem, Fp4PacksAlongTheQuantizedDim) {
   const pt_tensor x = tensor(PT_BFLOAT16, {M, K});
   pt_tensor q = tensor(PT_UINT8, {K, M / 2}), s = tensor(PT_FLOAT8_E8M0, {K, 10});

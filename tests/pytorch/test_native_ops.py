@@ -167,8 +167,8 @@ def test_grouped_gemm_fp8_native_path_shapes_under_fake_cuda_tensors(granularity
         if granularity == ScalingGranularity.ROWWISE:  # the backward quantizes b again
             assert wq.numel() == 0 and ws.numel() == 0
         else:
-            assert wq.shape == b.shape and wq.dtype == fp8
-            assert ws.shape == (() if code == 0 else (g, b.shape[1] // 128, -(-b.shape[2] // 128)))
+            assert wq.shape == (g, k, n) and wq.dtype == fp8  # the dgrad's B, op(b) [G, K, N]
+            assert ws.shape == (() if code == 0 else (g, k // 128, -(-n // 128)))
         grad = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         da, db = torch.ops.primus_turbo.grouped_gemm_fp8_bwd(
             grad, a, b, wq, ws, lens, None, trans_b, torch.float8_e5m2, fp8, code, 0, True, True

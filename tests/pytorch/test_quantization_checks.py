@@ -212,7 +212,8 @@ def quantize(x, q_row, s_row, q_col=None, s_col=None, g=2, block=128, trans=1, f
     [
         ((desc([4, 8], strides=[16, 1]), desc([4, 8], 3), desc([4, 1], 0)), {}, "argument 'x' .* must be contiguous"),
         ((desc([4, 8], 7), desc([4, 8], 3), desc([4, 1], 0)), {}, "argument 'x' has dtype int32"),
-        ((desc([2, 4, 8]), desc([4, 8], 3), desc([4, 1], 0)), {}, "expected a 2-D tensor"),
+        ((desc([2, 2, 4, 8]), desc([4, 8], 3), desc([4, 1], 0)), {}, "expected a 2-D tensor"),
+        ((desc([2, 4, 8]), desc([2, 4, 8], 3), desc([2, 1, 1], 0)), {}, r"stack \[b, m, k\] needs .*m % 128 == 0"),
         ((desc([4, 8]), None, None), {}, "at least one output"),
         ((desc([4, 8]), desc([4, 8], 2), desc([4, 1], 0)), {}, "argument 'q_row' has dtype bfloat16"),
         ((desc([4, 8]), desc([8, 4], 3), desc([4, 1], 0)), {}, r"argument 'q_row' has shape \[8, 4\]"),

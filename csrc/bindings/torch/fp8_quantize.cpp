@@ -78,17 +78,23 @@ struct Outputs {
 
   Outputs(const QuantRequest& r, size_t& scratch_bytes, int32_t device, const char* context) {
     const Tensor& t = *r.x;
-    const int64_t m = t.sizes()[0], k = t.sizes()[1];
+    const bool stack = t.dim() == 3;  // [b, m, k]: every output per matrix, stacked
+    const int64_t m = t.sizes()[stack], k = t.sizes()[stack + 1];
     const auto [act, wgt] = fp8_scalings(r.spec.granularity, context);
     scaling = r.spec.two_d ? wgt : act;
     x = to_pt(t);
+    const auto stacked = [&](std::vector<int64_t> shape) {
+      if (stack && !shape.empty()) shape.insert(shape.begin(), t.sizes()[0]);
+      return shape;
+    };
     if (r.want_row) {
-      qr.emplace(std::vector<int64_t>{m, k}, r.spec.dtype, r.row_transient, scratch_bytes, device);
-      sr.emplace(scale_shape(r.spec, m, k, true), ScalarType::Float, r.row_transient, scratch_bytes, device);
+      qr.emplace(stacked({m, k}), r.spec.dtype, r.row_transient, scratch_bytes, device);
+      sr.emplace(stacked(scale_shape(r.spec, m, k, true)), ScalarType::Float, r.row_transient, scratch_bytes, device);
     }
     if (r.want_col) {
-      qc.emplace(std::vector<int64_t>{k, m}, r.spec.dtype, r.col_transient, scratch_bytes, device);
-      sc.emplace(scale_shape(r.spec, m, k, false), ScalarType::Float, r.col_transient, scratch_bytes, device);
+      qc.emplace(stacked({k, m}), r.spec.dtype, r.col_transient, scratch_bytes, device);
+      sc.emplace(stacked(scale_shape(r.spec, m, k, false)), ScalarType::Float, r.col_transient, scratch_bytes,
+                 device);
     }
   }
 

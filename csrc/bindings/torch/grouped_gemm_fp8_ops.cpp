@@ -11,9 +11,10 @@
 //   forward  out = a    [M,K] x op(b)^T [G,N,K]   (b as it lies with trans_b, else transposed)
 //   dgrad    da  = grad [M,N] x op(b)   [G,K,N]   (b transposed with trans_b, else as it lies)
 //   wgrad    db  = per-group a^T grad on the bf16/fp16 grouped GEMM (ops/grouped_gemm_fp8.py says why)
-// TENSORWISE and BLOCKWISE weights are quantized once, as they lie, and both orientations come from
-// that copy (a 128x128 block keeps its scale when transposed); ROWWISE scales belong to one
-// orientation, so the backward quantizes the weight again along N. Group sizes stay on the device.
+// TENSORWISE and BLOCKWISE weights are quantized once, in both orientations from one read (each
+// expert's transposed copy written by the quantizer: a 128x128 block keeps its scale when
+// transposed); ROWWISE scales belong to one orientation, so the backward quantizes the weight again
+// along N. Group sizes stay on the device.
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -142,6 +143,20 @@ std::pair<Tensor, Tensor> weight_blocks(const QuantPair& quantized, int64_t g, i
   return {q, torch::stable::view(row.s, {g, x / kBlock, cdiv(y, kBlock)})};
 }
 
+// A TENSORWISE / BLOCKWISE weight stack w [G, X, Y] (X % 128 == 0) quantized in one read: as it
+// lies (row, [G, X, Y]) and / or each expert transposed (col, [G, Y, X]), for the forward's B
+// (trans_b: as it lies) and, with for_backward, the dgrad's (the other; returned, so not transient).
+QuantRequest weight_stack_request(const Tensor& w, ScalarType dtype, int64_t granularity, bool trans_b,
+                                  bool for_backward) {
+  return QuantRequest{&w, QuantSpec{dtype, granularity, granularity == PT_QUANT_BLOCKWISE},
+                      trans_b || for_backward, !trans_b || for_backward, trans_b, !trans_b};
+}
+
+// Whether weight_stack_request takes this weight (else: quantized flat, transposed after).
+bool stack_quantizable(const Tensor& w, int64_t granularity) {
+  return granularity != PT_QUANT_ROWWISE && w.sizes()[1] % kBlock == 0;
+}
+
 // quantize_weight_blocks' result as the kernel's K-major B (K = Y, or X with transpose).
 WeightOperand orient_blocks(const Tensor& q, const Tensor& s, bool transpose, int32_t device, void* stream) {
   const Tensor qb = transpose ? transpose_last2(q, stream) : q;
@@ -245,8 +260,8 @@ int32_t check_devices(const char* first, const Tensor& x, const Tensor& b, const
   return check_cuda(op, all);
 }
 
-// Returns (out [M, N], wq, ws): with for_backward and a TENSORWISE / BLOCKWISE weight, the weight as
-// quantized (as it lies) and its scales, which the backward orients for the dgrad; else
+// Returns (out [M, N], wq, ws): with for_backward and a TENSORWISE / BLOCKWISE weight, the dgrad's B
+// (op(b) [G, K, N], K-major along N) and its scales (0-dim, or [G, K/128, ceil(N/128)]); else
 // placeholders. b_q / b_s / b_rows: the weight already in the kernel's B layout (given_weight), so
 // only the tokens are quantized.
 std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in, Tensor group_lens,
@@ -268,12 +283,16 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   // Tokens and (unless given) weight in one call (small ones in one launch, their amax reductions
   // included).
   const QuantRequest tokens = tokens_request(a, fwd_dtype, granularity);
-  std::optional<Tensor> flat_b;
-  if (!given) flat_b = weight_rows_source(as_contiguous(b_in), rowwise && !trans_b, stream);
+  const bool stack = !given && stack_quantizable(b_in, granularity);
+  std::optional<Tensor> b;
+  if (!given) b = stack ? as_contiguous(b_in) : weight_rows_source(as_contiguous(b_in), rowwise && !trans_b, stream);
   const auto q = given ? quantize_fp8_jobs({tokens}, device, stream, kOp)
-                       : quantize_fp8_jobs({tokens, weight_request(*flat_b, fwd_dtype, granularity,
-                                                                   for_backward && !rowwise)},
-                                           device, stream, kOp);
+                 : stack ? quantize_fp8_jobs({tokens, weight_stack_request(*b, fwd_dtype, granularity, trans_b,
+                                                                           for_backward)},
+                                             device, stream, kOp)
+                         : quantize_fp8_jobs({tokens, weight_request(*b, fwd_dtype, granularity,
+                                                                     for_backward && !rowwise)},
+                                             device, stream, kOp);
   const auto [qa, sa] = tokens_operand(q[0], a, granularity, device);
   Tensor out = empty({m, n}, out_dtype, device);
   if (given || rowwise) {
@@ -281,11 +300,21 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
     run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
     return {out, placeholder(device), placeholder(device)};
   }
+  if (stack) {
+    const Quantized& fwd = trans_b ? *q[1].first : *q[1].second;
+    const WeightOperand wb = orient_blocks(fwd.q, fwd.s, false, device, stream);
+    run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
+    if (!for_backward) return {out, placeholder(device), placeholder(device)};
+    const Quantized& dgrad = trans_b ? *q[1].second : *q[1].first;
+    return {out, dgrad.q, dgrad.s};
+  }
+  // A TENSORWISE weight whose experts' rows are not a multiple of 128: quantized flat, each
+  // orientation transposed from that copy.
   const auto [wq, ws] = weight_blocks(q[1], groups, granularity);
   const WeightOperand wb = orient_blocks(wq, ws, !trans_b, device, stream);
   run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
   if (!for_backward) return {out, placeholder(device), placeholder(device)};
-  return {out, wq, ws};
+  return {out, orient_blocks(wq, ws, trans_b, device, stream).q, ws};
 }
 
 // Returns (grad_a [M, K] or a placeholder, grad_b like b or a placeholder). need_b: the bf16/fp16
@@ -298,10 +327,12 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
                                                 std::optional<Tensor> d_s, int64_t d_rows) {
   const int32_t device = check_devices("grad_out", grad_in, b_in, group_lens, group_offs);
   check_backward_operands(kOp, grad_in, a, b_in);
-  if (need_a && !d_q && granularity != PT_QUANT_ROWWISE && wq.dim() != 3)
-    fail_with(ErrorKind::Value, kOp, ": the dgrad needs the forward's quantized weight, got ", shape_string(wq));
   const ScalarType a_dtype = a.scalar_type();
   const int64_t m = grad_in.sizes()[0], n = grad_in.sizes()[1], k = trans_b ? b_in.sizes()[2] : b_in.sizes()[1];
+  if (need_a && !d_q && granularity != PT_QUANT_ROWWISE &&
+      (wq.dim() != 3 || wq.sizes()[0] != b_in.sizes()[0] || wq.sizes()[1] != k || wq.sizes()[2] != n))
+    fail_with(ErrorKind::Value, kOp, ": the dgrad needs the forward's quantized weight [G, K, N] = [",
+              b_in.sizes()[0], ", ", k, ", ", n, "], got ", shape_string(wq));
   std::optional<WeightOperand> wb;
   if (need_a && d_q) wb = given_weight("d", *d_q, d_s, d_rows, b_in.sizes()[0], k, n);
   DeviceScope scope(device);
@@ -320,7 +351,7 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
       wb = weight_rows(q[1], b_in.sizes()[0], device);
     } else {
       q = quantize_fp8_jobs({tokens_request(grad, grad_dtype, granularity)}, device, stream, kOp);
-      if (!wb) wb = orient_blocks(wq, ws, trans_b, device, stream);
+      if (!wb) wb = orient_blocks(wq, ws, false, device, stream);  // the forward returned it oriented
     }
     const auto [qg, sg] = tokens_operand(q[0], grad, granularity, device);
     grad_a = empty({m, k}, a_dtype, device);

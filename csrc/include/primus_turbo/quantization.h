@@ -41,6 +41,10 @@ typedef enum pt_quant_flags {
 // [ceil(m/B), round_up(k, 4)]; the padding entries are set to 0. PT_QUANT_SCALES_PAD4 (BLOCKWISE
 // 2-D blocks) likewise: s_row [ceil(m/B), round_up(ceil(k/B), 4)], s_col [ceil(k/B),
 // round_up(ceil(m/B), 4)], padding 0.
+// A stack of matrices, x [b, m, k] (16-bit input to FP8, TENSORWISE or BLOCKWISE with 128-element
+// blocks, m % 128 == 0, k % 8 == 0): each output and scale tensor is the 2-D one of every matrix,
+// stacked ([b, ...]); the column output must be transposed (q_col [b, k, m]). TENSORWISE keeps one
+// scale for the whole stack. Expert weights get both orientations this way from one read.
 // s_* hold scale_inv (fp32, x ~ q * scale_inv) or E8M0 bytes (float8_e8m0fnu or uint8). TENSORWISE
 // and ROWWISE reduce the amax on the device first (workspace: pt_quantize_workspace_bytes, 16-byte
 // aligned); nothing synchronizes with the host, so the call can be captured in a CUDA graph. An

@@ -35,6 +35,7 @@ PtQuantParams kernel_params(const QuantProblem& p, const pt_tensor* x, pt_tensor
   qp.q_col = p.col ? q_col->data : nullptr;
   qp.s_col = p.col ? s_col->data : nullptr;
   qp.col_transposed = p.col_transposed;
+  qp.col_rows = p.col ? p.col_rows : 0;
   qp.row_block = p.block;
   qp.col_block = p.block;
   qp.block_2d = p.block_2d;
@@ -130,7 +131,7 @@ bool batchable(const QuantProblem* ps, int32_t count) {
   bool saves = count > 1;
   for (int32_t j = 0; j < count; ++j) {
     const QuantProblem& p = ps[j];
-    if (p.fp4() || p.rht || p.sr || p.granularity == PT_QUANT_MX_BLOCKWISE) return false;
+    if (p.fp4() || p.rht || p.sr || p.granularity == PT_QUANT_MX_BLOCKWISE || p.col_rows) return false;
     if (p.x_dtype != ps[0].x_dtype || p.q_dtype != ps[0].q_dtype) return false;
     tiles += ((p.m + 127) / 128) * ((p.k + 127) / 128);
     saves = saves || needs_amax_pass(p);

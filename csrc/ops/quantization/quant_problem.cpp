@@ -46,6 +46,13 @@ void check_shape2(const pt_tensor* t, const char* name, int64_t rows, int64_t co
                shape_string(*t), "; expected [", rows, ", ", cols, "]");
 }
 
+// [rows, cols], or [batch, rows, cols] for a stack of matrices (batch > 0).
+void check_shape(const pt_tensor* t, const char* name, int64_t batch, int64_t rows, int64_t cols) {
+  if (batch == 0) return check_shape2(t, name, rows, cols);
+  PT_CHECK_ARG(t->ndim == 3 && t->shape[0] == batch && t->shape[1] == rows && t->shape[2] == cols, "argument '",
+               name, "' has shape ", shape_string(*t), "; expected [", batch, ", ", rows, ", ", cols, "]");
+}
+
 void check_numel(const pt_tensor* t, const char* name, int64_t n, const char* what) {
   PT_CHECK_ARG(numel(*t) == n, "argument '", name, "' has shape ", shape_string(*t), " (", numel(*t),
                " elements); expected ", n, " (", what, ")");
@@ -84,7 +91,8 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
                                 const pt_tensor* q_col, const pt_tensor* s_col, int32_t granularity,
                                 int32_t block_size, int32_t col_transposed, int32_t flags) {
   check_tensor(x, "x");
-  PT_CHECK_ARG(x->ndim == 2, "argument 'x' has shape ", shape_string(*x), "; expected a 2-D tensor [m, k]");
+  PT_CHECK_ARG(x->ndim == 2 || x->ndim == 3, "argument 'x' has shape ", shape_string(*x),
+               "; expected a 2-D tensor [m, k] (or a stack of them, [b, m, k])");
   PT_CHECK_ARG(is_float_dtype(x->dtype), "argument 'x' has dtype ", dtype_name(x->dtype),
                "; expected float32, float16 or bfloat16");
   PT_CHECK_ARG((flags & ~(PT_QUANT_2D_BLOCK | PT_QUANT_RHT | PT_QUANT_SR | PT_QUANT_SCALES_MN_MAJOR |
@@ -92,8 +100,10 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
                "argument 'flags' is ", flags,
                "; unknown bits set");
   QuantProblem p;
-  p.m = x->shape[0];
-  p.k = x->shape[1];
+  const int64_t batch = x->ndim == 3 ? x->shape[0] : 0;  // 0: one matrix
+  const int64_t mm = x->shape[x->ndim - 2];               // rows of each matrix
+  p.m = batch ? batch * mm : mm;
+  p.k = x->shape[x->ndim - 1];
   p.x_dtype = x->dtype;
   p.row = q_row != nullptr;
   p.col = q_col != nullptr;
@@ -147,31 +157,43 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
     PT_CHECK_ARG(dim % 16 == 0, "argument 'x' has shape ", shape_string(*x),
                  "; the random Hadamard transform needs the quantized dimension to be a multiple of 16, got ", dim);
   }
-  const int64_t m = p.m, k = p.k;
   const int B = p.block;
+  if (batch) {
+    // A stack: the row output is the 2-D one of [b * m, k] (no block crosses two matrices), the
+    // column output is each matrix's own, transposed: what a 16-bit FP8 weight stack needs.
+    PT_CHECK_SUPPORTED(!p.fp4() && p.x_dtype != PT_FLOAT32 && !p.mn_major && !p.pad4 &&
+                           (granularity == PT_QUANT_TENSORWISE || (granularity == PT_QUANT_BLOCKWISE && B == 128)),
+                       "a stack of matrices (3-D x) is quantized to FP8 from 16-bit input, TENSORWISE or "
+                       "BLOCKWISE with 128-element blocks, without MN-major or padded scales");
+    PT_CHECK_ARG(!p.col || p.col_transposed, "a stack's column output is stored transposed ('col_transposed')");
+    PT_CHECK_ARG(p.k % 8 == 0 && mm % 128 == 0, "argument 'x' has shape ", shape_string(*x),
+                 "; a stack [b, m, k] needs k % 8 == 0 and m % 128 == 0");
+    p.col_rows = mm;
+  }
+  const int64_t m = mm, k = p.k;
   const auto pad = [&](int64_t blocks) { return p.pad4 ? round_up4(blocks) : blocks; };  // 2-D scales' last dim
   if (p.row) {
     if (p.fp4()) check_shape2(q_row, "q_row", m, k / 2);
-    else check_shape2(q_row, "q_row", m, k);
+    else check_shape(q_row, "q_row", batch, m, k);
     check_tensor(s_row, "s_row");
     check_scale_dtype(s_row, "s_row", granularity);
     if (granularity == PT_QUANT_TENSORWISE) check_numel(s_row, "s_row", 1, "one scale for the tensor");
     else if (granularity == PT_QUANT_ROWWISE) check_numel(s_row, "s_row", m, "one scale per row");
-    else if (p.block_2d) check_shape2(s_row, "s_row", ceil_div(m, B), pad(ceil_div(k, B)));
+    else if (p.block_2d) check_shape(s_row, "s_row", batch, ceil_div(m, B), pad(ceil_div(k, B)));
     else if (p.mn_major) check_shape2(s_row, "s_row", ceil_div(k, B), round_up4(m));
-    else check_shape2(s_row, "s_row", m, ceil_div(k, B));
+    else check_shape(s_row, "s_row", batch, m, ceil_div(k, B));
   }
   if (p.col) {
     if (p.fp4()) check_shape2(q_col, "q_col", k, m / 2);
-    else if (p.col_transposed) check_shape2(q_col, "q_col", k, m);
+    else if (p.col_transposed) check_shape(q_col, "q_col", batch, k, m);
     else check_shape2(q_col, "q_col", m, k);
     check_tensor(s_col, "s_col");
     check_scale_dtype(s_col, "s_col", granularity);
     if (granularity == PT_QUANT_TENSORWISE) check_numel(s_col, "s_col", 1, "one scale for the tensor");
     else if (granularity == PT_QUANT_ROWWISE) check_numel(s_col, "s_col", k, "one scale per column of x");
-    else if (p.block_2d) check_shape2(s_col, "s_col", ceil_div(k, B), pad(ceil_div(m, B)));
+    else if (p.block_2d) check_shape(s_col, "s_col", batch, ceil_div(k, B), pad(ceil_div(m, B)));
     else if (p.mn_major) check_shape2(s_col, "s_col", ceil_div(m, B), round_up4(k));
-    else if (p.col_transposed) check_shape2(s_col, "s_col", k, ceil_div(m, B));
+    else if (p.col_transposed) check_shape(s_col, "s_col", batch, k, ceil_div(m, B));
     else check_shape2(s_col, "s_col", ceil_div(m, B), k);
   }
   return p;

@@ -10,7 +10,8 @@
 namespace primus_turbo::quant {
 
 struct QuantProblem {
-  int64_t m = 0, k = 0;  // x is [m, k]
+  int64_t m = 0, k = 0;  // x is [m, k] (a stack [b, m / b, k]: its rows)
+  int64_t col_rows = 0;   // a stack: rows of each matrix, whose column output is its own (0: one matrix)
   int32_t x_dtype = PT_BFLOAT16;
   int32_t q_dtype = PT_FLOAT8_E4M3;  // PT_FLOAT4_E2M1_X2 for FP4 (uint8 storage accepted)
   int32_t granularity = PT_QUANT_TENSORWISE;

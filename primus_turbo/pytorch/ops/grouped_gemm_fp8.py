@@ -388,9 +388,10 @@ def _fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granu
     # ROWWISE: the backward quantizes b again, along N; a given b_q: nothing quantized to keep
     if not for_backward or granularity == 1 or b_q is not None:
         return out, library.placeholder(a), library.placeholder(a)
-    g, x, y = b.shape
-    s = () if granularity == 0 else (g, x // _BLOCK, _cdiv(y, _BLOCK))
-    return out, b.new_empty(b.shape, dtype=fwd_dtype), b.new_empty(s, dtype=torch.float32)
+    # The dgrad's B: op(b) [G, K, N], K-major along N.
+    g = b.shape[0]
+    s = () if granularity == 0 else (g, k // _BLOCK, _cdiv(n, _BLOCK))
+    return out, b.new_empty((g, k, n), dtype=fwd_dtype), b.new_empty(s, dtype=torch.float32)
 
 
 def _bwd_fake(grad_out, a, b, wq, ws, group_lens, group_offs, trans_b, grad_dtype, fwd_dtype, granularity, num_sms,

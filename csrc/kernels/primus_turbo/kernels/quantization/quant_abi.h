@@ -46,6 +46,9 @@ typedef struct PtQuantParams {
   int64_t s_row_ld_2d;  // > 0: 2-D block scales of the row output at s_row[block_row * ld + block_col],
                         // the entries past the block count zeroed (the GEMM's padded layout)
   int64_t s_col_ld_2d;  // > 0: the same for the transposed column output
+  int64_t col_rows;     // > 0: x is a stack of [col_rows, k] matrices (col_rows % 128 == 0) and the
+                        // transposed column output is each one's: q_col [m / col_rows, k, col_rows],
+                        // s_col [m / col_rows, k or k blocks, col_rows / 128] (no ld_mn / ld_2d)
 } PtQuantParams;
 
 // Absolute maxima of a contiguous [m, k] tensor, accumulated with atomic max into buffers the

@@ -176,6 +176,9 @@ __host__ __device__ __forceinline__ bool tile_regs_supported(const PtQuantParams
   if (p.q_row && !(p.row_block == 0 || p.row_block == 128)) return false;
   if (p.q_col && !((!p.col_transposed || p.m % 16 == 0) && (p.block_2d || p.col_block == 0 || p.col_block == 128)))
     return false;
+  if (p.col_rows && !(p.q_col && p.col_transposed && p.col_rows % 128 == 0 && p.m % p.col_rows == 0 &&
+                      !p.s_col_ld_mn && !p.s_col_ld_2d))
+    return false;
   return p.q_row || p.q_col;
 }
 
@@ -257,16 +260,19 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
           store_scale_at(p.s_col, 0, sc, false);
         }
       } else if (!p.block_2d || t == 0) {
-        const int64_t ldm = (m + kRegsTile - 1) / kRegsTile;
         if (p.s_col_ld_mn) {
           store_scale_at(p.s_col, m_tile * p.s_col_ld_mn + gcol, sc, false);
         } else if (!p.col_transposed) {
           store_scale_at(p.s_col, m_tile * k + gcol, sc, false);
         } else {
-          const int64_t ld = p.s_col_ld_2d ? p.s_col_ld_2d : ldm, r = p.block_2d ? k_tile : gcol;
-          store_scale_at(p.s_col, r * ld + m_tile, sc, false);
-          if (m_tile == ldm - 1) {
-            for (int64_t j = ldm; j < ld; ++j) store_scale_at(p.s_col, r * ld + j, Scale{}, false);
+          // [matrices, k or k blocks, the matrix's row tiles]; one matrix unless col_rows.
+          const int64_t tiles = p.col_rows ? p.col_rows / kRegsTile : (m + kRegsTile - 1) / kRegsTile;
+          const int64_t mat = m_tile / tiles, tile = m_tile - mat * tiles;
+          const int64_t rows = p.block_2d ? (k + kRegsTile - 1) / kRegsTile : k, r = p.block_2d ? k_tile : gcol;
+          const int64_t ld = p.s_col_ld_2d ? p.s_col_ld_2d : tiles, at = (mat * rows + r) * ld;
+          store_scale_at(p.s_col, at + tile, sc, false);
+          if (tile == tiles - 1) {
+            for (int64_t j = tiles; j < ld; ++j) store_scale_at(p.s_col, at + j, Scale{}, false);
           }
         }
       }
@@ -309,9 +315,11 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
     }
   }
   __syncthreads();
-  // The transposed output [k, m]: each of the tile's 128 columns is 128 bytes of an output row,
-  // 16 bytes a thread (m % 16 == 0, so a run is all in or all out).
-  uint8_t* q_col = static_cast<uint8_t*>(p.q_col);
+  // The transposed output [k, m] (of the tile's matrix, with col_rows): each of the tile's 128
+  // columns is 128 bytes of an output row, 16 bytes a thread (m % 16 == 0, so a run is all in or
+  // all out).
+  const int64_t ld = p.col_rows ? p.col_rows : m, mat = m0 / ld;
+  uint8_t* q_col = static_cast<uint8_t*>(p.q_col) + mat * k * ld + (m0 - mat * ld);
 #pragma unroll
   for (int q = threadIdx.x; q < kRegsTile * kRegsTile / 16; q += kRegsThreads) {
     const int c = q / 8, run = q % 8;
@@ -319,7 +327,7 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
     const int slot = (2 * run) ^ (c >> 3);  // the first 8-byte half; odd: the halves are swapped
     uint4 v = *reinterpret_cast<const uint4*>(&s.staged[c * kRegsTile + 8 * (slot & ~1)]);
     if (slot & 1) v = make_uint4(v.z, v.w, v.x, v.y);
-    *reinterpret_cast<uint4*>(q_col + (k0 + c) * m + m0 + 16 * run) = v;
+    *reinterpret_cast<uint4*>(q_col + (k0 + c) * ld + 16 * run) = v;
   }
 }
 

@@ -127,6 +127,15 @@ struct Quantizer {
   static int quantize(const PtQuantParams* p, char* err, size_t err_len) {
     if (p->m <= 0 || p->k <= 0) return 0;
     auto stream = static_cast<cudaStream_t>(p->stream);
+    if (p->col_rows) {  // a stack's per-matrix column output: the register tile alone writes it
+      if constexpr (sizeof(T) == 2 && !F::kFp4) {
+        if (tile_regs_supported(*p, sizeof(T), F::kFp4) && launch_tile_regs<T, F>(*p, stream))
+          return report_launch("quantize (register tile, stack)", err, err_len);
+      }
+      snprintf(err, err_len, "quantization: this stack of matrices (%lld rows each) has no kernel",
+               static_cast<long long>(p->col_rows));
+      return 1;
+    }
     if constexpr (!F::kFp4) {
       if (p->row_amax_inline && p->q_col == nullptr && !p->block_2d && !p->rht) {
         if constexpr (sizeof(T) == 2) {
