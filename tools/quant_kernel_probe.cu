@@ -63,6 +63,10 @@ Buffers alloc(int64_t m, int64_t k) {
   return b;
 }
 
+void release(const Buffers& b) {
+  for (void* p : {b.q_row, b.q_col, b.s_row, b.s_col}) CHECK(cudaFree(p));
+}
+
 void poison(const Buffers& b) {
   CHECK(cudaMemset(b.q_row, 0xab, b.q_bytes));
   CHECK(cudaMemset(b.q_col, 0xab, b.q_bytes));
@@ -377,12 +381,8 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
   }
   if (timing) std::printf("copy of the same bytes: %.0f GB/s\n", copy_gbps);
   CHECK(cudaFree(x));
-  for (Buffers* b : {&ref, &out}) {
-    CHECK(cudaFree(b->q_row));
-    CHECK(cudaFree(b->q_col));
-    CHECK(cudaFree(b->s_row));
-    CHECK(cudaFree(b->s_col));
-  }
+  release(ref);
+  release(out);
   CHECK(cudaFree(amax_rows));
   CHECK(cudaFree(amax_cols));
   CHECK(cudaFree(amax_tensor));
@@ -437,12 +437,8 @@ void check_stack(int64_t b, int64_t mm, int64_t k, bool two_d, const char* tag) 
   failures += bad;
   CHECK(cudaFree(x));
   CHECK(cudaFree(amax));
-  for (Buffers* bb : {&whole, &one}) {
-    CHECK(cudaFree(bb->q_row));
-    CHECK(cudaFree(bb->q_col));
-    CHECK(cudaFree(bb->s_row));
-    CHECK(cudaFree(bb->s_col));
-  }
+  release(whole);
+  release(one);
 }
 
 int main(int argc, char** argv) {
