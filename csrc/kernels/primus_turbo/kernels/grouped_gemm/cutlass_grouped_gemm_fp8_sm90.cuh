@@ -1,9 +1,10 @@
 // FP8 grouped GEMM for Hopper (sm_90a) with group sizes that live only on the device.
 //
-// The same scheme as the bf16 grouped GEMM (cutlass_grouped_gemm_sm90.cuh): a one-block setup
-// kernel turns group_lens / group_offs into per-group problem shapes, operand pointers and scale
-// pointers (clamped into the packed extent), then a CUTLASS 3 pointer-array kernel runs with the
-// sizes left on the device. The mainloop is CUTLASS's FP8 block-scaled ptr-array collective: TMA
+// The same scheme as the bf16 grouped GEMM (cutlass_grouped_gemm_sm90.cuh): a setup kernel turns
+// group_lens / group_offs into per-group problem shapes, operand pointers and scale pointers
+// (clamped into the packed extent), then a CUTLASS 3 pointer-array kernel runs with the sizes left
+// on the device. The forward's setup is one launch (setup_fp8_forward: arguments, the scale
+// rewrite below and the zeroing of uncovered rows), since each launch costs the host ~5 us. The mainloop is CUTLASS's FP8 block-scaled ptr-array collective: TMA
 // loads, FP8 WGMMA (QGMMA) accumulating one 128-deep K block, promoted into FP32 registers times
 // that block's A and B scales; persistent cooperative schedule; D = acc in bf16/fp16/fp32.
 //
@@ -13,8 +14,8 @@
 // these layouts by the caller.
 //
 // The mainloop reads a tile's 1x128 scales for one K block per stage: 128 rows' worth. K-major,
-// that is 128 loads 4*kb bytes apart; MN-major, 512 contiguous bytes. So the forward rewrites the
-// 1x128 scales MN-major into workspace scratch first (scales_to_mn_major): group g's A scales as
+// that is 128 loads 4*kb bytes apart; MN-major, 512 contiguous bytes. So the forward's setup
+// rewrites the 1x128 scales MN-major into workspace scratch (scales_to_mn_major): group g's A scales as
 // [kb, len_g] at scratch + start_g * kb (the collective derives a group's layout from its shape,
 // and an MN-major stride is the group's own row count), 1x128 B scales as [kb, n] per expert. The
 // 128x128 B scales are one load per tile and stay K-major.
@@ -42,78 +43,48 @@ using grouped::kSetupThreads;
 
 constexpr int kBlockK = 128;     // K depth of one scale
 
-// One block: the forward / dgrad (row split) arguments from the clamped spans (group_span), with
-// each group's scale pointers. b_scale_rows: scale rows per expert in sfb.
-template <class Arrays, class ElementA, class ElementB, class ElementD>
-__global__ void __launch_bounds__(kSetupThreads)
-    setup_fp8_groups(Arrays out, const int64_t* __restrict__ group_lens,
-                     const int64_t* __restrict__ group_offs, int64_t num_groups, int64_t rows,
-                     int n, int k, int64_t b_scale_rows, const ElementA* a, const float* sfa,
-                     const ElementB* b, const float* sfb, ElementD* d) {
-  __shared__ GroupScan::TempStorage scan_storage;
-  const int64_t kb = (k + kBlockK - 1) / kBlockK;
-  int64_t carry = 0;
-  for (int64_t base = 0; base < num_groups; base += kSetupThreads) {
-    const int64_t g = base + threadIdx.x;
-    const GroupSpan span =
-        group_span(scan_storage, group_lens, group_offs, num_groups, rows, g, carry);
-    if (g < num_groups) {
-      const int64_t start = span.start, len = span.len;
-      out.shapes[g] = {static_cast<int>(len), n, k};
-      out.ptr_a[g] = a + start * k;
-      out.ptr_b[g] = b + g * int64_t(n) * k;
-      out.ptr_d[g] = d + start * n;
-      out.ptr_sfa[g] = sfa + start * kb;
-      out.ptr_sfb[g] = sfb + g * b_scale_rows * kb;
-      out.stride_a[g] = leading_stride<cute::remove_cvref_t<decltype(out.stride_a[g])>>(k);
-      out.stride_b[g] = leading_stride<cute::remove_cvref_t<decltype(out.stride_b[g])>>(k);
-      out.stride_d[g] = leading_stride<cute::remove_cvref_t<decltype(out.stride_d[g])>>(n);
-    }
-  }
-}
-
-// Group g's 1x128 scales, K-major [len, kb] at src + start * kb, rewritten MN-major [kb, len] at
-// dst + start * kb. Grid (chunks, groups); span_of(g) gives {start, len}. Writes are coalesced;
-// the strided reads are a few MB at most, from L2.
-template <class SpanOf>
-__global__ void __launch_bounds__(256)
-    scales_to_mn_major(SpanOf span_of, const float* __restrict__ src, float* __restrict__ dst,
-                       int64_t kb) {
-  const GroupSpan span = span_of(blockIdx.y);
+// Group span's 1x128 scales, K-major [len, kb] at src + start * kb, rewritten MN-major [kb, len] at
+// dst + start * kb by the CTAs of one grid column (blockIdx.x). Writes are coalesced; the strided
+// reads are a few MB at most, from L2.
+__device__ inline void scales_to_mn_major(GroupSpan span, const float* __restrict__ src, float* __restrict__ dst,
+                                          int64_t kb) {
   const int64_t total = span.len * kb;
   const float* from = src + span.start * kb;
   float* to = dst + span.start * kb;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = i / span.len, r = i - j * span.len;
     to[i] = from[r * kb + j];
   }
 }
 
-// Spans for scales_to_mn_major. A: where setup_fp8_groups put the group (its scale pointer into
-// the MN-major copy, its row count). B: expert g's n rows.
-template <class Shape>
-struct ActivationScaleSpans {
-  const Shape* shapes;
-  const float* const* ptr_sfa;
-  const float* base;
-  int64_t kb;
-  __device__ GroupSpan operator()(int64_t g) const {
-    return {(ptr_sfa[g] - base) / kb, cute::get<0>(shapes[g])};
+// The forward / dgrad (row split) setup in one launch, grid (chunks, groups): the CTAs of column g
+// find group g's clamped span themselves (own_group_span); CTA (0, g) writes its arguments (scale
+// pointers into the MN-major copies), the column rewrites its A scales MN-major (and, with 1x128 B
+// scales, expert g's), and the whole grid zeroes the output rows no group covers.
+template <bool kMnB, class Arrays, class ElementA, class ElementB, class ElementD>
+__global__ void __launch_bounds__(kSetupThreads)
+    setup_fp8_forward(Arrays out, const int64_t* __restrict__ group_lens, const int64_t* __restrict__ group_offs,
+                      int64_t num_groups, int64_t rows, int n, int k, int64_t b_scale_rows, const ElementA* a,
+                      const float* sfa, float* sfa_mn, const ElementB* b, const float* sfb, float* sfb_mn,
+                      ElementD* d) {
+  const int64_t kb = (k + kBlockK - 1) / kBlockK, g = blockIdx.y;
+  if (g < num_groups) {  // a grid of one row serves zero groups
+    const GroupSpan span = grouped::own_group_span(group_lens, group_offs, rows, g);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      out.shapes[g] = {static_cast<int>(span.len), n, k};
+      out.ptr_a[g] = a + span.start * k;
+      out.ptr_b[g] = b + g * int64_t(n) * k;
+      out.ptr_d[g] = d + span.start * n;
+      out.ptr_sfa[g] = sfa_mn + span.start * kb;
+      out.ptr_sfb[g] = (kMnB ? sfb_mn : sfb) + g * b_scale_rows * kb;
+      out.stride_a[g] = leading_stride<cute::remove_cvref_t<decltype(out.stride_a[g])>>(k);
+      out.stride_b[g] = leading_stride<cute::remove_cvref_t<decltype(out.stride_b[g])>>(k);
+      out.stride_d[g] = leading_stride<cute::remove_cvref_t<decltype(out.stride_d[g])>>(n);
+    }
+    scales_to_mn_major(span, sfa, sfa_mn, kb);
+    if constexpr (kMnB) scales_to_mn_major(GroupSpan{g * n, n}, sfb, sfb_mn, kb);
   }
-};
-struct WeightScaleSpans {
-  int64_t n;
-  __device__ GroupSpan operator()(int64_t g) const { return {g * n, n}; }
-};
-
-// Launches scales_to_mn_major over num_groups groups of about avg_len rows each.
-template <class SpanOf>
-void launch_scales_to_mn_major(SpanOf span_of, const float* src, float* dst, int64_t kb,
-                               int64_t num_groups, int64_t avg_len, cudaStream_t stream) {
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(64, (avg_len * kb + 1023) / 1024));
-  scales_to_mn_major<<<dim3(unsigned(chunks), unsigned(num_groups)), 256, 0, stream>>>(
-      span_of, src, dst, kb);
+  grouped::zero_rows_from(grouped::covered_rows(group_lens, group_offs, num_groups, rows), rows, n, d);
 }
 
 // Wgrad: the groups split the reduction over padded token columns (see grouped_gemm_fp8_abi.h).
@@ -256,21 +227,15 @@ struct CutlassGroupedGemmFp8Sm90
       const int64_t kb = scale_blocks(p);
       float* sfa_mn = static_cast<float*>(scratch);
       float* sfb_mn = sfa_mn + p.rows * kb;
-      setup_fp8_groups<<<1, kSetupThreads, 0, stream>>>(
-          arr, p.group_lens, p.group_offs, p.num_groups, p.rows, int(p.n), int(p.k),
-          b_scale_rows, static_cast<const ElementA*>(p.a), sfa_mn,
-          static_cast<const ElementB*>(p.b), kScaleRowsB == 1 ? sfb_mn : p.sfb,
-          static_cast<ElementD*>(p.d));
-      using Shape = cute::remove_cvref_t<decltype(*arr.shapes)>;
-      launch_scales_to_mn_major(ActivationScaleSpans<Shape>{arr.shapes, arr.ptr_sfa, sfa_mn, kb},
-                                p.sfa, sfa_mn, kb, p.num_groups,
-                                (p.rows + p.num_groups - 1) / p.num_groups, stream);
-      if constexpr (kScaleRowsB == 1) {
-        launch_scales_to_mn_major(WeightScaleSpans{p.n}, p.sfb, sfb_mn, kb, p.num_groups, p.n,
-                                  stream);
-      }
-      grouped::launch_zero_uncovered_rows<ElementD>(p.group_lens, p.group_offs, p.num_groups,
-                                                    p.rows, p.n, p.d, stream);
+      // Enough CTAs a group for its scale copies: about 1024 values each, at most 64.
+      const int64_t per_group = std::max((p.rows + p.num_groups - 1) / std::max<int64_t>(p.num_groups, 1),
+                                         kScaleRowsB == 1 ? p.n : int64_t{0}) * kb;
+      const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(64, (per_group + 1023) / 1024));
+      setup_fp8_forward<kScaleRowsB == 1>
+          <<<dim3(unsigned(chunks), unsigned(std::max<int64_t>(p.num_groups, 1))), kSetupThreads, 0, stream>>>(
+              arr, p.group_lens, p.group_offs, p.num_groups, p.rows, int(p.n), int(p.k), b_scale_rows,
+              static_cast<const ElementA*>(p.a), p.sfa, sfa_mn, static_cast<const ElementB*>(p.b), p.sfb, sfb_mn,
+              static_cast<ElementD*>(p.d));
     }
     return 0;
   }

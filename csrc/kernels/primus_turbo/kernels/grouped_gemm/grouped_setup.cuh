@@ -150,11 +150,12 @@ struct MaxOp {
   __device__ int64_t operator()(int64_t a, int64_t b) const { return a > b ? a : b; }
 };
 
-template <class ElementD>
-__global__ void __launch_bounds__(kSetupThreads)
-    zero_uncovered_rows(const int64_t* __restrict__ group_lens,
-                        const int64_t* __restrict__ group_offs, int64_t num_groups, int64_t rows,
-                        int64_t n, ElementD* d) {
+// The end of the rows the groups cover: the sum of the lengths clamped into [0, rows] (no
+// offsets) or the largest clamped start + clamped length (offsets), then clamped to rows. Every
+// thread of the block calls it and gets the result.
+__device__ inline int64_t covered_rows(const int64_t* __restrict__ group_lens,
+                                       const int64_t* __restrict__ group_offs, int64_t num_groups,
+                                       int64_t rows) {
   using Reduce = cub::BlockReduce<int64_t, kSetupThreads>;
   __shared__ typename Reduce::TempStorage storage;
   __shared__ int64_t end_shared;
@@ -175,11 +176,18 @@ __global__ void __launch_bounds__(kSetupThreads)
   const int64_t total = group_offs ? Reduce(storage).Reduce(local, MaxOp{}) : Reduce(storage).Sum(local);
   if (threadIdx.x == 0) end_shared = total < 0 ? 0 : (total < rows ? total : rows);
   __syncthreads();
-  const int64_t end = end_shared;
+  return end_shared;
+}
+
+// d's rows [end, rows) (n ElementD each) set to 0 by every thread of the grid, in 16-byte stores
+// where the rows allow.
+template <class ElementD>
+__device__ inline void zero_rows_from(int64_t end, int64_t rows, int64_t n, ElementD* d) {
   if (end >= rows) return;
   const int64_t first = end * n, count = (rows - end) * n;  // elements to zero
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t blocks = int64_t(gridDim.x) * gridDim.y;
+  const int64_t tid = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = blocks * blockDim.x;
   constexpr int64_t kPerVec = 16 / sizeof(ElementD);
   if ((n * int64_t(sizeof(ElementD))) % 16 == 0 && reinterpret_cast<uintptr_t>(d) % 16 == 0) {
     uint4* dst = reinterpret_cast<uint4*>(d + first);
@@ -187,6 +195,39 @@ __global__ void __launch_bounds__(kSetupThreads)
   } else {
     for (int64_t i = tid; i < count; i += stride) d[first + i] = ElementD(0);
   }
+}
+
+template <class ElementD>
+__global__ void __launch_bounds__(kSetupThreads)
+    zero_uncovered_rows(const int64_t* __restrict__ group_lens,
+                        const int64_t* __restrict__ group_offs, int64_t num_groups, int64_t rows,
+                        int64_t n, ElementD* d) {
+  zero_rows_from(covered_rows(group_lens, group_offs, num_groups, rows), rows, n, d);
+}
+
+// Group g's clamped span as group_span gives it, found by one block on its own (a reduction over
+// the groups before g): for kernels whose CTAs each serve one group, with no setup launch before.
+// Every thread of the block calls it and gets the result.
+__device__ inline GroupSpan own_group_span(const int64_t* __restrict__ group_lens,
+                                           const int64_t* __restrict__ group_offs, int64_t rows,
+                                           int64_t g) {
+  using Reduce = cub::BlockReduce<int64_t, kSetupThreads>;
+  __shared__ typename Reduce::TempStorage storage;
+  __shared__ int64_t before_shared;
+  int64_t start;
+  if (group_offs) {
+    start = group_offs[g];
+  } else {
+    int64_t before = 0;  // the non-negative lengths of the groups before g, as group_span sums them
+    for (int64_t j = threadIdx.x; j < g; j += kSetupThreads) before += group_lens[j] > 0 ? group_lens[j] : 0;
+    before = Reduce(storage).Sum(before);
+    if (threadIdx.x == 0) before_shared = before;
+    __syncthreads();
+    start = before_shared;
+  }
+  start = start < 0 ? 0 : (start > rows ? rows : start);
+  const int64_t raw = group_lens[g], len_in = raw > 0 ? raw : 0;
+  return {start, len_in < rows - start ? len_in : rows - start};
 }
 
 template <class ElementD>
