@@ -32,6 +32,16 @@ struct GroupSpan {
   int64_t len;
 };
 
+__device__ inline int64_t clamp_rows(int64_t x, int64_t rows) { return x < 0 ? 0 : (x > rows ? rows : x); }
+
+// A group's rows from its unclamped start and length: the start clamped into [0, rows], the length
+// (negative -> 0) cut where the packed extent ends.
+__device__ inline GroupSpan clamped_span(int64_t start, int64_t raw_len, int64_t rows) {
+  start = clamp_rows(start, rows);
+  const int64_t len = raw_len > 0 ? raw_len : 0;
+  return {start, len < rows - start ? len : rows - start};
+}
+
 // The rows [start, start + len) of group g = base + threadIdx.x in one chunk of kSetupThreads
 // groups. Starts come from group_offs when given, else from an exclusive prefix sum of the
 // (negative -> 0) lengths; every group is clamped into [0, rows) so that lengths that do not add
@@ -49,13 +59,8 @@ __device__ inline GroupSpan group_span(GroupScan::TempStorage& storage,
   int64_t prefix, total;
   GroupScan(storage).ExclusiveSum(len_in, prefix, total);
   __syncthreads();  // storage is reused by the next scan
-  GroupSpan span{0, 0};
-  if (g < num_groups) {
-    int64_t start = group_offs ? group_offs[g] : carry + prefix;
-    start = start < 0 ? 0 : (start > rows ? rows : start);
-    span.start = start;
-    span.len = len_in < rows - start ? len_in : rows - start;
-  }
+  const GroupSpan span = g < num_groups ? clamped_span(group_offs ? group_offs[g] : carry + prefix, raw, rows)
+                                         : GroupSpan{0, 0};
   carry += total;
   return span;
 }
@@ -150,33 +155,37 @@ struct MaxOp {
   __device__ int64_t operator()(int64_t a, int64_t b) const { return a > b ? a : b; }
 };
 
+// x summed over the block (or, with largest, its maximum), returned to every thread. A kernel may
+// call it more than once: each call's barrier orders the next call's use of the shared storage.
+__device__ inline int64_t block_total(int64_t x, bool largest) {
+  using Reduce = cub::BlockReduce<int64_t, kSetupThreads>;
+  __shared__ typename Reduce::TempStorage storage;
+  __shared__ int64_t total;
+  __syncthreads();  // an earlier call's readers of `total` and `storage` are done
+  const int64_t t = largest ? Reduce(storage).Reduce(x, MaxOp{}) : Reduce(storage).Sum(x);
+  if (threadIdx.x == 0) total = t;
+  __syncthreads();
+  return total;
+}
+
 // The end of the rows the groups cover: the sum of the lengths clamped into [0, rows] (no
 // offsets) or the largest clamped start + clamped length (offsets), then clamped to rows. Every
 // thread of the block calls it and gets the result.
 __device__ inline int64_t covered_rows(const int64_t* __restrict__ group_lens,
                                        const int64_t* __restrict__ group_offs, int64_t num_groups,
                                        int64_t rows) {
-  using Reduce = cub::BlockReduce<int64_t, kSetupThreads>;
-  __shared__ typename Reduce::TempStorage storage;
-  __shared__ int64_t end_shared;
   int64_t local = 0;  // sum of lengths (no offsets) or the largest group end (offsets)
   for (int64_t g = threadIdx.x; g < num_groups; g += kSetupThreads) {
     // Each length clamped into [0, rows]: a sum of G of them cannot overflow.
-    const int64_t raw = group_lens[g];
-    const int64_t len = raw > 0 ? (raw < rows ? raw : rows) : 0;
+    const int64_t len = clamp_rows(group_lens[g], rows);
     if (group_offs) {
-      int64_t start = group_offs[g];
-      start = start < 0 ? 0 : (start > rows ? rows : start);
-      const int64_t end = start + len;
+      const int64_t end = clamp_rows(group_offs[g], rows) + len;
       local = end > local ? end : local;
     } else {
       local += len;
     }
   }
-  const int64_t total = group_offs ? Reduce(storage).Reduce(local, MaxOp{}) : Reduce(storage).Sum(local);
-  if (threadIdx.x == 0) end_shared = total < 0 ? 0 : (total < rows ? total : rows);
-  __syncthreads();
-  return end_shared;
+  return clamp_rows(block_total(local, group_offs != nullptr), rows);
 }
 
 // d's rows [end, rows) (n ElementD each) set to 0 by every thread of the grid, in 16-byte stores
@@ -211,23 +220,10 @@ __global__ void __launch_bounds__(kSetupThreads)
 __device__ inline GroupSpan own_group_span(const int64_t* __restrict__ group_lens,
                                            const int64_t* __restrict__ group_offs, int64_t rows,
                                            int64_t g) {
-  using Reduce = cub::BlockReduce<int64_t, kSetupThreads>;
-  __shared__ typename Reduce::TempStorage storage;
-  __shared__ int64_t before_shared;
-  int64_t start;
-  if (group_offs) {
-    start = group_offs[g];
-  } else {
-    int64_t before = 0;  // the non-negative lengths of the groups before g, as group_span sums them
-    for (int64_t j = threadIdx.x; j < g; j += kSetupThreads) before += group_lens[j] > 0 ? group_lens[j] : 0;
-    before = Reduce(storage).Sum(before);
-    if (threadIdx.x == 0) before_shared = before;
-    __syncthreads();
-    start = before_shared;
-  }
-  start = start < 0 ? 0 : (start > rows ? rows : start);
-  const int64_t raw = group_lens[g], len_in = raw > 0 ? raw : 0;
-  return {start, len_in < rows - start ? len_in : rows - start};
+  if (group_offs) return clamped_span(group_offs[g], group_lens[g], rows);
+  int64_t before = 0;  // the non-negative lengths of the groups before g, as group_span sums them
+  for (int64_t j = threadIdx.x; j < g; j += kSetupThreads) before += group_lens[j] > 0 ? group_lens[j] : 0;
+  return clamped_span(block_total(before, false), group_lens[g], rows);
 }
 
 template <class ElementD>
