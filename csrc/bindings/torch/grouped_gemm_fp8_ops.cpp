@@ -286,13 +286,13 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   const bool stack = !given && stack_quantizable(b_in, granularity);
   std::optional<Tensor> b;
   if (!given) b = stack ? as_contiguous(b_in) : weight_rows_source(as_contiguous(b_in), rowwise && !trans_b, stream);
-  const auto q = given ? quantize_fp8_jobs({tokens}, device, stream, kOp)
-                 : stack ? quantize_fp8_jobs({tokens, weight_stack_request(*b, fwd_dtype, granularity, trans_b,
-                                                                           for_backward)},
-                                             device, stream, kOp)
-                         : quantize_fp8_jobs({tokens, weight_request(*b, fwd_dtype, granularity,
-                                                                     for_backward && !rowwise)},
-                                             device, stream, kOp);
+  std::optional<QuantRequest> weight;
+  if (b) {
+    weight = stack ? weight_stack_request(*b, fwd_dtype, granularity, trans_b, for_backward)
+                   : weight_request(*b, fwd_dtype, granularity, for_backward && !rowwise);
+  }
+  const auto q = weight ? quantize_fp8_jobs({tokens, *weight}, device, stream, kOp)
+                        : quantize_fp8_jobs({tokens}, device, stream, kOp);
   const auto [qa, sa] = tokens_operand(q[0], a, granularity, device);
   Tensor out = empty({m, n}, out_dtype, device);
   if (given || rowwise) {
