@@ -441,6 +441,70 @@ void check_stack(int64_t b, int64_t mm, int64_t k, bool two_d, const char* tag) 
   release(one);
 }
 
+// The per-row / per-column amax of x [m, k] (the register-tile amax kernel; col_rows: a stack's
+// per-matrix columns, [m / col_rows, k]) into fresh zeroed buffers.
+template <class T>
+std::pair<float*, float*> amax_rows_cols(const T* x, int64_t m, int64_t k, int64_t col_rows) {
+  const int64_t mats = col_rows ? m / col_rows : 1;
+  float *rows, *cols;
+  CHECK(cudaMalloc(&rows, sizeof(float) * m));
+  CHECK(cudaMalloc(&cols, sizeof(float) * mats * k));
+  CHECK(cudaMemset(rows, 0, sizeof(float) * m));
+  CHECK(cudaMemset(cols, 0, sizeof(float) * mats * k));
+  PtQuantAmaxParams a{};
+  a.m = m, a.k = k, a.x = x, a.amax_rows = rows, a.amax_cols = cols, a.col_rows = col_rows;
+  amax_tile_regs_kernel<T><<<dim3((m + 127) / 128, (k + 127) / 128), kRegsThreads>>>(a);
+  CHECK(cudaGetLastError());
+  return {rows, cols};
+}
+
+// A ROWWISE stack: per-matrix column maxima from one amax launch, then one quantize launch with
+// per-row and per-column scales, against each matrix amax-reduced and quantized on its own.
+template <class T, class F>
+void check_stack_rowwise(int64_t b, int64_t mm, int64_t k, const char* tag) {
+  const int64_t m = b * mm;
+  T* x;
+  CHECK(cudaMalloc(&x, sizeof(T) * m * k));
+  fill_random<<<1024, 256>>>(x, m * k, 91u + static_cast<uint32_t>(m + k));
+  const auto [rows, cols] = amax_rows_cols(x, m, k, mm);
+  Buffers whole = alloc(m, k), one = alloc(mm, k);
+  poison(whole);
+  PtQuantParams p{};
+  p.m = m, p.k = k, p.x = x, p.col_transposed = 1, p.col_rows = mm;
+  p.q_row = whole.q_row, p.s_row = whole.s_row, p.q_col = whole.q_col, p.s_col = whole.s_col;
+  p.amax_row = rows, p.amax_col = cols, p.amax_row_per_row = p.amax_col_per_col = 1;
+  regs_tile<T, F>()(p);
+  CHECK(cudaDeviceSynchronize());
+  int bad = 0;
+  for (int64_t g = 0; g < b; ++g) {
+    poison(one);
+    const T* xg = x + g * mm * k;
+    const auto [r1, c1] = amax_rows_cols(xg, mm, k, 0);
+    bad += host(r1, sizeof(float) * mm) != host(rows + g * mm, sizeof(float) * mm);
+    bad += host(c1, sizeof(float) * k) != host(cols + g * k, sizeof(float) * k);
+    PtQuantParams q = p;
+    q.m = mm, q.col_rows = 0, q.x = xg, q.amax_row = r1, q.amax_col = c1;
+    q.q_row = one.q_row, q.s_row = one.s_row, q.q_col = one.q_col, q.s_col = one.s_col;
+    regs_tile<T, F>()(q);
+    CHECK(cudaDeviceSynchronize());
+    const size_t qb = mm * k;
+    bad += host(static_cast<const char*>(whole.q_row) + g * qb, qb) != host(one.q_row, qb);
+    bad += host(static_cast<const char*>(whole.q_col) + g * qb, qb) != host(one.q_col, qb);
+    bad += host(static_cast<const char*>(whole.s_row) + g * mm * sizeof(float), mm * sizeof(float)) !=
+           host(one.s_row, mm * sizeof(float));
+    bad += host(static_cast<const char*>(whole.s_col) + g * k * sizeof(float), k * sizeof(float)) !=
+           host(one.s_col, k * sizeof(float));
+    CHECK(cudaFree(r1));
+    CHECK(cudaFree(c1));
+  }
+  std::printf("%s stack of %lld x [%lld x %lld] rowwise: %s\n", tag, static_cast<long long>(b),
+              static_cast<long long>(mm), static_cast<long long>(k), bad ? "MISMATCH" : "same as one matrix at a time");
+  failures += bad;
+  for (void* ptr : {static_cast<void*>(x), static_cast<void*>(rows), static_cast<void*>(cols)}) CHECK(cudaFree(ptr));
+  release(whole);
+  release(one);
+}
+
 int main(int argc, char** argv) {
   const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
   int dev = 0, num_sms = 0;
@@ -456,6 +520,8 @@ int main(int argc, char** argv) {
   check_stack<BF, E4M3>(3, 256, 200, true, "bf16>e4m3");
   check_stack<BF, E4M3>(5, 128, 136, false, "bf16>e4m3");
   check_stack<__half, E5M2>(2, 384, 1032, true, "fp16>e5m2");
+  check_stack_rowwise<BF, E4M3>(3, 256, 200, "bf16>e4m3");
+  check_stack_rowwise<__half, E5M2>(4, 128, 1032, "fp16>e5m2");
   if (small) {
     std::printf(failures ? "FAILED: %d mismatches\n" : "all kernels agree\n", failures);
     return failures ? 1 : 0;

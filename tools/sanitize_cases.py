@@ -72,8 +72,10 @@ def grouped_fp8():
         step(turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=True, config=cfg), a, b)
         a, b = t(100, 256), t(3, 256, 48)  # [G, K, N]: the forward reads each expert transposed
         step(turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=False, config=cfg), a, b)
-    a, b = t(100, 160), t(3, 144, 160)  # TENSORWISE, expert rows not a multiple of 128: transposed after
-    step(turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=True, config=next(fp8_configs())), a, b)
+    # Expert rows not a multiple of 128: TENSORWISE transposed after, ROWWISE quantized again in the backward
+    for cfg in list(fp8_configs())[:2]:
+        a, b = t(100, 160), t(3, 144, 160)
+        step(turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=True, config=cfg), a, b)
 
 
 def fp4():

@@ -12,6 +12,7 @@ namespace {
 
 using primus_turbo::quant::make_dequant_problem;
 using primus_turbo::quant::make_quant_problem;
+using primus_turbo::quant::workspace_bytes;
 using pt_test::error_of;
 using ::testing::HasSubstr;
 
@@ -80,11 +81,32 @@ TEST(QuantProblem, StackOfMatricesTransposesEachOne) {
                 make_quant_problem(&odd, nullptr, nullptr, &q_col, &s_one, PT_QUANT_TENSORWISE, 0, 1, 0);
               }).what(),
               HasSubstr("m % 128 == 0"));
-  pt_tensor s_rows = tensor(PT_FLOAT32, {768});
   EXPECT_THAT(error_of([&] {
-                make_quant_problem(&x, &q_row, &s_rows, nullptr, nullptr, PT_QUANT_ROWWISE, 0, 1, 0);
+                make_quant_problem(&x, &q_row, &s_row, nullptr, nullptr, PT_QUANT_BLOCKWISE, 64, 1, 0);
               }).what(),
-              HasSubstr("TENSORWISE or BLOCKWISE"));
+              HasSubstr("TENSORWISE, ROWWISE or BLOCKWISE with 128-element blocks"));
+}
+
+TEST(QuantProblem, RowwiseStackScalesEachMatrixColumn) {
+  // One scale per row of the stack (3 * 256) and per column of each matrix (3 * 200); the amax
+  // scratch holds both.
+  const pt_tensor x = tensor(PT_BFLOAT16, {3, 256, 200});
+  pt_tensor q_row = tensor(PT_FLOAT8_E4M3, {3, 256, 200}), s_row = tensor(PT_FLOAT32, {3, 256, 1});
+  pt_tensor q_col = tensor(PT_FLOAT8_E4M3, {3, 200, 256}), s_col = tensor(PT_FLOAT32, {3, 200, 1});
+  const auto p = make_quant_problem(&x, &q_row, &s_row, &q_col, &s_col, PT_QUANT_ROWWISE, 0, 1, 0);
+  EXPECT_EQ(p.col_rows, 256);
+  EXPECT_EQ(workspace_bytes(p), workspace_bytes(3 * 256, 3 * 200, PT_QUANT_ROWWISE));
+  EXPECT_EQ(workspace_bytes(p), sizeof(float) * (3 * 256 + 3 * 200));
+  pt_tensor one_matrix = tensor(PT_FLOAT32, {200, 1});
+  EXPECT_THAT(error_of([&] {
+                make_quant_problem(&x, &q_row, &s_row, &q_col, &one_matrix, PT_QUANT_ROWWISE, 0, 1, 0);
+              }).what(),
+              HasSubstr("expected 600 (one scale per column of each matrix)"));
+  pt_tensor per_matrix = tensor(PT_FLOAT32, {3, 1});
+  EXPECT_THAT(error_of([&] {
+                make_quant_problem(&x, &q_row, &per_matrix, nullptr, nullptr, PT_QUANT_ROWWISE, 0, 1, 0);
+              }).what(),
+              HasSubstr("expected 768 (one scale per row)"));
 }
 
 TEST(QuantProblem, Fp4PacksAlongTheQuantizedDim) {

@@ -129,9 +129,11 @@ def test_group_distributions(dist, g, m_per, k, n, gran):
     _run_and_check(_lens(dist, g, m_per, seed=g), k, n, g, gran, Format.E4M3, trans_b=True)
 
 
-@pytest.mark.parametrize("gran", [TW, BW])
+@pytest.mark.parametrize("gran", [TW, RW, BW])
 def test_weight_rows_not_multiple_of_128(gran):
-    # trans_b=False with K=272: the 128x128 blocks of b [G, K, N] are quantized per expert in torch.
+    # trans_b=False with K=272: no stack quantization of b [G, K, N] (its experts' rows are not whole
+    # 128-row tiles): TENSORWISE / BLOCKWISE quantize it flat and transpose, ROWWISE transposes first
+    # and quantizes again in the backward.
     _run_and_check(_lens("random", 3, 40, seed=3), 272, 128, 3, gran, Format.HYBRID, trans_b=False)
 
 
@@ -203,7 +205,7 @@ def test_prequantized_forward_matches(gran):
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("gran", [TW, BW])
+@pytest.mark.parametrize("gran", [TW, RW, BW])
 def test_cuda_graph_replay_with_new_group_sizes(gran):
     g, k, n = 4, 256, 256
     lens = torch.tensor([64, 32, 96, 64], device="cuda")

@@ -164,11 +164,14 @@ def test_grouped_gemm_fp8_native_path_shapes_under_fake_cuda_tensors(granularity
         _, wq, ws = torch.ops.primus_turbo.grouped_gemm_fp8_fwd(
             a, b, lens, None, trans_b, torch.bfloat16, fp8, code, 0, True
         )
-        if granularity == ScalingGranularity.ROWWISE:  # the backward quantizes b again
-            assert wq.numel() == 0 and ws.numel() == 0
-        else:
-            assert wq.shape == (g, k, n) and wq.dtype == fp8  # the dgrad's B, op(b) [G, K, N]
-            assert ws.shape == (() if code == 0 else (g, k // 128, -(-n // 128)))
+        assert wq.shape == (g, k, n) and wq.dtype == fp8  # the dgrad's B, op(b) [G, K, N]
+        assert ws.shape == ((), (g, k, 1), (g, k // 128, -(-n // 128)))[code]  # per tensor, row, block
+        if granularity == ScalingGranularity.ROWWISE:  # experts' rows not whole 128-row tiles: b again
+            odd = torch.empty((g, 144, k) if trans_b else (g, k, 144), device="cuda", dtype=torch.bfloat16)
+            _, oq, os_ = torch.ops.primus_turbo.grouped_gemm_fp8_fwd(
+                a, odd, lens, None, trans_b, torch.bfloat16, fp8, code, 0, True
+            )
+            assert (oq.numel() == 0) == trans_b and (os_.numel() == 0) == trans_b
         grad = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         da, db = torch.ops.primus_turbo.grouped_gemm_fp8_bwd(
             grad, a, b, wq, ws, lens, None, trans_b, torch.float8_e5m2, fp8, code, 0, True, True

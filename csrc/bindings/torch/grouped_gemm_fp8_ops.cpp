@@ -11,10 +11,10 @@
 //   forward  out = a    [M,K] x op(b)^T [G,N,K]   (b as it lies with trans_b, else transposed)
 //   dgrad    da  = grad [M,N] x op(b)   [G,K,N]   (b transposed with trans_b, else as it lies)
 //   wgrad    db  = per-group a^T grad on the bf16/fp16 grouped GEMM (ops/grouped_gemm_fp8.py says why)
-// TENSORWISE and BLOCKWISE weights are quantized once, in both orientations from one read (each
-// expert's transposed copy written by the quantizer: a 128x128 block keeps its scale when
-// transposed); ROWWISE scales belong to one orientation, so the backward quantizes the weight again
-// along N. Group sizes stay on the device.
+// Weights whose experts' rows are a multiple of 128 are quantized once, in both orientations from
+// one read (each expert's transposed copy written by the quantizer: a 128x128 block keeps its
+// scale when transposed; ROWWISE scales the copy per column of the expert, after an amax pass).
+// Other ROWWISE weights are quantized again along N by the backward. Group sizes stay on the device.
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -125,10 +125,10 @@ QuantRequest weight_request(const Tensor& flat, ScalarType dtype, int64_t granul
                       false};
 }
 
-// ROWWISE: the weight's per-row quantization ([G * N, K], from weight_rows_source) as the kernel's B.
-WeightOperand weight_rows(const QuantPair& quantized, int64_t g, int32_t device) {
-  const Quantized& row = *quantized.first;
-  const int64_t n = row.q.sizes()[0] / g, k = row.q.sizes()[1];
+// ROWWISE: a weight quantized per row, q [G * N, K] or [G, N, K] K-major with one scale per row
+// (G * N of them), as the kernel's B.
+WeightOperand weight_rows(const Quantized& row, int64_t g, int32_t device) {
+  const int64_t k = row.q.sizes()[row.q.dim() - 1], n = row.q.numel() / (g * k);
   const Tensor per_row = torch::stable::view(row.s, {g, n, 1});
   return {torch::stable::view(row.q, {g, n, k}), broadcast(per_row, {g, n, cdiv(k, kBlock)}, device), 1};
 }
@@ -143,18 +143,23 @@ std::pair<Tensor, Tensor> weight_blocks(const QuantPair& quantized, int64_t g, i
   return {q, torch::stable::view(row.s, {g, x / kBlock, cdiv(y, kBlock)})};
 }
 
-// A TENSORWISE / BLOCKWISE weight stack w [G, X, Y] (X % 128 == 0) quantized in one read: as it
-// lies (row, [G, X, Y]) and / or each expert transposed (col, [G, Y, X]), for the forward's B
-// (trans_b: as it lies) and, with for_backward, the dgrad's (the other; returned, so not transient).
+// A weight stack w [G, X, Y] (X % 128 == 0) quantized from one read (ROWWISE: after an amax pass
+// over it): as it lies (row, [G, X, Y]) and / or each expert transposed (col, [G, Y, X]), for the
+// forward's B (trans_b: as it lies) and, with for_backward, the dgrad's (the other; returned, so
+// not transient). ROWWISE scales the row output per row of each expert and the column output per
+// column, so each orientation has one scale per row of its K-major form.
 QuantRequest weight_stack_request(const Tensor& w, ScalarType dtype, int64_t granularity, bool trans_b,
                                   bool for_backward) {
   return QuantRequest{&w, QuantSpec{dtype, granularity, granularity == PT_QUANT_BLOCKWISE},
                       trans_b || for_backward, !trans_b || for_backward, trans_b, !trans_b};
 }
 
-// Whether weight_stack_request takes this weight (else: quantized flat, transposed after).
-bool stack_quantizable(const Tensor& w, int64_t granularity) {
-  return granularity != PT_QUANT_ROWWISE && w.sizes()[1] % kBlock == 0;
+// Whether weight_stack_request takes this weight (else: quantized flat, transposed before or after).
+// A ROWWISE weight the forward alone reads along its rows keeps the one-pass row quantization (its
+// amax inside the kernel); with a transpose or a dgrad copy the stack's amax pass costs less.
+bool stack_quantizable(const Tensor& w, int64_t granularity, bool trans_b, bool for_backward) {
+  if (w.sizes()[1] % kBlock) return false;
+  return granularity != PT_QUANT_ROWWISE || for_backward || !trans_b;
 }
 
 // quantize_weight_blocks' result as the kernel's K-major B (K = Y, or X with transpose).
@@ -283,7 +288,7 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   // Tokens and (unless given) weight in one call (small ones in one launch, their amax reductions
   // included).
   const QuantRequest tokens = tokens_request(a, fwd_dtype, granularity);
-  const bool stack = !given && stack_quantizable(b_in, granularity);
+  const bool stack = !given && stack_quantizable(b_in, granularity, trans_b, for_backward);
   std::optional<Tensor> b;
   if (!given) b = stack ? as_contiguous(b_in) : weight_rows_source(as_contiguous(b_in), rowwise && !trans_b, stream);
   std::optional<QuantRequest> weight;
@@ -295,14 +300,15 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
                         : quantize_fp8_jobs({tokens}, device, stream, kOp);
   const auto [qa, sa] = tokens_operand(q[0], a, granularity, device);
   Tensor out = empty({m, n}, out_dtype, device);
-  if (given || rowwise) {
-    const WeightOperand wb = given ? *given : weight_rows(q[1], groups, device);
+  if (given || (rowwise && !stack)) {
+    const WeightOperand wb = given ? *given : weight_rows(*q[1].first, groups, device);
     run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
     return {out, placeholder(device), placeholder(device)};
   }
   if (stack) {
     const Quantized& fwd = trans_b ? *q[1].first : *q[1].second;
-    const WeightOperand wb = orient_blocks(fwd.q, fwd.s, false, device, stream);
+    const WeightOperand wb =
+        rowwise ? weight_rows(fwd, groups, device) : orient_blocks(fwd.q, fwd.s, false, device, stream);
     run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
     if (!for_backward) return {out, placeholder(device), placeholder(device)};
     const Quantized& dgrad = trans_b ? *q[1].second : *q[1].first;
@@ -329,10 +335,16 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
   check_backward_operands(kOp, grad_in, a, b_in);
   const ScalarType a_dtype = a.scalar_type();
   const int64_t m = grad_in.sizes()[0], n = grad_in.sizes()[1], k = trans_b ? b_in.sizes()[2] : b_in.sizes()[1];
-  if (need_a && !d_q && granularity != PT_QUANT_ROWWISE &&
-      (wq.dim() != 3 || wq.sizes()[0] != b_in.sizes()[0] || wq.sizes()[1] != k || wq.sizes()[2] != n))
-    fail_with(ErrorKind::Value, kOp, ": the dgrad needs the forward's quantized weight [G, K, N] = [",
-              b_in.sizes()[0], ", ", k, ", ", n, "], got ", shape_string(wq));
+  const int64_t groups = b_in.sizes()[0];
+  // The forward's dgrad copy of the weight (a ROWWISE one only where the forward made it: a
+  // placeholder means quantize again here).
+  const bool oriented = wq.dim() == 3 && wq.sizes()[0] == groups && wq.sizes()[1] == k && wq.sizes()[2] == n;
+  if (need_a && !d_q && (granularity != PT_QUANT_ROWWISE || wq.numel() != 0) && !oriented)
+    fail_with(ErrorKind::Value, kOp, ": the dgrad needs the forward's quantized weight [G, K, N] = [", groups, ", ", k,
+              ", ", n, "], got ", shape_string(wq));
+  if (need_a && !d_q && granularity == PT_QUANT_ROWWISE && oriented && ws.numel() != groups * k)
+    fail_with(ErrorKind::Value, kOp, ": the forward's ROWWISE weight scales have shape ", shape_string(ws),
+              "; expected ", groups * k, " of them (one per row of [G, K, N])");
   std::optional<WeightOperand> wb;
   if (need_a && d_q) wb = given_weight("d", *d_q, d_s, d_rows, b_in.sizes()[0], k, n);
   DeviceScope scope(device);
@@ -340,18 +352,21 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
   const Tensor grad = as_contiguous(grad_in);
   Tensor grad_a = placeholder(device), grad_b = placeholder(device);
   if (need_a) {
-    // ROWWISE re-quantizes the weight along the dgrad's K (N), unless given: with the gradient, in
-    // one call.
+    // A ROWWISE weight the forward did not quantize along N (its experts' rows not a multiple of
+    // 128) is quantized again here, unless given: with the gradient, in one call.
     std::vector<QuantPair> q;
-    if (!wb && granularity == PT_QUANT_ROWWISE) {
+    if (!wb && granularity == PT_QUANT_ROWWISE && !oriented) {
       const Tensor flat_b = weight_rows_source(as_contiguous(b_in), trans_b, stream);
       q = quantize_fp8_jobs({tokens_request(grad, grad_dtype, granularity),
                              weight_request(flat_b, fwd_dtype, granularity, false)},
                             device, stream, kOp);
-      wb = weight_rows(q[1], b_in.sizes()[0], device);
+      wb = weight_rows(*q[1].first, groups, device);
     } else {
       q = quantize_fp8_jobs({tokens_request(grad, grad_dtype, granularity)}, device, stream, kOp);
-      if (!wb) wb = orient_blocks(wq, ws, false, device, stream);  // the forward returned it oriented
+      if (!wb) {  // the forward returned it oriented
+        wb = granularity == PT_QUANT_ROWWISE ? weight_rows(Quantized{wq, ws, PT_FP8_SCALING_ROW}, groups, device)
+                                             : orient_blocks(wq, ws, false, device, stream);
+      }
     }
     const auto [qg, sg] = tokens_operand(q[0], grad, granularity, device);
     grad_a = empty({m, k}, a_dtype, device);

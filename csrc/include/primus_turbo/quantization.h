@@ -41,13 +41,15 @@ typedef enum pt_quant_flags {
 // [ceil(m/B), round_up(k, 4)]; the padding entries are set to 0. PT_QUANT_SCALES_PAD4 (BLOCKWISE
 // 2-D blocks) likewise: s_row [ceil(m/B), round_up(ceil(k/B), 4)], s_col [ceil(k/B),
 // round_up(ceil(m/B), 4)], padding 0.
-// A stack of matrices, x [b, m, k] (16-bit input to FP8, TENSORWISE or BLOCKWISE with 128-element
-// blocks, m % 128 == 0, k % 8 == 0): each output and scale tensor is the 2-D one of every matrix,
-// stacked ([b, ...]); the column output must be transposed (q_col [b, k, m]). TENSORWISE keeps one
-// scale for the whole stack. Expert weights get both orientations this way from one read.
+// A stack of matrices, x [b, m, k] (16-bit input to FP8, TENSORWISE, ROWWISE or BLOCKWISE with
+// 128-element blocks, m % 128 == 0, k % 8 == 0): each output and scale tensor is the 2-D one of
+// every matrix, stacked ([b, ...]; ROWWISE: s_row b * m, s_col b * k elements); the column output
+// must be transposed (q_col [b, k, m]). TENSORWISE keeps one scale for the whole stack. Expert
+// weights get both orientations this way from one read (ROWWISE: an amax pass, then one more).
 // s_* hold scale_inv (fp32, x ~ q * scale_inv) or E8M0 bytes (float8_e8m0fnu or uint8). TENSORWISE
 // and ROWWISE reduce the amax on the device first (workspace: pt_quantize_workspace_bytes, 16-byte
-// aligned); nothing synchronizes with the host, so the call can be captured in a CUDA graph. An
+// aligned; a ROWWISE stack's is that of (b * m, b * k)); nothing synchronizes with the host, so the
+// call can be captured in a CUDA graph. An
 // empty x writes nothing (scale tensors that still have elements are the caller's to fill).
 PT_API pt_status pt_quantize(const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_row, pt_tensor* q_col,
                              pt_tensor* s_col, int32_t granularity, int32_t block_size, int32_t col_transposed,

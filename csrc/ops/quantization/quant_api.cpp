@@ -101,6 +101,7 @@ void quantize_one(const QuantProblem& p, const Kernels& kern, PtQuantParams qp, 
     } else {
       ap.amax_rows = p.row ? ws : nullptr;
       ap.amax_cols = p.col ? ws + p.m : nullptr;
+      ap.col_rows = p.col ? p.col_rows : 0;  // a stack: each matrix's own column maxima
       qp.amax_row = ws;
       qp.amax_col = ws + p.m;
       qp.amax_row_per_row = 1;
@@ -143,7 +144,7 @@ bool batchable(const QuantProblem* ps, int32_t count) {
 // (batched, every tensorwise / rowwise job; separately, those with an amax pass).
 size_t job_workspace_bytes(const QuantProblem& p, bool batched) {
   if (!batched && !needs_amax_pass(p)) return 0;
-  return (workspace_bytes(p.m, p.k, p.granularity) + 255) / 256 * 256;
+  return (workspace_bytes(p) + 255) / 256 * 256;
 }
 
 // The jobs' problems (checked), whether they take one batched launch, and the scratch they need.
@@ -176,7 +177,7 @@ pt_status pt_quantize(const pt_tensor* x, pt_tensor* q_row, pt_tensor* s_row, pt
     const QuantProblem p =
         make_quant_problem(x, q_row, s_row, q_col, s_col, granularity, block_size, col_transposed, flags);
     // A row-only rowwise quantization reduces each row's amax inside its kernel: no workspace.
-    const size_t need = needs_amax_pass(p) ? workspace_bytes(p.m, p.k, p.granularity) : 0;
+    const size_t need = needs_amax_pass(p) ? workspace_bytes(p) : 0;
     PT_CHECK_ARG(ws_bytes >= need, "argument 'workspace' has ", ws_bytes, " bytes; this problem needs ", need,
                  " (pt_quantize_workspace_bytes)");
     PT_CHECK_ARG(need == 0 || (workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 16 == 0),

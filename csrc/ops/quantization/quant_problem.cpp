@@ -160,10 +160,12 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
   const int B = p.block;
   if (batch) {
     // A stack: the row output is the 2-D one of [b * m, k] (no block crosses two matrices), the
-    // column output is each matrix's own, transposed: what a 16-bit FP8 weight stack needs.
+    // column output is each matrix's own, transposed (ROWWISE: scaled per column of each matrix):
+    // what a 16-bit FP8 weight stack needs.
     PT_CHECK_SUPPORTED(!p.fp4() && p.x_dtype != PT_FLOAT32 && !p.mn_major && !p.pad4 &&
-                           (granularity == PT_QUANT_TENSORWISE || (granularity == PT_QUANT_BLOCKWISE && B == 128)),
-                       "a stack of matrices (3-D x) is quantized to FP8 from 16-bit input, TENSORWISE or "
+                           (granularity == PT_QUANT_TENSORWISE || granularity == PT_QUANT_ROWWISE ||
+                            (granularity == PT_QUANT_BLOCKWISE && B == 128)),
+                       "a stack of matrices (3-D x) is quantized to FP8 from 16-bit input, TENSORWISE, ROWWISE or "
                        "BLOCKWISE with 128-element blocks, without MN-major or padded scales");
     PT_CHECK_ARG(!p.col || p.col_transposed, "a stack's column output is stored transposed ('col_transposed')");
     PT_CHECK_ARG(p.k % 8 == 0 && mm % 128 == 0, "argument 'x' has shape ", shape_string(*x),
@@ -178,7 +180,7 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
     check_tensor(s_row, "s_row");
     check_scale_dtype(s_row, "s_row", granularity);
     if (granularity == PT_QUANT_TENSORWISE) check_numel(s_row, "s_row", 1, "one scale for the tensor");
-    else if (granularity == PT_QUANT_ROWWISE) check_numel(s_row, "s_row", m, "one scale per row");
+    else if (granularity == PT_QUANT_ROWWISE) check_numel(s_row, "s_row", p.m, "one scale per row");
     else if (p.block_2d) check_shape(s_row, "s_row", batch, ceil_div(m, B), pad(ceil_div(k, B)));
     else if (p.mn_major) check_shape2(s_row, "s_row", ceil_div(k, B), round_up4(m));
     else check_shape(s_row, "s_row", batch, m, ceil_div(k, B));
@@ -190,13 +192,21 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
     check_tensor(s_col, "s_col");
     check_scale_dtype(s_col, "s_col", granularity);
     if (granularity == PT_QUANT_TENSORWISE) check_numel(s_col, "s_col", 1, "one scale for the tensor");
-    else if (granularity == PT_QUANT_ROWWISE) check_numel(s_col, "s_col", k, "one scale per column of x");
+    else if (granularity == PT_QUANT_ROWWISE)
+      check_numel(s_col, "s_col", batch ? batch * k : k,
+                  batch ? "one scale per column of each matrix" : "one scale per column of x");
     else if (p.block_2d) check_shape(s_col, "s_col", batch, ceil_div(k, B), pad(ceil_div(m, B)));
     else if (p.mn_major) check_shape2(s_col, "s_col", ceil_div(m, B), round_up4(k));
     else if (p.col_transposed) check_shape(s_col, "s_col", batch, k, ceil_div(m, B));
     else check_shape2(s_col, "s_col", ceil_div(m, B), k);
   }
   return p;
+}
+
+size_t workspace_bytes(const QuantProblem& p) {
+  // A ROWWISE stack's column maxima are per matrix: [b, k].
+  const int64_t mats = p.col_rows ? p.m / p.col_rows : 1;
+  return workspace_bytes(p.m, p.k * mats, p.granularity);
 }
 
 size_t workspace_bytes(int64_t m, int64_t k, int32_t granularity) {

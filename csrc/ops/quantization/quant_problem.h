@@ -27,8 +27,10 @@ QuantProblem make_quant_problem(const pt_tensor* x, const pt_tensor* q_row, cons
                                 const pt_tensor* q_col, const pt_tensor* s_col, int32_t granularity,
                                 int32_t block_size, int32_t col_transposed, int32_t flags);
 
-// Bytes of device scratch for the amax of tensorwise / rowwise problems (0 for block scales).
+// Bytes of device scratch for the amax of tensorwise / rowwise problems (0 for block scales): of
+// an [m, k] tensor, and of a problem (a ROWWISE stack [b, m / b, k] needs that of [m, b * k]).
 size_t workspace_bytes(int64_t m, int64_t k, int32_t granularity);
+size_t workspace_bytes(const QuantProblem& p);
 
 struct DequantProblem {
   int64_t m = 0, k = 0;  // out is [m, k]

@@ -385,12 +385,13 @@ def _fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granu
               b_q=None, b_s=None, b_rows=0):
     out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype, FP8_ROWS)
     out = a.new_empty((a.shape[0], n), dtype=out_dtype)
-    # ROWWISE: the backward quantizes b again, along N; a given b_q: nothing quantized to keep
-    if not for_backward or granularity == 1 or b_q is not None:
+    # ROWWISE experts whose rows are not a multiple of 128: the backward quantizes b again, along N;
+    # a given b_q: nothing quantized to keep
+    if not for_backward or (granularity == 1 and b.shape[1] % _BLOCK) or b_q is not None:
         return out, library.placeholder(a), library.placeholder(a)
-    # The dgrad's B: op(b) [G, K, N], K-major along N.
+    # The dgrad's B: op(b) [G, K, N], K-major along N; scales per tensor, per row of it, per block.
     g = b.shape[0]
-    s = () if granularity == 0 else (g, k // _BLOCK, _cdiv(n, _BLOCK))
+    s = () if granularity == 0 else (g, k, 1) if granularity == 1 else (g, k // _BLOCK, _cdiv(n, _BLOCK))
     return out, b.new_empty((g, k, n), dtype=fwd_dtype), b.new_empty(s, dtype=torch.float32)
 
 

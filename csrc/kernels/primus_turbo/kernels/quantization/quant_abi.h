@@ -48,7 +48,8 @@ typedef struct PtQuantParams {
   int64_t s_col_ld_2d;  // > 0: the same for the transposed column output
   int64_t col_rows;     // > 0: x is a stack of [col_rows, k] matrices (col_rows % 128 == 0) and the
                         // transposed column output is each one's: q_col [m / col_rows, k, col_rows],
-                        // s_col [m / col_rows, k or k blocks, col_rows / 128] (no ld_mn / ld_2d)
+                        // s_col [m / col_rows, k or k blocks, col_rows / 128] (no ld_mn / ld_2d), or
+                        // per column of each matrix [m / col_rows, k] (col_block 0, amax_col likewise)
 } PtQuantParams;
 
 // Absolute maxima of a contiguous [m, k] tensor, accumulated with atomic max into buffers the
@@ -60,7 +61,9 @@ typedef struct PtQuantAmaxParams {
   float* amax_rows;
   float* amax_cols;
   void* stream;
-  int num_sms;  // SMs of the device: sizes the grid-stride launch
+  int num_sms;        // SMs of the device: sizes the grid-stride launch
+  int64_t col_rows;   // > 0: x is a stack of [col_rows, k] matrices (col_rows % 128 == 0) and the
+                      // column maxima are each one's: amax_cols [m / col_rows, k]
 } PtQuantAmaxParams;
 
 // out[r, c] = q[r, c] * scale_inv[(r / block_m) * ld_s + c / block_k]; q is [m, k] (FP4 packed

@@ -198,6 +198,9 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
   const bool row = p.q_row != nullptr, col = p.q_col != nullptr;
   const bool row_blocks = row && p.row_block != 0 && !p.block_2d;
   const bool col_blocks = col && p.col_block != 0 && !p.block_2d;
+  // The tile's matrix (a stack with col_rows: each matrix has its own column output and maxima)
+  // and its rows.
+  const int64_t ld = p.col_rows ? p.col_rows : m, mat = m0 / ld;
 
   uint4 d[kSide];
   load_block(static_cast<const T*>(p.x), m, k, m0 + kSide * tr, gc, d);
@@ -246,7 +249,7 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
     if (p.block_2d) {
       amax = tile_amax;
     } else if (p.col_block == 0) {
-      amax = p.amax_col_per_col ? (gcol < k ? p.amax_col[gcol] : 0.0f) : p.amax_col[0];
+      amax = p.amax_col_per_col ? (gcol < k ? p.amax_col[mat * k + gcol] : 0.0f) : p.amax_col[0];
     } else {
       amax = column_amax<T>(s.col_part, t);
     }
@@ -255,7 +258,7 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
     if (gcol < k) {
       if (!p.block_2d && p.col_block == 0) {
         if (p.amax_col_per_col) {
-          if (m_tile == 0) store_scale_at(p.s_col, gcol, sc, false);
+          if (m0 == mat * ld) store_scale_at(p.s_col, mat * k + gcol, sc, false);  // the matrix's first tile
         } else if (gcol == 0 && m0 == 0) {
           store_scale_at(p.s_col, 0, sc, false);
         }
@@ -318,7 +321,6 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
   // The transposed output [k, m] (of the tile's matrix, with col_rows): each of the tile's 128
   // columns is 128 bytes of an output row, 16 bytes a thread (m % 16 == 0, so a run is all in or
   // all out).
-  const int64_t ld = p.col_rows ? p.col_rows : m, mat = m0 / ld;
   uint8_t* q_col = static_cast<uint8_t*>(p.q_col) + mat * k * ld + (m0 - mat * ld);
 #pragma unroll
   for (int q = threadIdx.x; q < kRegsTile * kRegsTile / 16; q += kRegsThreads) {
@@ -340,9 +342,11 @@ bool launch_tile_regs(const PtQuantParams& p, cudaStream_t stream) {
   return true;
 }
 
-// Requests the register-tile amax kernel takes: 16-bit input in 16-byte aligned rows.
+// Requests the register-tile amax kernel takes: 16-bit input in 16-byte aligned rows (a stack's
+// per-matrix column maxima: whole 128-row tiles per matrix).
 __host__ __device__ __forceinline__ bool amax_regs_supported(const PtQuantAmaxParams& p, int elem_bytes) {
-  return elem_bytes == 2 && p.k % 8 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  return elem_bytes == 2 && p.k % 8 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+         (!p.col_rows || (p.col_rows % kRegsTile == 0 && p.m % p.col_rows == 0));
 }
 
 // Absolute maxima of a tile (the tensor's, per row, per column; null: not wanted), merged into the
@@ -372,7 +376,8 @@ __global__ void __launch_bounds__(kRegsThreads, 3) amax_tile_regs_kernel(const P
       if (lane == 0) atomicMax(reinterpret_cast<int*>(p.amax_tensor), __float_as_int(w));
     }
   } else if (threadIdx.x >= kRegsTile && p.amax_cols && k0 + t < p.k) {
-    atomicMax(reinterpret_cast<int*>(p.amax_cols + k0 + t), __float_as_int(column_amax<T>(col_part, t)));
+    const int64_t mat = p.col_rows ? m0 / p.col_rows : 0;  // a stack's matrix: its own column maxima
+    atomicMax(reinterpret_cast<int*>(p.amax_cols + mat * p.k + k0 + t), __float_as_int(column_amax<T>(col_part, t)));
   }
 }
 

@@ -173,6 +173,11 @@ struct Quantizer {
         return report_launch("amax (register tile)", err, err_len);
       }
     }
+    if (p->col_rows && p->amax_cols) {  // per-matrix column maxima: the register tile alone
+      snprintf(err, err_len, "quantization amax: this stack of matrices (%lld rows each) has no kernel",
+               static_cast<long long>(p->col_rows));
+      return 1;
+    }
     if (p->amax_cols == nullptr) {
       const int64_t chunks = p->m * ((p->k + kRowChunk - 1) / kRowChunk);
       // Enough blocks to fill the GPU; each warp then walks many chunks (fewer atomics).
