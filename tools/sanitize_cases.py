@@ -38,6 +38,11 @@ def norm():
     step(turbo.ops.layernorm(x, w, bias), x, w, bias)
     r = t(3, 13, 200)
     step(turbo.ops.rmsnorm_residual(x, r, w), x, r, w)
+    # Rows wider than a warp's: the block path, whose backward adds its sums in a cluster (16 rows:
+    # two clusters of 8 blocks).
+    x, w, bias = t(16, 1040), t(1040), t(1040)
+    step(turbo.ops.rmsnorm(x, w), x, w)
+    step(turbo.ops.layernorm(x, w, bias), x, w, bias)
 
 
 def rope():

@@ -20,6 +20,11 @@
 // dgamma/dbeta are deterministic: each backward block sums its rows into its own fp32 row of the
 // workspace (no float atomics), then a second kernel adds those partial rows in a fixed order.
 // The grid size (= number of partials) is chosen by the core and depends only on the problem.
+// Where a block ends with its sums on chip (rows held in registers), the blocks run as clusters of
+// up to 8 that first add their sums through distributed shared memory (again in a fixed order), so
+// the workspace traffic and the second kernel's reads shrink by the cluster size: at 528 blocks
+// and hidden 4096 the partial rows were 17 MB of writes and reads next to the 192 MB the backward
+// must move.
 //
 // FP8 forward modules (kFp8, quantization/fused_fp8.cuh) also write y quantized to the format F:
 // the rounded y of each vector is encoded from registers, one scale per row (the row's amax is a
@@ -28,8 +33,12 @@
 // normalize twice with a rowwise scale (the second pass re-reads s, mostly from L2).
 #pragma once
 
-#include <algorithm>
+#include <cooperative_groups.h>
 
+#include <algorithm>
+#include <cstdlib>
+
+#include "primus_turbo/kernels/common/smem_opt_in.cuh"
 #include "primus_turbo/kernels/common/vec.cuh"
 #include "primus_turbo/kernels/jit_abi.h"
 #include "primus_turbo/kernels/jit_export.cuh"
@@ -43,6 +52,7 @@ constexpr int kMaxBlockThreads = 512;
 constexpr int kBlockCacheIters = 4;   // vectors per thread held in registers on the block path
 constexpr int kFinalizeWarps = 32;    // partial rows are split over 32 warps, 32 columns a block:
                                       // few dependent L2 round trips per warp
+constexpr int kMaxCluster = 8;        // blocks of the backward that add their sums on chip
 // Register budgets of the backward, which holds x, dy and the per-column sums: RMSNorm fits 128
 // registers (4 blocks of the warp path per SM); LayerNorm's second sum (dbeta) needs up to 255, so
 // its block path is capped at 256 threads (wider rows then stream).
@@ -397,6 +407,34 @@ __device__ __forceinline__ float* partial_row(const PtNormBwdParams& p, int whic
   return p.partials + (static_cast<int64_t>(which) * p.num_partials + blockIdx.x) * p.hidden;
 }
 
+// The cluster's partial rows from its blocks' column sums, each block's in its shared memory
+// (`sums`, [kLN ? 2 : 1][hidden]): block r adds the columns r * threads + t (mod threads * size)
+// of every block, in rank order, into partial row blockIdx.x / size (of gridDim.x / size).
+template <bool kLN>
+__device__ void cluster_partials(const PtNormBwdParams& p, float* sums, int hidden) {
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int csize = static_cast<int>(cluster.num_blocks()), r = static_cast<int>(cluster.block_rank());
+  const int threads = static_cast<int>(blockDim.x);
+  cluster.sync();  // every block's sums are in its shared memory
+  const int64_t out_rows = gridDim.x / csize, out_row = blockIdx.x / csize;
+  for (int which = 0; which < (kLN ? 2 : 1); ++which) {
+    float* out = p.partials + (which * out_rows + out_row) * hidden;
+    for (int col = r * threads + static_cast<int>(threadIdx.x); col < hidden; col += threads * csize) {
+      float t = 0.f;
+      for (int q = 0; q < csize; ++q) t += cluster.map_shared_rank(sums, q)[which * hidden + col];
+      out[col] = t;
+    }
+  }
+  cluster.sync();  // no block leaves while another still reads its shared memory
+}
+
+// Launched in a cluster (more than one block): the dynamic shared memory the sums meet in.
+__device__ __forceinline__ float* cluster_sums_smem(bool& in_cluster) {
+  extern __shared__ float4 cluster_sums[];  // [kLN ? 2 : 1][hidden] when launched in a cluster
+  in_cluster = cooperative_groups::this_cluster().num_blocks() > 1;
+  return reinterpret_cast<float*>(cluster_sums);
+}
+
 template <class T, class W, int kVec, int kHidden, int kIters, bool kLN, bool kRes>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, bwd_warp_min_blocks(kLN)) bwd_warp_per_row(PtNormBwdParams p) {
   __shared__ float warp_partials[kWarpsPerBlock][kWarpMaxHidden];
@@ -414,7 +452,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, bwd_warp_min_blocks(kLN))
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; row < p.rows; row += step) {
     Row<T, W, kVec, kLN, kRes>::template backward_cached<kIters>(p, team, row, hidden, nvec, dg, db);
   }
-  // The block's warps are added in a fixed order into its partial row(s).
+  // The block's warps are added in a fixed order into its partial row(s), or (a cluster) into its
+  // shared sums first.
+  bool in_cluster;
+  float* sums = cluster_sums_smem(in_cluster);
   for (int which = 0; which < (kLN ? 2 : 1); ++which) {
     if (which) __syncthreads();  // the dgamma pass has read warp_partials
 #pragma unroll
@@ -426,7 +467,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, bwd_warp_min_blocks(kLN))
       }
     }
     __syncthreads();
-    float* out = partial_row(p, which);
+    float* out = in_cluster ? sums + which * hidden : partial_row(p, which);
     for (int col = threadIdx.x; col < hidden; col += kWarpsPerBlock * 32) {
       float s = 0.f;
 #pragma unroll
@@ -434,6 +475,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, bwd_warp_min_blocks(kLN))
       out[col] = s;
     }
   }
+  if (in_cluster) cluster_partials<kLN>(p, sums, hidden);
 }
 
 template <class T, class W, int kVec, int kHidden, bool kLN, bool kRes>
@@ -457,6 +499,11 @@ __global__ void __launch_bounds__(bwd_max_block_threads(kLN)) bwd_block_per_row(
     for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
       R::template backward_cached<kBlockCacheIters>(p, team, row, hidden, nvec, dg, db);
     }
+    // The sums go to this block's partial rows, or (a cluster) to its shared memory first.
+    bool in_cluster;
+    float* sums = cluster_sums_smem(in_cluster);
+    float* g_out = in_cluster ? sums : dgamma_row;
+    float* b_out = in_cluster ? sums + hidden : dbeta_row;
 #pragma unroll
     for (int i = 0; i < kBlockCacheIters; ++i) {
       const int c = team.rank + i * team.size;
@@ -467,10 +514,11 @@ __global__ void __launch_bounds__(bwd_max_block_threads(kLN)) bwd_block_per_row(
           g.v[j] = dg[i][j];
           b.v[j] = db[i][j];
         }
-        reinterpret_cast<FP*>(dgamma_row)[c] = g;
-        if constexpr (kLN) reinterpret_cast<FP*>(dbeta_row)[c] = b;
+        reinterpret_cast<FP*>(g_out)[c] = g;
+        if constexpr (kLN) reinterpret_cast<FP*>(b_out)[c] = b;
       }
     }
+    if (in_cluster) cluster_partials<kLN>(p, sums, hidden);
   } else {
     for (int c = team.rank * kVec; c < hidden; c += team.size * kVec) {
 #pragma unroll
@@ -585,22 +633,72 @@ struct Norm {
     auto stream = static_cast<cudaStream_t>(p->stream);
     const auto grid = static_cast<unsigned>(p->num_partials);
     const int nvec = static_cast<int>(p->hidden / kVec);
+    int64_t partial_rows = p->num_partials;
+    int csize = 1;
+    cudaError_t e = cudaSuccess;
     if (p->hidden <= kWarpMaxHidden) {
       if constexpr (kHasWarpPath) {
-        bwd_warp_per_row<T, W, kVec, kHidden, kWarpIters, kLayerNorm, kResidual>
-            <<<grid, kWarpsPerBlock * 32, 0, stream>>>(*p);
+        e = launch_backward(bwd_warp_per_row<T, W, kVec, kHidden, kWarpIters, kLayerNorm, kResidual>, *p, grid,
+                            kWarpsPerBlock * 32, true, stream, csize);
       }
     } else {
       if constexpr (kHasBlockPath) {
-        bwd_block_per_row<T, W, kVec, kHidden, kLayerNorm, kResidual><<<grid, block_threads(nvec, bwd_max_block_threads(kLayerNorm)), 0, stream>>>(*p);
+        // Rows held in registers end with their sums in registers: those meet in a cluster.
+        const int threads = block_threads(nvec, bwd_max_block_threads(kLayerNorm));
+        e = launch_backward(bwd_block_per_row<T, W, kVec, kHidden, kLayerNorm, kResidual>, *p, grid, threads,
+                            nvec <= threads * kBlockCacheIters, stream, csize);
       }
     }
+    if (e != cudaSuccess) {
+      snprintf(err, err_len, "norm backward launch failed: %s", cudaGetErrorString(e));
+      return 1;
+    }
+    partial_rows /= csize;
     if (report_launch("norm backward", err, err_len)) return 1;
     const int hidden = static_cast<int>(p->hidden);
     const dim3 fgrid(static_cast<unsigned>(ceil_div(hidden, 32)), kLayerNorm ? 2 : 1);
     column_sums_finalize<W><<<fgrid, kFinalizeWarps * 32, 0, stream>>>(
-        p->partials, p->num_partials, hidden, static_cast<W*>(p->dgamma), static_cast<W*>(p->dbeta));
+        p->partials, partial_rows, hidden, static_cast<W*>(p->dgamma), static_cast<W*>(p->dbeta));
     return report_launch("norm dgamma reduction", err, err_len);
+  }
+
+  // A backward kernel, in clusters of the largest size up to kMaxCluster that divides the grid
+  // where `may_cluster` (its blocks then add their sums on chip), else one block each. csize: the
+  // cluster size launched (the partial rows are grid / csize).
+  template <class Kernel>
+  static cudaError_t launch_backward(Kernel kernel, const PtNormBwdParams& p, unsigned grid, int threads,
+                                     bool may_cluster, cudaStream_t stream, int& csize) {
+    // PRIMUS_TURBO_NORM_BWD_CLUSTER=0: one block each (the A/B baseline of the cluster reduction).
+    static const bool clusters = [] {
+      const char* v = std::getenv("PRIMUS_TURBO_NORM_BWD_CLUSTER");
+      return v == nullptr || v[0] != '0';
+    }();
+    csize = 1;
+    if (clusters && may_cluster) {
+      for (int c = kMaxCluster; c > 1 && csize == 1; c /= 2) {
+        if (grid % c == 0) csize = c;
+      }
+    }
+    const size_t smem = (kLayerNorm ? 2 : 1) * static_cast<size_t>(p.hidden) * sizeof(float);
+    if (csize > 1 && smem > 48 * 1024 && opt_in_smem(kernel, smem) != cudaSuccess) csize = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.dynamicSmemBytes = csize > 1 ? smem : 0;
+    config.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(csize);
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p);
+    if (e == cudaSuccess || csize == 1) return e;
+    (void)cudaGetLastError();  // a cluster that cannot be placed: one block each instead
+    csize = 1;
+    config.dynamicSmemBytes = 0;
+    attr.val.clusterDim.x = 1;
+    return cudaLaunchKernelEx(&config, kernel, p);
   }
 };
 
