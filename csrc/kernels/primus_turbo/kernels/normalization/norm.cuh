@@ -20,11 +20,6 @@
 // dgamma/dbeta are deterministic: each backward block sums its rows into its own fp32 row of the
 // workspace (no float atomics), then a second kernel adds those partial rows in a fixed order.
 // The grid size (= number of partials) is chosen by the core and depends only on the problem.
-// Where a block ends with its sums on chip (rows held in registers), the blocks run as clusters of
-// up to 8 that first add their sums through distributed shared memory (again in a fixed order), so
-// the workspace traffic and the second kernel's reads shrink by the cluster size: at 528 blocks
-// and hidden 4096 the partial rows were 17 MB of writes and reads next to the 192 MB the backward
-// must move.
 //
 // FP8 forward modules (kFp8, quantization/fused_fp8.cuh) also write y quantized to the format F:
 // the rounded y of each vector is encoded from registers, one scale per row (the row's amax is a
@@ -33,12 +28,9 @@
 // normalize twice with a rowwise scale (the second pass re-reads s, mostly from L2).
 #pragma once
 
-#include <cooperative_groups.h>
-
 #include <algorithm>
-#include <cstdlib>
+#include <atomic>
 
-#include "primus_turbo/kernels/common/smem_opt_in.cuh"
 #include "primus_turbo/kernels/common/vec.cuh"
 #include "primus_turbo/kernels/jit_abi.h"
 #include "primus_turbo/kernels/jit_export.cuh"
@@ -50,9 +42,12 @@ constexpr int kWarpMaxHidden = 1024;  // at or below: one warp per row
 constexpr int kWarpsPerBlock = 4;     // rows per block on the warp path
 constexpr int kMaxBlockThreads = 512;
 constexpr int kBlockCacheIters = 4;   // vectors per thread held in registers on the block path
+// The backward's block path with two rows in flight: vectors per thread. RMSNorm's 128-register
+// budget holds two of each row's vectors (twice the threads of the forward); LayerNorm's 255 hold
+// four (two blocks an SM either way).
+constexpr int bwd_prefetch_iters(bool layernorm) { return layernorm ? 4 : 2; }
 constexpr int kFinalizeWarps = 32;    // partial rows are split over 32 warps, 32 columns a block:
                                       // few dependent L2 round trips per warp
-constexpr int kMaxCluster = 8;        // blocks of the backward that add their sums on chip
 // Register budgets of the backward, which holds x, dy and the per-column sums: RMSNorm fits 128
 // registers (4 blocks of the warp path per SM); LayerNorm's second sum (dbeta) needs up to 255, so
 // its block path is capped at 256 threads (wider rows then stream).
@@ -305,30 +300,42 @@ struct Row {
     return dx;
   }
 
+  // A row's x and dy held in registers, loaded ahead of their use.
+  template <int kIters>
+  struct Loaded {
+    TP x[kIters], dy[kIters];
+  };
+
+  // Issues the loads of row `row` (every vector of the thread's share in flight at once).
   template <int kIters, class Team>
-  __device__ static __forceinline__ void backward_cached(const PtNormBwdParams& p, const Team& team, int64_t row,
-                                                         int hidden, int nvec, float (&dg)[kIters][kVec],
-                                                         float (&db)[kIters][kVec]) {
+  __device__ static __forceinline__ void load_row(const PtNormBwdParams& p, const Team& team, int64_t row, int hidden,
+                                                  int nvec, Loaded<kIters>& v) {
     const int64_t offset = row * hidden;
-    const float shift = p.zero_centered ? 1.f : 0.f;
-    const float rstd = p.rstd[row];
-    const float mu = kLayerNorm ? p.mean[row] : 0.f;
     const TP* xr = reinterpret_cast<const TP*>(static_cast<const T*>(p.x) + offset);
     const TP* dyr = reinterpret_cast<const TP*>(static_cast<const T*>(p.dy) + offset);
-    TP xv[kIters], dyv[kIters];
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       const int c = team.rank + i * team.size;
       if (c < nvec) {
-        xv[i] = load_stream(xr + c);
-        dyv[i] = load_stream(dyr + c);
+        v.x[i] = load_stream(xr + c);
+        v.dy[i] = load_stream(dyr + c);
       }
     }
+  }
+
+  template <int kIters, class Team>
+  __device__ static __forceinline__ void backward_cached(const PtNormBwdParams& p, const Team& team, int64_t row,
+                                                         int hidden, int nvec, const Loaded<kIters>& v,
+                                                         float (&dg)[kIters][kVec], float (&db)[kIters][kVec]) {
+    const int64_t offset = row * hidden;
+    const float shift = p.zero_centered ? 1.f : 0.f;
+    const float rstd = p.rstd[row];
+    const float mu = kLayerNorm ? p.mean[row] : 0.f;
     float a = 0.f, b = 0.f;
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       const int c = team.rank + i * team.size;
-      if (c < nvec) dots(p, xv[i], dyv[i], c, mu, rstd, shift, a, b);
+      if (c < nvec) dots(p, v.x[i], v.dy[i], c, mu, rstd, shift, a, b);
     }
     const float2 s = team.sum2(a, b);
     const float ma = kLayerNorm ? s.x / hidden : 0.f, mb = s.y / hidden;
@@ -336,7 +343,31 @@ struct Row {
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       const int c = team.rank + i * team.size;
-      if (c < nvec) store_stream(dxr + c, input_grad(p, xv[i], dyv[i], offset, c, mu, rstd, shift, ma, mb, dg[i], db[i]));
+      if (c < nvec)
+        store_stream(dxr + c, input_grad(p, v.x[i], v.dy[i], offset, c, mu, rstd, shift, ma, mb, dg[i], db[i]));
+    }
+  }
+
+  // The team's rows start, start + step, ... With kPrefetch each row's loads are issued while the
+  // row before it is reduced and written: two rows in flight per team (a block holds one row of a
+  // few KB, and the four blocks an SM runs left the memory system short of requests). It costs the
+  // registers of a second row, so it is for teams whose share of a row is small.
+  template <int kIters, bool kPrefetch, class Team>
+  __device__ static __forceinline__ void backward_rows(const PtNormBwdParams& p, const Team& team, int64_t start,
+                                                       int64_t step, int hidden, int nvec, float (&dg)[kIters][kVec],
+                                                       float (&db)[kIters][kVec]) {
+    Loaded<kIters> cur;
+    if (kPrefetch && start < p.rows) load_row(p, team, start, hidden, nvec, cur);
+    for (int64_t row = start; row < p.rows; row += step) {
+      if constexpr (kPrefetch) {
+        Loaded<kIters> next;
+        if (row + step < p.rows) load_row(p, team, row + step, hidden, nvec, next);
+        backward_cached(p, team, row, hidden, nvec, cur, dg, db);
+        cur = next;
+      } else {
+        load_row(p, team, row, hidden, nvec, cur);
+        backward_cached(p, team, row, hidden, nvec, cur, dg, db);
+      }
     }
   }
 
@@ -407,34 +438,6 @@ __device__ __forceinline__ float* partial_row(const PtNormBwdParams& p, int whic
   return p.partials + (static_cast<int64_t>(which) * p.num_partials + blockIdx.x) * p.hidden;
 }
 
-// The cluster's partial rows from its blocks' column sums, each block's in its shared memory
-// (`sums`, [kLN ? 2 : 1][hidden]): block r adds the columns r * threads + t (mod threads * size)
-// of every block, in rank order, into partial row blockIdx.x / size (of gridDim.x / size).
-template <bool kLN>
-__device__ void cluster_partials(const PtNormBwdParams& p, float* sums, int hidden) {
-  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  const int csize = static_cast<int>(cluster.num_blocks()), r = static_cast<int>(cluster.block_rank());
-  const int threads = static_cast<int>(blockDim.x);
-  cluster.sync();  // every block's sums are in its shared memory
-  const int64_t out_rows = gridDim.x / csize, out_row = blockIdx.x / csize;
-  for (int which = 0; which < (kLN ? 2 : 1); ++which) {
-    float* out = p.partials + (which * out_rows + out_row) * hidden;
-    for (int col = r * threads + static_cast<int>(threadIdx.x); col < hidden; col += threads * csize) {
-      float t = 0.f;
-      for (int q = 0; q < csize; ++q) t += cluster.map_shared_rank(sums, q)[which * hidden + col];
-      out[col] = t;
-    }
-  }
-  cluster.sync();  // no block leaves while another still reads its shared memory
-}
-
-// Launched in a cluster (more than one block): the dynamic shared memory the sums meet in.
-__device__ __forceinline__ float* cluster_sums_smem(bool& in_cluster) {
-  extern __shared__ float4 cluster_sums[];  // [kLN ? 2 : 1][hidden] when launched in a cluster
-  in_cluster = cooperative_groups::this_cluster().num_blocks() > 1;
-  return reinterpret_cast<float*>(cluster_sums);
-}
-
 template <class T, class W, int kVec, int kHidden, int kIters, bool kLN, bool kRes>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, bwd_warp_min_blocks(kLN)) bwd_warp_per_row(PtNormBwdParams p) {
   __shared__ float warp_partials[kWarpsPerBlock][kWarpMaxHidden];
@@ -448,14 +451,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, bwd_warp_min_blocks(kLN))
 #pragma unroll
     for (int j = 0; j < kVec; ++j) dg[i][j] = db[i][j] = 0.f;
   }
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; row < p.rows; row += step) {
-    Row<T, W, kVec, kLN, kRes>::template backward_cached<kIters>(p, team, row, hidden, nvec, dg, db);
-  }
-  // The block's warps are added in a fixed order into its partial row(s), or (a cluster) into its
-  // shared sums first.
-  bool in_cluster;
-  float* sums = cluster_sums_smem(in_cluster);
+  // Prefetch where the registers allow it: LayerNorm's budget (2 blocks an SM), or short rows.
+  Row<T, W, kVec, kLN, kRes>::template backward_rows<kIters, kLN || kIters <= 2>(
+      p, team, static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp, static_cast<int64_t>(gridDim.x) * kWarpsPerBlock,
+      hidden, nvec, dg, db);
+  // The block's warps are added in a fixed order into its partial row(s).
   for (int which = 0; which < (kLN ? 2 : 1); ++which) {
     if (which) __syncthreads();  // the dgamma pass has read warp_partials
 #pragma unroll
@@ -467,7 +467,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, bwd_warp_min_blocks(kLN))
       }
     }
     __syncthreads();
-    float* out = in_cluster ? sums + which * hidden : partial_row(p, which);
+    float* out = partial_row(p, which);
     for (int col = threadIdx.x; col < hidden; col += kWarpsPerBlock * 32) {
       float s = 0.f;
 #pragma unroll
@@ -475,7 +475,36 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, bwd_warp_min_blocks(kLN))
       out[col] = s;
     }
   }
-  if (in_cluster) cluster_partials<kLN>(p, sums, hidden);
+}
+
+// The block path's rows held in registers (kIters vectors a thread), then the block's column sums
+// (one column vector per thread) into its partial rows.
+template <int kIters, bool kPrefetch, class T, class W, int kVec, bool kLN, bool kRes>
+__device__ __forceinline__ void cached_block_backward(const PtNormBwdParams& p, const BlockTeam& team, int hidden,
+                                                      int nvec, float* dgamma_row, float* dbeta_row) {
+  using FP = Pack<float, kVec>;
+  float dg[kIters][kVec], db[kIters][kVec];
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) dg[i][j] = db[i][j] = 0.f;
+  }
+  Row<T, W, kVec, kLN, kRes>::template backward_rows<kIters, kPrefetch>(p, team, blockIdx.x, gridDim.x, hidden, nvec,
+                                                                         dg, db);
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int c = team.rank + i * team.size;
+    if (c < nvec) {
+      FP g, b;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        g.v[j] = dg[i][j];
+        b.v[j] = db[i][j];
+      }
+      reinterpret_cast<FP*>(dgamma_row)[c] = g;
+      if constexpr (kLN) reinterpret_cast<FP*>(dbeta_row)[c] = b;
+    }
+  }
 }
 
 template <class T, class W, int kVec, int kHidden, bool kLN, bool kRes>
@@ -489,36 +518,12 @@ __global__ void __launch_bounds__(bwd_max_block_threads(kLN)) bwd_block_per_row(
   float* dgamma_row = partial_row(p, 0);
   float* dbeta_row = kLN ? partial_row(p, 1) : nullptr;
 
-  if (nvec <= team.size * kBlockCacheIters) {
-    float dg[kBlockCacheIters][kVec], db[kBlockCacheIters][kVec];
-#pragma unroll
-    for (int i = 0; i < kBlockCacheIters; ++i) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) dg[i][j] = db[i][j] = 0.f;
-    }
-    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-      R::template backward_cached<kBlockCacheIters>(p, team, row, hidden, nvec, dg, db);
-    }
-    // The sums go to this block's partial rows, or (a cluster) to its shared memory first.
-    bool in_cluster;
-    float* sums = cluster_sums_smem(in_cluster);
-    float* g_out = in_cluster ? sums : dgamma_row;
-    float* b_out = in_cluster ? sums + hidden : dbeta_row;
-#pragma unroll
-    for (int i = 0; i < kBlockCacheIters; ++i) {
-      const int c = team.rank + i * team.size;
-      if (c < nvec) {
-        FP g, b;
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          g.v[j] = dg[i][j];
-          b.v[j] = db[i][j];
-        }
-        reinterpret_cast<FP*>(g_out)[c] = g;
-        if constexpr (kLN) reinterpret_cast<FP*>(b_out)[c] = b;
-      }
-    }
-    if (in_cluster) cluster_partials<kLN>(p, sums, hidden);
+  constexpr int kPrefetchIters = bwd_prefetch_iters(kLN);
+  if (nvec <= team.size * kPrefetchIters) {
+    cached_block_backward<kPrefetchIters, true, T, W, kVec, kLN, kRes>(p, team, hidden, nvec, dgamma_row, dbeta_row);
+  } else if (nvec <= team.size * kBlockCacheIters) {
+    cached_block_backward<kBlockCacheIters, false, T, W, kVec, kLN, kRes>(p, team, hidden, nvec, dgamma_row,
+                                                                          dbeta_row);
   } else {
     for (int c = team.rank * kVec; c < hidden; c += team.size * kVec) {
 #pragma unroll
@@ -586,6 +591,15 @@ struct Norm {
     return t < 64 ? 64 : t;
   }
 
+  // Threads of the backward's block path: bwd_prefetch_iters vectors each (two rows in flight) where
+  // the row fits that, else as the forward's.
+  static int bwd_block_threads(int nvec) {
+    const int max_threads = bwd_max_block_threads(kLayerNorm), iters = bwd_prefetch_iters(kLayerNorm);
+    if (nvec > max_threads * iters) return block_threads(nvec, max_threads);
+    const int t = ceil_div(ceil_div(nvec, iters), 32) * 32;
+    return t < 64 ? 64 : t;
+  }
+
   static bool check_hidden(int64_t hidden, char* err, size_t err_len) {
     if (hidden < 1 || hidden > INT32_MAX || hidden % kVec != 0 || (kHidden > 0 && hidden != kHidden)) {
       snprintf(err, err_len, "norm module (vector width %d, hidden %d) cannot take hidden %lld", kVec, kHidden,
@@ -631,74 +645,48 @@ struct Norm {
       return 1;
     }
     auto stream = static_cast<cudaStream_t>(p->stream);
-    const auto grid = static_cast<unsigned>(p->num_partials);
     const int nvec = static_cast<int>(p->hidden / kVec);
-    int64_t partial_rows = p->num_partials;
-    int csize = 1;
-    cudaError_t e = cudaSuccess;
+    // The grid (= partial rows) is the core's count, capped at the blocks the SMs hold at once.
+    PtNormBwdParams q = *p;
     if (p->hidden <= kWarpMaxHidden) {
       if constexpr (kHasWarpPath) {
-        e = launch_backward(bwd_warp_per_row<T, W, kVec, kHidden, kWarpIters, kLayerNorm, kResidual>, *p, grid,
-                            kWarpsPerBlock * 32, true, stream, csize);
+        constexpr auto kernel = bwd_warp_per_row<T, W, kVec, kHidden, kWarpIters, kLayerNorm, kResidual>;
+        q.num_partials = resident_grid(kernel, 0, kWarpsPerBlock * 32, p->num_partials, p->num_sms);
+        kernel<<<static_cast<unsigned>(q.num_partials), kWarpsPerBlock * 32, 0, stream>>>(q);
       }
     } else {
       if constexpr (kHasBlockPath) {
-        // Rows held in registers end with their sums in registers: those meet in a cluster.
-        const int threads = block_threads(nvec, bwd_max_block_threads(kLayerNorm));
-        e = launch_backward(bwd_block_per_row<T, W, kVec, kHidden, kLayerNorm, kResidual>, *p, grid, threads,
-                            nvec <= threads * kBlockCacheIters, stream, csize);
+        constexpr auto kernel = bwd_block_per_row<T, W, kVec, kHidden, kLayerNorm, kResidual>;
+        const int threads = bwd_block_threads(nvec);
+        q.num_partials = resident_grid(kernel, 1, threads, p->num_partials, p->num_sms);
+        kernel<<<static_cast<unsigned>(q.num_partials), threads, 0, stream>>>(q);
       }
     }
-    if (e != cudaSuccess) {
-      snprintf(err, err_len, "norm backward launch failed: %s", cudaGetErrorString(e));
-      return 1;
-    }
-    partial_rows /= csize;
     if (report_launch("norm backward", err, err_len)) return 1;
     const int hidden = static_cast<int>(p->hidden);
     const dim3 fgrid(static_cast<unsigned>(ceil_div(hidden, 32)), kLayerNorm ? 2 : 1);
     column_sums_finalize<W><<<fgrid, kFinalizeWarps * 32, 0, stream>>>(
-        p->partials, partial_rows, hidden, static_cast<W*>(p->dgamma), static_cast<W*>(p->dbeta));
+        q.partials, q.num_partials, hidden, static_cast<W*>(p->dgamma), static_cast<W*>(p->dbeta));
     return report_launch("norm dgamma reduction", err, err_len);
   }
 
-  // A backward kernel, in clusters of the largest size up to kMaxCluster that divides the grid
-  // where `may_cluster` (its blocks then add their sums on chip), else one block each. csize: the
-  // cluster size launched (the partial rows are grid / csize).
-  template <class Kernel>
-  static cudaError_t launch_backward(Kernel kernel, const PtNormBwdParams& p, unsigned grid, int threads,
-                                     bool may_cluster, cudaStream_t stream, int& csize) {
-    // PRIMUS_TURBO_NORM_BWD_CLUSTER=0: one block each (the A/B baseline of the cluster reduction).
-    static const bool clusters = [] {
-      const char* v = std::getenv("PRIMUS_TURBO_NORM_BWD_CLUSTER");
-      return v == nullptr || v[0] != '0';
-    }();
-    csize = 1;
-    if (clusters && may_cluster) {
-      for (int c = kMaxCluster; c > 1 && csize == 1; c /= 2) {
-        if (grid % c == 0) csize = c;
+  // min(want, the blocks of `kernel` the SMs hold at once): a second wave would run its rows after
+  // the first (each block's rows are fixed by the grid stride) and nearly double the time. The
+  // occupancy is asked once per kernel (path 0: warp, 1: block) and block size (one architecture
+  // in a process).
+  static int64_t resident_grid(void (*kernel)(PtNormBwdParams), int path, int threads, int64_t want, int num_sms) {
+    static std::atomic<int> per_sm[2][kMaxBlockThreads / 32 + 1];  // by path, threads / 32; 0: not asked yet
+    std::atomic<int>& slot = per_sm[path][std::min(threads / 32, kMaxBlockThreads / 32)];
+    int n = slot.load(std::memory_order_relaxed);
+    if (n == 0) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0) != cudaSuccess || n < 1) {
+        (void)cudaGetLastError();
+        n = 1;
       }
+      slot.store(n, std::memory_order_relaxed);
     }
-    const size_t smem = (kLayerNorm ? 2 : 1) * static_cast<size_t>(p.hidden) * sizeof(float);
-    if (csize > 1 && smem > 48 * 1024 && opt_in_smem(kernel, smem) != cudaSuccess) csize = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(grid);
-    config.blockDim = dim3(static_cast<unsigned>(threads));
-    config.dynamicSmemBytes = csize > 1 ? smem : 0;
-    config.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = static_cast<unsigned>(csize);
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p);
-    if (e == cudaSuccess || csize == 1) return e;
-    (void)cudaGetLastError();  // a cluster that cannot be placed: one block each instead
-    csize = 1;
-    config.dynamicSmemBytes = 0;
-    attr.val.clusterDim.x = 1;
-    return cudaLaunchKernelEx(&config, kernel, p);
+    const int64_t sms = num_sms > 0 ? num_sms : 132;
+    return std::max<int64_t>(1, std::min<int64_t>(want, int64_t{n} * sms));
   }
 };
 
