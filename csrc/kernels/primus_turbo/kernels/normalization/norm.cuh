@@ -46,6 +46,14 @@ constexpr int kBlockCacheIters = 4;   // vectors per thread held in registers on
 // budget holds two of each row's vectors (twice the threads of the forward); LayerNorm's 255 hold
 // four (two blocks an SM either way).
 constexpr int bwd_prefetch_iters(bool layernorm) { return layernorm ? 4 : 2; }
+// Whether the block path's backward keeps two rows in flight (else one, four vectors a thread).
+// Measured on an H100 (8192 rows, fraction of copy): LayerNorm 4096 0.69 -> 0.73, RMSNorm + residual
+// 2048 / 4096 / 7168 0.58 / 0.80 / 0.77 -> 0.75 / 0.82 / 0.81, RMSNorm 2048 0.70 -> 0.76; plain
+// RMSNorm's wider rows lost (4096 0.84 -> 0.80): two vectors a thread there means blocks above
+// 128 threads, and the 128-register budget then fits fewer blocks an SM than one row each.
+__host__ __device__ constexpr bool bwd_prefetch(bool layernorm, bool residual, int nvec) {
+  return layernorm || residual || nvec <= 128 * bwd_prefetch_iters(false);
+}
 constexpr int kFinalizeWarps = 32;    // partial rows are split over 32 warps, 32 columns a block:
                                       // few dependent L2 round trips per warp
 // Register budgets of the backward, which holds x, dy and the per-column sums: RMSNorm fits 128
@@ -519,7 +527,7 @@ __global__ void __launch_bounds__(bwd_max_block_threads(kLN)) bwd_block_per_row(
   float* dbeta_row = kLN ? partial_row(p, 1) : nullptr;
 
   constexpr int kPrefetchIters = bwd_prefetch_iters(kLN);
-  if (nvec <= team.size * kPrefetchIters) {
+  if (bwd_prefetch(kLN, kRes, nvec) && nvec <= team.size * kPrefetchIters) {
     cached_block_backward<kPrefetchIters, true, T, W, kVec, kLN, kRes>(p, team, hidden, nvec, dgamma_row, dbeta_row);
   } else if (nvec <= team.size * kBlockCacheIters) {
     cached_block_backward<kBlockCacheIters, false, T, W, kVec, kLN, kRes>(p, team, hidden, nvec, dgamma_row,
@@ -592,10 +600,11 @@ struct Norm {
   }
 
   // Threads of the backward's block path: bwd_prefetch_iters vectors each (two rows in flight) where
-  // the row fits that, else as the forward's.
+  // bwd_prefetch says so and the row fits, else as the forward's.
   static int bwd_block_threads(int nvec) {
     const int max_threads = bwd_max_block_threads(kLayerNorm), iters = bwd_prefetch_iters(kLayerNorm);
-    if (nvec > max_threads * iters) return block_threads(nvec, max_threads);
+    if (!bwd_prefetch(kLayerNorm, kResidual, nvec) || nvec > max_threads * iters)
+      return block_threads(nvec, max_threads);
     const int t = ceil_div(ceil_div(nvec, iters), 32) * 32;
     return t < 64 ? 64 : t;
   }
