@@ -31,8 +31,6 @@
 #include <algorithm>
 #include <atomic>
 
-#include "primus_turbo/kernels/common/bulk_copy.cuh"
-#include "primus_turbo/kernels/common/smem_opt_in.cuh"
 #include "primus_turbo/kernels/common/vec.cuh"
 #include "primus_turbo/kernels/jit_abi.h"
 #include "primus_turbo/kernels/jit_export.cuh"
@@ -285,13 +283,15 @@ struct Row {
     }
   }
 
-  // ds of one vector; adds dy * x_hat and dy into the column sums. add: the vector's gradient at
-  // the residual-stream output (dsum), where there is one.
-  __device__ static __forceinline__ TP input_grad_add(const PtNormBwdParams& p, const TP& x, const TP& dy,
-                                                      const TP& add, bool has_add, int c, float mu, float rstd,
-                                                      float shift, float ma, float mb, float (&dg)[kVec],
-                                                      float (&db)[kVec]) {
+  // ds of one vector; adds dy * x_hat and dy into the column sums.
+  __device__ static __forceinline__ TP input_grad(const PtNormBwdParams& p, const TP& x, const TP& dy, int64_t offset,
+                                                  int c, float mu, float rstd, float shift, float ma, float mb,
+                                                  float (&dg)[kVec], float (&db)[kVec]) {
     const WP g = static_cast<const WP*>(p.gamma)[c];
+    TP add;
+    if constexpr (kResidual) {
+      if (p.dsum != nullptr) add = load_stream(reinterpret_cast<const TP*>(static_cast<const T*>(p.dsum) + offset) + c);
+    }
     TP dx;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
@@ -299,23 +299,13 @@ struct Row {
       const float d = to_float(dy.v[j]);
       float o = rstd * ((to_float(g.v[j]) + shift) * d - ma - x_hat * mb);
       if constexpr (kResidual) {
-        if (has_add) o += to_float(add.v[j]);
+        if (p.dsum != nullptr) o += to_float(add.v[j]);
       }
       dx.v[j] = from_float<T>(o);
       dg[j] += d * x_hat;
       if constexpr (kLayerNorm) db[j] += d;
     }
     return dx;
-  }
-
-  // input_grad_add with dsum's vector read from global memory.
-  __device__ static __forceinline__ TP input_grad(const PtNormBwdParams& p, const TP& x, const TP& dy, int64_t offset,
-                                                  int c, float mu, float rstd, float shift, float ma, float mb,
-                                                  float (&dg)[kVec], float (&db)[kVec]) {
-    TP add;
-    const bool has_add = kResidual && p.dsum != nullptr;
-    if (has_add) add = load_stream(reinterpret_cast<const TP*>(static_cast<const T*>(p.dsum) + offset) + c);
-    return input_grad_add(p, x, dy, add, has_add, c, mu, rstd, shift, ma, mb, dg, db);
   }
 
   // A row's x and dy held in registers, loaded ahead of their use.
@@ -556,106 +546,6 @@ __global__ void __launch_bounds__(bwd_max_block_threads(kLN)) bwd_block_per_row(
   }
 }
 
-// The block path's backward with its rows staged in shared memory: thread 0 has the bulk-copy
-// engine bring each row's x, dy (and dsum) into a ring of `stages` buffers, up to `stages` rows
-// ahead, and the block computes from shared memory. Registers then hold only the column sums, so
-// an SM keeps several rows of loads in flight (the register-held paths: one or two a block).
-// A buffer is refilled once every thread has passed the next row's reduction barrier, which
-// follows its last read of the buffer.
-constexpr int kStagedIters = 4;           // vectors per thread (threads: 2 vectors each, 128 to 512)
-constexpr int kStagedMaxStages = 4;
-constexpr int kStagedSmemBudget = 96 * 1024;  // bytes of buffers a block takes at most
-
-template <class T, class W, int kVec, int kHidden, bool kLN, bool kRes>
-__global__ void __launch_bounds__(kMaxBlockThreads) bwd_staged(PtNormBwdParams p, int stages) {
-  using TP = Pack<T, kVec>;
-  using FP = Pack<float, kVec>;
-  using R = Row<T, W, kVec, kLN, kRes>;
-  extern __shared__ __align__(128) uint8_t staged_rows[];
-  __shared__ float scratch[66];
-  __shared__ uint64_t full[kStagedMaxStages];
-  const int hidden = kHidden > 0 ? kHidden : static_cast<int>(p.hidden);
-  const int nvec = hidden / kVec;
-  const BlockTeam team{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), scratch};
-  const bool has_add = kRes && p.dsum != nullptr;
-  const int arrays = has_add ? 3 : 2;
-  const uint32_t row_bytes = static_cast<uint32_t>(hidden) * sizeof(T);
-  const auto buffer = [&](int stage, int array) {
-    return reinterpret_cast<TP*>(staged_rows + (static_cast<size_t>(stage) * arrays + array) * row_bytes);
-  };
-  const int64_t first = blockIdx.x, step = gridDim.x;
-  const int64_t rows = first < p.rows ? (p.rows - first + step - 1) / step : 0;  // this block's
-  const auto issue = [&](int64_t k) {  // local row k into buffer k % stages (thread 0)
-    const int stage = static_cast<int>(k % stages);
-    const int64_t offset = (first + k * step) * hidden;
-    bulk::expect_bytes(&full[stage], arrays * row_bytes);
-    bulk::load(buffer(stage, 0), static_cast<const T*>(p.x) + offset, row_bytes, &full[stage]);
-    bulk::load(buffer(stage, 1), static_cast<const T*>(p.dy) + offset, row_bytes, &full[stage]);
-    if (has_add) bulk::load(buffer(stage, 2), static_cast<const T*>(p.dsum) + offset, row_bytes, &full[stage]);
-  };
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < stages; ++st) bulk::barrier_init(&full[st]);
-    bulk::barrier_init_fence();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int64_t k = 0; k < stages && k < rows; ++k) issue(k);
-  }
-  const float shift = p.zero_centered ? 1.f : 0.f;
-  float dg[kStagedIters][kVec], db[kStagedIters][kVec];
-#pragma unroll
-  for (int i = 0; i < kStagedIters; ++i) {
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) dg[i][j] = db[i][j] = 0.f;
-  }
-  for (int64_t k = 0; k < rows; ++k) {
-    const int stage = static_cast<int>(k % stages);
-    bulk::wait(&full[stage], static_cast<uint32_t>((k / stages) & 1));
-    const TP* xs = buffer(stage, 0);
-    const TP* dys = buffer(stage, 1);
-    const int64_t row = first + k * step, offset = row * hidden;
-    const float rstd = p.rstd[row];
-    const float mu = kLN ? p.mean[row] : 0.f;
-    float a = 0.f, b = 0.f;
-#pragma unroll
-    for (int i = 0; i < kStagedIters; ++i) {
-      const int c = team.rank + i * team.size;
-      if (c < nvec) R::dots(p, xs[c], dys[c], c, mu, rstd, shift, a, b);
-    }
-    const float2 sum = team.sum2(a, b);
-    // Past that barrier every thread has finished row k - 1: its buffer takes row k - 1 + stages.
-    if (threadIdx.x == 0 && k >= 1 && k - 1 + stages < rows) issue(k - 1 + stages);
-    const float ma = kLN ? sum.x / hidden : 0.f, mb = sum.y / hidden;
-    TP* dxr = reinterpret_cast<TP*>(static_cast<T*>(p.dx) + offset);
-    const TP* adds = has_add ? buffer(stage, 2) : nullptr;
-#pragma unroll
-    for (int i = 0; i < kStagedIters; ++i) {
-      const int c = team.rank + i * team.size;
-      if (c < nvec) {
-        const TP add = has_add ? adds[c] : TP{};
-        store_stream(dxr + c, R::input_grad_add(p, xs[c], dys[c], add, has_add, c, mu, rstd, shift, ma, mb, dg[i],
-                                                db[i]));
-      }
-    }
-  }
-  float* dgamma_row = partial_row(p, 0);
-  float* dbeta_row = kLN ? partial_row(p, 1) : nullptr;
-#pragma unroll
-  for (int i = 0; i < kStagedIters; ++i) {
-    const int c = team.rank + i * team.size;
-    if (c < nvec) {
-      FP g, bb;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        g.v[j] = dg[i][j];
-        bb.v[j] = db[i][j];
-      }
-      reinterpret_cast<FP*>(dgamma_row)[c] = g;
-      if constexpr (kLN) reinterpret_cast<FP*>(dbeta_row)[c] = bb;
-    }
-  }
-}
-
 // out[col] = sum over k of partials[k, col], always in the same order: warp w adds the rows
 // k = w, w + kFinalizeWarps, ... in turn, then the warp sums are added in warp order. blockIdx.y picks
 // dgamma (0) or dbeta (1).
@@ -770,17 +660,15 @@ struct Norm {
     if (p->hidden <= kWarpMaxHidden) {
       if constexpr (kHasWarpPath) {
         constexpr auto kernel = bwd_warp_per_row<T, W, kVec, kHidden, kWarpIters, kLayerNorm, kResidual>;
-        q.num_partials = resident_grid(kernel, 0, kWarpsPerBlock * 32, 0, p->num_partials, p->num_sms);
+        q.num_partials = resident_grid(kernel, 0, kWarpsPerBlock * 32, p->num_partials, p->num_sms);
         kernel<<<static_cast<unsigned>(q.num_partials), kWarpsPerBlock * 32, 0, stream>>>(q);
       }
     } else {
       if constexpr (kHasBlockPath) {
-        if (!launch_staged(q, nvec, stream)) {
-          constexpr auto kernel = bwd_block_per_row<T, W, kVec, kHidden, kLayerNorm, kResidual>;
-          const int threads = bwd_block_threads(nvec);
-          q.num_partials = resident_grid(kernel, 1, threads, 0, p->num_partials, p->num_sms);
-          kernel<<<static_cast<unsigned>(q.num_partials), threads, 0, stream>>>(q);
-        }
+        constexpr auto kernel = bwd_block_per_row<T, W, kVec, kHidden, kLayerNorm, kResidual>;
+        const int threads = bwd_block_threads(nvec);
+        q.num_partials = resident_grid(kernel, 1, threads, p->num_partials, p->num_sms);
+        kernel<<<static_cast<unsigned>(q.num_partials), threads, 0, stream>>>(q);
       }
     }
     if (report_launch("norm backward", err, err_len)) return 1;
@@ -791,56 +679,20 @@ struct Norm {
     return report_launch("norm dgamma reduction", err, err_len);
   }
 
-  // The staged backward (bwd_staged) where it applies: 16-byte rows of at most 512 threads x
-  // kStagedIters vectors and at least two buffers in kStagedSmemBudget. Sets q.num_partials to its
-  // grid; false where it does not apply (or PRIMUS_TURBO_NORM_BWD_STAGED=0, the A/B baseline).
-  static bool launch_staged(PtNormBwdParams& q, int nvec, cudaStream_t stream) {
-    static const bool enabled = [] {
-      const char* v = std::getenv("PRIMUS_TURBO_NORM_BWD_STAGED");
-      return v == nullptr || v[0] != '0';
-    }();
-    if (!kVectorized || !enabled || nvec > kMaxBlockThreads * kStagedIters) return false;
-    const int arrays = kResidual && q.dsum != nullptr ? 3 : 2;
-    const size_t stage_bytes = static_cast<size_t>(arrays) * q.hidden * sizeof(T);
-    const int stages = static_cast<int>(std::min<size_t>(kStagedMaxStages, kStagedSmemBudget / stage_bytes));
-    if (stages < 2) return false;
-    constexpr auto kernel = bwd_staged<T, W, kVec, kHidden, kLayerNorm, kResidual>;
-    const size_t smem = stages * stage_bytes;
-    if (smem > 48 * 1024 && opt_in_smem(kernel, smem) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    const int threads = std::clamp(ceil_div(ceil_div(nvec, 2), 32) * 32, 128, kMaxBlockThreads);
-    q.num_partials = resident_grid(kernel, 2, threads, smem, q.num_partials, q.num_sms);
-    kernel<<<static_cast<unsigned>(q.num_partials), threads, smem, stream>>>(q, stages);
-    return true;
-  }
-
-  // min(want, the blocks of `kernel` the SMs hold at once): a grid beyond that runs as a second
-  // wave, and more blocks mean more partial rows to write and add. The occupancy is asked once per
-  // (path: 0 warp, 1 block, 2 staged; threads; dynamic shared memory), one architecture a process.
-  static int64_t resident_grid(void (*kernel)(PtNormBwdParams), int path, int threads, size_t smem, int64_t want,
-                               int num_sms) {
-    return resident_grid_of(reinterpret_cast<const void*>(kernel), path, threads, smem, want, num_sms);
-  }
-  static int64_t resident_grid(void (*kernel)(PtNormBwdParams, int), int path, int threads, size_t smem,
-                               int64_t want, int num_sms) {
-    return resident_grid_of(reinterpret_cast<const void*>(kernel), path, threads, smem, want, num_sms);
-  }
-  static int64_t resident_grid_of(const void* kernel, int path, int threads, size_t smem, int64_t want, int num_sms) {
-    static std::atomic<uint64_t> cache[8];  // (key << 8) | blocks an SM; 0: empty
-    const uint64_t key = (uint64_t(path) << 28) | (uint64_t(threads) << 17) | smem;
-    int n = 0;
-    for (auto& e : cache) {
-      const uint64_t v = e.load(std::memory_order_relaxed);
-      if (v != 0 && (v >> 8) == key) n = static_cast<int>(v & 0xff);
-    }
+  // min(want, the blocks of `kernel` the SMs hold at once): a second wave would run its rows after
+  // the first (each block's rows are fixed by the grid stride) and nearly double the time. The
+  // occupancy is asked once per kernel (path 0: warp, 1: block) and block size (one architecture
+  // in a process).
+  static int64_t resident_grid(void (*kernel)(PtNormBwdParams), int path, int threads, int64_t want, int num_sms) {
+    static std::atomic<int> per_sm[2][kMaxBlockThreads / 32 + 1];  // by path, threads / 32; 0: not asked yet
+    std::atomic<int>& slot = per_sm[path][std::min(threads / 32, kMaxBlockThreads / 32)];
+    int n = slot.load(std::memory_order_relaxed);
     if (n == 0) {
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess || n < 1) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0) != cudaSuccess || n < 1) {
         (void)cudaGetLastError();
         n = 1;
       }
-      cache[key % 8].store((key << 8) | static_cast<uint64_t>(std::min(n, 255)), std::memory_order_relaxed);
+      slot.store(n, std::memory_order_relaxed);
     }
     const int64_t sms = num_sms > 0 ? num_sms : 132;
     return std::max<int64_t>(1, std::min<int64_t>(want, int64_t{n} * sms));
