@@ -388,59 +388,6 @@ void run_shape(int64_t m, int64_t k, int num_sms, bool timing, const char* tag) 
   CHECK(cudaFree(amax_tensor));
 }
 
-// A stack of b matrices [mm, k] quantized in one launch (col_rows = mm: each matrix's own transposed
-// column output) against each matrix quantized alone: the same bytes, matrix by matrix.
-template <class T, class F>
-void check_stack(int64_t b, int64_t mm, int64_t k, bool two_d, const char* tag) {
-  const int64_t m = b * mm, kb = (k + 127) / 128, mb = mm / 128;
-  T* x;
-  float* amax;
-  CHECK(cudaMalloc(&x, sizeof(T) * m * k));
-  CHECK(cudaMalloc(&amax, sizeof(float)));
-  fill_random<<<1024, 256>>>(x, m * k, 77u + static_cast<uint32_t>(m + k));
-  const float one_amax = 300.0f;
-  CHECK(cudaMemcpy(amax, &one_amax, sizeof(float), cudaMemcpyHostToDevice));
-  const size_t s_col_per = sizeof(float) * (two_d ? kb * mb : 1), s_row_per = sizeof(float) * (two_d ? mb * kb : 1);
-  Buffers whole = alloc(m, k), one = alloc(mm, k);
-  poison(whole);
-  PtQuantParams p{};
-  p.m = m, p.k = k, p.x = x, p.col_transposed = 1, p.col_rows = mm;
-  p.q_row = whole.q_row, p.s_row = whole.s_row, p.q_col = whole.q_col, p.s_col = whole.s_col;
-  if (two_d) {
-    p.row_block = p.col_block = 128, p.block_2d = 1;
-  } else {
-    p.amax_row = p.amax_col = amax;
-  }
-  regs_tile<T, F>()(p);
-  CHECK(cudaDeviceSynchronize());
-  int bad = 0;
-  for (int64_t g = 0; g < b; ++g) {
-    poison(one);
-    PtQuantParams q = p;
-    q.m = mm, q.col_rows = 0, q.x = x + g * mm * k;
-    q.q_row = one.q_row, q.s_row = one.s_row, q.q_col = one.q_col, q.s_col = one.s_col;
-    regs_tile<T, F>()(q);
-    CHECK(cudaDeviceSynchronize());
-    const size_t qb = mm * k;
-    const char* base_q_row = static_cast<const char*>(whole.q_row) + g * qb;
-    const char* base_q_col = static_cast<const char*>(whole.q_col) + g * qb;
-    const char* base_s_row = static_cast<const char*>(whole.s_row) + (two_d ? g * s_row_per : 0);
-    const char* base_s_col = static_cast<const char*>(whole.s_col) + (two_d ? g * s_col_per : 0);
-    bad += host(base_q_row, qb) != host(one.q_row, qb);
-    bad += host(base_q_col, qb) != host(one.q_col, qb);
-    bad += host(base_s_row, s_row_per) != host(one.s_row, s_row_per);
-    bad += host(base_s_col, s_col_per) != host(one.s_col, s_col_per);
-  }
-  std::printf("%s stack of %lld x [%lld x %lld] %s: %s\n", tag, static_cast<long long>(b),
-              static_cast<long long>(mm), static_cast<long long>(k), two_d ? "128x128 blocks" : "tensorwise",
-              bad ? "MISMATCH" : "same as one matrix at a time");
-  failures += bad;
-  CHECK(cudaFree(x));
-  CHECK(cudaFree(amax));
-  release(whole);
-  release(one);
-}
-
 // The per-row / per-column amax of x [m, k] (the register-tile amax kernel; col_rows: a stack's
 // per-matrix columns, [m / col_rows, k]) into fresh zeroed buffers.
 template <class T>
@@ -458,49 +405,78 @@ std::pair<float*, float*> amax_rows_cols(const T* x, int64_t m, int64_t k, int64
   return {rows, cols};
 }
 
-// A ROWWISE stack: per-matrix column maxima from one amax launch, then one quantize launch with
-// per-row and per-column scales, against each matrix amax-reduced and quantized on its own.
+// Whether n bytes at `at` bytes into `whole` differ from `one` (1) or not (0).
+int differs(const void* whole, size_t at, const void* one, size_t n) {
+  return host(static_cast<const char*>(whole) + at, n) != host(one, n);
+}
+
+enum class StackScales { kTensorwise, kRowwise, kBlocks };
+
+// A stack of b matrices [mm, k] quantized in one launch (col_rows = mm: each matrix's own transposed
+// column output) against each matrix quantized alone: the same bytes, matrix by matrix. TENSORWISE
+// shares one given amax; ROWWISE reduces its per-row and per-matrix column maxima in one amax launch
+// (checked against each matrix's own); 2-D 128x128 blocks need none.
 template <class T, class F>
-void check_stack_rowwise(int64_t b, int64_t mm, int64_t k, const char* tag) {
-  const int64_t m = b * mm;
+void check_stack(int64_t b, int64_t mm, int64_t k, StackScales scales, const char* tag) {
+  const bool rowwise = scales == StackScales::kRowwise, two_d = scales == StackScales::kBlocks;
+  const int64_t m = b * mm, kb = (k + 127) / 128, mb = mm / 128;
   T* x;
+  float* amax;
   CHECK(cudaMalloc(&x, sizeof(T) * m * k));
-  fill_random<<<1024, 256>>>(x, m * k, 91u + static_cast<uint32_t>(m + k));
-  const auto [rows, cols] = amax_rows_cols(x, m, k, mm);
+  CHECK(cudaMalloc(&amax, sizeof(float)));
+  fill_random<<<1024, 256>>>(x, m * k, (rowwise ? 91u : 77u) + static_cast<uint32_t>(m + k));
+  const float one_amax = 300.0f;
+  CHECK(cudaMemcpy(amax, &one_amax, sizeof(float), cudaMemcpyHostToDevice));
+  // Scale bytes of one matrix; TENSORWISE's one scale is the whole stack's (offset 0 for each).
+  const size_t s_row_per = sizeof(float) * (two_d ? mb * kb : rowwise ? mm : 1);
+  const size_t s_col_per = sizeof(float) * (two_d ? kb * mb : rowwise ? k : 1);
+  const size_t s_step = scales == StackScales::kTensorwise ? 0 : 1;
   Buffers whole = alloc(m, k), one = alloc(mm, k);
   poison(whole);
   PtQuantParams p{};
   p.m = m, p.k = k, p.x = x, p.col_transposed = 1, p.col_rows = mm;
   p.q_row = whole.q_row, p.s_row = whole.s_row, p.q_col = whole.q_col, p.s_col = whole.s_col;
-  p.amax_row = rows, p.amax_col = cols, p.amax_row_per_row = p.amax_col_per_col = 1;
+  std::pair<float*, float*> maxima{nullptr, nullptr};
+  if (two_d) {
+    p.row_block = p.col_block = 128, p.block_2d = 1;
+  } else if (rowwise) {
+    maxima = amax_rows_cols(x, m, k, mm);
+    p.amax_row = maxima.first, p.amax_col = maxima.second, p.amax_row_per_row = p.amax_col_per_col = 1;
+  } else {
+    p.amax_row = p.amax_col = amax;
+  }
   regs_tile<T, F>()(p);
   CHECK(cudaDeviceSynchronize());
   int bad = 0;
   for (int64_t g = 0; g < b; ++g) {
     poison(one);
-    const T* xg = x + g * mm * k;
-    const auto [r1, c1] = amax_rows_cols(xg, mm, k, 0);
-    bad += host(r1, sizeof(float) * mm) != host(rows + g * mm, sizeof(float) * mm);
-    bad += host(c1, sizeof(float) * k) != host(cols + g * k, sizeof(float) * k);
     PtQuantParams q = p;
-    q.m = mm, q.col_rows = 0, q.x = xg, q.amax_row = r1, q.amax_col = c1;
+    q.m = mm, q.col_rows = 0, q.x = x + g * mm * k;
     q.q_row = one.q_row, q.s_row = one.s_row, q.q_col = one.q_col, q.s_col = one.s_col;
+    std::pair<float*, float*> own{nullptr, nullptr};
+    if (rowwise) {
+      own = amax_rows_cols(static_cast<const T*>(q.x), mm, k, 0);
+      bad += differs(maxima.first, g * mm * sizeof(float), own.first, mm * sizeof(float));
+      bad += differs(maxima.second, g * k * sizeof(float), own.second, k * sizeof(float));
+      q.amax_row = own.first, q.amax_col = own.second;
+    }
     regs_tile<T, F>()(q);
     CHECK(cudaDeviceSynchronize());
     const size_t qb = mm * k;
-    bad += host(static_cast<const char*>(whole.q_row) + g * qb, qb) != host(one.q_row, qb);
-    bad += host(static_cast<const char*>(whole.q_col) + g * qb, qb) != host(one.q_col, qb);
-    bad += host(static_cast<const char*>(whole.s_row) + g * mm * sizeof(float), mm * sizeof(float)) !=
-           host(one.s_row, mm * sizeof(float));
-    bad += host(static_cast<const char*>(whole.s_col) + g * k * sizeof(float), k * sizeof(float)) !=
-           host(one.s_col, k * sizeof(float));
-    CHECK(cudaFree(r1));
-    CHECK(cudaFree(c1));
+    bad += differs(whole.q_row, g * qb, one.q_row, qb);
+    bad += differs(whole.q_col, g * qb, one.q_col, qb);
+    bad += differs(whole.s_row, g * s_step * s_row_per, one.s_row, s_row_per);
+    bad += differs(whole.s_col, g * s_step * s_col_per, one.s_col, s_col_per);
+    for (float* ptr : {own.first, own.second}) CHECK(cudaFree(ptr));
   }
-  std::printf("%s stack of %lld x [%lld x %lld] rowwise: %s\n", tag, static_cast<long long>(b),
-              static_cast<long long>(mm), static_cast<long long>(k), bad ? "MISMATCH" : "same as one matrix at a time");
+  const char* kind = two_d ? "128x128 blocks" : rowwise ? "rowwise" : "tensorwise";
+  std::printf("%s stack of %lld x [%lld x %lld] %s: %s\n", tag, static_cast<long long>(b),
+              static_cast<long long>(mm), static_cast<long long>(k), kind,
+              bad ? "MISMATCH" : "same as one matrix at a time");
   failures += bad;
-  for (void* ptr : {static_cast<void*>(x), static_cast<void*>(rows), static_cast<void*>(cols)}) CHECK(cudaFree(ptr));
+  for (void* ptr : {static_cast<void*>(x), static_cast<void*>(amax), static_cast<void*>(maxima.first),
+                    static_cast<void*>(maxima.second)})
+    CHECK(cudaFree(ptr));
   release(whole);
   release(one);
 }
@@ -517,11 +493,11 @@ int main(int argc, char** argv) {
   run_shape<__half, E4M3>(272, 136, num_sms, false, "fp16>e4m3");
   run_shape<BF, E4M3>(48, 18944, num_sms, false, "bf16>e4m3");
   run_shape<BF, E4M3>(48, 32768, num_sms, false, "bf16>e4m3");
-  check_stack<BF, E4M3>(3, 256, 200, true, "bf16>e4m3");
-  check_stack<BF, E4M3>(5, 128, 136, false, "bf16>e4m3");
-  check_stack<__half, E5M2>(2, 384, 1032, true, "fp16>e5m2");
-  check_stack_rowwise<BF, E4M3>(3, 256, 200, "bf16>e4m3");
-  check_stack_rowwise<__half, E5M2>(4, 128, 1032, "fp16>e5m2");
+  check_stack<BF, E4M3>(3, 256, 200, StackScales::kBlocks, "bf16>e4m3");
+  check_stack<BF, E4M3>(5, 128, 136, StackScales::kTensorwise, "bf16>e4m3");
+  check_stack<__half, E5M2>(2, 384, 1032, StackScales::kBlocks, "fp16>e5m2");
+  check_stack<BF, E4M3>(3, 256, 200, StackScales::kRowwise, "bf16>e4m3");
+  check_stack<__half, E5M2>(4, 128, 1032, StackScales::kRowwise, "fp16>e5m2");
   if (small) {
     std::printf(failures ? "FAILED: %d mismatches\n" : "all kernels agree\n", failures);
     return failures ? 1 : 0;

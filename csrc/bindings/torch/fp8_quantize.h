@@ -42,8 +42,8 @@ std::pair<int32_t, int32_t> fp8_scalings(int64_t granularity, const char* op);
 using QuantPair = std::pair<std::optional<Quantized>, std::optional<Quantized>>;
 
 // One quantization of a batch: x [m, k] (contiguous) quantized along k (row, [m, k]) and / or along
-// m stored transposed (col, [k, m]); x [b, m, k] (a weight stack: 16-bit, TENSORWISE or 2-D blocks,
-// m % 128 == 0) gives each matrix's, stacked ([b, m, k], [b, k, m], scales [b, ...]).
+// m stored transposed (col, [k, m]); x [b, m, k] (a weight stack: 16-bit, TENSORWISE, ROWWISE or
+// 2-D blocks, m % 128 == 0) gives each matrix's, stacked ([b, m, k], [b, k, m], scales [b, ...]).
 // Scales: TENSORWISE 0-dim; ROWWISE [rows, 1]; 1x128 [rows, kb]
 // or, with mn_major, [kb, round_up(rows, 4)]; 2-D [ceil(rows/128), kb] (pad4: round_up(kb, 4)).
 // A transient copy is read only by launches of the same call: it comes from the batch's one scratch

@@ -265,9 +265,9 @@ int32_t check_devices(const char* first, const Tensor& x, const Tensor& b, const
   return check_cuda(op, all);
 }
 
-// Returns (out [M, N], wq, ws): with for_backward and a TENSORWISE / BLOCKWISE weight, the dgrad's B
-// (op(b) [G, K, N], K-major along N) and its scales (0-dim, or [G, K/128, ceil(N/128)]); else
-// placeholders. b_q / b_s / b_rows: the weight already in the kernel's B layout (given_weight), so
+// Returns (out [M, N], wq, ws): with for_backward, the dgrad's B (op(b) [G, K, N], K-major along N)
+// and its scales (TENSORWISE 0-dim, ROWWISE [G, K, 1], BLOCKWISE [G, K/128, ceil(N/128)]); else,
+// and for ROWWISE experts whose rows are not a multiple of 128, placeholders. b_q / b_s / b_rows: the weight already in the kernel's B layout (given_weight), so
 // only the tokens are quantized.
 std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in, Tensor group_lens,
                                                         std::optional<Tensor> group_offs, bool trans_b,

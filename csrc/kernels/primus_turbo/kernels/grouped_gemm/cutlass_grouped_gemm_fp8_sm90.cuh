@@ -4,9 +4,10 @@
 // group_lens / group_offs into per-group problem shapes, operand pointers and scale pointers
 // (clamped into the packed extent), then a CUTLASS 3 pointer-array kernel runs with the sizes left
 // on the device. The forward's setup is one launch (setup_fp8_forward: arguments, the scale
-// rewrite below and the zeroing of uncovered rows), since each launch costs the host ~5 us. The mainloop is CUTLASS's FP8 block-scaled ptr-array collective: TMA
-// loads, FP8 WGMMA (QGMMA) accumulating one 128-deep K block, promoted into FP32 registers times
-// that block's A and B scales; persistent cooperative schedule; D = acc in bf16/fp16/fp32.
+// rewrite below and the zeroing of uncovered rows), since each launch costs the host ~5 us. The
+// mainloop is CUTLASS's FP8 block-scaled ptr-array collective: TMA loads, FP8 WGMMA (QGMMA)
+// accumulating one 128-deep K block, promoted into FP32 registers times that block's A and B
+// scales; persistent cooperative schedule; D = acc in bf16/fp16/fp32.
 //
 // Both operands are K-major (what FP8 WGMMA reads): A = a [rows, k], B = b[g] [n, k]. The caller's
 // scales are K-major too: A one per row and K block (1x128) [rows, kb]; B per expert, 1x128

@@ -459,10 +459,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, bwd_warp_min_blocks(kLN))
 #pragma unroll
     for (int j = 0; j < kVec; ++j) dg[i][j] = db[i][j] = 0.f;
   }
-  // Prefetch where the registers allow it: LayerNorm's budget (2 blocks an SM), or short rows.
+  // Prefetch where the registers allow it: LayerNorm's budget (2 blocks an SM), or short rows (not
+  // measured: the benchmarks' rows take the block path).
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   Row<T, W, kVec, kLN, kRes>::template backward_rows<kIters, kLN || kIters <= 2>(
-      p, team, static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp, static_cast<int64_t>(gridDim.x) * kWarpsPerBlock,
-      hidden, nvec, dg, db);
+      p, team, first, static_cast<int64_t>(gridDim.x) * kWarpsPerBlock, hidden, nvec, dg, db);
   // The block's warps are added in a fixed order into its partial row(s).
   for (int which = 0; which < (kLN ? 2 : 1); ++which) {
     if (which) __syncthreads();  // the dgamma pass has read warp_partials
@@ -592,10 +593,10 @@ struct Norm {
   static constexpr int kWarpIters =
       ceil_div(kHidden > 0 && kHidden < kWarpMaxHidden ? kHidden : kWarpMaxHidden, kVec * 32);
 
-  // Threads of the block path: just enough for kBlockCacheIters vectors each, else the maximum.
-  static int block_threads(int nvec, int max_threads = kMaxBlockThreads) {
-    if (nvec > max_threads * kBlockCacheIters) return max_threads;
-    const int t = ceil_div(ceil_div(nvec, kBlockCacheIters), 32) * 32;
+  // Threads of the block path: just enough for `iters` vectors each, else the maximum.
+  static int block_threads(int nvec, int max_threads = kMaxBlockThreads, int iters = kBlockCacheIters) {
+    if (nvec > max_threads * iters) return max_threads;
+    const int t = ceil_div(ceil_div(nvec, iters), 32) * 32;
     return t < 64 ? 64 : t;
   }
 
@@ -603,10 +604,8 @@ struct Norm {
   // bwd_prefetch says so and the row fits, else as the forward's.
   static int bwd_block_threads(int nvec) {
     const int max_threads = bwd_max_block_threads(kLayerNorm), iters = bwd_prefetch_iters(kLayerNorm);
-    if (!bwd_prefetch(kLayerNorm, kResidual, nvec) || nvec > max_threads * iters)
-      return block_threads(nvec, max_threads);
-    const int t = ceil_div(ceil_div(nvec, iters), 32) * 32;
-    return t < 64 ? 64 : t;
+    const bool prefetch = bwd_prefetch(kLayerNorm, kResidual, nvec) && nvec <= max_threads * iters;
+    return block_threads(nvec, max_threads, prefetch ? iters : kBlockCacheIters);
   }
 
   static bool check_hidden(int64_t hidden, char* err, size_t err_len) {
@@ -679,10 +678,9 @@ struct Norm {
     return report_launch("norm dgamma reduction", err, err_len);
   }
 
-  // min(want, the blocks of `kernel` the SMs hold at once): a second wave would run its rows after
-  // the first (each block's rows are fixed by the grid stride) and nearly double the time. The
-  // occupancy is asked once per kernel (path 0: warp, 1: block) and block size (one architecture
-  // in a process).
+  // min(want, the blocks of `kernel` the SMs hold at once): blocks beyond that run as a second wave
+  // and only add partial rows to write and sum back. The occupancy is asked once per kernel (path 0:
+  // warp, 1: block) and block size (one architecture in a process).
   static int64_t resident_grid(void (*kernel)(PtNormBwdParams), int path, int threads, int64_t want, int num_sms) {
     static std::atomic<int> per_sm[2][kMaxBlockThreads / 32 + 1];  // by path, threads / 32; 0: not asked yet
     std::atomic<int>& slot = per_sm[path][std::min(threads / 32, kMaxBlockThreads / 32)];

@@ -270,12 +270,12 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
         } else {
           // [matrices, k or k blocks, the matrix's row tiles]; one matrix unless col_rows.
           const int64_t tiles = p.col_rows ? p.col_rows / kRegsTile : (m + kRegsTile - 1) / kRegsTile;
-          const int64_t mat = m_tile / tiles, tile = m_tile - mat * tiles;
+          const int64_t tile = m_tile - mat * tiles;
           const int64_t rows = p.block_2d ? (k + kRegsTile - 1) / kRegsTile : k, r = p.block_2d ? k_tile : gcol;
-          const int64_t ld = p.s_col_ld_2d ? p.s_col_ld_2d : tiles, at = (mat * rows + r) * ld;
+          const int64_t s_ld = p.s_col_ld_2d ? p.s_col_ld_2d : tiles, at = (mat * rows + r) * s_ld;
           store_scale_at(p.s_col, at + tile, sc, false);
           if (tile == tiles - 1) {
-            for (int64_t j = tiles; j < ld; ++j) store_scale_at(p.s_col, at + j, Scale{}, false);
+            for (int64_t j = tiles; j < s_ld; ++j) store_scale_at(p.s_col, at + j, Scale{}, false);
           }
         }
       }
