@@ -3,8 +3,10 @@ CUDA events) on a few shapes, for A/B tests of the sm90 kernels (with PRIMUS_TUR
 pointing at a variant of csrc/kernels): hdim 128 [8, 2K, 32/8] causal and [8, 2K, 32/32] full,
 [4, 4K, 32/8] causal, [2, 8K, 32/32] full, [1, 16K, 32/32] causal and full;
 MLA 192/128 [4, 4K, 128] and [1, 16K, 16] causal. The backward is autograd.grad of one forward.
+fp8bwd times flash_attn_fp8_func's backward (our FP8 backward kernels at head dims 128; MLA's take
+the 16-bit one) and prints each kernel's share of one backward of the 16K causal shape.
 
-    python3 -P tools/attention_probe.py TAG fwd|bwd [det]    # det: deterministic=True (separate dQ)
+    python3 -P tools/attention_probe.py TAG fwd|bwd|fp8bwd [det]    # det: deterministic=True (separate dQ)
 """
 import sys
 from pathlib import Path
@@ -38,13 +40,29 @@ def main():
                 ms = time_cuda(lambda: turbo.ops.flash_attn_func(q, k, v, causal=causal))
             mult = 1.0
         else:
-            out = turbo.ops.flash_attn_func(q, k, v, causal=causal, deterministic=det)
+            fn = turbo.ops.flash_attn_fp8_func if mode == "fp8bwd" else turbo.ops.flash_attn_func
+            out = fn(q, k, v, causal=causal, deterministic=det)
             do = torch.randn_like(out)
             ms = time_cuda(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
             mult = 2.5
+            if mode == "fp8bwd" and s == 16384 and causal and d == 128:
+                kernel_shares(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
         flops = 2 * b * s * s * hq * (d + dv) * (0.5 if causal else 1.0) * mult
         print(f"{tag:10s} {mode} b{b} s{s} h{hq}/{hkv} d{d}/{dv} {'causal' if causal else 'full'} {ms:.3f} ms "
               f"{flops / ms / 1e9:.0f} TFLOPS", flush=True)
+
+
+def kernel_shares(fn):
+    """Each kernel's GPU time in one call of fn (after a warm-up), largest first."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(e.device_time_total for e in events)
+    for e in sorted(events, key=lambda e: -e.device_time_total)[:8]:
+        print(f"    {e.device_time_total / 1e3:8.3f} ms {100 * e.device_time_total / total:5.1f}%  {e.key[:90]}")
 
 
 if __name__ == "__main__":

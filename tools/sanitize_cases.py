@@ -141,9 +141,12 @@ def attention_turbo():
 def attention_fp8():
     q, k, v = t(2, 77, 4, 128), t(2, 200, 2, 128), t(2, 200, 2, 128)
     turbo.ops.flash_attn_fp8_func(q.detach(), k.detach(), v.detach(), causal=True)
+    step(turbo.ops.flash_attn_fp8_func(q, k, v, causal=True), q, k, v)  # the FP8 backward
     cu = torch.tensor([0, 5, 5, 150, 200], device=dev, dtype=torch.int32)
-    pq, pk, pv = t(200, 4, 64, grad=False), t(200, 2, 64, grad=False), t(200, 2, 64, grad=False)
-    turbo.ops.flash_attn_varlen_fp8_func(pq, pk, pv, cu, cu, 145, 145, window_size=(33, 0))
+    pq, pk, pv = t(200, 4, 64), t(200, 2, 64), t(200, 2, 64)
+    step(turbo.ops.flash_attn_varlen_fp8_func(pq, pk, pv, cu, cu, 145, 145, window_size=(33, 0)), pq, pk, pv)
+    q96, k96, v96 = t(1, 130, 2, 96), t(1, 70, 1, 96), t(1, 70, 1, 96)
+    step(turbo.ops.flash_attn_fp8_func(q96, k96, v96), q96, k96, v96)
 
 
 CASES = {

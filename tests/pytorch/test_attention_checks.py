@@ -498,6 +498,29 @@ def test_fp8_shapes_forward_and_backward_on_meta(d, dv):
 def test_fp8_registered_as_custom_op():
     schema = str(torch.ops.primus_turbo.attention_fp8_fwd.default._schema)
     assert "int scale_rows, bool dequantized) -> (Tensor, Tensor, Tensor, Tensor, Tensor)" in schema
+    schema = str(torch.ops.primus_turbo.attention_fp8_bwd.default._schema)
+    assert "int window_left, int window_right) -> (Tensor, Tensor, Tensor, Tensor)" in schema
+
+
+def test_fp8_backward_op_refuses_head_dims_it_lacks():
+    """MLA's 192/128 takes the 16-bit backward (the autograd function picks it); the FP8 backward
+    op itself names its head dims."""
+    q, k, v = qkv(d=192, dv=128)
+    out = torch.empty(2, 16, 8, 128, device="meta", dtype=torch.bfloat16)
+    lse = torch.empty(2, 8, 16, device="meta")
+    with pytest.raises(NotImplementedError, match="FP8 attention backward supports head dims 64, 96 and 128"):
+        torch.ops.primus_turbo.attention_fp8_bwd(out, q, k, v, out, lse, None, None, None, 0, 0, 0.1, -1, -1)
+
+
+def test_fp8_backward_choice():
+    from primus_turbo.pytorch.ops import attention as attn
+    from primus_turbo.pytorch.ops import attention_fp8 as fp8
+
+    q, k, v = qkv()
+    assert fp8.fp8_backward(q, v, 0) and fp8.fp8_backward(q, v, 4)
+    assert not fp8.fp8_backward(q, v, attn.BACKEND_CUDNN)  # a forced CUDNN keeps cuDNN's backward
+    q, k, v = qkv(d=192, dv=128)
+    assert not fp8.fp8_backward(q, v, 0)
 
 
 @pytest.mark.parametrize(

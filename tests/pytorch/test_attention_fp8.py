@@ -1,9 +1,10 @@
 """turbo.ops.flash_attn_fp8_func / flash_attn_varlen_fp8_func on the GPU: out, lse, dq, dk, dv and
 dsink against the explicit float32 softmax reference at the FP8 gate (ACCURACY.md: SNR >= 20 dB),
 over odd lengths, Sq != Sk, the FP8 head dims, GQA, causal masks, windows, sinks, both block sizes,
-packed sequences with empty and length-1 members and strided views; then that the forward really
-is quantized (below the 16-bit accuracy), that blocks keep an outlier block from spoiling the rest,
-CUDA graphs, torch.compile and every output element written."""
+packed sequences with empty and length-1 members and strided views; then that the forward and the
+backward really are quantized (below the 16-bit accuracy), that blocks keep an outlier block from
+spoiling the rest, that the FP8 backward repeats bit for bit, CUDA graphs, torch.compile and every
+output element written."""
 
 import pytest
 import torch
@@ -139,6 +140,26 @@ def test_fp8_forward_is_quantized_and_blockwise():
     for block in (64, 128):
         out2 = turbo.ops.flash_attn_fp8_func(q, k, v2, fp8_config=config(block))
         assert_snr(out2, ref2, MIN_SNR, f"outlier block, block {block}")
+
+
+def test_fp8_backward_is_quantized_and_deterministic(monkeypatch):
+    """The FP8 backward kernels run (their gradients differ from the 16-bit backward's of the same
+    forward by FP8 rounding, not by 16-bit rounding), agree with the reference at the FP8 gate, and
+    repeat bit for bit."""
+    from primus_turbo.pytorch.ops import attention_fp8
+
+    q, k, v, dout, _ = make(2, 700, 700, 8, 2, 128, 128, seed=41)
+    ref = reference(q, k, v, dout, causal=True)
+    first = run_fp8(q, k, v, dout, causal=True)
+    again = run_fp8(q, k, v, dout, causal=True)
+    check(first, ref, q, "FP8 backward")
+    for name, a, b in zip(NAMES[2:5], first[2:5], again[2:5]):
+        assert torch.equal(a, b), f"FP8 backward {name} differs between two runs"
+    monkeypatch.setattr(attention_fp8, "_FP8_BWD", False)
+    wide = run_fp8(q, k, v, dout, causal=True)
+    for name, g, w in zip(NAMES[2:5], first[2:5], wide[2:5]):
+        snr = snr_db(g.double(), w.double())
+        assert MIN_SNR <= snr < 40.0, f"{name}: FP8 against the 16-bit backward {snr:.1f} dB"
 
 
 def test_fp8_extreme_blocks_stay_finite():

@@ -1,4 +1,5 @@
-// primus_turbo::attention_fwd / attention_bwd: flash attention in one native call per direction.
+// primus_turbo::attention_fwd / attention_bwd (and the FP8 pair): flash attention in one native
+// call per direction.
 // The core checks shapes, head dims, windows and sequence offsets; here: dtypes and devices, the
 // conversions the kernels need (readable rows, float32 sinks, int32 offsets) and the outputs.
 #include <optional>
@@ -169,18 +170,25 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> attention_fp8_fwd(
   return {f.out, f.lse, qd, kd, vd};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> attention_bwd(Tensor dout_in, Tensor q_in, Tensor k_in, Tensor v_in,
-                                                         Tensor out, Tensor lse, std::optional<Tensor> sink_in,
-                                                         std::optional<Tensor> cu_q_in, std::optional<Tensor> cu_k_in,
-                                                         int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                                         double softmax_scale, int64_t window_left,
-                                                         int64_t window_right, int64_t backend,
-                                                         bool deterministic) {
+// The C API views of a backward's tensors; sink: &pdsink when the forward had a sink, else null.
+struct BackwardPointers {
+  pt_tensor pdo, pq, pk, pv, po, pl, pdq, pdk, pdv, pdsink, pdelta;
+  pt_tensor* sink;
+};
+
+// What both backwards do: the checks, readable operands, the gradients and delta, then
+// run(pointers, workspace, bytes, needed) through with_workspace.
+template <class Run>
+std::tuple<Tensor, Tensor, Tensor, Tensor> backward_call(const char* op, const Tensor& dout_in, const Tensor& q_in,
+                                                         const Tensor& k_in, const Tensor& v_in, const Tensor& out,
+                                                         const Tensor& lse, const std::optional<Tensor>& sink_in,
+                                                         const std::optional<Tensor>& cu_q_in,
+                                                         const std::optional<Tensor>& cu_k_in, Run&& run) {
   const bool packed = cu_q_in.has_value() || cu_k_in.has_value();
-  check_operands(kBwd, {{"q", &q_in}, {"k", &k_in}, {"v", &v_in}, {"out", &out}, {"dout", &dout_in}}, packed);
+  check_operands(op, {{"q", &q_in}, {"k", &k_in}, {"v", &v_in}, {"out", &out}, {"dout", &dout_in}}, packed);
   NamedTensors all{{"dout", &dout_in}, {"q", &q_in}, {"k", &k_in}, {"v", &v_in}, {"out", &out}, {"lse", &lse}};
-  add_optionals(kBwd, all, sink_in, cu_q_in, cu_k_in);
-  const int32_t device = check_cuda(kBwd, all);
+  add_optionals(op, all, sink_in, cu_q_in, cu_k_in);
+  const int32_t device = check_cuda(op, all);
   const Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in), dout = readable(dout_in);
   const Tensor o_c = as_contiguous(out), lse_c = as_contiguous(lse);
   const Optionals o = convert(sink_in, cu_q_in, cu_k_in);
@@ -189,17 +197,50 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_bwd(Tensor dout_in, Tensor 
   Tensor dv = empty(v.sizes().data(), v.dim(), v.scalar_type(), device);
   Tensor dsink = empty({sink_in ? q.sizes()[q.dim() - 2] : 0}, ScalarType::Float, device);
   Tensor delta = empty_lse(q, packed, device);
-  pt_tensor pdo = to_pt(dout), pq = to_pt(q), pk = to_pt(k), pv = to_pt(v), po = to_pt(o_c), pl = to_pt(lse_c);
-  pt_tensor pdq = to_pt(dq), pdk = to_pt(dk), pdv = to_pt(dv), pds = to_pt(dsink), pdelta = to_pt(delta);
+  BackwardPointers b{to_pt(dout), to_pt(q),  to_pt(k),  to_pt(v),     to_pt(o_c),   to_pt(lse_c),
+                     to_pt(dq),   to_pt(dk), to_pt(dv), to_pt(dsink), to_pt(delta), {}};
+  b.sink = sink_in ? &b.pdsink : nullptr;
   DeviceScope scope(device);
   void* stream = current_stream(device);
-  with_workspace(device, kBwd, [&](void* ws, size_t bytes, size_t* needed) {
-    return pt_attention_bwd(&pdo, &pq, &pk, &pv, &po, &pl, o.sink_ptr(), o.cu_q_ptr(), o.cu_k_ptr(), &pdq, &pdk,
-                            &pdv, sink_in ? &pds : nullptr, &pdelta, max_seqlen_q, max_seqlen_k, softmax_scale,
-                            static_cast<int32_t>(window_left), static_cast<int32_t>(window_right),
-                            static_cast<int32_t>(backend), deterministic ? 1 : 0, ws, bytes, needed, stream);
-  });
+  with_workspace(device, op, [&](void* ws, size_t bytes, size_t* needed) { return run(b, o, ws, bytes, needed, stream); });
   return {dq, dk, dv, dsink};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                                         Tensor lse, std::optional<Tensor> sink,
+                                                         std::optional<Tensor> cu_q, std::optional<Tensor> cu_k,
+                                                         int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                                         double softmax_scale, int64_t window_left,
+                                                         int64_t window_right, int64_t backend, bool deterministic) {
+  return backward_call(kBwd, dout, q, k, v, out, lse, sink, cu_q, cu_k,
+                       [&](BackwardPointers& b, const Optionals& o, void* ws, size_t bytes, size_t* needed,
+                           void* stream) {
+                         return pt_attention_bwd(&b.pdo, &b.pq, &b.pk, &b.pv, &b.po, &b.pl, o.sink_ptr(),
+                                                 o.cu_q_ptr(), o.cu_k_ptr(), &b.pdq, &b.pdk, &b.pdv, b.sink,
+                                                 &b.pdelta, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                                 static_cast<int32_t>(window_left), static_cast<int32_t>(window_right),
+                                                 static_cast<int32_t>(backend), deterministic ? 1 : 0, ws, bytes,
+                                                 needed, stream);
+                       });
+}
+
+// FP8 backward: attention_bwd's gradients from our FP8 kernels, on the dequantized q, k, v that
+// attention_fp8_fwd handed back (deterministic by construction).
+std::tuple<Tensor, Tensor, Tensor, Tensor> attention_fp8_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                                             Tensor lse, std::optional<Tensor> sink,
+                                                             std::optional<Tensor> cu_q, std::optional<Tensor> cu_k,
+                                                             int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                                             double softmax_scale, int64_t window_left,
+                                                             int64_t window_right) {
+  return backward_call("flash_attn_fp8 backward", dout, q, k, v, out, lse, sink, cu_q, cu_k,
+                       [&](BackwardPointers& b, const Optionals& o, void* ws, size_t bytes, size_t* needed,
+                           void* stream) {
+                         return pt_attention_fp8_bwd(&b.pdo, &b.pq, &b.pk, &b.pv, &b.po, &b.pl, o.sink_ptr(),
+                                                     o.cu_q_ptr(), o.cu_k_ptr(), &b.pdq, &b.pdk, &b.pdv, b.sink,
+                                                     &b.pdelta, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                                     static_cast<int32_t>(window_left),
+                                                     static_cast<int32_t>(window_right), ws, bytes, needed, stream);
+                       });
 }
 
 }  // namespace
@@ -214,12 +255,16 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? sink, "
         "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
         "int window_left, int window_right, int backend, bool deterministic) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("attention_fp8_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? sink, "
+        "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
+        "int window_left, int window_right) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("attention_fwd", TORCH_BOX(&attention_fwd));
   m.impl("attention_fp8_fwd", TORCH_BOX(&attention_fp8_fwd));
   m.impl("attention_bwd", TORCH_BOX(&attention_bwd));
+  m.impl("attention_fp8_bwd", TORCH_BOX(&attention_fp8_bwd));
 }
 
 PT_REGISTER_CUDA_AND_CPU(register_kernels)

@@ -70,7 +70,24 @@ PT_API pt_status pt_attention_fp8_fwd(const pt_tensor* q, const pt_tensor* k, co
                                       void* workspace, size_t workspace_bytes, size_t* workspace_needed,
                                       void* stream);
 
-/* Compiles (or loads from the cache) the FP8 attention module of (dtype of q, D, Dv) for sm_90a. */
+/* The gradients of pt_attention_fp8_fwd from our FP8 backward kernels (sm_90a; head dims 64, 96,
+   128 for q/k and v alike): arguments as pt_attention_bwd's, with q, k, v the dequantized copies
+   pt_attention_fp8_fwd returned. delta is computed from dout and out in 16 bits; q, k, v (exact in
+   E4M3 at their forward scales) and dout are quantized to E4M3 in tiles of 64 rows per head, and
+   P and dS per block with a power-of-two unit per accumulator row. Deterministic (no atomics).
+   Workspace as for pt_attention_fwd: it holds the quantized tiles (about 7 bytes per element of
+   q, k, v and dout together). */
+PT_API pt_status pt_attention_fp8_bwd(const pt_tensor* dout, const pt_tensor* q, const pt_tensor* k,
+                                      const pt_tensor* v, const pt_tensor* out, const pt_tensor* lse,
+                                      const pt_tensor* sink, const pt_tensor* cu_seqlens_q,
+                                      const pt_tensor* cu_seqlens_k, pt_tensor* dq, pt_tensor* dk, pt_tensor* dv,
+                                      pt_tensor* dsink, pt_tensor* delta, int64_t max_seqlen_q,
+                                      int64_t max_seqlen_k, double softmax_scale, int32_t window_left,
+                                      int32_t window_right, void* workspace, size_t workspace_bytes,
+                                      size_t* workspace_needed, void* stream);
+
+/* Compiles (or loads from the cache) the FP8 attention modules of (dtype of q, D, Dv) for sm_90a:
+   the forward, and the backward where its head dims allow. */
 PT_API pt_status pt_attention_fp8_prepare(int32_t dtype, int32_t head_dim, int32_t head_dim_v);
 
 /* Compiles (or loads from the cache) the attention module of (dtype, D, Dv) for sm_90a without

@@ -102,4 +102,23 @@ PtAttnFp8Fn load_fp8_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v
   });
 }
 
+bool fp8_backward_head_dims(int64_t d, int64_t dv) { return d == dv && (d == 64 || d == 96 || d == 128); }
+
+PtAttnFp8BwdFn load_fp8_backward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch) {
+  PT_CHECK_SUPPORTED(arch == "90a", "the FP8 attention backward runs on Hopper (sm_90a) only; this device is sm_",
+                     arch);
+  PT_CHECK_SUPPORTED(dtype == PT_BFLOAT16 || dtype == PT_FLOAT16, "FP8 attention backward: unsupported dtype ",
+                     dtype_name(dtype));
+  PT_CHECK_SUPPORTED(fp8_backward_head_dims(head_dim, head_dim_v), "the FP8 attention backward supports head dims ",
+                     "64, 96 and 128 (q/k and v alike); got ", head_dim, "/", head_dim_v);
+  using Key = std::tuple<int32_t, int32_t, int32_t>;
+  static jit::LoadedCache<Key, PtAttnFp8BwdFn> loaded;
+  return loaded.get(Key{dtype, head_dim, head_dim_v}, [&] {
+    const jit::ModuleRequest r =
+        sm90_request(str_cat("attention_fp8_bwd_", dtype_short_name(dtype), "_d", head_dim, "_dv", head_dim_v),
+                     "attn_bwd_fp8_sm90.cuh", "PT_JIT_EXPORT_ATTENTION_FP8_BWD", dtype, head_dim, head_dim_v, arch);
+    return jit::get_module(r)->function<PtAttnFp8BwdFn>("pt_attn_fp8_bwd_run");
+  });
+}
+
 }  // namespace primus_turbo::attention

@@ -1,11 +1,12 @@
 // The JIT modules of attention: per (dtype, head dim of q/k, head dim of v, arch), the mma.sync
-// module (forward and backward, any GPU), the sm90 forward and backward; the FP8 forward.
+// module (forward and backward, any GPU), the sm90 forward and backward; the FP8 forward and backward.
 #pragma once
 
 #include <string>
 
 #include "primus_turbo/kernels/attention/attention_abi.h"
 #include "primus_turbo/kernels/attention/attention_fp8_abi.h"
+#include "primus_turbo/kernels/attention/attention_fp8_bwd_abi.h"
 
 namespace primus_turbo::attention {
 
@@ -37,5 +38,12 @@ bool fp8_head_dims(int64_t d, int64_t dv);
 
 // The FP8 forward module of (dtype of the 16-bit inputs, head dims) for sm_90a (memoized).
 PtAttnFp8Fn load_fp8_forward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
+
+// Head dims the FP8 backward (kernels/attention/attn_bwd_fp8_sm90.cuh) is built for: 64, 96, 128
+// for q/k and v alike.
+bool fp8_backward_head_dims(int64_t d, int64_t dv);
+
+// The FP8 backward module of (dtype of the 16-bit operands, head dims) for sm_90a (memoized).
+PtAttnFp8BwdFn load_fp8_backward(int32_t dtype, int32_t head_dim, int32_t head_dim_v, const std::string& arch);
 
 }  // namespace primus_turbo::attention

@@ -288,6 +288,7 @@ def _tensors(q, k, v, sink, *more) -> bool:
 
 _backend_cache = [None, 0]  # (settings token, backend code) of the last lookup
 _BACKEND_CODES = {BackendType.TURBO: 4, BackendType.CUDNN: 3}  # pt_backend
+BACKEND_CUDNN = _BACKEND_CODES[BackendType.CUDNN]
 
 
 def _backend_code(op) -> int:

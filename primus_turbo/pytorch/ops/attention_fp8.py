@@ -6,10 +6,15 @@ quantizes each block of 64 or 128 rows of every head of q, k and v with its own 
 runs our Hopper FP8 kernel (kernels/attention/attn_fwd_fp8_sm90.cuh), which applies the scales
 inside (q and k's in the softmax exponent, v's on the probabilities). Everything the 16-bit
 functions take is taken: causal and sliding windows, GQA/MQA, sinks, packed sequences, strided
-views. The backward is the 16-bit attention backward (the configured attention backend) of the
-FP8 forward's output and log-sum-exp on the dequantized q, k and v the forward computed with
-(straight through the quantization): the gradients of the FP8 forward.
+views. The backward differentiates the FP8 forward's output on the dequantized q, k and v it
+computed with (straight through the quantization). At head dims 64, 96 and 128 it is one native op
+(``attention_fp8_bwd``) on our FP8 backward kernels (kernels/attention/attn_bwd_fp8_sm90.cuh: q, k,
+v and dout in E4M3, P and dS in E4M3 per block), deterministic; elsewhere, with the attention
+backend forced to CUDNN, or with PRIMUS_TURBO_ATTN_FP8_BWD=0, it is the 16-bit attention backward of
+the configured backend.
 """
+
+import os
 
 import torch
 
@@ -22,6 +27,9 @@ __all__ = ["flash_attn_fp8_func", "flash_attn_varlen_fp8_func"]
 #: (head dim of q and k, head dim of v) pairs the FP8 kernel is built for.
 FP8_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128))
 _DEFAULT_BLOCK = 64  # rows per scale without a config (the original library's default)
+#: (head dim of q and k, head dim of v) pairs of the FP8 backward kernel; others take the 16-bit one.
+FP8_BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128))
+_FP8_BWD = os.environ.get("PRIMUS_TURBO_ATTN_FP8_BWD", "1") != "0"
 
 
 _OP = "flash_attn_fp8 forward"  # the native op's name in its messages
@@ -48,13 +56,31 @@ def _fwd_fake(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, scale_rows
     return out, lse, *copies
 
 
+def _bwd_fake(dout, q, k, v, out, lse, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr):
+    if (q.shape[-1], v.shape[-1]) not in FP8_BWD_HEAD_DIMS:
+        raise NotImplementedError(
+            f"flash_attn_fp8 backward: the FP8 attention backward supports head dims 64, 96 and 128 (q/k and v "
+            f"alike); got {q.shape[-1]}/{v.shape[-1]}"
+        )
+    return _attn._bwd_fake(dout, q, k, v, out, lse, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, 0, False)
+
+
 library.register_fake("attention_fp8_fwd", _fwd_fake)
+library.register_fake("attention_fp8_bwd", _bwd_fake)
 _fwd_op = native.ops.attention_fp8_fwd.default
+_bwd_op = native.ops.attention_fp8_bwd.default
+
+
+def fp8_backward(q, v, backend: int) -> bool:
+    """Whether the backward runs our FP8 kernels: their head dims, and a backend other than a forced
+    CUDNN (which keeps cuDNN's 16-bit backward)."""
+    return _FP8_BWD and (q.shape[-1], v.shape[-1]) in FP8_BWD_HEAD_DIMS and backend != _attn.BACKEND_CUDNN
 
 
 class FlashAttnFp8Function(torch.autograd.Function):
-    """The backward differentiates what the forward computed: the 16-bit backward on the
-    dequantized q, k, v the native op hands back (saved instead of the inputs, so no more memory)."""
+    """The backward differentiates what the forward computed, on the dequantized q, k, v the native
+    op hands back (saved instead of the inputs, so no more memory): our FP8 backward where
+    fp8_backward says so, else the 16-bit backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, scale_rows, backend, det):
@@ -69,7 +95,12 @@ class FlashAttnFp8Function(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         if dout is None:
             return (None,) * 14
-        return *_attn.attention_grads(ctx, dout), *(None,) * 10
+        qd, kd, vd, out, lse, sink, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, scale, wl, wr, backend, _det = ctx.args
+        if not fp8_backward(qd, vd, backend):
+            return *_attn.attention_grads(ctx, dout), *(None,) * 10
+        dq, dk, dv, dsink = _bwd_op(dout, qd, kd, vd, out, lse, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr)
+        return dq, dk, dv, (dsink if sink is not None else None), *(None,) * 10
 
 
 def block_rows(op, fp8_config) -> int:
