@@ -512,11 +512,14 @@ def test_fp8_backward_op_refuses_head_dims_it_lacks():
         torch.ops.primus_turbo.attention_fp8_bwd(out, q, k, v, out, lse, None, None, None, 0, 0, 0.1, -1, -1)
 
 
-def test_fp8_backward_choice():
+def test_fp8_backward_choice(monkeypatch):
     from primus_turbo.pytorch.ops import attention as attn
     from primus_turbo.pytorch.ops import attention_fp8 as fp8
 
     q, k, v = qkv()
+    monkeypatch.setattr(fp8, "_FP8_BWD", False)  # the default: the 16-bit backward
+    assert not fp8.fp8_backward(q, v, 0)
+    monkeypatch.setattr(fp8, "_FP8_BWD", True)  # PRIMUS_TURBO_ATTN_FP8_BWD=1
     assert fp8.fp8_backward(q, v, 0) and fp8.fp8_backward(q, v, 4)
     assert not fp8.fp8_backward(q, v, attn.BACKEND_CUDNN)  # a forced CUDNN keeps cuDNN's backward
     q, k, v = qkv(d=192, dv=128)

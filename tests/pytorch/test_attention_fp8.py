@@ -21,6 +21,15 @@ MIN_SNR = 20.0  # ACCURACY.md: FP8 attention, forward and each gradient
 NAMES = ("out", "lse", "dq", "dk", "dv", "dsink")
 
 
+@pytest.fixture(autouse=True)
+def fp8_backward(monkeypatch):
+    """Every test here runs the FP8 backward kernels (opt-in in the library) unless it says not."""
+    from primus_turbo.pytorch.ops import attention_fp8
+
+    monkeypatch.setattr(attention_fp8, "_FP8_BWD", True)
+    return lambda on: monkeypatch.setattr(attention_fp8, "_FP8_BWD", on)
+
+
 def config(block):
     return Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE, block_size=block)
 
@@ -67,10 +76,12 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("bwd", ["fp8_bwd", "16bit_bwd"])
 @pytest.mark.parametrize("block", [64, 128])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
-def test_fp8_attention_matches_reference(case, causal, block):
+def test_fp8_attention_matches_reference(case, causal, block, bwd, fp8_backward):
+    fp8_backward(bwd == "fp8_bwd")
     _, b, sq, sk, hq, hkv, d, dv = case
     q, k, v, dout, _ = make(b, sq, sk, hq, hkv, d, dv, seed=sq + sk + d)
     got = run_fp8(q, k, v, dout, causal=causal, fp8_config=config(block))
@@ -129,9 +140,9 @@ def test_fp8_strided_views(layout):
 def test_fp8_softmax_scale_of_either_sign(softmax_scale):
     q, k, v, dout, _ = make(2, 200, 200, 4, 2, 128, 128, seed=5)
     got = run_fp8(q, k, v, dout, causal=True, softmax_scale=softmax_scale)
-    # At 0.3 (3.4x the usual 1/sqrt(128)) rows attend almost to one key: dq sums dS over keys whose
-    # largest term nearly cancels the rest, so E4M3's rounding of dS shows (19.5 dB measured).
-    relaxed = {"dq": 18.0} if softmax_scale == 0.3 else None
+    # At 0.3 (3.4x the usual 1/sqrt(128)) rows attend almost to one key: dS = P (dP - delta) is a
+    # small difference whose E4M3 rounding shows in dq and dk (18.8-19.5 dB measured on an H100).
+    relaxed = {"dq": 18.0, "dk": 18.0} if softmax_scale == 0.3 else None
     check(got, reference(q, k, v, dout, softmax_scale=softmax_scale, causal=True), q, f"scale {softmax_scale}", relaxed)
 
 
@@ -151,12 +162,10 @@ def test_fp8_forward_is_quantized_and_blockwise():
         assert_snr(out2, ref2, MIN_SNR, f"outlier block, block {block}")
 
 
-def test_fp8_backward_is_quantized_and_deterministic(monkeypatch):
+def test_fp8_backward_is_quantized_and_deterministic(fp8_backward):
     """The FP8 backward kernels run (their gradients differ from the 16-bit backward's of the same
     forward by FP8 rounding, not by 16-bit rounding), agree with the reference at the FP8 gate, and
     repeat bit for bit."""
-    from primus_turbo.pytorch.ops import attention_fp8
-
     q, k, v, dout, _ = make(2, 700, 700, 8, 2, 128, 128, seed=41)
     ref = reference(q, k, v, dout, causal=True)
     first = run_fp8(q, k, v, dout, causal=True)
@@ -164,7 +173,7 @@ def test_fp8_backward_is_quantized_and_deterministic(monkeypatch):
     check(first, ref, q, "FP8 backward")
     for name, a, b in zip(NAMES[2:5], first[2:5], again[2:5]):
         assert torch.equal(a, b), f"FP8 backward {name} differs between two runs"
-    monkeypatch.setattr(attention_fp8, "_FP8_BWD", False)
+    fp8_backward(False)
     wide = run_fp8(q, k, v, dout, causal=True)
     for name, g, w in zip(NAMES[2:5], first[2:5], wide[2:5]):
         snr = snr_db(g.double(), w.double())

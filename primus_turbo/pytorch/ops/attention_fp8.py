@@ -7,11 +7,11 @@ runs our Hopper FP8 kernel (kernels/attention/attn_fwd_fp8_sm90.cuh), which appl
 inside (q and k's in the softmax exponent, v's on the probabilities). Everything the 16-bit
 functions take is taken: causal and sliding windows, GQA/MQA, sinks, packed sequences, strided
 views. The backward differentiates the FP8 forward's output on the dequantized q, k and v it
-computed with (straight through the quantization). At head dims 64, 96 and 128 it is one native op
+computed with (straight through the quantization): by default the 16-bit attention backward of the
+configured backend (faster today, docs/PERFORMANCE.md). With PRIMUS_TURBO_ATTN_FP8_BWD=1, at head
+dims 64, 96 and 128 and unless the backend is forced to CUDNN, it is one native op
 (``attention_fp8_bwd``) on our FP8 backward kernels (kernels/attention/attn_bwd_fp8_sm90.cuh: q, k,
-v and dout in E4M3, P and dS in E4M3 per block), deterministic; elsewhere, with the attention
-backend forced to CUDNN, or with PRIMUS_TURBO_ATTN_FP8_BWD=0, it is the 16-bit attention backward of
-the configured backend.
+v and dout in E4M3, P and dS in E4M3 per block), deterministic.
 """
 
 import os
@@ -29,7 +29,8 @@ FP8_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128))
 _DEFAULT_BLOCK = 64  # rows per scale without a config (the original library's default)
 #: (head dim of q and k, head dim of v) pairs of the FP8 backward kernel; others take the 16-bit one.
 FP8_BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128))
-_FP8_BWD = os.environ.get("PRIMUS_TURBO_ATTN_FP8_BWD", "1") != "0"
+# Opt-in: the FP8 backward runs 0.77-0.93x our 16-bit one on an H100 (PERFORMANCE.md).
+_FP8_BWD = os.environ.get("PRIMUS_TURBO_ATTN_FP8_BWD", "0") == "1"
 
 
 _OP = "flash_attn_fp8 forward"  # the native op's name in its messages
@@ -72,8 +73,8 @@ _bwd_op = native.ops.attention_fp8_bwd.default
 
 
 def fp8_backward(q, v, backend: int) -> bool:
-    """Whether the backward runs our FP8 kernels: their head dims, and a backend other than a forced
-    CUDNN (which keeps cuDNN's 16-bit backward)."""
+    """Whether the backward runs our FP8 kernels: asked for (PRIMUS_TURBO_ATTN_FP8_BWD=1), their
+    head dims, and a backend other than a forced CUDNN (which keeps cuDNN's 16-bit backward)."""
     return _FP8_BWD and (q.shape[-1], v.shape[-1]) in FP8_BWD_HEAD_DIMS and backend != _attn.BACKEND_CUDNN
 
 

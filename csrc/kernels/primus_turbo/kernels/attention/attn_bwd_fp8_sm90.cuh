@@ -23,8 +23,7 @@
 // query block Q, Q^T, dO, dO^T and the block's lse and delta) into a ring of kStages buffers.
 // Consumer warpgroup w owns keys [64 w, 64 w + 64) and runs, per query block of every query head of
 // the GQA group: S^T = K Q^T and dP^T = V dO^T (shared-memory operands), P^T and dS^T on the
-// accumulators, dV += P^T dO^T' and dK += dS^T Q^T' (register A operands). The next block's S^T and
-// dP^T are issued before this block's dV and dK products, so its exponentials overlap them.
+// accumulators, dV += P^T dO^T' and dK += dS^T Q^T' (register A operands).
 // dQ (attn_bwd_fp8_dq_kernel): one CTA per (128 query rows, sequence, query head); warpgroup w owns
 // rows [64 w, 64 w + 64): S = Q K^T, dP = dO V^T, dQ += dS K^T' per 64-key block. Both kernels
 // are deterministic (no atomics).
@@ -383,27 +382,19 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_fp8_dkdv_kernel(const Pt
   const float scale_log2 = p.softmax_scale * kLog2e * ks;
   RowUnits unit_v, unit_k;
 
-  // Block it + 1's S^T and dP^T are issued before block it's dV and dK products, so that its
-  // exponentials run while those do: at the top of iteration it, S^T and dP^T of block it are waited
-  // for (two groups), block it - 1's two products may still run.
-  auto issue_scores = [&](int it) {
-    const int st = it % kStages;
-    Full::wait(&smem.full[st], (it / kStages) & 1);
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q[st].data()), Img<kBM, kD>{});
-    Tensor sDo = make_tensor(make_smem_ptr(smem.dout[st].data()), Img<kBM, kDV>{});
-    sm90::issue_ss_gemm(mma_s, tSrK, thr_s.partition_fragment_B(sQ), tSrS);
-    sm90::issue_ss_gemm(mma_dp, tDPrV, thr_dp.partition_fragment_B(sDo), tDPrDP);
-  };
   Full::wait(&smem.kv_full, 0);
-  if (iters > 0) issue_scores(0);
   for (int it = 0; it < iters; ++it) {
     const int st = it % kStages, m0 = (mb_lo + it % n_mb) * kBM;
     const int64_t t = q_tile(it);
     const float qs = fp.q_scale[t], dos = fp.do_scale[t];
-    if (it == 0)
-      warpgroup_wait<0>();
-    else
-      warpgroup_wait<2>();
+    Full::wait(&smem.full[st], (it / kStages) & 1);
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q[st].data()), Img<kBM, kD>{});
+    Tensor sDo = make_tensor(make_smem_ptr(smem.dout[st].data()), Img<kBM, kDV>{});
+    Tensor sQt = make_tensor(make_smem_ptr(smem.qt[st].data()), Img<kD, kBM>{});
+    Tensor sDot = make_tensor(make_smem_ptr(smem.dot[st].data()), Img<kDV, kBM>{});
+    sm90::issue_ss_gemm(mma_s, tSrK, thr_s.partition_fragment_B(sQ), tSrS);
+    sm90::issue_ss_gemm(mma_dp, tDPrV, thr_dp.partition_fragment_B(sDo), tDPrDP);
+    warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     warpgroup_fence_operand(tDPrDP);
 
@@ -439,26 +430,18 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_fp8_dkdv_kernel(const Pt
       probs_and_grads(std::false_type{});
     else
       probs_and_grads(std::true_type{});
-    // Block it - 1's products are done: their accumulators and operand words are free, and so is
-    // their stage.
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tDVrDV);
-    warpgroup_fence_operand(tDKrDK);
-    if (it > 0) Empty::arrive(&smem.empty[(it - 1) % kStages]);
     float to_p[2], to_ds[2];
     unit_v.cover(p_max, dos, tDVrDV, to_p);
     unit_k.cover(ds_max, qs, tDKrDK, to_ds);
     to_e4m3_operand(tSrS, to_p, p_words);
     to_e4m3_operand(tDPrDP, to_ds, ds_words);
-    if (it + 1 < iters) issue_scores(it + 1);
-    Tensor sQt = make_tensor(make_smem_ptr(smem.qt[st].data()), Img<kD, kBM>{});
-    Tensor sDot = make_tensor(make_smem_ptr(smem.dot[st].data()), Img<kDV, kBM>{});
     sm90::issue_rs_gemm(mma_dv, tDVrP, thr_dv.partition_fragment_B(sDot), tDVrDV);
     sm90::issue_rs_gemm(mma_dk, tDKrDS, thr_dk.partition_fragment_B(sQt), tDKrDK);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tDVrDV);
+    warpgroup_fence_operand(tDKrDK);
+    Empty::arrive(&smem.empty[st]);
   }
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(tDVrDV);
-  warpgroup_fence_operand(tDKrDK);
 
   T* dk_out = row_at<T>(p.dk, p.dk_sb, p.dk_ss, p.dk_sh, b, s.start_k + n0, hk);
   T* dv_out = row_at<T>(p.dv, p.dv_sb, p.dv_ss, p.dv_sh, b, s.start_k + n0, hk);
@@ -572,25 +555,18 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_fp8_dq_kernel(const PtAt
   for (int r = 0; r < 2; ++r) lse_delta_at(p, blk.b, blk.h, blk.s, m0 + local_row + 8 * r, lse2[r], delta[r]);
   RowUnits unit_q;
 
-  // As in the dK/dV kernel: block nb + 1's S and dP are issued before block nb's dQ product.
-  auto issue_scores = [&](int nb) {
-    const int i = nb - nb_lo, st = i % kStages;
-    Full::wait(&smem.full[st], (i / kStages) & 1);
-    Tensor sK = make_tensor(make_smem_ptr(smem.k[st].data()), Img<kBN, kD>{});
-    Tensor sV = make_tensor(make_smem_ptr(smem.v[st].data()), Img<kBN, kDV>{});
-    sm90::issue_ss_gemm(mma_s, tSrQ, thr_s.partition_fragment_B(sK), tSrS);
-    sm90::issue_ss_gemm(mma_dp, tDPrDo, thr_dp.partition_fragment_B(sV), tDPrDP);
-  };
   Full::wait(&smem.qdo_full, 0);
-  if (nb_lo < nb_hi) issue_scores(nb_lo);
   for (int nb = nb_lo; nb < nb_hi; ++nb) {
     const int i = nb - nb_lo, st = i % kStages, n0 = nb * kBN;
     const int64_t t = key_tile(nb);
     const float ks = fp.k_scale[t], vs = fp.v_scale[t];
-    if (i == 0)
-      warpgroup_wait<0>();
-    else
-      warpgroup_wait<1>();
+    Full::wait(&smem.full[st], (i / kStages) & 1);
+    Tensor sK = make_tensor(make_smem_ptr(smem.k[st].data()), Img<kBN, kD>{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v[st].data()), Img<kBN, kDV>{});
+    Tensor sKt = make_tensor(make_smem_ptr(smem.kt[st].data()), Img<kD, kBN>{});
+    sm90::issue_ss_gemm(mma_s, tSrQ, thr_s.partition_fragment_B(sK), tSrS);
+    sm90::issue_ss_gemm(mma_dp, tDPrDo, thr_dp.partition_fragment_B(sV), tDPrDP);
+    warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     warpgroup_fence_operand(tDPrDP);
     const float c_s = scale_log2 * ks, c_dp = dos * vs;
@@ -611,18 +587,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_fp8_dq_kernel(const PtAt
       grads(std::false_type{});
     else
       grads(std::true_type{});
-    warpgroup_wait<0>();  // block nb - 1's dQ product: done with its words and its stage
-    warpgroup_fence_operand(tDQrDQ);
-    if (i > 0) Empty::arrive(&smem.empty[(i - 1) % kStages]);
     float to_ds[2];
     unit_q.cover(ds_max, ks, tDQrDQ, to_ds);
     to_e4m3_operand(tSrS, to_ds, ds_words);
-    if (nb + 1 < nb_hi) issue_scores(nb + 1);
-    Tensor sKt = make_tensor(make_smem_ptr(smem.kt[st].data()), Img<kD, kBN>{});
     sm90::issue_rs_gemm(mma_dq, tDQrDS, thr_dq.partition_fragment_B(sKt), tDQrDQ);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tDQrDQ);
+    Empty::arrive(&smem.empty[st]);
   }
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(tDQrDQ);
 
   const float dq_scale[2] = {unit_q.unit[0] * p.softmax_scale, unit_q.unit[1] * p.softmax_scale};
   sm90::store_rows_sm90<T>(tDQrDQ, blk.template rows<T>(p.dq, p.dq_sb, p.dq_ss, p.dq_sh), p.dq_ss, local_row,
