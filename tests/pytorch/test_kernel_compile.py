@@ -213,10 +213,12 @@ def test_attention_modules_compile_for_sm90a():
 
 def test_fp8_attention_modules_compile_for_sm90a():
     """The FP8 forward (quantization and the warp-specialized kernel) for every head-dim pair it
-    takes, with FP8 warpgroup MMA (QGMMA) in its SASS and no spills."""
+    takes, and the FP8 backward for its head dims, with FP8 warpgroup MMA (QGMMA) in their SASS and
+    no spills."""
     jobs = [("bf16", d, dv) for d, dv in precompile.ATTENTION_FP8_HEAD_DIMS] + [("f16", 128, 128)]
     _prepare_all(jobs, lambda j: check(lib.pt_attention_fp8_prepare(_ATTN_DTYPES[j[0]], j[1], j[2])), "FP8 attention")
     _assert_compiled(*(f"attention_fp8_{dt}_d{d}_dv{dv}" for dt, d, dv in jobs))
+    _assert_compiled(*(f"attention_fp8_bwd_{dt}_d{d}_dv{dv}" for dt, d, dv in jobs if d == dv))
     _assert_sass_contains("QGMMA", "attention_fp8_*", min_modules=len(jobs), every_module=True)
     _assert_no_register_spills("attention_fp8_*", kernel_marker="fp8")
     _assert_wgmma_not_serialized("attention_fp8_*", min_modules=len(jobs))
