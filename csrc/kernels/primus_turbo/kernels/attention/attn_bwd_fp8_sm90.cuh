@@ -261,6 +261,31 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, int bytes,
   SM90_BULK_COPY_G2S::copy(src, bar, dst, bytes);
 }
 
+// The barriers of both kernels: `once` for the tiles a CTA keeps (one fill), and a ring of kStages
+// buffers, each filled by the producer thread's bulk copies (a transaction barrier) and released by
+// every consumer thread. Use i of the ring: buffer i % kStages, phase (i / kStages) & 1.
+template <int kStages>
+struct TileBarriers {
+  uint64_t once, full[kStages], empty[kStages];
+
+  __device__ __forceinline__ void init() {
+    Full::init(&once, 1);
+    for (int st = 0; st < kStages; ++st) {
+      Full::init(&full[st], 1);
+      Empty::init(&empty[st], kThreads - 128);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  // Producer: wait until use i's buffer is free, then announce the bytes its copies will bring.
+  __device__ __forceinline__ uint64_t* fill(int i, int bytes) {
+    if (i >= kStages) Empty::wait(&empty[i % kStages], ((i / kStages) - 1) & 1);
+    Full::arrive_and_expect_tx(&full[i % kStages], bytes);
+    return &full[i % kStages];
+  }
+  __device__ __forceinline__ void wait_full(int i) { Full::wait(&full[i % kStages], (i / kStages) & 1); }
+  __device__ __forceinline__ void release(int i) { Empty::arrive(&empty[i % kStages]); }
+};
+
 template <int kD, int kDV>
 struct DkdvFp8 {
   static_assert(fp8_backward_dims<kD, kDV>(), "FP8 backward head dims");
@@ -281,7 +306,7 @@ struct DkdvFp8 {
     array_aligned<E, cosize_v<Img<kDV, kBM>>, 1024> dot[kStages];
     alignas(16) float lse2[kStages][kBM];
     alignas(16) float delta[kStages][kBM];
-    uint64_t kv_full, full[kStages], empty[kStages];
+    TileBarriers<kStages> bars;  // once: K and V
   };
   static constexpr size_t kSmem = sizeof(Smem);
   static_assert(kSmem <= 227 * 1024, "shared memory of a CTA");
@@ -316,31 +341,22 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_fp8_dkdv_kernel(const Pt
     return tile_index(b, q_first, mb_lo + it % n_mb) * p.heads_q + hk * group + it / n_mb;
   };
 
-  if (threadIdx.x == 0) {
-    Full::init(&smem.kv_full, 1);
-    for (int st = 0; st < kStages; ++st) {
-      Full::init(&smem.full[st], 1);
-      Empty::init(&smem.empty[st], kThreads - 128);
-    }
-    cutlass::arch::fence_barrier_init();
-  }
+  if (threadIdx.x == 0) smem.bars.init();
   __syncthreads();
 
   if (threadIdx.x < 128) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<24>();
     if (threadIdx.x == 0) {
-      Full::arrive_and_expect_tx(&smem.kv_full, 2 * (F::kKBytes + F::kVBytes));
+      Full::arrive_and_expect_tx(&smem.bars.once, 2 * (F::kKBytes + F::kVBytes));
       for (int w = 0; w < 2; ++w) {
         const int64_t t = key_tile(w);
-        bulk_copy(smem.k[w].data(), static_cast<const E*>(fp.k_tiles) + t * F::kKBytes, F::kKBytes, &smem.kv_full);
-        bulk_copy(smem.v[w].data(), static_cast<const E*>(fp.v_tiles) + t * F::kVBytes, F::kVBytes, &smem.kv_full);
+        bulk_copy(smem.k[w].data(), static_cast<const E*>(fp.k_tiles) + t * F::kKBytes, F::kKBytes, &smem.bars.once);
+        bulk_copy(smem.v[w].data(), static_cast<const E*>(fp.v_tiles) + t * F::kVBytes, F::kVBytes, &smem.bars.once);
       }
       for (int it = 0; it < iters; ++it) {
         const int st = it % kStages;
-        if (it >= kStages) Empty::wait(&smem.empty[st], ((it / kStages) - 1) & 1);
+        uint64_t* bar = smem.bars.fill(it, F::kStageBytes);
         const int64_t t = q_tile(it);
-        uint64_t* bar = &smem.full[st];
-        Full::arrive_and_expect_tx(bar, F::kStageBytes);
         bulk_copy(smem.q[st].data(), static_cast<const E*>(fp.q_tiles) + t * F::kQBytes, F::kQBytes, bar);
         bulk_copy(smem.qt[st].data(), static_cast<const E*>(fp.qt_tiles) + t * F::kQBytes, F::kQBytes, bar);
         bulk_copy(smem.dout[st].data(), static_cast<const E*>(fp.do_tiles) + t * F::kDoBytes, F::kDoBytes, bar);
@@ -382,12 +398,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_fp8_dkdv_kernel(const Pt
   const float scale_log2 = p.softmax_scale * kLog2e * ks;
   RowUnits unit_v, unit_k;
 
-  Full::wait(&smem.kv_full, 0);
+  Full::wait(&smem.bars.once, 0);
   for (int it = 0; it < iters; ++it) {
     const int st = it % kStages, m0 = (mb_lo + it % n_mb) * kBM;
     const int64_t t = q_tile(it);
     const float qs = fp.q_scale[t], dos = fp.do_scale[t];
-    Full::wait(&smem.full[st], (it / kStages) & 1);
+    smem.bars.wait_full(it);
     Tensor sQ = make_tensor(make_smem_ptr(smem.q[st].data()), Img<kBM, kD>{});
     Tensor sDo = make_tensor(make_smem_ptr(smem.dout[st].data()), Img<kBM, kDV>{});
     Tensor sQt = make_tensor(make_smem_ptr(smem.qt[st].data()), Img<kD, kBM>{});
@@ -440,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_fp8_dkdv_kernel(const Pt
     warpgroup_wait<0>();
     warpgroup_fence_operand(tDVrDV);
     warpgroup_fence_operand(tDKrDK);
-    Empty::arrive(&smem.empty[st]);
+    smem.bars.release(it);
   }
 
   T* dk_out = row_at<T>(p.dk, p.dk_sb, p.dk_ss, p.dk_sh, b, s.start_k + n0, hk);
@@ -467,7 +483,7 @@ struct DqFp8 {
     array_aligned<E, cosize_v<Img<kBN, kD>>, 1024> k[kStages];
     array_aligned<E, cosize_v<Img<kD, kBN>>, 1024> kt[kStages];
     array_aligned<E, cosize_v<Img<kBN, kDV>>, 1024> v[kStages];
-    uint64_t qdo_full, full[kStages], empty[kStages];
+    TileBarriers<kStages> bars;  // once: Q and dO
   };
   static constexpr size_t kSmem = sizeof(Smem);
   static_assert(kSmem <= 227 * 1024, "shared memory of a CTA");
@@ -494,32 +510,23 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_fp8_dq_kernel(const PtAt
   };
   auto key_tile = [&](int nb) { return tile_index(blk.b, k_first, nb) * p.heads_kv + blk.hk; };
 
-  if (threadIdx.x == 0) {
-    Full::init(&smem.qdo_full, 1);
-    for (int st = 0; st < kStages; ++st) {
-      Full::init(&smem.full[st], 1);
-      Empty::init(&smem.empty[st], kThreads - 128);
-    }
-    cutlass::arch::fence_barrier_init();
-  }
+  if (threadIdx.x == 0) smem.bars.init();
   __syncthreads();
 
   if (threadIdx.x < 128) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<24>();
     if (threadIdx.x == 0) {
-      Full::arrive_and_expect_tx(&smem.qdo_full, 2 * (F::kQBytes + F::kDoBytes));
+      Full::arrive_and_expect_tx(&smem.bars.once, 2 * (F::kQBytes + F::kDoBytes));
       for (int w = 0; w < 2; ++w) {
         const int64_t t = query_tile(w);
-        bulk_copy(smem.q[w].data(), static_cast<const E*>(fp.q_tiles) + t * F::kQBytes, F::kQBytes, &smem.qdo_full);
+        bulk_copy(smem.q[w].data(), static_cast<const E*>(fp.q_tiles) + t * F::kQBytes, F::kQBytes, &smem.bars.once);
         bulk_copy(smem.dout[w].data(), static_cast<const E*>(fp.do_tiles) + t * F::kDoBytes, F::kDoBytes,
-                  &smem.qdo_full);
+                  &smem.bars.once);
       }
       for (int nb = nb_lo; nb < nb_hi; ++nb) {
         const int i = nb - nb_lo, st = i % kStages;
-        if (i >= kStages) Empty::wait(&smem.empty[st], ((i / kStages) - 1) & 1);
+        uint64_t* bar = smem.bars.fill(i, F::kStageBytes);
         const int64_t t = key_tile(nb);
-        uint64_t* bar = &smem.full[st];
-        Full::arrive_and_expect_tx(bar, F::kStageBytes);
         bulk_copy(smem.k[st].data(), static_cast<const E*>(fp.k_tiles) + t * F::kKBytes, F::kKBytes, bar);
         bulk_copy(smem.kt[st].data(), static_cast<const E*>(fp.kt_tiles) + t * F::kKBytes, F::kKBytes, bar);
         bulk_copy(smem.v[st].data(), static_cast<const E*>(fp.v_tiles) + t * F::kVBytes, F::kVBytes, bar);
@@ -555,12 +562,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_fp8_dq_kernel(const PtAt
   for (int r = 0; r < 2; ++r) lse_delta_at(p, blk.b, blk.h, blk.s, m0 + local_row + 8 * r, lse2[r], delta[r]);
   RowUnits unit_q;
 
-  Full::wait(&smem.qdo_full, 0);
+  Full::wait(&smem.bars.once, 0);
   for (int nb = nb_lo; nb < nb_hi; ++nb) {
     const int i = nb - nb_lo, st = i % kStages, n0 = nb * kBN;
     const int64_t t = key_tile(nb);
     const float ks = fp.k_scale[t], vs = fp.v_scale[t];
-    Full::wait(&smem.full[st], (i / kStages) & 1);
+    smem.bars.wait_full(i);
     Tensor sK = make_tensor(make_smem_ptr(smem.k[st].data()), Img<kBN, kD>{});
     Tensor sV = make_tensor(make_smem_ptr(smem.v[st].data()), Img<kBN, kDV>{});
     Tensor sKt = make_tensor(make_smem_ptr(smem.kt[st].data()), Img<kD, kBN>{});
@@ -593,7 +600,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_fp8_dq_kernel(const PtAt
     sm90::issue_rs_gemm(mma_dq, tDQrDS, thr_dq.partition_fragment_B(sKt), tDQrDQ);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tDQrDQ);
-    Empty::arrive(&smem.empty[st]);
+    smem.bars.release(i);
   }
 
   const float dq_scale[2] = {unit_q.unit[0] * p.softmax_scale, unit_q.unit[1] * p.softmax_scale};
