@@ -3,8 +3,8 @@ CUDA events) on a few shapes, for A/B tests of the sm90 kernels (with PRIMUS_TUR
 pointing at a variant of csrc/kernels): hdim 128 [8, 2K, 32/8] causal and [8, 2K, 32/32] full,
 [4, 4K, 32/8] causal, [2, 8K, 32/32] full, [1, 16K, 32/32] causal and full;
 MLA 192/128 [4, 4K, 128] and [1, 16K, 16] causal. The backward is autograd.grad of one forward.
-fp8bwd times flash_attn_fp8_func's backward (our FP8 backward kernels at head dims 128; MLA's take
-the 16-bit one) and prints each kernel's share of one backward of the 16K causal shape.
+fp8bwd times flash_attn_fp8_func's backward on our FP8 backward kernels (MLA's head dims take the
+16-bit one) and prints each kernel's share of one backward of the 16K causal shape.
 
     python3 -P tools/attention_probe.py TAG fwd|bwd|fp8bwd [det]    # det: deterministic=True (separate dQ)
 """
@@ -30,6 +30,10 @@ def main():
     tag, mode = sys.argv[1], sys.argv[2]
     det = len(sys.argv) > 3 and sys.argv[3] == "det"
     GlobalBackendManager.set_attn_backend("TURBO")
+    if mode == "fp8bwd":
+        from primus_turbo.pytorch.ops import attention_fp8
+
+        attention_fp8._FP8_BWD = True  # our FP8 backward kernels (opt-in)
     for b, s, hq, hkv, d, dv, causal in SHAPES:
         torch.manual_seed(0)
         q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)

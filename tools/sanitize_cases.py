@@ -139,6 +139,9 @@ def attention_turbo():
 
 
 def attention_fp8():
+    from primus_turbo.pytorch.ops import attention_fp8 as fp8
+
+    fp8._FP8_BWD = True  # the backward on our FP8 kernels (opt-in), not the 16-bit one
     q, k, v = t(2, 77, 4, 128), t(2, 200, 2, 128), t(2, 200, 2, 128)
     turbo.ops.flash_attn_fp8_func(q.detach(), k.detach(), v.detach(), causal=True)
     step(turbo.ops.flash_attn_fp8_func(q, k, v, causal=True), q, k, v)  # the FP8 backward
