@@ -53,24 +53,18 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dkdv_kernel(const PtAttn
   float* slse = reinterpret_cast<float*>(sdo + 2 * kBM * pitch<kDV>());  // two buffers, log2 units
   float* sdelta = slse + 2 * kBM;                                        // two buffers
 
-  const int n0 = blockIdx.x * kBN;
-  const int64_t b = blockIdx.y;
-  const int hk = blockIdx.z, group = p.heads_q / p.heads_kv;
-  const Sequence s = sequence(p, b);
-  if (n0 >= s.len_k) return;
-  const Mask mask(p, s);
-  const int valid_k = min(kBN, s.len_k - n0);
+  const KeyBlock<kBN, kBM> blk(p);
+  if (blk.valid_k <= 0) return;
+  const int n0 = blk.n0, hk = blk.hk, valid_k = blk.valid_k, iters = blk.iters;
+  const int64_t b = blk.b;
+  const Sequence& s = blk.s;
+  const Mask& mask = blk.mask;
   load_tile<T, kBN, kD, kThreads>(sk, row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, b, s.start_k + n0, hk), p.k_ss,
                                   valid_k);
   load_tile<T, kBN, kDV, kThreads>(sv, row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, s.start_k + n0, hk), p.v_ss,
                                    valid_k);
-  const int q_lo = mask.first_query(n0), q_hi = mask.end_query(n0 + valid_k);
-  const int mb_lo = q_lo / kBM, mb_hi = q_hi > q_lo ? (q_hi + kBM - 1) / kBM : mb_lo;
-  const int n_mb = mb_hi - mb_lo, iters = group * n_mb;
-
-  // Iteration `it` covers query head hk * group + it / n_mb, query block mb_lo + it % n_mb.
   auto issue = [&](int it, int buf) {
-    const int h = hk * group + it / n_mb, m0 = (mb_lo + it % n_mb) * kBM;
+    const int h = blk.head_of(it), m0 = blk.row_of(it);
     const int valid = min(kBM, s.len_q - m0);
     load_tile<T, kBM, kD, kThreads>(sq + buf * kBM * pitch<kD>(),
                                     row_at<const T>(p.q, p.q_sb, p.q_ss, p.q_sh, b, s.start_q + m0, h), p.q_ss, valid);
@@ -94,7 +88,7 @@ __global__ void __launch_bounds__(32 * kWarps) attn_bwd_dkdv_kernel(const PtAttn
     __syncthreads();
     if (it + 1 < iters) issue(it + 1, buf ^ 1);
     cp_async_commit();
-    const int m0 = (mb_lo + it % n_mb) * kBM;
+    const int m0 = blk.row_of(it);
     const T* q_tile = sq + buf * kBM * pitch<kD>();
     const T* do_tile = sdo + buf * kBM * pitch<kDV>();
     const float* lse2 = slse + buf * kBM;

@@ -320,26 +320,20 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_fp8_dkdv_kernel(const Pt
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto& smem = *reinterpret_cast<typename F::Smem*>(smem_raw);
 
-  const int n0 = blockIdx.x * kBN;
-  const int64_t b = blockIdx.y;
-  const int hk = blockIdx.z, group = p.heads_q / p.heads_kv;
-  const Sequence s = sequence(p, b);
-  if (n0 >= s.len_k) return;
-  const Mask mask(p, s);
-  const int valid_k = min(kBN, s.len_k - n0);
-  const int q_lo = mask.first_query(n0), q_hi = mask.end_query(n0 + valid_k);
-  const int mb_lo = q_lo / kBM, mb_hi = q_hi > q_lo ? (q_hi + kBM - 1) / kBM : mb_lo;
-  const int n_mb = mb_hi - mb_lo, iters = group * n_mb;
+  const KeyBlock<kBN, kBM> blk(p);
+  if (blk.valid_k <= 0) return;
+  const int n0 = blk.n0, hk = blk.hk, valid_k = blk.valid_k, iters = blk.iters;
+  const int64_t b = blk.b;
+  const Sequence& s = blk.s;
+  const Mask& mask = blk.mask;
   const bool packed = p.cu_seqlens_q != nullptr;
   const int64_t q_first = packed ? s.start_q : b * p.seqlen_q, k_first = packed ? s.start_k : b * p.seqlen_k;
   // Warpgroup w's key tile; past the sequence the first one's again (its rows are computed, never
-  // stored). Iteration `it`: query head hk * group + it / n_mb, query block mb_lo + it % n_mb.
+  // stored). Iteration it's query tile: blk.head_of(it)'s block at blk.row_of(it).
   auto key_tile = [&](int w) {
     return (tile_index(b, k_first, n0 / kRows) + (w == 1 && valid_k > kRows ? 1 : 0)) * p.heads_kv + hk;
   };
-  auto q_tile = [&](int it) {
-    return tile_index(b, q_first, mb_lo + it % n_mb) * p.heads_q + hk * group + it / n_mb;
-  };
+  auto q_tile = [&](int it) { return tile_index(b, q_first, blk.row_of(it) / kBM) * p.heads_q + blk.head_of(it); };
 
   if (threadIdx.x == 0) smem.bars.init();
   __syncthreads();
@@ -400,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_fp8_dkdv_kernel(const Pt
 
   Full::wait(&smem.bars.once, 0);
   for (int it = 0; it < iters; ++it) {
-    const int st = it % kStages, m0 = (mb_lo + it % n_mb) * kBM;
+    const int st = it % kStages, m0 = blk.row_of(it);
     const int64_t t = q_tile(it);
     const float qs = fp.q_scale[t], dos = fp.do_scale[t];
     smem.bars.wait_full(it);

@@ -125,19 +125,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attn_bwd_dkdv_sm90_kernel(cons
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto& smem = *reinterpret_cast<typename F::Smem*>(smem_raw);
 
-  const int n0 = blockIdx.x * kBN;
-  const int64_t b = blockIdx.y;
-  const int hk = blockIdx.z, group = p.heads_q / p.heads_kv;
-  const Sequence s = sequence(p, b);
-  if (n0 >= s.len_k) return;
-  const Mask mask(p, s);
-  const int valid_k = min(kBN, s.len_k - n0);
-  const int q_lo = mask.first_query(n0), q_hi = mask.end_query(n0 + valid_k);
-  const int mb_lo = q_lo / kBM, mb_hi = q_hi > q_lo ? (q_hi + kBM - 1) / kBM : mb_lo;
-  const int n_mb = mb_hi - mb_lo, iters = group * n_mb;
-  // Iteration `it` covers query head hk * group + it / n_mb, query block mb_lo + it % n_mb.
-  auto head_of = [&](int it) { return hk * group + it / n_mb; };
-  auto row_of = [&](int it) { return (mb_lo + it % n_mb) * kBM; };
+  const KeyBlock<kBN, kBM> blk(p);
+  if (blk.valid_k <= 0) return;
+  const int n0 = blk.n0, hk = blk.hk, valid_k = blk.valid_k, iters = blk.iters;
+  const int64_t b = blk.b;
+  const Sequence& s = blk.s;
+  const Mask& mask = blk.mask;
+  auto head_of = [&](int it) { return blk.head_of(it); };
+  auto row_of = [&](int it) { return blk.row_of(it); };
 
   if (threadIdx.x == 0) {
     smem.kv_ready.init(kProducers);

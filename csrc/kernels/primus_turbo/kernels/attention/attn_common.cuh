@@ -146,4 +146,35 @@ struct QueryBlock {
   }
 };
 
+// The CTA of a key-block kernel (dK/dV): kBN keys from n0 of one KV head of one sequence, and the
+// kBM-row query blocks [mb_lo, mb_lo + n_mb) that see them, for each query head of the GQA group:
+// iteration `it` of `iters` covers query head head_of(it), the block starting at row_of(it).
+template <int kBN, int kBM>
+struct KeyBlock {
+  int64_t b;
+  int hk, group;  // KV head, and query heads per KV head
+  Sequence s;
+  Mask mask;
+  int n0;       // first key in the sequence
+  int valid_k;  // keys of the block inside the sequence (<= 0: nothing to do)
+  int mb_lo, n_mb, iters;
+
+  __device__ __forceinline__ explicit KeyBlock(const PtAttnParams& p)
+      : b(blockIdx.y),
+        hk(blockIdx.z),
+        group(p.heads_q / p.heads_kv),
+        s(sequence(p, blockIdx.y)),
+        mask(p, s),
+        n0(blockIdx.x * kBN) {
+    valid_k = min(kBN, s.len_k - n0);
+    const int q_lo = mask.first_query(n0), q_hi = mask.end_query(n0 + valid_k);
+    mb_lo = q_lo / kBM;
+    n_mb = q_hi > q_lo ? (q_hi + kBM - 1) / kBM - mb_lo : 0;
+    iters = group * n_mb;
+  }
+
+  __device__ __forceinline__ int head_of(int it) const { return hk * group + it / n_mb; }
+  __device__ __forceinline__ int row_of(int it) const { return (mb_lo + it % n_mb) * kBM; }
+};
+
 }  // namespace primus_turbo::kernels::attention
