@@ -113,7 +113,7 @@ pt_status pt_attention_bwd(const pt_tensor* dout, const pt_tensor* q, const pt_t
     Problem p = make_problem(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k,
                              softmax_scale, window_left, window_right);
     add_backward(p, dout, dq, dk, dv, dsink, delta);
-    if (numel(*dq) == 0 && numel(*dk) == 0 && (dsink == nullptr || numel(*dsink) == 0)) return;
+    if (no_gradients(dq, dk, dsink)) return;
     if (const cudnn::Plan* plan = choose(p, backend, true, deterministic != 0)) {
       run_cudnn(*plan, p, workspace, workspace_bytes, workspace_needed, stream);
       return;

@@ -149,7 +149,7 @@ pt_status pt_attention_fp8_bwd(const pt_tensor* dout, const pt_tensor* q, const 
     PT_CHECK_SUPPORTED(fp8_backward_head_dims(p.params.head_dim, p.params.head_dim_v), "the FP8 attention backward ",
                        "supports head dims 64, 96 and 128 (q/k and v alike); got ", p.params.head_dim, "/",
                        p.params.head_dim_v, ": use the 16-bit backward (pt_attention_bwd) for this shape");
-    if (numel(*dq) == 0 && numel(*dk) == 0 && (dsink == nullptr || numel(*dsink) == 0)) return;
+    if (no_gradients(dq, dk, dsink)) return;
     PtAttnFp8BwdParams f{};
     const size_t need = plan_backward(p.params, nullptr, &f);
     if (workspace_needed != nullptr) *workspace_needed = need;

@@ -189,4 +189,8 @@ void add_backward(Problem& p, const pt_tensor* dout, const pt_tensor* dq, const 
   }
 }
 
+bool no_gradients(const pt_tensor* dq, const pt_tensor* dk, const pt_tensor* dsink) {
+  return numel(*dq) == 0 && numel(*dk) == 0 && (dsink == nullptr || numel(*dsink) == 0);
+}
+
 }  // namespace primus_turbo::attention

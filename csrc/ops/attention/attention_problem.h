@@ -27,4 +27,7 @@ Problem make_problem(const pt_tensor* q, const pt_tensor* k, const pt_tensor* v,
 void add_backward(Problem& p, const pt_tensor* dout, const pt_tensor* dq, const pt_tensor* dk, const pt_tensor* dv,
                   const pt_tensor* dsink, const pt_tensor* delta);
 
+// True when a backward has nothing to write: no element of dq or dk, and no dsink.
+bool no_gradients(const pt_tensor* dq, const pt_tensor* dk, const pt_tensor* dsink);
+
 }  // namespace primus_turbo::attention

@@ -98,9 +98,10 @@ struct Attention {
   }
 
   // The backward's launches with the dK/dV and dQ steps given (launch(params, batch, stream)): the
-  // sm90 module swaps in its own.
+  // sm90 modules swap in their own. Without `delta_pass`, the dK/dV step writes delta itself.
   template <class LaunchDkdv, class LaunchDq>
-  static int backward_with(const PtAttnParams* p, char* err, size_t err_len, LaunchDkdv dkdv, LaunchDq dq) {
+  static int backward_with(const PtAttnParams* p, char* err, size_t err_len, LaunchDkdv dkdv, LaunchDq dq,
+                           bool delta_pass = true) {
     if (!check(p, err, err_len)) return 1;
     const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
     if (packed(p)) {
@@ -112,7 +113,7 @@ struct Attention {
     const unsigned batch = static_cast<unsigned>(p->batch);
     if (batch > 0 && p->heads_q > 0) {
       const int64_t rows = (p->seqlen_q + kDeltaRowsPerBlock - 1) / kDeltaRowsPerBlock;
-      if (rows > 0)
+      if (delta_pass && rows > 0)
         attn_bwd_delta_kernel<T, kDV><<<dim3(static_cast<unsigned>(rows), batch, p->heads_q), 32 * kDeltaRowsPerBlock,
                                         0, stream>>>(*p);
       dkdv(*p, batch, stream);

@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kQuantThreads) attn_fp8_bwd_quantize_kernel(co
     }
     // delta = rowsum(dout o out) from the dequantized dout: the dP it is subtracted from is computed
     // from the same values, so dS = P (dP - delta) cancels as it should (exactly 0 for a row that
-    // sees one key). It replaces the 16-bit delta of Attention::backward_with's pass.
+    // sees one key). Attention::backward_with's 16-bit delta pass is skipped for it.
     __shared__ float delta[kRows];
     quantize_tile<T, kDV, true>(row_at<const T>(p.dout, p.do_sb, p.do_ss, p.do_sh, b, s.start_q + r0, h), p.do_ss,
                                 valid, static_cast<E*>(fp.do_tiles) + t * kRows * kDV,
@@ -613,7 +613,7 @@ struct AttentionFp8Bwd {
                base.heads_kv);
       return 1;
     }
-    // The quantization (first in the dK/dV step) rewrites delta from the dequantized dout.
+    // The quantization (first in the dK/dV step) writes delta from the dequantized dout.
     auto dkdv = [fp](const PtAttnParams& p, unsigned batch, cudaStream_t stream) {
       const int64_t rows = p.seqlen_q > p.seqlen_k ? p.seqlen_q : p.seqlen_k;
       const int64_t tiles = (rows + kRows - 1) / kRows;
@@ -638,7 +638,7 @@ struct AttentionFp8Bwd {
       kernel<<<dim3(static_cast<unsigned>(m_blocks), batch, static_cast<unsigned>(p.heads_q)), kThreads, F::kSmem,
                stream>>>(*fp);
     };
-    return Attention<T, kD, kDV>::backward_with(&base, err, err_len, dkdv, dq);
+    return Attention<T, kD, kDV>::backward_with(&base, err, err_len, dkdv, dq, /*delta_pass=*/false);
   }
 };
 
