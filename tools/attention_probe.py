@@ -3,10 +3,12 @@ CUDA events) on a few shapes, for A/B tests of the sm90 kernels (with PRIMUS_TUR
 pointing at a variant of csrc/kernels): hdim 128 [8, 2K, 32/8] causal and [8, 2K, 32/32] full,
 [4, 4K, 32/8] causal, [2, 8K, 32/32] full, [1, 16K, 32/32] causal and full;
 MLA 192/128 [4, 4K, 128] and [1, 16K, 16] causal. The backward is autograd.grad of one forward.
-fp8bwd times flash_attn_fp8_func's backward on our FP8 backward kernels (MLA's head dims take the
+fp8fwd times flash_attn_fp8_func's forward (quantization included) and prints each kernel's share
+of the 16K shapes; fp8bwd times its backward on our FP8 backward kernels (MLA's head dims take the
 16-bit one) and prints each kernel's share of one backward of the 16K causal shape.
 
-    python3 -P tools/attention_probe.py TAG fwd|bwd|fp8bwd [det]    # det: deterministic=True (separate dQ)
+    python3 -P tools/attention_probe.py TAG fwd|bwd|fp8fwd|fp8bwd [det] [d128]
+    # det: deterministic=True (separate dQ); d128: the head-dim-128 shapes only
 """
 import sys
 from pathlib import Path
@@ -28,20 +30,25 @@ SHAPES = [  # batch, seqlen, heads q / kv, head dims q·k / v, causal
 
 def main():
     tag, mode = sys.argv[1], sys.argv[2]
-    det = len(sys.argv) > 3 and sys.argv[3] == "det"
+    det, d128_only = "det" in sys.argv[3:], "d128" in sys.argv[3:]
     GlobalBackendManager.set_attn_backend("TURBO")
     if mode == "fp8bwd":
         from primus_turbo.pytorch.ops import attention_fp8
 
         attention_fp8._FP8_BWD = True  # our FP8 backward kernels (opt-in)
     for b, s, hq, hkv, d, dv, causal in SHAPES:
+        if d128_only and d != 128:
+            continue
         torch.manual_seed(0)
         q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         v = torch.randn(b, s, hkv, dv, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        if mode == "fwd":
+        if mode in ("fwd", "fp8fwd"):
+            fn = turbo.ops.flash_attn_fp8_func if mode == "fp8fwd" else turbo.ops.flash_attn_func
             with torch.no_grad():
-                ms = time_cuda(lambda: turbo.ops.flash_attn_func(q, k, v, causal=causal))
+                ms = time_cuda(lambda: fn(q, k, v, causal=causal))
+                if mode == "fp8fwd" and s == 16384 and d == 128:
+                    kernel_shares(lambda: fn(q, k, v, causal=causal))
             mult = 1.0
         else:
             fn = turbo.ops.flash_attn_fp8_func if mode == "fp8bwd" else turbo.ops.flash_attn_func

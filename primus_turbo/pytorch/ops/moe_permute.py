@@ -593,17 +593,12 @@ def moe_permute(
     if use_fp8 and tokens.storage_offset() % 16:
         tokens = tokens.clone()  # 16-byte aligned rows
     width = num_topk if probs_topk else e
-    out, row_id_map, tpe, overflow, nd, pscales, pprobs = _MoePermute.apply(
-        tokens,
-        expert_map.contiguous(),
-        probs.contiguous() if probs is not None else None,
-        scales,
-        e,
-        pad_multiple,
-        num_permuted_tokens,
-        probs_topk,
-        width,
-    )
+    args = (tokens, expert_map.contiguous(), probs.contiguous() if probs is not None else None, scales, e,
+            pad_multiple, num_permuted_tokens, probs_topk)
+    needs_grad = torch.is_grad_enabled() and (tokens.requires_grad or (probs is not None and probs.requires_grad))
+    # Without a gradient to compute, the native op alone (no autograd.Function around it).
+    outs = _MoePermute.apply(*args, width) if needs_grad else _moe_permute_op(*args)
+    out, row_id_map, tpe, overflow, nd, pscales, pprobs = outs
     return (
         out,
         row_id_map,

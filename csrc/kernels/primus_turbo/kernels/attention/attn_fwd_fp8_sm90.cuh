@@ -43,6 +43,14 @@ using E = cutlass::float_e4m3_t;
 constexpr int kTileRows = PT_ATTN_FP8_TILE_ROWS;
 constexpr float kE4m3Max = 448.f;
 constexpr float kPScale = 256.f;  // P in [0, 1] scaled into E4M3's normal range (max 448)
+// The unbiased exponent of a power of two (-127 for 0).
+__device__ __forceinline__ int pow2_exponent(float pow2) {
+  return static_cast<int>((__float_as_uint(pow2) >> 23) & 0xff) - 127;
+}
+// 2^e exactly for an integer e in [-126, 127], 0 below.
+__device__ __forceinline__ float exp2i(int e) {
+  return e < -126 ? 0.f : __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+}
 
 template <int kMN, int kK>
 using KMajorLayout = sm90::KMajorLayout<E, kMN, kK>;
@@ -365,25 +373,35 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
         mx[r] = fmaxf(mx[r], x);
       }
     } else {
-      float raw[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+      // Eight independent maxima (row, key half, column pair) keep the FMNMX chains short.
+      float raw[2][2][2];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) (&raw[0][0][0])[i] = -INFINITY;
 #pragma unroll
       for (int e = 0; e < size(tSrS); ++e) {
-        const int r = (e >> 1) & 1, h = (e >> 2) >= kBN / 16;
-        raw[r][h] = fmaxf(raw[r][h], tSrS(e));
+        const int c = e & 1, r = (e >> 1) & 1, h = (e >> 2) >= kBN / 16;
+        raw[r][h][c] = fmaxf(raw[r][h][c], tSrS(e));
       }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], fmaxf(raw[r][0] * sc[0], raw[r][1] * sc[1]));
+      for (int r = 0; r < 2; ++r) {
+        const float m0 = fmaxf(raw[r][0][0], raw[r][0][1]), m1 = fmaxf(raw[r][1][0], raw[r][1][1]);
+        mx[r] = fmaxf(mx[r], fmaxf(m0 * sc[0], m1 * sc[1]));
+      }
     }
+    // O's unit moves to the larger v scale (O is 0 before the first block, and while V is all
+    // zeros). Scales are powers of two (or 0): the ratios are exponent differences, no division.
     const float vnew = fmaxf(vref, fmaxf(vs.x, vs.y));
-    // O's unit moves to the larger v scale (O is 0 before the first block, and while V is all zeros).
-    const float grow = vnew > 0.f ? vref / vnew : 1.f, to_p = vnew > 0.f ? kPScale / vnew : 0.f;
+    const int e_new = pow2_exponent(vnew);
+    const float grow = vnew > 0.f ? (vref > 0.f ? exp2i(pow2_exponent(vref) - e_new) : 0.f) : 1.f;
     vref = vnew;
     float lpv[2], inv_pv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float f = (h ? vs.y : vs.x) * to_p;
-      lpv[h] = f > 0.f ? static_cast<float>(static_cast<int>((__float_as_uint(f) >> 23) & 0xff) - 127) : 0.f;
-      inv_pv[h] = f > 0.f ? 1.f / f : 1.f;
+      const float v = h ? vs.y : vs.x;
+      // log2 of the half's P factor 256 * v / vref; >= -126 so that its inverse stays finite.
+      const int l = v > 0.f ? max(pow2_exponent(v) + 8 - e_new, -126) : 0;
+      lpv[h] = static_cast<float>(l);
+      inv_pv[h] = exp2i(-l);
     }
     float base[2];
 #pragma unroll
@@ -439,10 +457,17 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
 
   // Block i's S = Q K^T runs while block i - 1's P V^T does: the softmax of block i waits for its
   // S only, and O's correction waits for the P V^T before it.
+  // The next block's scales are loaded one block ahead: a load from L2 would stall the softmax.
+  float2 ks_next = {0.f, 0.f}, vs_next = {0.f, 0.f};
+  auto prefetch_scales = [&](int nb) {
+    if (nb < nb_hi) ks_next = scales(fp.k_scale, nb), vs_next = scales(fp.v_scale, nb);
+  };
   Full::wait(&smem.q_full, 0);
   if (nb_lo < nb_hi) {
     float corr[2];
-    const float2 ks0 = scales(fp.k_scale, nb_lo), vs0 = scales(fp.v_scale, nb_lo);
+    prefetch_scales(nb_lo);
+    const float2 ks0 = ks_next, vs0 = vs_next;
+    prefetch_scales(nb_lo + 1);
     Full::wait(&smem.k_full[0], 0);
     issue_qk(0);
     warpgroup_wait<0>();
@@ -451,7 +476,8 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
     to_p();
     for (int nb = nb_lo + 1; nb < nb_hi; ++nb) {
       const int i = nb - nb_lo, st = i % kStages, prev = (i - 1) % kStages;
-      const float2 ks = scales(fp.k_scale, nb), vs = scales(fp.v_scale, nb);
+      const float2 ks = ks_next, vs = vs_next;
+      prefetch_scales(nb + 1);
       Full::wait(&smem.k_full[st], (i / kStages) & 1);
       issue_qk(st);
       Full::wait(&smem.v_full[prev], ((i - 1) / kStages) & 1);
@@ -462,8 +488,11 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       Empty::arrive(&smem.kv_empty[prev]);
+      // Most blocks move no row maximum and no v unit of any row of the warp: O stays as it is.
+      if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
-      for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= corr[(e >> 1) & 1];
+        for (int e = 0; e < size(tOrO); ++e) tOrO(e) *= corr[(e >> 1) & 1];
+      }
       to_p();
     }
     const int i = nb_hi - 1 - nb_lo, last = i % kStages;
