@@ -21,6 +21,22 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// Power-of-two scale arithmetic (the FP8 forward's block scales are powers of two, or 0): exact
+// and without a division, whose IEEE sequence (with its slow-path call) sat in every block's
+// softmax.
+// The unbiased exponent of a power of two (-127 for 0).
+__device__ __forceinline__ int pow2_exponent(float pow2) {
+  return static_cast<int>((__float_as_uint(pow2) >> 23) & 0xff) - 127;
+}
+// 2^e for an integer e: 0 below 2^-126, +inf above 2^127.
+__device__ __forceinline__ float exp2i(int e) {
+  return e < -126 ? 0.f : (e > 127 ? INFINITY : __uint_as_float(static_cast<uint32_t>(e + 127) << 23));
+}
+// a / b for powers of two a >= 0 and b > 0 (0 for a = 0).
+__device__ __forceinline__ float pow2_ratio(float a, float b) {
+  return a == 0.f ? 0.f : exp2i(pow2_exponent(a) - pow2_exponent(b));
+}
+
 struct Sequence {
   int64_t start_q, start_k;  // row of the sequence's first token (0 for fixed length)
   int len_q, len_k;

@@ -43,14 +43,6 @@ using E = cutlass::float_e4m3_t;
 constexpr int kTileRows = PT_ATTN_FP8_TILE_ROWS;
 constexpr float kE4m3Max = 448.f;
 constexpr float kPScale = 256.f;  // P in [0, 1] scaled into E4M3's normal range (max 448)
-// The unbiased exponent of a power of two (-127 for 0).
-__device__ __forceinline__ int pow2_exponent(float pow2) {
-  return static_cast<int>((__float_as_uint(pow2) >> 23) & 0xff) - 127;
-}
-// 2^e exactly for an integer e in [-126, 127], 0 below.
-__device__ __forceinline__ float exp2i(int e) {
-  return e < -126 ? 0.f : __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
-}
 
 template <int kMN, int kK>
 using KMajorLayout = sm90::KMajorLayout<E, kMN, kK>;
@@ -392,7 +384,7 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
     // zeros). Scales are powers of two (or 0): the ratios are exponent differences, no division.
     const float vnew = fmaxf(vref, fmaxf(vs.x, vs.y));
     const int e_new = pow2_exponent(vnew);
-    const float grow = vnew > 0.f ? (vref > 0.f ? exp2i(pow2_exponent(vref) - e_new) : 0.f) : 1.f;
+    const float grow = vnew > 0.f ? pow2_ratio(vref, vnew) : 1.f;
     vref = vnew;
     float lpv[2], inv_pv[2];
 #pragma unroll
