@@ -162,6 +162,18 @@ def test_fp8_forward_is_quantized_and_blockwise():
         assert_snr(out2, ref2, MIN_SNR, f"outlier block, block {block}")
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_fp8_forward_with_value_scales_growing_along_the_keys(causal):
+    """V's magnitude grows 10^6-fold along 4096 keys (and K's by up to 2x at random): O's v unit
+    moves at almost every block, also where no row maximum does, so O's rescale must run then."""
+    q, k, v, _, _ = make(1, 4096, 4096, 4, 2, 128, 128, seed=51)
+    with torch.no_grad():
+        v = v * torch.logspace(-3, 3, 4096, device=v.device).view(1, -1, 1, 1).to(v.dtype)
+        k = k * torch.rand(1, 4096, 1, 1, device=k.device).mul(2).to(k.dtype)
+        out = turbo.ops.flash_attn_fp8_func(q, k, v, causal=causal)
+    assert_snr(out, reference(q, k, v, causal=causal)[0], MIN_SNR, "growing v scales")
+
+
 def test_fp8_backward_is_quantized_and_deterministic(fp8_backward):
     """The FP8 backward kernels run (their gradients differ from the 16-bit backward's of the same
     forward by FP8 rounding, not by 16-bit rounding), agree with the reference at the FP8 gate, and
