@@ -29,7 +29,7 @@ FP8_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128))
 _DEFAULT_BLOCK = 64  # rows per scale without a config (the original library's default)
 #: (head dim of q and k, head dim of v) pairs of the FP8 backward kernel; others take the 16-bit one.
 FP8_BWD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128))
-# Opt-in: the FP8 backward runs 0.77-0.93x our 16-bit one on an H100 (PERFORMANCE.md).
+# Opt-in: the FP8 backward runs 0.62-0.86x the 16-bit (cuDNN) one on an H100 (PERFORMANCE.md).
 _FP8_BWD = os.environ.get("PRIMUS_TURBO_ATTN_FP8_BWD", "0") == "1"
 
 
