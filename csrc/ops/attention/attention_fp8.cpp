@@ -42,17 +42,15 @@ char* aligned_base(void* workspace) {
 
 // Where each part of the workspace starts, from an aligned base.
 struct Fp8Workspace {
-  size_t q_tiles = 0, k_tiles = 0, vt_tiles = 0, q_scale = 0, k_scale = 0, v_scale = 0, bytes = 0;
+  size_t k_tiles = 0, vt_tiles = 0, k_scale = 0, v_scale = 0, bytes = 0;
 };
 
 Fp8Workspace plan(const PtAttnParams& r) {
   Fp8Workspace w;
-  const size_t q_cap = tile_capacity(r, false, kTile), k_cap = tile_capacity(r, true, kTile);
+  const size_t k_cap = tile_capacity(r, true, kTile);
   Carver c;
-  w.q_tiles = c.take(q_cap * r.heads_q * kTile * r.head_dim);
   w.k_tiles = c.take(k_cap * r.heads_kv * kTile * r.head_dim);
   w.vt_tiles = c.take(k_cap * r.heads_kv * kTile * r.head_dim_v);
-  w.q_scale = c.take(q_cap * r.heads_q * 2 * sizeof(float));
   w.k_scale = c.take(k_cap * r.heads_kv * 2 * sizeof(float));
   w.v_scale = c.take(k_cap * r.heads_kv * 2 * sizeof(float));
   w.bytes = c.bytes + kAlign;  // room to align the caller's base
@@ -118,8 +116,7 @@ pt_status pt_attention_fp8_fwd(const pt_tensor* q, const pt_tensor* k, const pt_
     PtAttnFp8Params f{};
     f.base = p.params;
     f.base.stream = stream;
-    f.q_tiles = base + w.q_tiles, f.k_tiles = base + w.k_tiles, f.vt_tiles = base + w.vt_tiles;
-    f.q_scale = reinterpret_cast<float*>(base + w.q_scale);
+    f.k_tiles = base + w.k_tiles, f.vt_tiles = base + w.vt_tiles;
     f.k_scale = reinterpret_cast<float*>(base + w.k_scale);
     f.v_scale = reinterpret_cast<float*>(base + w.v_scale);
     f.q_deq = q_deq != nullptr ? q_deq->data : nullptr;

@@ -16,18 +16,17 @@ extern "C" {
 #define PT_ATTN_FP8_TILE_ROWS 128
 
 // One FP8 forward: `base` is the 16-bit problem (q, k, v, out, lse, sink, offsets, shapes, strides,
-// scale, window, stream). The module quantizes q, k and v into the workspace below, one E4M3 tile
-// per (tile index, head) in the byte image the kernel's shared memory wants (wgmma's swizzled,
-// K-major layout; V transposed so that keys run along its rows), each 64-row half with the float32
-// scale that dequantizes it, then runs the forward on the tiles.
+// scale, window, stream). The module quantizes k and v into the workspace below, one E4M3 tile per
+// (tile index, head) in the byte image the kernel's shared memory wants (wgmma's swizzled, K-major
+// layout; V transposed so that keys run along its rows), each 64-row half with the float32 scale
+// that dequantizes it, then runs the forward on the tiles; each forward CTA quantizes its own
+// query tile (read by that CTA alone) in shared memory, with the same rule.
 typedef struct PtAttnFp8Params {
   PtAttnParams base;
-  // Q_TILES / K_TILES below: the tile indices of q's / k's tokens (batch + ceil(tokens / 128)).
-  void* q_tiles;   // [Q_TILES, heads_q][128 x head_dim], 1024-byte aligned
-  void* k_tiles;   // [K_TILES, heads_kv][128 x head_dim]
+  // K_TILES below: the tile indices of k's tokens (batch + ceil(tokens / 128)).
+  void* k_tiles;   // [K_TILES, heads_kv][128 x head_dim], 1024-byte aligned
   void* vt_tiles;  // [K_TILES, heads_kv][head_dim_v x 128]
-  float* q_scale;  // [Q_TILES, heads_q, 2]: one scale per 64 rows
-  float* k_scale;  // [K_TILES, heads_kv, 2]
+  float* k_scale;  // [K_TILES, heads_kv, 2]: one scale per 64 rows
   float* v_scale;  // [K_TILES, heads_kv, 2]
   // 16-bit copies of the dequantized q, k, v (what the forward computes with, so what the backward
   // differentiates), contiguous [tokens, heads, head dim] (fixed length: batch * seqlen tokens);

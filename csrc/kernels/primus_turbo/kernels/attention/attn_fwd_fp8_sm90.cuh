@@ -1,17 +1,18 @@
 // FP8 flash-attention forward on Hopper: blockwise E4M3 quantization of q, k and v, then a
 // warp-specialized wgmma kernel that reads the quantized tiles with bulk copies.
 //
-// Quantization (attn_fp8_quantize_kernel): one CTA per (128-row tile, sequence, head of q, k or v)
+// Quantization (attn_fp8_quantize_kernel): one CTA per (128-row tile, sequence, head of k or v)
 // takes the amax of each 64-row half (or of the whole tile, scale_rows = 128), scales it into
 // E4M3's 448 by a power of two and writes the tile in the byte image the forward's shared memory
 // wants (K-major, swizzled as wgmma reads it; V transposed so that keys run along its rows, the
 // K-major B operand of P V, in vt_slot's key order). Rows past the sequence are zeros. The tile
 // indices are attention_fp8_abi.h's. On request it also writes the dequantized 16-bit operands for
-// the backward.
+// the backward. Q's tiles, each read by one forward CTA, are quantized by that CTA's consumers in
+// shared memory (quantize_q_rows, the same rule): they never go through memory.
 //
 // Forward (attn_fwd_fp8_kernel): one CTA per (128 query rows, sequence, query head), three
-// warpgroups. Warpgroup 0 is the producer: one thread issues a 1-D bulk copy per tile (a tile is
-// contiguous, already swizzled, so no tensor map is needed) into a ring of kStages K/V buffers,
+// warpgroups. Warpgroup 0 is the producer: one thread issues a 1-D bulk copy per K or V tile (a
+// tile is contiguous, already swizzled, so no tensor map is needed) into a ring of kStages buffers,
 // each signalled by a transaction barrier and released by an "empty" barrier. Warpgroups 1 and 2
 // each own 64 query rows: S = Q K^T (SS wgmma, E4M3 in, float out), the online softmax on the
 // accumulators with the q and k scales folded into the exponent's factor, then P (scaled by 256,
@@ -113,14 +114,26 @@ __device__ __forceinline__ int vt_slot(int k) {
 
 constexpr int kQuantThreads = 256;
 
+// The scale of a block whose largest magnitude is amax, and the factor that quantizes it: a power
+// of two at or above amax / 448, so dequantized values are exact in bf16 (and in fp16 within its
+// normal range) and the backward's scores are the forward's. An all-zero block (rows past the
+// sequence too) gets scale 0, so it never inflates the forward's running v scale; the exponent
+// stays >= -126 (a subnormal scale would make 1 / scale infinite); a block holding an infinity
+// is NaN throughout.
+__device__ __forceinline__ void block_scale(float amax, float& scale, float& inv) {
+  const bool finite = amax <= 3.4e38f, zero = amax == 0.f;
+  const float pow2 = finite && !zero ? exp2f(fmaxf(ceilf(log2f(amax / kE4m3Max)), -126.f)) : 1.f;
+  scale = zero ? 0.f : pow2;
+  inv = finite ? 1.f / pow2 : __int_as_float(0x7fc00000);
+}
+
 // One 128 x kCols tile of a 16-bit operand (rows from src, `valid` of them real) into its E4M3
 // image at dst (layout: Layout, element (row, col), or (col, vt_slot(row)) with kTransposed), the
 // two half scales into scale[0..1], and, unless deq is null, the dequantized rows into deq (row
-// stride deq_stride): the operands whose gradients the backward computes. The tile holds the
-// values times `sign` (deq does not).
+// stride deq_stride): the operands whose gradients the backward computes.
 template <class T, int kCols, bool kTransposed, class Layout>
 __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int valid, E* dst, float* scale,
-                                              int scale_rows, T* deq, int64_t deq_stride, float sign = 1.f) {
+                                              int scale_rows, T* deq, int64_t deq_stride) {
   constexpr int kChunksPerRow = kCols / 8, kPerThread = kTileRows * kChunksPerRow / kQuantThreads;
   constexpr int kFirstHalf = kPerThread / 2;  // chunks of rows [0, 64): the first half of each thread's
   static_assert(kTileRows * kChunksPerRow % (2 * kQuantThreads) == 0, "whole chunk rounds per half");
@@ -148,15 +161,8 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
     if (scale_rows == kTileRows) m[0] = m[1] = fmaxf(m[0], m[1]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // A power of two at or above amax / 448: dequantized values are exact in bf16 (and in fp16
-      // within its normal range), so the backward's scores are the forward's. An all-zero half
-      // (rows past the sequence too) gets scale 0, so it never inflates the forward's running v
-      // scale; the exponent stays >= -126 (a subnormal scale would make 1 / scale infinite); a
-      // half holding an infinity is NaN throughout.
-      const bool finite = m[h] <= 3.4e38f, zero = m[h] == 0.f;
-      const float pow2 = finite && !zero ? exp2f(fmaxf(ceilf(log2f(m[h] / kE4m3Max)), -126.f)) : 1.f;
-      scale[h] = scale_half[h] = zero ? 0.f : pow2;
-      inv_half[h] = finite ? 1.f / pow2 : __int_as_float(0x7fc00000);
+      block_scale(m[h], scale_half[h], inv_half[h]);
+      scale[h] = scale_half[h];
     }
   }
   __syncthreads();
@@ -167,7 +173,7 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
       const int half = i < kFirstHalf ? 0 : 1;
       if (r < valid)
         *reinterpret_cast<uint4*>(deq + r * deq_stride + col) =
-            from_e4m3x8<T>(to_e4m3x8<T>(chunk[i], inv_half[half] * sign), scale_half[half] * sign);
+            from_e4m3x8<T>(to_e4m3x8<T>(chunk[i], inv_half[half]), scale_half[half]);
     }
   }
   Tensor tile = make_tensor(make_smem_ptr(dst), Layout{});
@@ -175,7 +181,7 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-      *reinterpret_cast<uint2*>(&tile(r, col)) = to_e4m3x8<T>(chunk[i], inv_half[i < kFirstHalf ? 0 : 1] * sign);
+      *reinterpret_cast<uint2*>(&tile(r, col)) = to_e4m3x8<T>(chunk[i], inv_half[i < kFirstHalf ? 0 : 1]);
     }
   } else {
     // Transposed through shared memory: rows of the image are columns of the tile.
@@ -197,48 +203,82 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
   }
 }
 
-// Grid (tiles of the longer side, batch, heads_q + 2 heads_kv): z picks q's, k's or v's head.
+// A consumer warpgroup's 64 query rows (rows 64 wg.. of the CTA's tile from src, `valid` of them
+// real) quantized by its 128 threads (t: thread in the warpgroup) into the CTA's Q tile in shared
+// memory, with quantize_tile's scale rule; returns their scale. Q's tiles are read by one CTA
+// only, so quantizing them here saves the pass that would write them to memory for this kernel to
+// read back. With whole_tile (scale_rows 128) both warpgroups share one amax. Unless deq is null,
+// also the dequantized rows (row stride deq_stride). The tile holds the values times `sign`.
+// Named barriers 1 (both warpgroups) and 2 + wg.
+template <class T, int kD, class Layout>
+__device__ __forceinline__ float quantize_q_rows(const T* src, int64_t stride, int valid, E* sq, int wg, int t,
+                                                 float (&amax_warp)[8], bool whole_tile, T* deq, int64_t deq_stride,
+                                                 float sign) {
+  constexpr int kChunksPerRow = kD / 8, kPerThread = 64 * kChunksPerRow / 128;
+  static_assert(64 * kChunksPerRow % 128 == 0, "whole chunk rounds");
+  uint4 chunk[kPerThread];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = t + i * 128, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    chunk[i] = r < valid ? *reinterpret_cast<const uint4*>(src + r * stride + col) : make_uint4(0, 0, 0, 0);
+    amax = fmaxf(amax, chunk_amax<T>(chunk[i]));
+  }
+  amax = warp_max(amax);
+  if (t % 32 == 0) amax_warp[4 * wg + t / 32] = amax;
+  if (whole_tile)
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  else
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+  float m = 0.f;
+#pragma unroll
+  for (int w = 0; w < 8; ++w)
+    if (whole_tile || w / 4 == wg) m = fmaxf(m, amax_warp[w]);
+  float scale, inv;
+  block_scale(m, scale, inv);
+  Tensor tile = make_tensor(make_smem_ptr(sq), Layout{});
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = t + i * 128, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    const uint2 q = to_e4m3x8<T>(chunk[i], inv * sign);
+    *reinterpret_cast<uint2*>(&tile(64 * wg + r, col)) = q;
+    if (deq != nullptr && r < valid)
+      *reinterpret_cast<uint4*>(deq + r * deq_stride + col) = from_e4m3x8<T>(q, scale * sign);
+  }
+  cutlass::arch::fence_view_async_shared();  // the tile's generic-proxy writes, before wgmma reads them
+  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+  return scale;
+}
+
+// Grid (tiles of k, batch, 2 heads_kv): z picks k's or v's head. (q's tiles are quantized by
+// the forward itself: quantize_q_rows.)
 template <class T, int kD, int kDV>
 __global__ void __launch_bounds__(kQuantThreads) attn_fp8_quantize_kernel(const PtAttnFp8Params fp) {
   using Tiles = Fp8Tiles<kD, kDV>;
   const PtAttnParams& p = fp.base;
   const int64_t b = blockIdx.y;
   const Sequence s = sequence(p, b);
-  const bool packed = p.cu_seqlens_q != nullptr;
   const int nb = blockIdx.x, r0 = nb * kTileRows;
-  // The dequantized copy of an operand [tokens, heads, cols] at token `first + r0`, or null.
-  auto deq_rows = [&](void* deq, int64_t first, int heads, int h, int cols) {
-    return deq == nullptr ? nullptr : static_cast<T*>(deq) + ((first + r0) * heads + h) * cols;
-  };
-  int h = blockIdx.z;
-  if (h < p.heads_q) {
-    if (r0 >= s.len_q) return;
-    const int64_t first = packed ? s.start_q : b * p.seqlen_q;
-    const int64_t t = tile_index(b, first, nb) * p.heads_q + h;
-    quantize_tile<T, kD, false, typename Tiles::LayoutQK>(
-        row_at<const T>(p.q, p.q_sb, p.q_ss, p.q_sh, b, s.start_q + r0, h), p.q_ss, min(kTileRows, s.len_q - r0),
-        static_cast<E*>(fp.q_tiles) + t * Tiles::kQKBytes, fp.q_scale + 2 * t, fp.scale_rows,
-        deq_rows(fp.q_deq, first, p.heads_q, h, kD), int64_t{p.heads_q} * kD,
-        p.softmax_scale < 0.f ? -1.f : 1.f);  // the forward's exponent factor is then >= 0
-    return;
-  }
-  h -= p.heads_q;
   if (r0 >= s.len_k) return;
-  const bool is_v = h >= p.heads_kv;
-  if (is_v) h -= p.heads_kv;
-  const int64_t first = packed ? s.start_k : b * p.seqlen_k;
+  // The dequantized copy of an operand [tokens, heads, cols] at token `first + r0`, or null.
+  const int64_t first = p.cu_seqlens_q != nullptr ? s.start_k : b * p.seqlen_k;
+  auto deq_rows = [&](void* deq, int h, int cols) {
+    return deq == nullptr ? nullptr : static_cast<T*>(deq) + ((first + r0) * p.heads_kv + h) * cols;
+  };
+  const bool is_v = blockIdx.z >= static_cast<unsigned>(p.heads_kv);
+  const int h = is_v ? blockIdx.z - p.heads_kv : blockIdx.z;
   const int64_t t = tile_index(b, first, nb) * p.heads_kv + h;
   const int valid = min(kTileRows, s.len_k - r0);
   if (!is_v)
     quantize_tile<T, kD, false, typename Tiles::LayoutQK>(
         row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, b, s.start_k + r0, h), p.k_ss, valid,
         static_cast<E*>(fp.k_tiles) + t * Tiles::kQKBytes, fp.k_scale + 2 * t, fp.scale_rows,
-        deq_rows(fp.k_deq, first, p.heads_kv, h, kD), int64_t{p.heads_kv} * kD);
+        deq_rows(fp.k_deq, h, kD), int64_t{p.heads_kv} * kD);
   else
     quantize_tile<T, kDV, true, typename Tiles::LayoutVt>(
         row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, s.start_k + r0, h), p.v_ss, valid,
         static_cast<E*>(fp.vt_tiles) + t * Tiles::kVtBytes, fp.v_scale + 2 * t, fp.scale_rows,
-        deq_rows(fp.v_deq, first, p.heads_kv, h, kDV), int64_t{p.heads_kv} * kDV);
+        deq_rows(fp.v_deq, h, kDV), int64_t{p.heads_kv} * kDV);
 }
 
 template <class T, int kD, int kDV>
@@ -259,7 +299,8 @@ struct FwdFp8 {
     array_aligned<E, cosize_v<LayoutQK>, 1024> q;
     array_aligned<E, cosize_v<LayoutQK>, 1024> k[kStages];
     array_aligned<E, cosize_v<LayoutVt>, 1024> vt[kStages];
-    uint64_t q_full, k_full[kStages], v_full[kStages], kv_empty[kStages];
+    uint64_t k_full[kStages], v_full[kStages], kv_empty[kStages];
+    float q_amax[8];  // quantize_q_rows' per-warp maxima
   };
   static constexpr size_t kSmem = sizeof(Smem);
 };
@@ -278,13 +319,10 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
   const QueryBlock<kBM, kBN> blk(p);
   if (blk.valid_q <= 0) return;
   const bool packed = p.cu_seqlens_q != nullptr;
-  const int64_t q_tile =
-      tile_index(blk.b, packed ? blk.s.start_q : blk.b * p.seqlen_q, blk.m0 / kBM) * p.heads_q + blk.h;
   const int64_t k_tile0 = tile_index(blk.b, packed ? blk.s.start_k : blk.b * p.seqlen_k, 0);
   const int nb_lo = blk.nb_lo, nb_hi = blk.nb_hi;
 
   if (threadIdx.x == 0) {
-    Full::init(&smem.q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       Full::init(&smem.k_full[s], 1);
       Full::init(&smem.v_full[s], 1);
@@ -298,9 +336,6 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
   if (threadIdx.x < 128) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<24>();
     if (threadIdx.x == 0) {
-      Full::arrive_and_expect_tx(&smem.q_full, kQKBytes);
-      SM90_BULK_COPY_G2S::copy(static_cast<const E*>(fp.q_tiles) + q_tile * kQKBytes, &smem.q_full, smem.q.data(),
-                               kQKBytes);
       for (int nb = nb_lo; nb < nb_hi; ++nb) {
         const int i = nb - nb_lo, st = i % kStages;
         if (i >= kStages) Empty::wait(&smem.kv_empty[st], ((i / kStages) - 1) & 1);
@@ -336,7 +371,14 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
   const int m0 = blk.m0;
   const int local_row = cw * 64 + warp * 16 + lane / 4;  // + 8 r: this thread's two rows in the block
   const int row_base = m0 + local_row;
-  const float q_scale = fp.q_scale[2 * q_tile + cw];
+  const float sign = p.softmax_scale < 0.f ? -1.f : 1.f;  // the exponent factor is then >= 0
+  T* q_deq = fp.q_deq == nullptr ? nullptr
+                                 : static_cast<T*>(fp.q_deq) +
+                                       ((packed ? blk.s.start_q : blk.b * p.seqlen_q) + m0 + 64 * cw) * p.heads_q * kD +
+                                       int64_t{blk.h} * kD;
+  const float q_scale = quantize_q_rows<T, kD, typename F::LayoutQK>(
+      blk.template rows<const T>(p.q, p.q_sb, p.q_ss, p.q_sh) + 64 * cw * p.q_ss, p.q_ss, blk.valid_q - 64 * cw,
+      smem.q.data(), cw, tid % 128, smem.q_amax, fp.scale_rows == kTileRows, q_deq, int64_t{p.heads_q} * kD, sign);
   const float scale_log2 = fabsf(p.softmax_scale) * kLog2e * q_scale;  // >= 0: q's tiles carry the sign
   const float sink2 = p.sink != nullptr ? p.sink[blk.h] * kLog2e : -INFINITY;
   float row_max[2] = {sink2, sink2};
@@ -454,7 +496,6 @@ __global__ void __launch_bounds__(384, 1) attn_fwd_fp8_kernel(const PtAttnFp8Par
   auto prefetch_scales = [&](int nb) {
     if (nb < nb_hi) ks_next = scales(fp.k_scale, nb), vs_next = scales(fp.v_scale, nb);
   };
-  Full::wait(&smem.q_full, 0);
   if (nb_lo < nb_hi) {
     float corr[2];
     prefetch_scales(nb_lo);
@@ -509,20 +550,19 @@ struct AttentionFp8 {
     }
     auto launch = [fp](const PtAttnParams& p, cudaStream_t stream) {
       using F = FwdFp8<T, kD, kDV>;
-      const int64_t rows = p.seqlen_q > p.seqlen_k ? p.seqlen_q : p.seqlen_k;
-      const int64_t tiles = (rows + kTileRows - 1) / kTileRows, m_blocks = (p.seqlen_q + F::kBM - 1) / F::kBM;
-      if (tiles <= 0) return;
-      attn_fp8_quantize_kernel<T, kD, kDV><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch),
-                                                  static_cast<unsigned>(p.heads_q + 2 * p.heads_kv)),
-                                             kQuantThreads, 0, stream>>>(*fp);
+      const int64_t tiles = (p.seqlen_k + kTileRows - 1) / kTileRows, m_blocks = (p.seqlen_q + F::kBM - 1) / F::kBM;
+      if (tiles > 0)
+        attn_fp8_quantize_kernel<T, kD, kDV><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch),
+                                                    static_cast<unsigned>(2 * p.heads_kv)),
+                                               kQuantThreads, 0, stream>>>(*fp);
       if (m_blocks <= 0) return;
       auto kernel = attn_fwd_fp8_kernel<T, kD, kDV>;
       opt_in_smem(kernel, F::kSmem);
       kernel<<<dim3(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads_q)),
                F::kThreads, F::kSmem, stream>>>(*fp);
     };
-    if (fp->base.heads_q + 2 * fp->base.heads_kv > 65535) {
-      snprintf(err, err_len, "FP8 attention: %d query and %d KV heads exceed the launch limit", fp->base.heads_q,
+    if (2 * fp->base.heads_kv > 65535) {
+      snprintf(err, err_len, "FP8 attention: %d KV heads exceed the launch limit",
                fp->base.heads_kv);
       return 1;
     }
