@@ -135,36 +135,17 @@ template <class T, int kCols, bool kTransposed, class Layout>
 __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int valid, E* dst, float* scale,
                                               int scale_rows, T* deq, int64_t deq_stride) {
   constexpr int kChunksPerRow = kCols / 8, kPerThread = kTileRows * kChunksPerRow / kQuantThreads;
+  constexpr int kFirstHalf = kPerThread / 2;  // chunks of rows [0, 64): the first half of each thread's
   static_assert(kTileRows * kChunksPerRow % (2 * kQuantThreads) == 0, "whole chunk rounds per half");
-  static_assert(!kTransposed || (kQuantThreads == 256 && kTileRows == 128), "transposed: 8 warps on 128 rows");
-  // Chunk i of this thread: row r, first column col. For the K-major image, consecutive threads
-  // take consecutive chunks of a row. For the transposed one a thread takes kPerThread consecutive
-  // chunks of one row (128-byte runs) and a warp 32 consecutive rows, so that a warp's byte stores
-  // into the transposed staging (one image row at a time) fall into 8 consecutive words: with
-  // lanes along the columns they all hit one bank.
-  auto chunk_at = [](int i, int& r, int& col) {
-    if constexpr (kTransposed) {
-      const int w = threadIdx.x / 32;
-      r = 32 * (w % 4) + threadIdx.x % 32;
-      col = ((w / 4) * kPerThread + i) * 8;
-    } else {
-      const int c = threadIdx.x + i * kQuantThreads;
-      r = c / kChunksPerRow;
-      col = (c % kChunksPerRow) * 8;
-    }
-  };
   __shared__ float amax_warp[kQuantThreads / 32][2];
   __shared__ float inv_half[2], scale_half[2];
   uint4 chunk[kPerThread];
   float amax[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
-    int r, col;
-    chunk_at(i, r, col);
+    const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
     chunk[i] = r < valid ? *reinterpret_cast<const uint4*>(src + r * stride + col) : make_uint4(0, 0, 0, 0);
-    const float m = chunk_amax<T>(chunk[i]);  // into its half's maximum, without a dynamic index
-    amax[0] = r < 64 ? fmaxf(amax[0], m) : amax[0];
-    amax[1] = r < 64 ? amax[1] : fmaxf(amax[1], m);
+    amax[i < kFirstHalf ? 0 : 1] = fmaxf(amax[i < kFirstHalf ? 0 : 1], chunk_amax<T>(chunk[i]));
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
@@ -188,9 +169,8 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
   if (deq != nullptr) {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      int r, col;
-      chunk_at(i, r, col);
-      const int half = r >= 64;
+      const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      const int half = i < kFirstHalf ? 0 : 1;
       if (r < valid)
         *reinterpret_cast<uint4*>(deq + r * deq_stride + col) =
             from_e4m3x8<T>(to_e4m3x8<T>(chunk[i], inv_half[half]), scale_half[half]);
@@ -200,9 +180,8 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
   if constexpr (!kTransposed) {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      int r, col;
-      chunk_at(i, r, col);
-      *reinterpret_cast<uint2*>(&tile(r, col)) = to_e4m3x8<T>(chunk[i], inv_half[r >= 64]);
+      const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      *reinterpret_cast<uint2*>(&tile(r, col)) = to_e4m3x8<T>(chunk[i], inv_half[i < kFirstHalf ? 0 : 1]);
     }
   } else {
     // Transposed through shared memory: rows of the image are columns of the tile.
@@ -210,9 +189,8 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
     __shared__ __align__(16) uint8_t staged[kCols * kPitch];
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      int r, col;
-      chunk_at(i, r, col);
-      const uint2 q = to_e4m3x8<T>(chunk[i], inv_half[r >= 64]);
+      const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      const uint2 q = to_e4m3x8<T>(chunk[i], inv_half[i < kFirstHalf ? 0 : 1]);
       const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&q);
 #pragma unroll
       for (int j = 0; j < 8; ++j) staged[(col + j) * kPitch + vt_slot(r)] = bytes[j];
