@@ -562,8 +562,7 @@ struct AttentionFp8 {
                F::kThreads, F::kSmem, stream>>>(*fp);
     };
     if (2 * fp->base.heads_kv > 65535) {
-      snprintf(err, err_len, "FP8 attention: %d KV heads exceed the launch limit",
-               fp->base.heads_kv);
+      snprintf(err, err_len, "FP8 attention: %d KV heads exceed the launch limit", fp->base.heads_kv);
       return 1;
     }
     return Attention<T, kD, kDV>::forward_with(&fp->base, err, err_len, "FP8 attention forward", launch);
