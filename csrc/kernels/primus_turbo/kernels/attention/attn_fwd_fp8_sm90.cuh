@@ -1,14 +1,15 @@
 // FP8 flash-attention forward on Hopper: blockwise E4M3 quantization of q, k and v, then a
 // warp-specialized wgmma kernel that reads the quantized tiles with bulk copies.
 //
-// Quantization (attn_fp8_quantize_kernel): one CTA per (128-row tile, sequence, head of k or v)
-// takes the amax of each 64-row half (or of the whole tile, scale_rows = 128), scales it into
-// E4M3's 448 by a power of two and writes the tile in the byte image the forward's shared memory
-// wants (K-major, swizzled as wgmma reads it; V transposed so that keys run along its rows, the
-// K-major B operand of P V, in vt_slot's key order). Rows past the sequence are zeros. The tile
-// indices are attention_fp8_abi.h's. On request it also writes the dequantized 16-bit operands for
-// the backward. Q's tiles, each read by one forward CTA, are quantized by that CTA's consumers in
-// shared memory (quantize_q_rows, the same rule): they never go through memory.
+// Quantization (attn_fp8_quantize_kernel): one CTA per (128-row tile, sequence, kv head) stages
+// the tile of k and of v in shared memory; for each it takes the amax of each 64-row half (or of
+// the whole tile, scale_rows = 128), scales it into E4M3's 448 by a power of two and writes the
+// tile in the byte image the forward's shared memory wants (K-major, swizzled as wgmma reads it; V
+// transposed so that keys run along its rows, the K-major B operand of P V, in vt_slot's key
+// order). Rows past the sequence are zeros. The tile indices are attention_fp8_abi.h's. On
+// request it also writes the dequantized 16-bit operands for the backward. Q's tiles, each read by
+// one forward CTA, are quantized by that CTA's consumers in shared memory (quantize_q_rows, the
+// same rule): they never go through memory.
 //
 // Forward (attn_fwd_fp8_kernel): one CTA per (128 query rows, sequence, query head), three
 // warpgroups. Warpgroup 0 is the producer: one thread issues a 1-D bulk copy per K or V tile (a
@@ -35,6 +36,7 @@
 
 #include "primus_turbo/kernels/attention/attention_fp8_abi.h"
 #include "primus_turbo/kernels/attention/attn_fwd_sm90.cuh"
+#include "primus_turbo/kernels/attention/warp_mma.cuh"
 
 namespace primus_turbo::kernels::attention::fp8 {
 
@@ -127,25 +129,90 @@ __device__ __forceinline__ void block_scale(float amax, float& scale, float& inv
   inv = finite ? 1.f / pow2 : __int_as_float(0x7fc00000);
 }
 
-// One 128 x kCols tile of a 16-bit operand (rows from src, `valid` of them real) into its E4M3
+// Which 16-byte chunk of a 128 x kCols tile (row, first column) a quantizing thread's register i
+// holds; `exists` is false for the spare registers of a tile that does not split evenly.
+//  - Row-major image (K): chunk c = thread + 256 i, rows in order, 16 lanes along a row of 128.
+//  - Transposed image (V^T): registers 4p .. 4p + 3 hold a "quad", rows 16m + 2j + {0, 1, 8, 9},
+//    whose bytes of one column are the four consecutive slots 16m + 4j .. + 3 of V^T's row
+//    (vt_slot), so each column leaves as one 32-bit store, straight into the image, without a
+//    shared-memory transpose. A warp takes 8 quads x 4 chunks of columns: its loads read 64
+//    contiguous bytes of 8 rows, and its stores fill whole 32-byte sectors of 4 image rows.
+template <int kCols, bool kTransposed>
+struct TileChunks {
+  static constexpr int kChunksPerRow = kCols / 8;
+  static constexpr int kColGroups = kChunksPerRow / 4, kWarpTiles = 4 * kColGroups;  // transposed
+  static constexpr int kPerThread =
+      kTransposed ? 4 * ((kWarpTiles + 7) / 8) : kTileRows * kChunksPerRow / kQuantThreads;
+  static_assert(kChunksPerRow % 4 == 0 && kTileRows * kChunksPerRow % kQuantThreads == 0, "tile split");
+
+  __device__ __forceinline__ static bool at(int i, int& row, int& col) {
+    if constexpr (!kTransposed) {
+      const int c = threadIdx.x + i * kQuantThreads;
+      row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      return true;
+    } else {
+      const int lane = threadIdx.x % 32, tile = threadIdx.x / 32 + 8 * (i / 4);
+      const int quad = (tile / kColGroups) * 8 + lane / 4, r = i % 4;
+      row = 16 * (quad / 4) + 2 * (quad % 4) + (r & 1) + 8 * (r >> 1);
+      col = ((tile % kColGroups) * 4 + lane % 4) * 8;
+      return tile < kWarpTiles;
+    }
+  }
+};
+
+// Column j of four rows' E4M3 bytes (a quad, see TileChunks) as one word: 4 x 4 byte transposes.
+__device__ __forceinline__ void quad_columns(const uint2 (&q)[4], uint32_t (&col)[8]) {
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    const uint32_t a = w ? q[0].y : q[0].x, b = w ? q[1].y : q[1].x;
+    const uint32_t c = w ? q[2].y : q[2].x, d = w ? q[3].y : q[3].x;
+    const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);  // a0 b0 a1 b1 / a2 b2 a3 b3
+    const uint32_t cd_lo = __byte_perm(c, d, 0x5140), cd_hi = __byte_perm(c, d, 0x7362);
+    col[4 * w + 0] = __byte_perm(ab_lo, cd_lo, 0x5410);
+    col[4 * w + 1] = __byte_perm(ab_lo, cd_lo, 0x7632);
+    col[4 * w + 2] = __byte_perm(ab_hi, cd_hi, 0x5410);
+    col[4 * w + 3] = __byte_perm(ab_hi, cd_hi, 0x7632);
+  }
+}
+
+// Issues the asynchronous copies of one 128 x kCols tile of a 16-bit operand (rows from src, `valid`
+// of them real; the rest zero-filled) into `staged` (row-major, kCols values a row), as one group.
+template <class T, int kCols>
+__device__ __forceinline__ void stage_tile(const T* src, int64_t stride, int valid, T* staged) {
+  using Rows = TileChunks<kCols, false>;
+#pragma unroll
+  for (int i = 0; i < Rows::kPerThread; ++i) {
+    int r, col;
+    Rows::at(i, r, col);
+    cp_async16(staged + r * kCols + col, r < valid ? src + r * stride + col : src, r < valid);
+  }
+  cp_async_commit();
+}
+
+// A staged tile (stage_tile; kPending groups issued after it may still be in flight) into its E4M3
 // image at dst (layout: Layout, element (row, col), or (col, vt_slot(row)) with kTransposed), the
 // two half scales into scale[0..1], and, unless deq is null, the dequantized rows into deq (row
-// stride deq_stride): the operands whose gradients the backward computes.
-template <class T, int kCols, bool kTransposed, class Layout>
-__device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int valid, E* dst, float* scale,
-                                              int scale_rows, T* deq, int64_t deq_stride) {
-  constexpr int kChunksPerRow = kCols / 8, kPerThread = kTileRows * kChunksPerRow / kQuantThreads;
-  constexpr int kFirstHalf = kPerThread / 2;  // chunks of rows [0, 64): the first half of each thread's
-  static_assert(kTileRows * kChunksPerRow % (2 * kQuantThreads) == 0, "whole chunk rounds per half");
+// stride deq_stride): the operands whose gradients the backward computes. Staging through shared
+// memory keeps no register busy across the amax barrier, and the next tile's copies run meanwhile.
+template <class T, int kCols, bool kTransposed, class Layout, int kPending>
+__device__ __forceinline__ void quantize_tile(const T* staged, int valid, E* dst, float* scale, int scale_rows, T* deq,
+                                              int64_t deq_stride) {
+  using Chunks = TileChunks<kCols, kTransposed>;
+  using Rows = TileChunks<kCols, false>;  // amax goes row by row
   __shared__ float amax_warp[kQuantThreads / 32][2];
   __shared__ float inv_half[2], scale_half[2];
-  uint4 chunk[kPerThread];
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  __syncthreads();
   float amax[2] = {0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    chunk[i] = r < valid ? *reinterpret_cast<const uint4*>(src + r * stride + col) : make_uint4(0, 0, 0, 0);
-    amax[i < kFirstHalf ? 0 : 1] = fmaxf(amax[i < kFirstHalf ? 0 : 1], chunk_amax<T>(chunk[i]));
+  for (int i = 0; i < Rows::kPerThread; ++i) {
+    int r, col;
+    Rows::at(i, r, col);
+    const float m = chunk_amax<T>(*reinterpret_cast<const uint4*>(staged + r * kCols + col));
+    if (r < 64)
+      amax[0] = fmaxf(amax[0], m);
+    else
+      amax[1] = fmaxf(amax[1], m);
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
@@ -166,39 +233,29 @@ __device__ __forceinline__ void quantize_tile(const T* src, int64_t stride, int 
     }
   }
   __syncthreads();
-  if (deq != nullptr) {
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-      const int half = i < kFirstHalf ? 0 : 1;
-      if (r < valid)
-        *reinterpret_cast<uint4*>(deq + r * deq_stride + col) =
-            from_e4m3x8<T>(to_e4m3x8<T>(chunk[i], inv_half[half]), scale_half[half]);
-    }
-  }
   Tensor tile = make_tensor(make_smem_ptr(dst), Layout{});
-  if constexpr (!kTransposed) {
+  // Transposed: a quad's four chunks at a time (their column words), else one.
+  constexpr int kGroup = kTransposed ? 4 : 1;
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-      *reinterpret_cast<uint2*>(&tile(r, col)) = to_e4m3x8<T>(chunk[i], inv_half[i < kFirstHalf ? 0 : 1]);
+  for (int g = 0; g < Chunks::kPerThread; g += kGroup) {
+    uint2 q[kGroup];
+    int r0, col;
+    if (!Chunks::at(g, r0, col)) continue;
+    const int half = r0 < 64 ? 0 : 1;  // the same for a quad's rows
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      int r;
+      Chunks::at(g + i, r, col);
+      q[i] = to_e4m3x8<T>(*reinterpret_cast<const uint4*>(staged + r * kCols + col), inv_half[half]);
+      if (deq != nullptr && r < valid)
+        *reinterpret_cast<uint4*>(deq + r * deq_stride + col) = from_e4m3x8<T>(q[i], scale_half[half]);
+      if constexpr (!kTransposed) *reinterpret_cast<uint2*>(&tile(r, col)) = q[i];
     }
-  } else {
-    // Transposed through shared memory: rows of the image are columns of the tile.
-    constexpr int kPitch = kTileRows + 16;
-    __shared__ __align__(16) uint8_t staged[kCols * kPitch];
+    if constexpr (kTransposed) {
+      uint32_t words[8];
+      quad_columns(q, words);
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int c = threadIdx.x + i * kQuantThreads, r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-      const uint2 q = to_e4m3x8<T>(chunk[i], inv_half[i < kFirstHalf ? 0 : 1]);
-      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&q);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) staged[(col + j) * kPitch + vt_slot(r)] = bytes[j];
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < kCols * (kTileRows / 16); c += kQuantThreads) {
-      const int d = c / (kTileRows / 16), key = (c % (kTileRows / 16)) * 16;
-      *reinterpret_cast<uint4*>(&tile(d, key)) = *reinterpret_cast<const uint4*>(&staged[d * kPitch + key]);
+      for (int j = 0; j < 8; ++j) *reinterpret_cast<uint32_t*>(&tile(col + j, vt_slot(r0))) = words[j];
     }
   }
 }
@@ -250,7 +307,8 @@ __device__ __forceinline__ float quantize_q_rows(const T* src, int64_t stride, i
   return scale;
 }
 
-// Grid (tiles of k, batch, 2 heads_kv): z picks k's or v's head. (q's tiles are quantized by
+// Grid (tiles of k, batch, heads_kv): each CTA quantizes one tile of k and the same rows of v, the
+// copies of both issued first, so v's arrive while k's are quantized. (q's tiles are quantized by
 // the forward itself: quantize_q_rows.)
 template <class T, int kD, int kDV>
 __global__ void __launch_bounds__(kQuantThreads) attn_fp8_quantize_kernel(const PtAttnFp8Params fp) {
@@ -258,27 +316,28 @@ __global__ void __launch_bounds__(kQuantThreads) attn_fp8_quantize_kernel(const 
   const PtAttnParams& p = fp.base;
   const int64_t b = blockIdx.y;
   const Sequence s = sequence(p, b);
-  const int nb = blockIdx.x, r0 = nb * kTileRows;
+  const int nb = blockIdx.x, r0 = nb * kTileRows, h = blockIdx.z;
   if (r0 >= s.len_k) return;
   // The dequantized copy of an operand [tokens, heads, cols] at token `first + r0`, or null.
   const int64_t first = p.cu_seqlens_q != nullptr ? s.start_k : b * p.seqlen_k;
-  auto deq_rows = [&](void* deq, int h, int cols) {
+  auto deq_rows = [&](void* deq, int cols) {
     return deq == nullptr ? nullptr : static_cast<T*>(deq) + ((first + r0) * p.heads_kv + h) * cols;
   };
-  const bool is_v = blockIdx.z >= static_cast<unsigned>(p.heads_kv);
-  const int h = is_v ? blockIdx.z - p.heads_kv : blockIdx.z;
   const int64_t t = tile_index(b, first, nb) * p.heads_kv + h;
   const int valid = min(kTileRows, s.len_k - r0);
-  if (!is_v)
-    quantize_tile<T, kD, false, typename Tiles::LayoutQK>(
-        row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, b, s.start_k + r0, h), p.k_ss, valid,
-        static_cast<E*>(fp.k_tiles) + t * Tiles::kQKBytes, fp.k_scale + 2 * t, fp.scale_rows,
-        deq_rows(fp.k_deq, h, kD), int64_t{p.heads_kv} * kD);
-  else
-    quantize_tile<T, kDV, true, typename Tiles::LayoutVt>(
-        row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, s.start_k + r0, h), p.v_ss, valid,
-        static_cast<E*>(fp.vt_tiles) + t * Tiles::kVtBytes, fp.v_scale + 2 * t, fp.scale_rows,
-        deq_rows(fp.v_deq, h, kDV), int64_t{p.heads_kv} * kDV);
+  extern __shared__ __align__(16) uint8_t quant_smem[];
+  T* staged_k = reinterpret_cast<T*>(quant_smem);
+  T* staged_v = staged_k + kTileRows * kD;
+  stage_tile<T, kD>(row_at<const T>(p.k, p.k_sb, p.k_ss, p.k_sh, b, s.start_k + r0, h), p.k_ss, valid, staged_k);
+  stage_tile<T, kDV>(row_at<const T>(p.v, p.v_sb, p.v_ss, p.v_sh, b, s.start_k + r0, h), p.v_ss, valid, staged_v);
+  quantize_tile<T, kD, false, typename Tiles::LayoutQK, 1>(staged_k, valid,
+                                                          static_cast<E*>(fp.k_tiles) + t * Tiles::kQKBytes,
+                                                          fp.k_scale + 2 * t, fp.scale_rows, deq_rows(fp.k_deq, kD),
+                                                          int64_t{p.heads_kv} * kD);
+  quantize_tile<T, kDV, true, typename Tiles::LayoutVt, 0>(staged_v, valid,
+                                                          static_cast<E*>(fp.vt_tiles) + t * Tiles::kVtBytes,
+                                                          fp.v_scale + 2 * t, fp.scale_rows, deq_rows(fp.v_deq, kDV),
+                                                          int64_t{p.heads_kv} * kDV);
 }
 
 template <class T, int kD, int kDV>
@@ -551,17 +610,21 @@ struct AttentionFp8 {
     auto launch = [fp](const PtAttnParams& p, cudaStream_t stream) {
       using F = FwdFp8<T, kD, kDV>;
       const int64_t tiles = (p.seqlen_k + kTileRows - 1) / kTileRows, m_blocks = (p.seqlen_q + F::kBM - 1) / F::kBM;
-      if (tiles > 0)
-        attn_fp8_quantize_kernel<T, kD, kDV><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch),
-                                                    static_cast<unsigned>(2 * p.heads_kv)),
-                                               kQuantThreads, 0, stream>>>(*fp);
+      if (tiles > 0) {
+        auto quantize = attn_fp8_quantize_kernel<T, kD, kDV>;
+        constexpr size_t kStaged = sizeof(T) * kTileRows * (kD + kDV);
+        opt_in_smem(quantize, kStaged);
+        quantize<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch),
+                        static_cast<unsigned>(p.heads_kv)),
+                   kQuantThreads, kStaged, stream>>>(*fp);
+      }
       if (m_blocks <= 0) return;
       auto kernel = attn_fwd_fp8_kernel<T, kD, kDV>;
       opt_in_smem(kernel, F::kSmem);
       kernel<<<dim3(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads_q)),
                F::kThreads, F::kSmem, stream>>>(*fp);
     };
-    if (2 * fp->base.heads_kv > 65535) {
+    if (fp->base.heads_kv > 65535) {
       snprintf(err, err_len, "FP8 attention: %d KV heads exceed the launch limit", fp->base.heads_kv);
       return 1;
     }
