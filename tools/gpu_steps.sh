@@ -14,6 +14,10 @@
 # content) seeds the JIT cache. Steps see $RESULTS (benchmark output dir) and run in order; one that
 # fails or times out does not stop the others. OUT_DIR ends up with steps.txt (name, exit status,
 # seconds), logs.tgz (each step's log and $RESULTS) and jitcache.tgz (the cache after the steps).
+#
+# Results CSVs and summary entries record the commit measured (bench_utils.git_commit): on a copy of
+# the tree without its git metadata, pass it, e.g. PRIMUS_TURBO_COMMIT=$(git rev-parse --short HEAD)
+# expanded where the copy is made.
 set -uo pipefail
 OUT=${1:?usage: tools/gpu_steps.sh OUT_DIR 'name|seconds|command' ...}
 shift

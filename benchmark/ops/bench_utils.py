@@ -542,14 +542,22 @@ def _fmt(v: Any, digits: int | None = None) -> str:
 
 
 def write_csv(path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Path:
-    """Write rows (dicts) with exactly ``columns`` (missing -> empty, NaN -> "NaN"), atomically."""
+    """Write rows (dicts) with exactly ``columns`` (missing -> empty, NaN -> "NaN"), atomically. Every
+    results CSV says when and from which code it was measured: without a date or commit column
+    (any case), ``Date`` (UTC) and ``Commit`` (``git_commit()``) columns are appended."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    names = {c.lower() for c in columns}
+    stamp = {}
+    if "date" not in names:
+        stamp["Date"] = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
+    if "commit" not in names:
+        stamp["Commit"] = git_commit()
     with _atomic_open(path) as f:
         w = csv.writer(f)
-        w.writerow(columns)
+        w.writerow(list(columns) + list(stamp))
         for r in rows:
-            w.writerow([_fmt(r.get(c)) for c in columns])
+            w.writerow([_fmt(r.get(c)) for c in columns] + [_fmt(r.get(c, v)) for c, v in stamp.items()])
     return path
 
 
