@@ -35,6 +35,7 @@
 #include <cute/arch/copy_sm90_tma.hpp>
 
 #include "primus_turbo/kernels/attention/attention_fp8_abi.h"
+#include "primus_turbo/kernels/attention/attn_fp8_tile_map.h"
 #include "primus_turbo/kernels/attention/attn_fwd_sm90.cuh"
 #include "primus_turbo/kernels/attention/warp_mma.cuh"
 
@@ -43,7 +44,6 @@ namespace primus_turbo::kernels::attention::fp8 {
 using namespace cute;
 
 using E = cutlass::float_e4m3_t;
-constexpr int kTileRows = PT_ATTN_FP8_TILE_ROWS;
 constexpr float kE4m3Max = 448.f;
 constexpr float kPScale = 256.f;  // P in [0, 1] scaled into E4M3's normal range (max 448)
 
@@ -106,16 +106,6 @@ __device__ __forceinline__ uint4 from_e4m3x8(const uint2& q, float scale) {
   return out;
 }
 
-// Where key k of a 128-key block sits along V^T's rows. The forward's P V^T takes P straight from
-// the softmax accumulators: a thread holds the scores of keys {2q, 2q + 1, 2q + 8, 2q + 9} (q =
-// lane % 4) of each 16, while an 8-bit wgmma A operand in registers wants keys {4q .. 4q + 3}; so
-// V^T stores key 2q + c + 8h (c, h in {0, 1}) at 4q + c + 2h, and P's registers follow.
-__device__ __forceinline__ int vt_slot(int k) {
-  return (k & ~15) + 4 * ((k & 7) >> 1) + (k & 1) + 2 * ((k >> 3) & 1);
-}
-
-constexpr int kQuantThreads = 256;
-
 // The scale of a block whose largest magnitude is amax, and the factor that quantizes it: a power
 // of two at or above amax / 448, so dequantized values are exact in bf16 (and in fp16 within its
 // normal range) and the backward's scores are the forward's. An all-zero block (rows past the
@@ -128,37 +118,6 @@ __device__ __forceinline__ void block_scale(float amax, float& scale, float& inv
   scale = zero ? 0.f : pow2;
   inv = finite ? 1.f / pow2 : __int_as_float(0x7fc00000);
 }
-
-// Which 16-byte chunk of a 128 x kCols tile (row, first column) a quantizing thread's register i
-// holds; `exists` is false for the spare registers of a tile that does not split evenly.
-//  - Row-major image (K): chunk c = thread + 256 i, rows in order, 16 lanes along a row of 128.
-//  - Transposed image (V^T): registers 4p .. 4p + 3 hold a "quad", rows 16m + 2j + {0, 1, 8, 9},
-//    whose bytes of one column are the four consecutive slots 16m + 4j .. + 3 of V^T's row
-//    (vt_slot), so each column leaves as one 32-bit store, straight into the image, without a
-//    shared-memory transpose. A warp takes 8 quads x 4 chunks of columns: its loads read 64
-//    contiguous bytes of 8 rows, and its stores fill whole 32-byte sectors of 4 image rows.
-template <int kCols, bool kTransposed>
-struct TileChunks {
-  static constexpr int kChunksPerRow = kCols / 8;
-  static constexpr int kColGroups = kChunksPerRow / 4, kWarpTiles = 4 * kColGroups;  // transposed
-  static constexpr int kPerThread =
-      kTransposed ? 4 * ((kWarpTiles + 7) / 8) : kTileRows * kChunksPerRow / kQuantThreads;
-  static_assert(kChunksPerRow % 4 == 0 && kTileRows * kChunksPerRow % kQuantThreads == 0, "tile split");
-
-  __device__ __forceinline__ static bool at(int i, int& row, int& col) {
-    if constexpr (!kTransposed) {
-      const int c = threadIdx.x + i * kQuantThreads;
-      row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-      return true;
-    } else {
-      const int lane = threadIdx.x % 32, tile = threadIdx.x / 32 + 8 * (i / 4);
-      const int quad = (tile / kColGroups) * 8 + lane / 4, r = i % 4;
-      row = 16 * (quad / 4) + 2 * (quad % 4) + (r & 1) + 8 * (r >> 1);
-      col = ((tile % kColGroups) * 4 + lane % 4) * 8;
-      return tile < kWarpTiles;
-    }
-  }
-};
 
 // Column j of four rows' E4M3 bytes (a quad, see TileChunks) as one word: 4 x 4 byte transposes.
 __device__ __forceinline__ void quad_columns(const uint2 (&q)[4], uint32_t (&col)[8]) {
@@ -183,7 +142,7 @@ __device__ __forceinline__ void stage_tile(const T* src, int64_t stride, int val
 #pragma unroll
   for (int i = 0; i < Rows::kPerThread; ++i) {
     int r, col;
-    Rows::at(i, r, col);
+    Rows::at(threadIdx.x, i, r, col);
     cp_async16(staged + r * kCols + col, r < valid ? src + r * stride + col : src, r < valid);
   }
   cp_async_commit();
@@ -207,7 +166,7 @@ __device__ __forceinline__ void quantize_tile(const T* staged, int valid, E* dst
 #pragma unroll
   for (int i = 0; i < Rows::kPerThread; ++i) {
     int r, col;
-    Rows::at(i, r, col);
+    Rows::at(threadIdx.x, i, r, col);
     const float m = chunk_amax<T>(*reinterpret_cast<const uint4*>(staged + r * kCols + col));
     if (r < 64)
       amax[0] = fmaxf(amax[0], m);
@@ -240,12 +199,12 @@ __device__ __forceinline__ void quantize_tile(const T* staged, int valid, E* dst
   for (int g = 0; g < Chunks::kPerThread; g += kGroup) {
     uint2 q[kGroup];
     int r0, col;
-    if (!Chunks::at(g, r0, col)) continue;
+    if (!Chunks::at(threadIdx.x, g, r0, col)) continue;
     const int half = r0 < 64 ? 0 : 1;  // the same for a quad's rows
 #pragma unroll
     for (int i = 0; i < kGroup; ++i) {
       int r;
-      Chunks::at(g + i, r, col);
+      Chunks::at(threadIdx.x, g + i, r, col);
       q[i] = to_e4m3x8<T>(*reinterpret_cast<const uint4*>(staged + r * kCols + col), inv_half[half]);
       if (deq != nullptr && r < valid)
         *reinterpret_cast<uint4*>(deq + r * deq_stride + col) = from_e4m3x8<T>(q[i], scale_half[half]);
