@@ -160,7 +160,7 @@ __device__ __forceinline__ void quantize_tile(const T* staged, int valid, E* dst
   using Rows = TileChunks<kCols, false>;  // amax goes row by row
   __shared__ float amax_warp[kQuantThreads / 32][2];
   __shared__ float inv_half[2], scale_half[2];
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  cp_async_wait<kPending>();
   __syncthreads();
   float amax[2] = {0.f, 0.f};
 #pragma unroll

@@ -27,6 +27,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+// Until at most kPending of the groups committed last are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
 
 // Rows [0, kRows) x columns [0, kCols) of a global operand (row stride `stride` elements, unit
 // column stride, 16-byte aligned rows) into a padded tile; rows >= valid_rows become zeros.
