@@ -15,6 +15,9 @@
 # fails or times out does not stop the others. OUT_DIR ends up with steps.txt (name, exit status,
 # seconds), logs.tgz (each step's log and $RESULTS) and jitcache.tgz (the cache after the steps).
 #
+# PIP_INSTALL_ARGS adds to the install, e.g. '-C install.strip=false' keeps the libraries' symbols for a
+# native profiler.
+#
 # Results CSVs and summary entries record the commit measured (bench_utils.git_commit): on a copy of
 # the tree without its git metadata, pass it, e.g. PRIMUS_TURBO_COMMIT=$(git rev-parse --short HEAD)
 # expanded where the copy is made.
@@ -50,7 +53,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 mkdir -p "$PRIMUS_TURBO_CACHE_DIR"
 [ -f .carry/jitcache.tgz ] && tar xzf .carry/jitcache.tgz -C "$PRIMUS_TURBO_CACHE_DIR"
-run_step install 300 "python3 -m pip install -q --no-build-isolation --no-deps ."
+run_step install 300 "python3 -m pip install -q --no-build-isolation --no-deps ${PIP_INSTALL_ARGS:-} ."
 
 for spec in "$@"; do
   name=${spec%%|*}

@@ -124,15 +124,17 @@ def _cases(turbo, dev="cuda"):
         return turbo.ops.quantize_fp8(xq, torch.float8_e4m3fn, ScalingGranularity.ROWWISE, axis=-1)
 
     cases["quantize_fp8_rowwise"] = (ours_rowwise, torch_rowwise, ours_rowwise, torch_rowwise)
-    # MoE token permutation against torch's argsort/index gather.
+    # MoE token permutation against torch's argsort/index gather. Like ours, torch's side finds the
+    # order from the routing map in the call (a stable sort of the expert-major mask: routed slots
+    # first, tokens in order within an expert; no host sync).
     tokens, experts, topk = t(256, 1024), 8, 2
     top = torch.rand(256, experts, device=dev).topk(topk, -1).indices
     rmap = torch.zeros(256, experts, dtype=torch.bool, device=dev).scatter_(1, top, True)
-    order = top.reshape(-1).argsort(stable=True)
     gp = t(256 * topk, 1024, grad=False)
 
     def torch_permute():
-        return tokens[order // topk]
+        order = rmap.t().reshape(-1).to(torch.uint8).argsort(descending=True, stable=True)[: 256 * topk]
+        return tokens[order % 256]
 
     def ours_permute():
         return turbo.ops.token_permute(tokens, routing_map=rmap, num_out_tokens=256 * topk)[0]
@@ -177,6 +179,16 @@ def _more_cases(turbo, cases, t, step, dev):
         lambda: turbo.ops.swiglu_with_probs(xg, probs), torch_swiglu_probs,
         step(lambda: turbo.ops.swiglu_with_probs(xg, probs), (xg, probs), gh),
         step(torch_swiglu_probs, (xg, probs), gh),
+    )
+
+    def torch_geglu_probs():
+        gate, up = xg.chunk(2, dim=-1)
+        return F.gelu(gate) * up * probs[:, None]
+
+    cases["geglu_with_probs"] = (
+        lambda: turbo.ops.geglu_with_probs(xg, probs), torch_geglu_probs,
+        step(lambda: turbo.ops.geglu_with_probs(xg, probs), (xg, probs), gh),
+        step(torch_geglu_probs, (xg, probs), gh),
     )
     a, b, g = t(256, 256), t(256, 256), t(256, 256, grad=False)
 
@@ -282,18 +294,35 @@ def _more_cases(turbo, cases, t, step, dev):
     idx = top.to(torch.int32)
     tok = t(tokens, 1024)
     gperm = t(tokens * topk, 1024, grad=False)
-    flat_order = idx.reshape(-1).long().argsort(stable=True)
 
     def ours_moe_permute():
         return turbo.ops.moe_permute(tok, idx, num_local_experts=experts, num_topk=topk,
                                      num_permuted_tokens=tokens * topk)[0]
 
-    def torch_moe_permute():
-        return tok[flat_order // topk]
+    def torch_moe_permute():  # the order from the expert indices in the call, as ours
+        return tok[idx.reshape(-1).argsort(stable=True) // topk]
 
     cases["moe_permute"] = (
         ours_moe_permute, torch_moe_permute,
         step(ours_moe_permute, (tok,), gperm), step(torch_moe_permute, (tok,), gperm),
+    )
+    # moe_unpermute (the combine on moe_permute's map) against index_add_ over the permute's order.
+    _, umap, _, _, und, _, _ = turbo.ops.moe_permute(tok.detach(), idx, num_local_experts=experts, num_topk=topk,
+                                                     num_permuted_tokens=tokens * topk)
+    rows_out = t(tokens * topk, 1024)
+    usrc = idx.reshape(-1).argsort(stable=True) // topk
+    gtok = t(tokens, 1024, grad=False)
+
+    def ours_moe_unpermute():
+        return turbo.ops.moe_unpermute(rows_out, umap, und, restore_shape=(tokens, 1024),
+                                       num_local_experts=experts)[0]
+
+    def torch_moe_unpermute():
+        return torch.zeros(tokens, 1024, device=dev, dtype=rows_out.dtype).index_add_(0, usrc, rows_out)
+
+    cases["moe_unpermute"] = (
+        ours_moe_unpermute, torch_moe_unpermute,
+        step(ours_moe_unpermute, (rows_out,), gtok), step(torch_moe_unpermute, (rows_out,), gtok),
     )
     pidx = t(tokens, topk, dtype=torch.float32)
     gmh = t(tokens, experts, grad=False, dtype=torch.float32)

@@ -357,6 +357,81 @@ def test_moe_gradients(dtype, align):
     assert torch.equal(y.grad.double(), y64.grad)
 
 
+@pytest.mark.parametrize("used", ["tokens", "probs"])
+def test_moe_gradient_of_one_output(used):
+    """Only one of moe_permute's (and then moe_unpermute's) differentiable outputs reaches the loss:
+    the other input gets no gradient (or zeros), the used path its exact gradient."""
+    t, e, topk, h = 96, 8, 2, 128
+    idx, mask, ptopk, _ = make_topk(t, e, topk, seed=11)
+    x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    p = ptopk.clone().requires_grad_()
+    out, rmap, _, _, nd, _, pp = turbo.ops.moe_permute(
+        x, idx, num_local_experts=e, num_topk=topk, num_permuted_tokens=t * topk, probs=p
+    )
+    src_t, src_e, _, _, per_expert = moe_layout(mask, 1, t * topk)
+    col = (idx[src_t] == src_e[:, None]).int().argmax(1)
+    if used == "tokens":
+        g = torch.randn_like(out)
+        dx, dp = torch.autograd.grad(out, (x, p), g, allow_unused=True)
+        assert torch.equal(dx, ordered_sum(g, per_expert, t))
+        assert dp is None or (dp == 0).all()
+    else:
+        g = torch.randn_like(pp)
+        dx, dp = torch.autograd.grad(pp, (x, p), g, allow_unused=True)
+        ref = torch.zeros_like(ptopk)
+        ref[src_t, col] = g
+        assert torch.equal(dp, ref)
+        assert dx is None or (dx == 0).all()
+    y = out.detach().clone().requires_grad_()
+    q = pp.detach().clone().requires_grad_()
+    back, up = turbo.ops.moe_unpermute(
+        y, rmap, nd, restore_shape=x.shape, num_local_experts=e, permuted_probs=q, probs_topk_stride=topk
+    )
+    if used == "tokens":
+        g = torch.randn_like(back)
+        dy, dq = torch.autograd.grad(back, (y, q), g, allow_unused=True)
+        assert torch.equal(dy, g[src_t])
+        assert dq is None or (dq == 0).all()
+    else:
+        g = torch.randn_like(up)
+        dy, dq = torch.autograd.grad(up, (y, q), g, allow_unused=True)
+        assert torch.equal(dq, g[src_t, col])
+        assert dy is None or (dy == 0).all()
+
+
+def test_moe_cpp_and_python_autograd_agree(monkeypatch):
+    """The C++ autograd of an eager training call and the Python autograd.Function (torch.compile's
+    path, and where the C++ library is not loaded) give the same outputs and gradients bit for bit."""
+    from primus_turbo.pytorch.core import native
+
+    t, e, topk, h = 200, 16, 4, 256
+    idx, _, ptopk, _ = make_topk(t, e, topk, seed=12, drop=0.1)
+    x0 = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+    g_seed = torch.Generator(device="cuda").manual_seed(0)
+
+    def run():
+        x = x0.clone().requires_grad_()
+        p = ptopk.clone().requires_grad_()
+        out, rmap, _, _, nd, _, pp = turbo.ops.moe_permute(
+            x, idx, num_local_experts=e, num_topk=topk, pad_multiple=8, num_permuted_tokens=t * topk + e * 7, probs=p
+        )
+        back, up = turbo.ops.moe_unpermute(
+            out * 1.5, rmap, nd, restore_shape=x.shape, num_local_experts=e, permuted_probs=pp * 0.5,
+            probs_topk_stride=topk, pad_multiple=8,
+        )
+        g_seed.manual_seed(1)
+        gb = torch.randn(back.shape, device="cuda", dtype=back.dtype, generator=g_seed)
+        gu = torch.randn(up.shape, device="cuda", dtype=up.dtype, generator=g_seed)
+        torch.autograd.backward((back, up), (gb, gu))
+        return back, up, x.grad, p.grad
+
+    cpp = run()
+    monkeypatch.setattr(native, "CPP_AUTOGRAD", False)
+    python = run()
+    for a, b in zip(cpp, python):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("fp8", ["float8_e4m3fn", "float8_e5m2", "uint8"])
 def test_moe_permute_fp8_scales_carried(fp8):
     t, e, topk, h, s = 200, 16, 2, 1024, 8

@@ -1,7 +1,9 @@
 // primus_turbo::moe_token_permute / moe_token_unpermute: the routing-mask token permutation
 // (token_permute / token_unpermute and each other's backward) in one native call each: outputs,
 // workspace and the launch, no Python between them. The core checks shapes, dtypes and the mask.
-// primus_turbo::moe_index_permute: moe_permute's forward (map build, sizing, scatter) likewise.
+// primus_turbo::moe_index_permute: moe_permute's forward (map build, sizing, scatter) likewise;
+// moe_index_gather (moe_unpermute's forward, moe_permute's backward) and moe_index_scatter
+// (moe_unpermute's backward) on its row_id_map.
 #include <cuda_runtime_api.h>
 
 #include <optional>
@@ -187,6 +189,69 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> moe_index_per
   return {out, row_id_map, tokens_per_expert, overflow, dispatched, pscales, pprobs};
 }
 
+// The 2-D rows and map of an index gather / scatter, checked and made contiguous.
+std::pair<Tensor, Tensor> rows_and_map(const char* op, const char* src_name, const Tensor& src, const Tensor& map) {
+  if (src.dim() != 2 || map.dim() != 2)
+    fail_with(ErrorKind::Value, op, ": '", src_name, "' and 'row_id_map' must be 2-D, got ", shape_string(src),
+              " and ", shape_string(map));
+  if (map.scalar_type() != ScalarType::Int)
+    fail_with(ErrorKind::Type, op, ": argument 'row_id_map' must be the int32 map of moe_permute, got dtype ",
+              dtype_name(map.scalar_type()));
+  return {as_contiguous(src), as_contiguous(map)};
+}
+
+// moe_unpermute's forward and moe_permute's backward: out [num_tokens, H], out[t] = the sum of
+// src's rows of token t (fp32, expert order); with src_probs [rows], probs [num_tokens, probs_width]
+// carries each row's probability back to its column (zero elsewhere), else probs is [0] float32.
+std::tuple<Tensor, Tensor> moe_index_gather(Tensor src_in, Tensor row_id_map_in, std::optional<Tensor> src_probs_in,
+                                            int64_t num_tokens, int64_t num_experts, int64_t probs_width) {
+  NamedTensors all{{"permuted_tokens", &src_in}, {"row_id_map", &row_id_map_in}};
+  add_present(all, "permuted_probs", src_probs_in);
+  const int32_t device = check_cuda("moe_unpermute", all);
+  const auto [src, row_id_map] = rows_and_map("moe_unpermute", "permuted_tokens", src_in, row_id_map_in);
+  if (num_tokens < 0 || num_tokens > row_id_map.sizes()[0])
+    fail_with(ErrorKind::Value, "moe_unpermute: num_tokens is ", num_tokens, "; expected 0 to ",
+              row_id_map.sizes()[0], " (rows of row_id_map)");
+  std::optional<Tensor> src_probs;
+  if (src_probs_in) src_probs = as_contiguous(*src_probs_in);
+  DeviceScope scope(device);
+  Tensor out = empty({num_tokens, src.sizes()[1]}, src.scalar_type(), device);
+  Tensor probs = src_probs ? empty({num_tokens, probs_width}, src_probs->scalar_type(), device)
+                           : empty({0}, ScalarType::Float, device);
+  const pt_tensor ps = to_pt(src), pr = to_pt(row_id_map);
+  pt_tensor po = to_pt(out);
+  OptionalPt psp(src_probs), pp(src_probs ? std::optional<Tensor>(probs) : std::nullopt);
+  check_status(pt_moe_rows_gather(&ps, &pr, static_cast<int32_t>(num_experts), psp.get(), &po, pp.get(),
+                                  current_stream(device)),
+               "moe_unpermute");
+  return {out, probs};
+}
+
+// moe_unpermute's backward: each token's row of src [T, H] copied to its permuted rows of out
+// [num_rows, H] (padding and unused rows zero); with src_probs [T, width], probs [num_rows] takes
+// each row's entry, else probs is [0] float32.
+std::tuple<Tensor, Tensor> moe_index_scatter(Tensor src_in, Tensor row_id_map_in, std::optional<Tensor> src_probs_in,
+                                             int64_t num_rows, int64_t num_experts) {
+  NamedTensors all{{"grad_output", &src_in}, {"row_id_map", &row_id_map_in}};
+  add_present(all, "grad_probs", src_probs_in);
+  const int32_t device = check_cuda("moe_unpermute", all);
+  const auto [src, row_id_map] = rows_and_map("moe_unpermute", "grad_output", src_in, row_id_map_in);
+  if (num_rows < 0) fail_with(ErrorKind::Value, "moe_unpermute: the permuted row count must be >= 0, got ", num_rows);
+  std::optional<Tensor> src_probs;
+  if (src_probs_in) src_probs = as_contiguous(*src_probs_in);
+  DeviceScope scope(device);
+  Tensor out = empty({num_rows, src.sizes()[1]}, src.scalar_type(), device);
+  Tensor probs = empty({src_probs ? num_rows : 0}, src_probs ? src_probs->scalar_type() : ScalarType::Float, device);
+  Tensor in_use = empty({1}, ScalarType::Int, device);  // the rows the map lists, counted by the launch
+  const pt_tensor ps = to_pt(src);
+  pt_tensor pr = to_pt(row_id_map), po = to_pt(out), pu = to_pt(in_use);
+  OptionalPt psp(src_probs), pp(src_probs ? std::optional<Tensor>(probs) : std::nullopt);
+  check_status(pt_moe_rows_scatter(&ps, &pr, static_cast<int32_t>(num_experts), psp.get(), nullptr, &pu, 1, &po,
+                                   pp.get(), nullptr, current_stream(device)),
+               "moe_unpermute backward");
+  return {out, probs};
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
@@ -198,6 +263,10 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
         "(Tensor, Tensor)");
   m.def("moe_index_permute(Tensor tokens, Tensor expert_map, Tensor? probs, Tensor? scaling_factor, int num_experts, "
         "int pad_multiple, int num_out, bool probs_topk) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("moe_index_gather(Tensor src, Tensor row_id_map, Tensor? src_probs, SymInt num_tokens, int num_experts, "
+        "int probs_width) -> (Tensor, Tensor)");
+  m.def("moe_index_scatter(Tensor src, Tensor row_id_map, Tensor? src_probs, SymInt num_rows, int num_experts) -> "
+        "(Tensor, Tensor)");
 }
 
 static void register_kernels(torch::stable::detail::StableLibrary& m) {
@@ -206,6 +275,8 @@ static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("moe_token_scatter", TORCH_BOX(&moe_token_scatter));
   m.impl("moe_token_unpermute_bwd", TORCH_BOX(&moe_token_unpermute_bwd));
   m.impl("moe_index_permute", TORCH_BOX(&moe_index_permute));
+  m.impl("moe_index_gather", TORCH_BOX(&moe_index_gather));
+  m.impl("moe_index_scatter", TORCH_BOX(&moe_index_scatter));
 }
 
 PT_REGISTER_CUDA_AND_CPU(register_kernels)

@@ -13,25 +13,13 @@ import operator
 
 import torch
 
-from primus_turbo._core import check, lib
 from primus_turbo.pytorch.core import library, native
-from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
 __all__ = ["token_permute", "token_unpermute", "moe_permute", "moe_unpermute"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_EXPERTS = 1024
-
-
-def _opt(t):
-    return to_pt(t) if t is not None else None
-
-
-def _call(fn, *args, context: str) -> None:
-    status = fn(*args)
-    if status:
-        check(status, context=context)
 
 
 # ---- registered ops ----------------------------------------------------------------------------
@@ -96,7 +84,7 @@ library.register_fake("moe_token_scatter", _scatter_fake)
 library.register_fake("moe_token_unpermute_bwd", _unpermute_bwd_fake)
 _scatter_op = native.ops.moe_token_scatter.default
 _unpermute_bwd_op = native.ops.moe_token_unpermute_bwd.default
-# With the C++ autograd (bindings/torch_autograd/token_permute_autograd.cpp): a training call's
+# With the C++ autograd (bindings/torch_autograd/moe_permute_autograd.cpp): a training call's
 # forward and backward without Python in between (eager mode, a given output row count).
 _permute_train = _unpermute_train = None
 if native.CPP_AUTOGRAD:
@@ -330,29 +318,6 @@ def _moe_permute_fake(tokens, expert_map, probs, scaling_factor, num_experts, pa
     )
 
 
-def _moe_gather_cuda(src, row_id_map, src_probs, num_tokens: int, num_experts: int, probs_width: int):
-    dev = src.device
-    out = torch.empty((num_tokens, src.shape[1]), dtype=src.dtype, device=dev)
-    probs = (
-        torch.empty((num_tokens, probs_width), dtype=src_probs.dtype, device=dev)
-        if src_probs is not None
-        else torch.empty((0,), dtype=torch.float32, device=dev)
-    )
-    with device_guard(dev):
-        _call(
-            lib.pt_moe_rows_gather,
-            to_pt(src),
-            to_pt(row_id_map),
-            num_experts,
-            _opt(src_probs),
-            to_pt(out),
-            to_pt(probs) if src_probs is not None else None,
-            current_stream_handle(dev),
-            context="moe_unpermute",
-        )
-    return out, probs
-
-
 def _moe_gather_fake(src, row_id_map, src_probs, num_tokens, num_experts, probs_width):
     probs = (
         src.new_empty((num_tokens, probs_width), dtype=src_probs.dtype)
@@ -362,34 +327,6 @@ def _moe_gather_fake(src, row_id_map, src_probs, num_tokens, num_experts, probs_
     return src.new_empty((num_tokens, src.shape[1])), probs
 
 
-def _moe_scatter_cuda(src, row_id_map, src_probs, num_rows: int, num_experts: int):
-    dev = src.device
-    out = torch.empty((num_rows, src.shape[1]), dtype=src.dtype, device=dev)
-    probs = torch.empty(
-        (num_rows if src_probs is not None else 0,),
-        dtype=src_probs.dtype if src_probs is not None else torch.float32,
-        device=dev,
-    )
-    in_use = torch.empty((1,), dtype=torch.int32, device=dev)
-    with device_guard(dev):
-        _call(
-            lib.pt_moe_rows_scatter,
-            to_pt(src),
-            to_pt(row_id_map),
-            num_experts,
-            _opt(src_probs),
-            None,
-            to_pt(in_use),
-            1,
-            to_pt(out),
-            to_pt(probs) if src_probs is not None else None,
-            None,
-            current_stream_handle(dev),
-            context="moe_unpermute backward",
-        )
-    return out, probs
-
-
 def _moe_scatter_fake(src, row_id_map, src_probs, num_rows, num_experts):
     probs = src.new_empty(
         (num_rows if src_probs is not None else 0,), dtype=src_probs.dtype if src_probs is not None else torch.float32
@@ -397,21 +334,26 @@ def _moe_scatter_fake(src, row_id_map, src_probs, num_rows, num_experts):
     return src.new_empty((num_rows, src.shape[1])), probs
 
 
-# Native (csrc/bindings/torch/moe_permute_ops.cpp): map build, sizing and scatter in one call.
+# Native (csrc/bindings/torch/moe_permute_ops.cpp): map build, sizing and scatter in one call; the
+# gather (moe_unpermute, moe_permute's backward) and scatter (moe_unpermute's backward) likewise.
 library.register_fake("moe_index_permute", _moe_permute_fake)
 _moe_permute_op = native.ops.moe_index_permute.default
-_moe_gather_op = library.define_op(
-    "moe_index_gather(Tensor src, Tensor row_id_map, Tensor? src_probs, SymInt num_tokens, int num_experts, "
-    "int probs_width) -> (Tensor, Tensor)",
-    _moe_gather_cuda,
-    _moe_gather_fake,
-)
-_moe_scatter_op = library.define_op(
-    "moe_index_scatter(Tensor src, Tensor row_id_map, Tensor? src_probs, SymInt num_rows, int num_experts) "
-    "-> (Tensor, Tensor)",
-    _moe_scatter_cuda,
-    _moe_scatter_fake,
-)
+library.register_fake("moe_index_gather", _moe_gather_fake)
+library.register_fake("moe_index_scatter", _moe_scatter_fake)
+_moe_gather_op = native.ops.moe_index_gather.default
+_moe_scatter_op = native.ops.moe_index_scatter.default
+# Their C++ autograd (moe_permute_autograd.cpp) for eager training calls; 16-bit / fp32 tokens.
+_moe_permute_train = _moe_unpermute_train = None
+if native.CPP_AUTOGRAD:
+    library.register_fake(
+        "moe_permute_train",
+        lambda tokens, emap, probs, e, pad, num_out, topk, width: _moe_permute_fake(
+            tokens, emap, probs, None, e, pad, num_out, topk
+        ),
+    )
+    library.register_fake("moe_unpermute_train", _moe_gather_fake)
+    _moe_permute_train = native.ops.moe_permute_train.default
+    _moe_unpermute_train = native.ops.moe_unpermute_train.default
 
 
 class _MoePermute(torch.autograd.Function):
@@ -597,7 +539,12 @@ def moe_permute(
             pad_multiple, num_permuted_tokens, probs_topk)
     needs_grad = torch.is_grad_enabled() and (tokens.requires_grad or (probs is not None and probs.requires_grad))
     # Without a gradient to compute, the native op alone (no autograd.Function around it).
-    outs = _MoePermute.apply(*args, width) if needs_grad else _moe_permute_op(*args)
+    if not needs_grad:
+        outs = _moe_permute_op(*args)
+    elif scales is None and not use_fp8 and native.eager_cpp_autograd():
+        outs = _moe_permute_train(args[0], args[1], args[2], e, pad_multiple, num_permuted_tokens, probs_topk, width)
+    else:
+        outs = _MoePermute.apply(*args, width)
     out, row_id_map, tpe, overflow, nd, pscales, pprobs = outs
     return (
         out,
@@ -673,7 +620,7 @@ def moe_unpermute(
     extra = {"permuted_probs": permuted_probs} if permuted_probs is not None else {}
     check_cuda_tensors(op, permuted_tokens=permuted_tokens, row_id_map=row_id_map, **extra)
     width = probs_topk_stride if probs_topk_stride > 0 else e
-    out, probs = _MoeUnpermute.apply(
+    args = (
         permuted_tokens.contiguous(),
         row_id_map.contiguous(),
         permuted_probs.contiguous() if permuted_probs is not None else None,
@@ -681,4 +628,13 @@ def moe_unpermute(
         e,
         width,
     )
+    needs_grad = torch.is_grad_enabled() and (
+        permuted_tokens.requires_grad or (permuted_probs is not None and permuted_probs.requires_grad)
+    )
+    if not needs_grad:
+        out, probs = _moe_gather_op(*args)
+    elif native.eager_cpp_autograd():
+        out, probs = _moe_unpermute_train(*args)
+    else:
+        out, probs = _MoeUnpermute.apply(*args)
     return out, (probs if permuted_probs is not None else None)
