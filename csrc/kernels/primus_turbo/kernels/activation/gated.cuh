@@ -42,20 +42,24 @@ enum Act { kSilu = 0, kGelu = 1 };
 template <int kAct>
 struct Activation;
 
+// f(g), and for the backward f and f' together from one exponential (SiLU) or one erf (GELU).
 template <>
 struct Activation<kSilu> {
   __device__ static __forceinline__ float f(float g) { return g / (1.f + __expf(-g)); }
-  __device__ static __forceinline__ float df(float g) {
-    const float s = 1.f / (1.f + __expf(-g));
-    return s * (1.f + g * (1.f - s));
+  __device__ static __forceinline__ void f_df(float g, float& a, float& da) {
+    const float s = __fdividef(1.f, 1.f + __expf(-g));  // sigmoid; 0 where exp overflows
+    a = g * s;
+    da = s * (1.f + g * (1.f - s));
   }
 };
 
 template <>
 struct Activation<kGelu> {  // exact GELU (torch's approximate="none")
   __device__ static __forceinline__ float f(float g) { return 0.5f * g * (1.f + erff(g * 0.70710678118654752f)); }
-  __device__ static __forceinline__ float df(float g) {
-    return 0.5f * (1.f + erff(g * 0.70710678118654752f)) + g * 0.39894228040143268f * __expf(-0.5f * g * g);
+  __device__ static __forceinline__ void f_df(float g, float& a, float& da) {
+    const float cdf = 0.5f * (1.f + erff(g * 0.70710678118654752f));
+    a = g * cdf;
+    da = cdf + g * 0.39894228040143268f * __expf(-0.5f * g * g);
   }
 };
 
@@ -151,10 +155,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks) gated_bwd(PtG
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             const float g = to_float(gv[k].v[j]), u = to_float(uv[k].v[j]), d = to_float(dv[k].v[j]);
-            const float a = A::f(g);
+            float a, da;
+            A::f_df(g, a, da);
             dprob += d * a * u;
             const float dp = d * prob;
-            dg.v[j] = from_float<T>(dp * u * A::df(g));
+            dg.v[j] = from_float<T>(dp * u * da);
             du.v[j] = from_float<T>(dp * a);
           }
           store_stream(dgate + c, dg);
