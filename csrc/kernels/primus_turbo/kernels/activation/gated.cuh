@@ -43,11 +43,14 @@ template <int kAct>
 struct Activation;
 
 // f(g), and for the backward f and f' together from one exponential (SiLU) or one erf (GELU).
+// The sigmoid by a fast reciprocal (0 where exp overflows): an IEEE division per element made
+// these memory-bound kernels issue-bound (SwiGLU forward at MoE widths 0.89 -> 0.95 of copy).
 template <>
 struct Activation<kSilu> {
-  __device__ static __forceinline__ float f(float g) { return g / (1.f + __expf(-g)); }
+  __device__ static __forceinline__ float sigmoid(float g) { return __fdividef(1.f, 1.f + __expf(-g)); }
+  __device__ static __forceinline__ float f(float g) { return g * sigmoid(g); }
   __device__ static __forceinline__ void f_df(float g, float& a, float& da) {
-    const float s = __fdividef(1.f, 1.f + __expf(-g));  // sigmoid; 0 where exp overflows
+    const float s = sigmoid(g);
     a = g * s;
     da = s * (1.f + g * (1.f - s));
   }
