@@ -4,7 +4,8 @@
 
 Each case runs once and checks nothing but that it completes: memcheck reports any out-of-bounds or
 misaligned access, racecheck (--tool racecheck) shared-memory races. Families: gemm, norm, rope,
-grouped, gemm_fp8, activation, quantize, attention, attention_turbo, attention_fp8.
+grouped, gemm_fp8, grouped_fp8, fp4, activation, quantize, moe, attention, attention_turbo,
+attention_fp8.
 """
 
 import sys
@@ -152,10 +153,28 @@ def attention_fp8():
     step(turbo.ops.flash_attn_fp8_func(q96, k96, v96), q96, k96, v96)
 
 
+def moe():
+    # token_permute / token_unpermute with spare output rows (the backward zeroes the rows the map
+    # does not reference) and dropped routes; moe_permute / moe_unpermute with padding and probs.
+    tokens, experts, topk = 37, 6, 2
+    top = torch.rand(tokens, experts, device=dev).topk(topk, -1).indices
+    mask = torch.zeros(tokens, experts, dtype=torch.bool, device=dev).scatter_(1, top, True)
+    x = t(tokens, 40)
+    for num_out in (tokens * topk + 9, tokens * topk - 5):
+        out, _, rmap = turbo.ops.token_permute(x, routing_map=mask, num_out_tokens=num_out)
+        step(turbo.ops.token_unpermute(out, rmap), x)
+    p = torch.rand(tokens, topk, device=dev, requires_grad=True)
+    out, rmap, _, _, nd, _, pp = turbo.ops.moe_permute(x, top.int(), num_local_experts=experts, num_topk=topk,
+                                                       pad_multiple=8, num_permuted_tokens=tokens * topk + 40, probs=p)
+    back, up = turbo.ops.moe_unpermute(out, rmap, nd, restore_shape=x.shape, num_local_experts=experts,
+                                       permuted_probs=pp, probs_topk_stride=topk, pad_multiple=8)
+    step((back, up), x, p)
+
+
 CASES = {
     f.__name__: f
-    for f in (gemm, norm, rope, grouped, gemm_fp8, grouped_fp8, fp4, activation, quantize, attention, attention_turbo,
-              attention_fp8)
+    for f in (gemm, norm, rope, grouped, gemm_fp8, grouped_fp8, fp4, activation, quantize, moe, attention,
+              attention_turbo, attention_fp8)
 }
 
 if __name__ == "__main__":

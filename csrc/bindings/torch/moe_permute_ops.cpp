@@ -84,10 +84,13 @@ Tensor moe_token_scatter(Tensor tokens_in, Tensor row_id_map_in, int64_t num_out
   const Tensor tokens = as_contiguous(tokens_in), row_id_map = as_contiguous(row_id_map_in);
   DeviceScope scope(device);
   Tensor out = empty({num_out, tokens.sizes()[1]}, tokens.scalar_type(), device);
-  torch::stable::zero_(out);
+  // The launch zeroes only the rows the map does not reference (it counts them in the workspace),
+  // not the whole output before the scatter overwrites it.
+  const int64_t t = row_id_map.sizes()[0], e = row_id_map.sizes()[1];
+  Tensor ws = empty({pt_moe_route_workspace_ints(t, static_cast<int32_t>(e))}, ScalarType::Int, device);
   const pt_tensor pt_tokens = to_pt(tokens);
-  pt_tensor pt_out = to_pt(out), pt_rows = to_pt(row_id_map);
-  check_status(pt_moe_permute(&pt_tokens, nullptr, nullptr, &pt_out, nullptr, &pt_rows, nullptr,
+  pt_tensor pt_out = to_pt(out), pt_rows = to_pt(row_id_map), pt_ws = to_pt(ws);
+  check_status(pt_moe_permute(&pt_tokens, nullptr, nullptr, &pt_out, nullptr, &pt_rows, &pt_ws,
                               current_stream(device)),
                "token_unpermute backward");
   return out;

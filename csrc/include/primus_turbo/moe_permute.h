@@ -12,8 +12,9 @@ extern "C" {
    row_id_map [T, E] int32 receives each copy's row or -1; workspace int32
    [pt_moe_route_workspace_ints(T, E)]. probs [T, E]
    and permuted_probs [N] (float32/float16/bfloat16), optional together: permuted_probs[r] is the
-   probability of row r. With routing_map null, row_id_map is read instead and only the referenced
-   rows are written. No host synchronization. */
+   probability of row r. With routing_map null, row_id_map is read instead: without a workspace only
+   the referenced rows are written; with one (same size) the rows the map does not reference are
+   zeroed too. No host synchronization. */
 PT_API pt_status pt_moe_permute(const pt_tensor* tokens, const pt_tensor* routing_map, const pt_tensor* probs,
                                 pt_tensor* output, pt_tensor* permuted_probs, pt_tensor* row_id_map,
                                 pt_tensor* workspace, void* stream);

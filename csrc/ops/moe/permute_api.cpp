@@ -139,8 +139,13 @@ pt_status pt_moe_permute(const pt_tensor* tokens, const pt_tensor* routing_map, 
     if (routing_map != nullptr) {
       run(k.build_map, p, stream, "MoE permute map");
       run(k.permute, p, stream, "MoE permute");
+    } else if (workspace != nullptr) {  // an existing map: scatter, and zero the rows it does not reference
+      check_vector({workspace, "workspace"}, pt_moe_route_ws_ints(T, E), PT_INT32,
+                   "pt_moe_route_workspace_ints(num_tokens, num_experts)");
+      p.workspace = static_cast<int32_t*>(workspace->data);
+      run(k.permute, p, stream, "MoE permute");
     } else {
-      p.num_out = 0;  // an existing map: scatter only, unreferenced rows stay as they are
+      p.num_out = 0;  // an existing map, no workspace: scatter only, unreferenced rows stay as they are
       run(k.permute, p, stream, "MoE permute");
     }
   });

@@ -108,6 +108,21 @@ __global__ void __launch_bounds__(kThreads) zero_tail_kernel(PtMoePermuteParams 
   }
 }
 
+// For a scatter on a given map: the rows it references are 0 .. total - 1 (rows are numbered
+// consecutively, dropped routes are -1), so total = the largest row + 1, into the workspace slot
+// zero_tail_kernel reads (zeroed before the launch).
+__global__ void __launch_bounds__(kThreads) rows_used_kernel(PtMoePermuteParams p) {
+  const int64_t n = p.num_tokens * p.num_experts;
+  int top = -1;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    top = max(top, p.row_id_map[i]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
+  if ((threadIdx.x & 31) == 0 && top >= 0)
+    atomicMax(&p.workspace[route::layout(p.num_tokens, p.num_experts).scalars], top + 1);
+}
+
 // output[t] = sum over routes of (probs[t, e] *) input[row], in expert order, fp32.
 template <class T, int V>
 __global__ void __launch_bounds__(kThreads) gather_kernel(PtMoePermuteParams p) {
@@ -229,6 +244,12 @@ struct MoePermute {
   static int permute(const PtMoePermuteParams* p, char* err, size_t err_len) {
     if (!check(p, err, err_len)) return 1;
     auto s = static_cast<cudaStream_t>(p->stream);
+    if (p->routing_map == nullptr && p->num_out > 0) {  // a given map: count the rows it references
+      int32_t* total = p->workspace + route::layout(p->num_tokens, p->num_experts).scalars;
+      if (cudaMemsetAsync(total, 0, sizeof(int32_t), s) != cudaSuccess) return report_launch("MoE permute", err, err_len);
+      const int64_t entries = p->num_tokens * p->num_experts;
+      if (entries > 0) rows_used_kernel<<<grid(p, (entries + kThreads * 8 - 1) / (kThreads * 8)), kThreads, 0, s>>>(*p);
+    }
     if (p->num_tokens > 0) scatter_kernel<T, V><<<grid(p, p->num_tokens), kThreads, 0, s>>>(*p);
     if (p->num_out > 0) zero_tail_kernel<T, V><<<grid(p, p->num_out), kThreads, 0, s>>>(*p);
     return report_launch("MoE permute", err, err_len);

@@ -33,7 +33,9 @@ typedef struct PtMoePermuteParams {
 } PtMoePermuteParams;
 
 // build_map: counts, offsets and row_id_map from routing_map (three launches).
-// permute: output[row_id_map[t, e]] = input[t] (+ permuted_probs), rows past the routed total zeroed.
+// permute: output[row_id_map[t, e]] = input[t] (+ permuted_probs), rows past the routed total zeroed
+//   (after build_map; on a given map, routing_map null, num_out > 0 and a workspace: the rows past
+//   the largest the map references).
 // unpermute: output[t] = sum_e probs[t, e] * input[row_id_map[t, e]] (fp32 sum in expert order;
 //   without probs a plain sum); with permuted_probs given as input it also gathers
 //   grad_probs[t, e] = permuted_probs[row] (the permute's probs gradient).
