@@ -47,6 +47,20 @@ __device__ __forceinline__ int64_t load_index(const PtMoeRouteParams& p, int64_t
                              : static_cast<int64_t>(static_cast<const int32_t*>(p.routing)[i]);
 }
 
+// Bit j: mask column col[j * stride] is non-zero, for the `valid` first of 32 rows. All 32 loads are
+// issued before any is used: one after the other, the warp waited for each (32 round trips a pass;
+// token_permute's map build took 40-80 us at 8192 tokens).
+template <class M>
+__device__ __forceinline__ uint32_t mask_word(const M* col, int stride, int64_t valid) {
+  M v[32];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) v[j] = j < valid ? col[j * stride] : 0;
+  uint32_t word = 0u;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) word |= static_cast<uint32_t>(v[j] != 0) << j;
+  return word;
+}
+
 // bits[w * E + e]: bit j set when token (tile * 256 + w * 32 + j) is routed to expert e.
 // Ends with a barrier.
 __device__ inline void build_words(const PtMoeRouteParams& p, int64_t tile, uint32_t* bits) {
@@ -56,28 +70,15 @@ __device__ inline void build_words(const PtMoeRouteParams& p, int64_t tile, uint
   const int64_t t0 = tile * kTileTokens + warp * 32;
   uint32_t* words = bits + warp * E;
   if (p.routing_kind <= 1) {  // a mask: lanes over experts, the warp's 32 tokens in turn
-    // All 32 loads of a lane are issued before any is used: one after the other, the warp waited
-    // for each (32 round trips a pass; token_permute's map build took 40-80 us at 8192 tokens).
     const int64_t valid = p.num_tokens - t0;
     for (int e0 = 0; e0 < E; e0 += 32) {
       const int e = e0 + lane;
       if (e >= E) continue;
-      uint32_t word = 0u;
-      if (p.routing_kind == 0) {
-        const uint8_t* col = static_cast<const uint8_t*>(p.routing) + t0 * E + e;
-        uint8_t v[32];
-#pragma unroll
-        for (int j = 0; j < 32; ++j) v[j] = j < valid ? col[j * E] : 0;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) word |= static_cast<uint32_t>(v[j] != 0) << j;
-      } else {
-        const int32_t* col = static_cast<const int32_t*>(p.routing) + t0 * E + e;
-        int32_t v[32];
-#pragma unroll
-        for (int j = 0; j < 32; ++j) v[j] = j < valid ? col[j * E] : 0;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) word |= static_cast<uint32_t>(v[j] != 0) << j;
-      }
+      uint32_t word;
+      if (p.routing_kind == 0)
+        word = mask_word(static_cast<const uint8_t*>(p.routing) + t0 * E + e, E, valid);
+      else
+        word = mask_word(static_cast<const int32_t*>(p.routing) + t0 * E + e, E, valid);
       words[e] = word;
     }
   } else {  // indices: a lane per token
