@@ -340,3 +340,18 @@ def test_audit_fixes_restore_shape_zero_tokens_and_probs_layout():
     perm = turbo.ops.moe_permute(_t.empty(8, 32, device="meta"), _t.zeros(8, 4, dtype=_t.bool, device="meta"),
                                  num_local_experts=4, num_permuted_tokens=16)
     assert perm[0].shape == (16, 32)
+
+
+def test_native_gather_and_scatter_name_bad_arguments():
+    """moe_unpermute's gather and scatter are native ops: they check their tensors before any launch
+    and name the argument (the public op's checks run first; these guard direct calls)."""
+    ops = torch.ops.primus_turbo
+    rows, rmap = torch.zeros(4, 8), torch.zeros(2, 5, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="moe_unpermute: argument 'permuted_tokens' is on cpu"):
+        ops.moe_index_gather.default(rows, rmap, None, 2, 2, 2)
+    with pytest.raises(RuntimeError, match="moe_unpermute: argument 'grad_output' is on cpu"):
+        ops.moe_index_scatter.default(rows, rmap, None, 4, 2)
+    back, probs = ops.moe_index_gather.default(meta(4, 8), meta(2, 5, dtype=torch.int32), meta(4), 2, 2, 3)
+    assert back.shape == (2, 8) and probs.shape == (2, 3)
+    grad, gprobs = ops.moe_index_scatter.default(meta(2, 8), meta(2, 5, dtype=torch.int32), None, 4, 2)
+    assert grad.shape == (4, 8) and gprobs.shape == (0,)
