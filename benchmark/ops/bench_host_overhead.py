@@ -170,26 +170,19 @@ def _more_cases(turbo, cases, t, step, dev):
         lambda: turbo.ops.geglu(xg), torch_geglu, step(lambda: turbo.ops.geglu(xg), (xg,), gh), step(torch_geglu, (xg,), gh),
     )
     probs = t(256, dtype=torch.float32)
+    for name, op, act in (
+        ("swiglu_with_probs", turbo.ops.swiglu_with_probs, F.silu),
+        ("geglu_with_probs", turbo.ops.geglu_with_probs, F.gelu),
+    ):
 
-    def torch_swiglu_probs():
-        gate, up = xg.chunk(2, dim=-1)
-        return F.silu(gate) * up * probs[:, None]
+        def ours(op=op):
+            return op(xg, probs)
 
-    cases["swiglu_with_probs"] = (
-        lambda: turbo.ops.swiglu_with_probs(xg, probs), torch_swiglu_probs,
-        step(lambda: turbo.ops.swiglu_with_probs(xg, probs), (xg, probs), gh),
-        step(torch_swiglu_probs, (xg, probs), gh),
-    )
+        def torch_probs(act=act):
+            gate, up = xg.chunk(2, dim=-1)
+            return act(gate) * up * probs[:, None]
 
-    def torch_geglu_probs():
-        gate, up = xg.chunk(2, dim=-1)
-        return F.gelu(gate) * up * probs[:, None]
-
-    cases["geglu_with_probs"] = (
-        lambda: turbo.ops.geglu_with_probs(xg, probs), torch_geglu_probs,
-        step(lambda: turbo.ops.geglu_with_probs(xg, probs), (xg, probs), gh),
-        step(torch_geglu_probs, (xg, probs), gh),
-    )
+        cases[name] = (ours, torch_probs, step(ours, (xg, probs), gh), step(torch_probs, (xg, probs), gh))
     a, b, g = t(256, 256), t(256, 256), t(256, 256, grad=False)
 
     def matmul():

@@ -28,6 +28,11 @@ using IndexGatherSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, 
 using IndexScatterSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&, c10::SymInt,
                                                    int64_t);
 
+// A gradient that did not arrive, as zeros of the output it stands for ({rows, cols} and dtype).
+Tensor zeros_like_output(const Tensor& like_device, int64_t rows, int64_t cols, int64_t dtype) {
+  return at::zeros({rows, cols}, like_device.options().dtype(static_cast<c10::ScalarType>(dtype)));
+}
+
 struct TokenPermuteFunction : public torch::autograd::Function<TokenPermuteFunction> {
   static variable_list forward(AutogradContext* ctx, const Tensor& tokens, const Tensor& routing_map,
                                const OptTensor& probs, int64_t num_out) {
@@ -52,11 +57,11 @@ struct TokenPermuteFunction : public torch::autograd::Function<TokenPermuteFunct
     const Tensor row_id_map = ctx->get_saved_variables()[0];
     const bool with_probs = ctx->saved_data["p"].toBool();
     const auto o = ctx->saved_data["o"].toIntVector();
-    const auto options = row_id_map.options();
-    if (!g_out.defined()) g_out = at::zeros({o[0], o[1]}, options.dtype(static_cast<c10::ScalarType>(o[2])));
+    if (!g_out.defined()) g_out = zeros_like_output(row_id_map, o[0], o[1], o[2]);
     OptTensor pp;
     if (with_probs)
-      pp = g_pprobs.defined() ? g_pprobs : at::zeros({o[0]}, options.dtype(static_cast<c10::ScalarType>(o[3])));
+      pp = g_pprobs.defined() ? g_pprobs
+                              : at::zeros({o[0]}, row_id_map.options().dtype(static_cast<c10::ScalarType>(o[3])));
     auto [grad_tokens, grad_probs] = unpermute.call(g_out, row_id_map, std::nullopt, pp);
     return {grad_tokens, Tensor(), with_probs ? grad_probs : Tensor(), Tensor()};
   }
@@ -104,11 +109,6 @@ Tensor token_unpermute_train_forward_only(const Tensor& inp, const Tensor& row_i
                                           const OptTensor& merging_probs) {
   static const auto fwd = op<UnpermuteSig>("primus_turbo::moe_token_unpermute");
   return std::get<0>(fwd.call(inp, row_id_map, merging_probs, std::nullopt));
-}
-
-// A gradient that did not arrive, as zeros of the output it stands for ({rows, cols} and dtype).
-Tensor zeros_like_output(const Tensor& like_device, int64_t rows, int64_t cols, int64_t dtype) {
-  return at::zeros({rows, cols}, like_device.options().dtype(static_cast<c10::ScalarType>(dtype)));
 }
 
 // moe_permute (16-bit or fp32 tokens): (out, row_id_map, tokens_per_expert, overflow, dispatched,

@@ -118,11 +118,17 @@ pt_status pt_moe_permute(const pt_tensor* tokens, const pt_tensor* routing_map, 
       PT_CHECK_ARG(routing_map->dtype == PT_INT32 || routing_map->dtype == PT_UINT8, "argument 'routing_map' has dtype ",
                    dtype_name(routing_map->dtype), "; expected bool/uint8 or int32");
       check_matrix({routing_map, "routing_map"}, T, E, routing_map->dtype, "num_tokens x num_experts");
-      check_vector({workspace, "workspace"}, pt_moe_route_ws_ints(T, E), PT_INT32,
-                   "pt_moe_route_workspace_ints(num_tokens, num_experts)");
       p.routing_map = routing_map->data;
       p.routing_map_bytes = routing_map->dtype == PT_INT32 ? 4 : 1;
+    }
+    // The map build needs the workspace; a scatter on an existing map uses it, when given, to count
+    // the rows the map references and zero the rest. Without one those rows stay as they are.
+    if (routing_map != nullptr || workspace != nullptr) {
+      check_vector({workspace, "workspace"}, pt_moe_route_ws_ints(T, E), PT_INT32,
+                   "pt_moe_route_workspace_ints(num_tokens, num_experts)");
       p.workspace = static_cast<int32_t*>(workspace->data);
+    } else {
+      p.num_out = 0;
     }
     PT_CHECK_ARG((probs == nullptr) == (permuted_probs == nullptr), "arguments 'probs' and 'permuted_probs' must be given together");
     if (probs != nullptr) {
@@ -136,18 +142,8 @@ pt_status pt_moe_permute(const pt_tensor* tokens, const pt_tensor* routing_map, 
     if (T == 0 && N == 0) return;
     const bool vec = rows_vectorizable(tokens->dtype, H, {tokens, output});
     const Kernels k = kernels_for(tokens->dtype, vec, p);
-    if (routing_map != nullptr) {
-      run(k.build_map, p, stream, "MoE permute map");
-      run(k.permute, p, stream, "MoE permute");
-    } else if (workspace != nullptr) {  // an existing map: scatter, and zero the rows it does not reference
-      check_vector({workspace, "workspace"}, pt_moe_route_ws_ints(T, E), PT_INT32,
-                   "pt_moe_route_workspace_ints(num_tokens, num_experts)");
-      p.workspace = static_cast<int32_t*>(workspace->data);
-      run(k.permute, p, stream, "MoE permute");
-    } else {
-      p.num_out = 0;  // an existing map, no workspace: scatter only, unreferenced rows stay as they are
-      run(k.permute, p, stream, "MoE permute");
-    }
+    if (routing_map != nullptr) run(k.build_map, p, stream, "MoE permute map");
+    run(k.permute, p, stream, "MoE permute");
   });
 }
 
