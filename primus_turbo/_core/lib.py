@@ -191,7 +191,7 @@ _PROTOTYPES = {
     # moe_permute.h
     "pt_moe_permute": (_i32, [_T, _T, _T, _T, _T, _T, _T, _vp]),
     "pt_moe_unpermute": (_i32, [_T, _T, _T, _T, _T, _T, _vp]),
-    "pt_moe_unpermute_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _vp]),
+    "pt_moe_unpermute_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _T, _vp]),
     "pt_moe_permute_prepare": (_i32, [_i32, _i32]),
     # moe_routing.h
     "pt_moe_routing_fwd": (_i32, [_T, _T, _T, _T, _i32, _i32, _i32, _i32, _f32, _vp]),

@@ -106,12 +106,13 @@ std::tuple<Tensor, Tensor> moe_token_unpermute_bwd(Tensor grad_in, Tensor fwd_in
   const Tensor grad = as_contiguous(grad_in), fwd_input = as_contiguous(fwd_input_in),
                row_id_map = as_contiguous(row_id_map_in), merging = as_contiguous(merging_probs_in);
   DeviceScope scope(device);
-  Tensor grad_input = torch_binding::empty_like(fwd_input);
-  torch::stable::zero_(grad_input);
+  Tensor grad_input = torch_binding::empty_like(fwd_input);  // rows no token references: zeroed by the launch
   Tensor grad_probs = torch_binding::empty_like(merging);
+  const int64_t t = row_id_map.sizes()[0], e = row_id_map.sizes()[1];
+  Tensor ws = empty({pt_moe_route_workspace_ints(t, static_cast<int32_t>(e))}, ScalarType::Int, device);
   const pt_tensor pg = to_pt(grad), pf = to_pt(fwd_input), pr = to_pt(row_id_map), pm = to_pt(merging);
-  pt_tensor pgi = to_pt(grad_input), pgp = to_pt(grad_probs);
-  check_status(pt_moe_unpermute_bwd(&pg, &pf, &pr, &pm, &pgi, &pgp, current_stream(device)),
+  pt_tensor pgi = to_pt(grad_input), pgp = to_pt(grad_probs), pws = to_pt(ws);
+  check_status(pt_moe_unpermute_bwd(&pg, &pf, &pr, &pm, &pgi, &pgp, &pws, current_stream(device)),
                "token_unpermute backward");
   return {grad_input, grad_probs};
 }

@@ -27,10 +27,12 @@ PT_API pt_status pt_moe_unpermute(const pt_tensor* input, const pt_tensor* row_i
                                   void* stream);
 /* Backward of the merging unpermute: grad_input[row] = grad_output[t] * merging_probs[t, e],
    grad_probs[t, e] = <grad_output[t], fwd_input[row]> (0 where not routed). Rows of grad_input no
-   token references are not written. */
+   token references are zeroed with a workspace (int32 [pt_moe_route_workspace_ints(T, E)]), not
+   written without one (null). */
 PT_API pt_status pt_moe_unpermute_bwd(const pt_tensor* grad_output, const pt_tensor* fwd_input,
                                       const pt_tensor* row_id_map, const pt_tensor* merging_probs,
-                                      pt_tensor* grad_input, pt_tensor* grad_probs, void* stream);
+                                      pt_tensor* grad_input, pt_tensor* grad_probs, pt_tensor* workspace,
+                                      void* stream);
 /* ---- index-based permutation (moe_permute / moe_unpermute): a compact map [T + P, 2E + 1] ----
    Row t < T lists token t's n routes in expert order (entries [0, n): row + 1; [E, E + n): the
    probability column; entry 2E: n); rows T + i list the i-th zero padding row of each expert that

@@ -183,7 +183,7 @@ pt_status pt_moe_unpermute(const pt_tensor* input, const pt_tensor* row_id_map, 
 
 pt_status pt_moe_unpermute_bwd(const pt_tensor* grad_output, const pt_tensor* fwd_input, const pt_tensor* row_id_map,
                                const pt_tensor* merging_probs, pt_tensor* grad_input, pt_tensor* grad_probs,
-                               void* stream) {
+                               pt_tensor* workspace, void* stream) {
   return api_guard([&] {
     check_token_tensor(grad_output, "grad_output");
     const int64_t T = grad_output->shape[0], H = grad_output->shape[1];
@@ -200,7 +200,12 @@ pt_status pt_moe_unpermute_bwd(const pt_tensor* grad_output, const pt_tensor* fw
     p.probs = merging_probs->data, p.grad_probs = grad_probs->data;
     p.row_id_map = static_cast<int32_t*>(row_id_map->data);
     p.grad_output = grad_output->data, p.fwd_input = fwd_input->data, p.output = grad_input->data;
-    if (T == 0) return;
+    if (workspace != nullptr) {
+      check_vector({workspace, "workspace"}, pt_moe_route_ws_ints(T, E), PT_INT32,
+                   "pt_moe_route_workspace_ints(num_tokens, num_experts)");
+      p.workspace = static_cast<int32_t*>(workspace->data);
+    }
+    if (T == 0 && (workspace == nullptr || N == 0)) return;
     const bool vec = rows_vectorizable(grad_output->dtype, H, {grad_output, fwd_input, grad_input});
     run(kernels_for(grad_output->dtype, vec, p).unpermute_bwd, p, stream, "MoE unpermute backward");
   });

@@ -241,15 +241,18 @@ struct MoePermute {
     return report_launch("MoE permute map", err, err_len);
   }
 
+  // A given map's referenced row count into the workspace slot zero_tail_kernel reads.
+  static void count_rows_used(const PtMoePermuteParams* p, cudaStream_t s) {
+    int32_t* total = p->workspace + route::layout(p->num_tokens, p->num_experts).scalars;
+    cudaMemsetAsync(total, 0, sizeof(int32_t), s);
+    const int64_t entries = p->num_tokens * p->num_experts;
+    if (entries > 0) rows_used_kernel<<<grid(p, (entries + kThreads * 8 - 1) / (kThreads * 8)), kThreads, 0, s>>>(*p);
+  }
+
   static int permute(const PtMoePermuteParams* p, char* err, size_t err_len) {
     if (!check(p, err, err_len)) return 1;
     auto s = static_cast<cudaStream_t>(p->stream);
-    if (p->routing_map == nullptr && p->num_out > 0) {  // a given map: count the rows it references
-      int32_t* total = p->workspace + route::layout(p->num_tokens, p->num_experts).scalars;
-      if (cudaMemsetAsync(total, 0, sizeof(int32_t), s) != cudaSuccess) return report_launch("MoE permute", err, err_len);
-      const int64_t entries = p->num_tokens * p->num_experts;
-      if (entries > 0) rows_used_kernel<<<grid(p, (entries + kThreads * 8 - 1) / (kThreads * 8)), kThreads, 0, s>>>(*p);
-    }
+    if (p->routing_map == nullptr && p->num_out > 0) count_rows_used(p, s);  // a given map
     if (p->num_tokens > 0) scatter_kernel<T, V><<<grid(p, p->num_tokens), kThreads, 0, s>>>(*p);
     if (p->num_out > 0) zero_tail_kernel<T, V><<<grid(p, p->num_out), kThreads, 0, s>>>(*p);
     return report_launch("MoE permute", err, err_len);
@@ -302,11 +305,14 @@ struct MoePermute {
     return report_launch("MoE rows gather", err, err_len);
   }
 
+  // With a workspace, the rows of grad_input the map does not reference are zeroed too.
   static int unpermute_bwd(const PtMoePermuteParams* p, char* err, size_t err_len) {
     if (!check(p, err, err_len)) return 1;
-    if (p->num_tokens > 0) {
-      gather_bwd_kernel<T, V><<<grid(p, p->num_tokens), kThreads, 0, static_cast<cudaStream_t>(p->stream)>>>(*p);
-    }
+    auto s = static_cast<cudaStream_t>(p->stream);
+    const bool zero_rest = p->workspace != nullptr && p->num_out > 0;
+    if (zero_rest) count_rows_used(p, s);
+    if (p->num_tokens > 0) gather_bwd_kernel<T, V><<<grid(p, p->num_tokens), kThreads, 0, s>>>(*p);
+    if (zero_rest) zero_tail_kernel<T, V><<<grid(p, p->num_out), kThreads, 0, s>>>(*p);
     return report_launch("MoE unpermute backward", err, err_len);
   }
 };
