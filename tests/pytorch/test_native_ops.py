@@ -26,6 +26,7 @@ NATIVE_OPS = {
     "grouped_gemm": "grouped_gemm(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b, int num_sms)",
     "grouped_gemm_wgrad": "grouped_gemm_wgrad(Tensor a, Tensor grad_out, Tensor group_lens, Tensor? group_offs",
     "gemm_fp8": "gemm_fp8(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype",
+    "dequantize": "dequantize(Tensor q, Tensor scale_inv, ScalarType out_dtype, int granularity, int block_size",
     "gated_act_fwd": "gated_act_fwd(Tensor x, Tensor? probs, Tensor? row_mask, int act) -> Tensor",
     "gated_act_bwd": "gated_act_bwd(Tensor dy, Tensor x, Tensor? probs, Tensor? row_mask, int act, bool need_dprobs)",
     "moe_token_permute": "moe_token_permute(Tensor tokens, Tensor routing_map, Tensor? probs, int num_out)",
@@ -67,6 +68,11 @@ def _direct(op, *args):
     [
         (lambda: turbo.ops.gemm(_cpu(4, 8), _cpu(8, 3)), "gemm: argument 'a' is on cpu; expected a CUDA device"),
         (lambda: turbo.ops.rmsnorm(_cpu(4, 8), _cpu(8)), "rmsnorm: argument 'x' is on cpu"),
+        (
+            lambda: turbo.ops.dequantize_fp8(_cpu(4, 8).to(torch.float8_e4m3fn), torch.bfloat16,
+                                             ScalingGranularity.ROWWISE, axis=-1, scale_inv=_cpu(4, 1, dtype=torch.float32)),
+            "dequantize_fp8: argument 'x' is on cpu",
+        ),
         (lambda: turbo.ops.layernorm(_cpu(4, 8), _cpu(8), _cpu(8)), "layernorm: argument 'x' is on cpu"),
         (lambda: turbo.ops.rmsnorm_residual(_cpu(4, 8), _cpu(4, 8), _cpu(8)), "rmsnorm_residual: argument 'x' is on cpu"),
         (lambda: turbo.ops.rope(_cpu(1, 4, 2, 8), _cpu(1, 4, 2, 8)), "rope: argument 'q' is on cpu"),

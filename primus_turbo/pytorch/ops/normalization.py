@@ -210,6 +210,22 @@ def rmsnorm_residual(
     return y, s
 
 
+def _layernorm_weights(x, gamma, beta, eps):
+    """layernorm's gamma and beta with None made 1 and 0 (in the other weight's dtype, else x's),
+    after the checks that name a bad argument."""
+    like = gamma if isinstance(gamma, torch.Tensor) else beta if isinstance(beta, torch.Tensor) else None
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        _check_args("layernorm", x, eps, {})  # names x (not the gamma / beta it would default)
+    dtype = like.dtype if like is not None else x.dtype
+    if gamma is None:
+        gamma = torch.ones(x.shape[-1], dtype=dtype, device=x.device)
+    if beta is None:
+        beta = torch.zeros(x.shape[-1], dtype=dtype, device=x.device)
+    if type(eps) is not float or not isinstance(gamma, torch.Tensor) or not isinstance(beta, torch.Tensor):
+        _check_args("layernorm", x, eps, {"gamma": gamma, "beta": beta})
+    return gamma, beta
+
+
 @native.raises_python_errors
 def layernorm(x: torch.Tensor, gamma=None, beta=None, eps: float = 1e-5) -> torch.Tensor:
     """``(x - mean) * rsqrt(var + eps) * gamma + beta`` over the last dimension (biased variance,
@@ -220,17 +236,9 @@ def layernorm(x: torch.Tensor, gamma=None, beta=None, eps: float = 1e-5) -> torc
             non-contiguous ``x`` is copied once.
         gamma, beta: ``[hidden]``, ``x``'s dtype or float32 (both the same), or None (1 and 0).
     """
-    like = gamma if isinstance(gamma, torch.Tensor) else beta if isinstance(beta, torch.Tensor) else None
-    if not isinstance(x, torch.Tensor) or x.dim() < 1:
-        _check_args("layernorm", x, eps, {})  # names x (not the gamma / beta it would default)
-    if isinstance(x, torch.Tensor) and x.dim() >= 1:
-        dtype = like.dtype if like is not None else x.dtype
-        if gamma is None:
-            gamma = torch.ones(x.shape[-1], dtype=dtype, device=x.device)
-        if beta is None:
-            beta = torch.zeros(x.shape[-1], dtype=dtype, device=x.device)
-    if type(eps) is not float or not all(isinstance(t, torch.Tensor) for t in (x, gamma, beta)):
-        _check_args("layernorm", x, eps, {"gamma": gamma, "beta": beta})
+    if not (isinstance(x, torch.Tensor) and isinstance(gamma, torch.Tensor) and isinstance(beta, torch.Tensor)
+            and type(eps) is float):
+        gamma, beta = _layernorm_weights(x, gamma, beta, eps)  # defaults, or a bad argument named
     if torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad or beta.requires_grad):
         if native.eager_cpp_autograd():
             return _ln_train(x, gamma, beta, eps)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from primus_turbo._core import check, lib
-from primus_turbo.pytorch.core import library
+from primus_turbo.pytorch.core import library, native
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingRecipe, float4_e2m1fn_x2
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle, device_guard, to_pt
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
@@ -163,23 +163,6 @@ def _quantize_fake(x, out_dtype, granularity, block_size, row, col, col_transpos
     return _outputs(x, out_dtype, granularity, block_size, row, col, col_transposed, flags)
 
 
-def _dequantize_cuda(q, scale_inv, out_dtype, granularity: int, block_size: int, axis: int, flags: int):
-    m, k = q.shape
-    if q.dtype == _FP4_DTYPE:
-        k *= 2
-    out = torch.empty((m, k), dtype=out_dtype, device=q.device)
-    if out.numel() == 0:
-        return out
-    with device_guard(q.device):
-        status = lib.pt_dequantize(
-            to_pt(q), to_pt(scale_inv), to_pt(out), granularity, block_size, axis, flags,
-            current_stream_handle(q.device),
-        )
-    if status:
-        check(status, context="dequantize")
-    return out
-
-
 def _dequantize_fake(q, scale_inv, out_dtype, granularity, block_size, axis, flags):
     m, k = q.shape
     k = 2 * k if q.dtype == _FP4_DTYPE else k
@@ -200,12 +183,9 @@ _quantize_op = library.define_op(
     _quantize_cuda,
     _quantize_fake,
 )
-_dequantize_op = library.define_op(
-    "dequantize(Tensor q, Tensor scale_inv, ScalarType out_dtype, int granularity, int block_size, int axis, "
-    "int flags) -> Tensor",
-    _dequantize_cuda,
-    _dequantize_fake,
-)
+# Native (csrc/bindings/torch/quantize_ops.cpp): one call checks, allocates and launches.
+library.register_fake("dequantize", _dequantize_fake)
+_dequantize_op = native.ops.dequantize.default
 
 
 # ---- argument checks (host only, before any launch) ----------------------------------------------
@@ -519,6 +499,7 @@ def quantize_fp8_with_trans_unpadded(
     return _quantize_op(_as_2d(x), out_dtype, g, block, True, True, not in_place_col, flags, 0)
 
 
+@native.raises_python_errors
 def dequantize_fp8(
     x: torch.Tensor,
     out_dtype: torch.dtype,
@@ -547,6 +528,7 @@ def dequantize_fp8(
                                    scaling_recipe=scaling_recipe)
 
 
+@native.raises_python_errors
 def dequantize_fp8_unpadded(
     x: torch.Tensor,
     out_dtype: torch.dtype,
@@ -568,10 +550,10 @@ def dequantize_fp8_unpadded(
     if dim is None or dim == x.dim() - 1:
         flat = dim is not None and scale_inv.dim() != 2  # [..., groups] or [groups] -> [rows, groups]
         s = scale_inv.reshape(math.prod(x.shape[:-1]), scale_inv.shape[-1]) if flat else scale_inv
-        out = _dequantize_op(_as_2d(x), s.contiguous(), out_dtype, g, block, -1, _FLAG_2D if two_d else 0)
+        out = _dequantize_op(_as_2d(x), s, out_dtype, g, block, -1, _FLAG_2D if two_d else 0)
         return out.view(x.shape)
     if x.dim() == 2:
-        return _dequantize_op(x.contiguous(), scale_inv.contiguous(), out_dtype, g, block, 0, 0)
+        return _dequantize_op(x, scale_inv, out_dtype, g, block, 0, 0)
     if scale_inv.dim() != x.dim():
         raise ValueError(
             f"{op}: argument 'scale_inv' has shape {tuple(scale_inv.shape)}; expected x's rank ({x.dim()}) "
@@ -740,6 +722,7 @@ def _fp4_with_trans(quantize, x, out_dtype, granularity, block_size, axis, scali
     return q_row, s_row, q_col, s_col
 
 
+@native.raises_python_errors
 def dequantize_fp4(
     x: torch.Tensor,
     out_dtype: torch.dtype,
@@ -772,5 +755,5 @@ def dequantize_fp4(
     along_k = _along_last(op, axis, 2)
     flags = _FLAG_2D if _use_2d(scaling_recipe) else 0
     q = x if x.dtype == _FP4_DTYPE else x.view(_FP4_DTYPE)
-    out = _dequantize_op(q.contiguous(), scale_inv.contiguous(), out_dtype, g, block, -1, flags)
+    out = _dequantize_op(q, scale_inv, out_dtype, g, block, -1, flags)
     return out if along_k else out.t()

@@ -1,0 +1,54 @@
+// primus_turbo::dequantize: FP8 / FP4 back to a 16- or 32-bit float, one native call (argument
+// checks, the output allocation and the launch). The layout routing of turbo.ops.dequantize_fp8 /
+// dequantize_fp4 (axis, leading dims, the padded MX layouts) stays in Python and hands this op a
+// 2-D q with its scales as the quantizer wrote them; the core checks the scales against q.
+#include "bindings/torch/torch_binding.h"
+#include "primus_turbo/quantization.h"
+
+namespace primus_turbo::torch_binding {
+
+namespace {
+
+bool is_fp8(ScalarType t) { return t == ScalarType::Float8_e4m3fn || t == ScalarType::Float8_e5m2; }
+bool is_fp4(ScalarType t) { return t == ScalarType::Float4_e2m1fn_x2 || t == ScalarType::Byte; }
+bool is_float(ScalarType t) { return t == ScalarType::Float || t == ScalarType::Half || t == ScalarType::BFloat16; }
+
+// out [m, k] (k twice q's last dim for packed FP4) = q * scale_inv.
+Tensor dequantize(Tensor q_in, Tensor scale_in, ScalarType out_dtype, int64_t granularity, int64_t block_size,
+                  int64_t axis, int64_t flags) {
+  constexpr const char* op = "dequantize";
+  const int32_t device = check_cuda(op, {{"q", &q_in}, {"scale_inv", &scale_in}});
+  if (q_in.dim() != 2) fail_with(ErrorKind::Value, op, ": argument 'q' has shape ", shape_string(q_in), "; expected 2-D");
+  const ScalarType qt = q_in.scalar_type();
+  if (!is_fp8(qt) && !is_fp4(qt))
+    fail_with(ErrorKind::Type, op, ": argument 'q' has dtype ", dtype_name(qt),
+              "; expected float8_e4m3fn, float8_e5m2 or float4_e2m1fn_x2");
+  if (!is_float(out_dtype))
+    fail_with(ErrorKind::Type, op, ": argument 'out_dtype' is ", dtype_name(out_dtype),
+              "; expected float32, float16 or bfloat16");
+  const int64_t m = q_in.sizes()[0], k = q_in.sizes()[1] * (is_fp4(qt) ? 2 : 1);
+  Tensor out = empty({m, k}, out_dtype, device);
+  if (out.numel() == 0) return out;
+  const Tensor q = as_contiguous(q_in), s = as_contiguous(scale_in);
+  // A uint8 q is packed FP4 (the dtype torch builds without float4_e2m1fn_x2 give it).
+  const pt_tensor pq = is_fp4(qt) ? to_pt(q, PT_FLOAT4_E2M1_X2) : to_pt(q), ps = to_pt(s);
+  pt_tensor po = to_pt(out);
+  DeviceScope scope(device);
+  check_status(pt_dequantize(&pq, &ps, &po, static_cast<int32_t>(granularity), static_cast<int32_t>(block_size),
+                             static_cast<int32_t>(axis), static_cast<int32_t>(flags), current_stream(device)),
+               "dequantize");
+  return out;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
+  m.def("dequantize(Tensor q, Tensor scale_inv, ScalarType out_dtype, int granularity, int block_size, int axis, "
+        "int flags) -> Tensor");
+}
+
+static void register_kernels(torch::stable::detail::StableLibrary& m) { m.impl("dequantize", TORCH_BOX(&dequantize)); }
+
+PT_REGISTER_CUDA_AND_CPU(register_kernels)
+
+}  // namespace primus_turbo::torch_binding
