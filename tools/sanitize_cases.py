@@ -162,9 +162,9 @@ def moe():
     x = t(tokens, 40)
     merging = torch.rand(tokens, experts, device=dev, requires_grad=True)
     for num_out in (tokens * topk + 9, tokens * topk - 5):
-        out, _, rmap = turbo.ops.token_permute(x, routing_map=mask, num_out_tokens=num_out)
-        step(turbo.ops.token_unpermute(out, rmap), x)
-        step(turbo.ops.token_unpermute(out, rmap, merging), x, merging)
+        for probs in (None, merging):  # the backward with merging probabilities zero-fills differently
+            out, _, rmap = turbo.ops.token_permute(x, routing_map=mask, num_out_tokens=num_out)
+            step(turbo.ops.token_unpermute(out, rmap, probs), x, *([] if probs is None else [probs]))
     p = torch.rand(tokens, topk, device=dev, requires_grad=True)
     out, rmap, _, _, nd, _, pp = turbo.ops.moe_permute(x, top.int(), num_local_experts=experts, num_topk=topk,
                                                        pad_multiple=8, num_permuted_tokens=tokens * topk + 40, probs=p)

@@ -24,7 +24,12 @@ Variants:
 - ``turbo_fp8_<granularity>``: ``turbo.convert_model(model, fp8_config=...)`` (Float8Linear,
   HYBRID; the router stays bf16) on top of that, and ``grouped_gemm_fp8`` experts, for
   tensorwise, rowwise and blockwise;
-- ``turbo_*_compile``: a turbo variant under torch.compile.
+- ``turbo_*_compile``: a turbo variant under torch.compile (by default ``turbo_bf16_compile`` and
+  ``turbo_fp8_rowwise_compile``; the others by ``--variants``);
+- ``torchao_fp8_<recipe>_compile``: the torch model with torchao's float8 training
+  (``convert_to_float8_training``, recipe ``tensorwise`` or ``rowwise``; its Linear layers only, the
+  router kept bf16) under torch.compile, the FP8 recipe a user would otherwise pick. Needs
+  ``torchao``; without it the row reports the import error and the others run.
 
 Per variant: median ms of a training step's forward+backward (the optimizer step timed apart),
 model TFLOPS (6 x weights used per token x tokens + causal attention), the share of the step the
@@ -34,7 +39,8 @@ shared initial weights against torch eager's (a variant below 30 dB bf16 / 15 dB
 loss alone could not catch wrong numerics), and the loss after ``--steps`` steps against torch's
 (AdamW at ``--lr``, by default small enough that run-to-run noise stays far below the 2% / 5% gate).
 Summary entries ``e2e_<arch>_bf16`` and ``e2e_<arch>_fp8_<granularity>`` (ratio against torch
-eager), CSV ``e2e_<arch>.csv``.
+eager), ``e2e_<arch>_fp8_vs_torchao`` (our fastest FP8 variant against torchao's fastest), CSV
+``e2e_<arch>.csv`` (``--tag`` adds a suffix to both).
 """
 
 from __future__ import annotations
@@ -60,9 +66,23 @@ from model import Stack, rope_tables  # noqa: E402
 # ---- variants ------------------------------------------------------------------------------------
 
 GRANULARITIES = ("tensorwise", "rowwise", "blockwise")
-ALL_VARIANTS = ("torch_eager", "torch_compile", "turbo_bf16", "turbo_bf16_compile") + tuple(
-    f"turbo_fp8_{g}" for g in GRANULARITIES
+# torchao's float8 training recipes (its Linear layers only), compiled as torchao intends them.
+TORCHAO_RECIPES = ("tensorwise", "rowwise")
+ALL_VARIANTS = (
+    ("torch_eager", "torch_compile", "turbo_bf16", "turbo_bf16_compile")
+    + tuple(f"turbo_fp8_{g}" for g in GRANULARITIES)
+    + tuple(f"turbo_fp8_{g}_compile" for g in GRANULARITIES)
+    + tuple(f"torchao_fp8_{r}_compile" for r in TORCHAO_RECIPES)
 )
+# What a plain run measures: one compiled FP8 variant of ours (rowwise) beside the eager ones.
+DEFAULT_VARIANTS = tuple(v for v in ALL_VARIANTS if not v.startswith("turbo_fp8") or not v.endswith("compile")) + (
+    "turbo_fp8_rowwise_compile",
+)
+
+
+def fp8_granularity(variant: str) -> str | None:
+    """The FP8 granularity (or torchao recipe) a variant names, else None."""
+    return variant.split("_fp8_")[1].split("_")[0] if "_fp8_" in variant else None
 
 
 def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dtype, weight_cache: bool = False):
@@ -72,10 +92,17 @@ def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dty
     with device:
         model = Stack(m, layers, arch).to(dtype=dtype)
     model.load_state_dict(base_state)
+    if variant.startswith("torchao"):
+        # torchao's float8 Linear (dynamic scaling, its recipe by name) on the torch model; its MoE
+        # experts stay bf16 torch._grouped_mm (torchao's float8 training converts nn.Linear only).
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(fp8_granularity(variant)),
+                                   module_filter_fn=lambda mod, fqn: not fqn.endswith("router"))
     if variant.startswith("turbo"):
         fp8 = None
         if "_fp8_" in variant:
-            g = variant.split("_fp8_")[1].split("_")[0]
+            g = fp8_granularity(variant)
             gran = {"tensorwise": ScalingGranularity.TENSORWISE, "rowwise": ScalingGranularity.ROWWISE,
                     "blockwise": ScalingGranularity.BLOCKWISE}[g]
             fp8 = Float8QuantConfig(format=Format.HYBRID, granularity=gran,
@@ -145,7 +172,8 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tokens", type=int, default=8192, help="tokens per step (batch = tokens // seq)")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: min(model's, tokens))")
-    p.add_argument("--variants", nargs="+", default=list(ALL_VARIANTS), choices=ALL_VARIANTS)
+    p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=ALL_VARIANTS)
+    p.add_argument("--tag", default="", help="suffix of the CSV and summary entries (a partial run kept apart)")
     p.add_argument("--steps", type=int, default=50, help="training steps for the loss comparison")
     # 2e-5 keeps the 50 steps in the smooth part of the fit. At 1e-4 the loss falls ~20% every 5 steps by
     # step 50, and two torch eager runs (cuDNN's attention backward is not deterministic) already end
@@ -279,6 +307,7 @@ def main() -> int:
                "other_ms", "out_snr_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
     # Accumulation and weight-cache runs are variants of the configuration, kept apart from it.
     tag = (f"_mb{args.microbatches}" if args.microbatches > 1 else "") + ("_wcache" if args.fp8_weight_cache else "")
+    tag += f"_{args.tag}" if args.tag else ""
     rows = [{**r, "microbatches": args.microbatches, "fp8_weight_cache": args.fp8_weight_cache} for r in rows]
     columns[columns.index("step_ms"):columns.index("step_ms")] = ["microbatches", "fp8_weight_cache"]
     bu.write_csv(out_dir / f"e2e_{args.arch}{tag}.csv", rows, columns)
@@ -299,6 +328,15 @@ def main() -> int:
                 attn_backend=r["attn_backend"],
             )
             bu.update_summary(args.output_dir, gpu, name, entry)
+        # Ours against torchao's float8 + torch.compile, each side's fastest FP8 variant.
+        ours = [r for r in rows if r["status"] == "OK" and r["variant"].startswith("turbo_fp8")]
+        theirs = [r for r in rows if r["status"] == "OK" and r["variant"].startswith("torchao")]
+        if ours and theirs:
+            best, ref = max(ours, key=lambda r: r["tflops"]), max(theirs, key=lambda r: r["tflops"])
+            entry = bu.summary_entry([best["tflops"]], [ref["tflops"]], [True], metric="model TFLOPS (fwd+bwd)",
+                                     baseline=f"torchao float8 + torch.compile ({ref['variant']})", gpu=gpu,
+                                     variant=best["variant"])
+            bu.update_summary(args.output_dir, gpu, f"e2e_{args.arch}_fp8_vs_torchao{tag}", entry)
     return 0 if all(r["status"] == "OK" for r in rows) else 1
 
 
