@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "primus_turbo/kernels/common/dependent_launch.cuh"
 #include "primus_turbo/kernels/common/vec.cuh"
 #include "primus_turbo/kernels/jit_abi.h"
 #include "primus_turbo/kernels/jit_export.cuh"
@@ -308,19 +309,24 @@ struct Row {
     return dx;
   }
 
-  // A row's x and dy held in registers, loaded ahead of their use.
+  // A row's x and dy held in registers with its statistics, loaded ahead of their use.
   template <int kIters>
   struct Loaded {
     TP x[kIters], dy[kIters];
+    float rstd, mu;
   };
 
-  // Issues the loads of row `row` (every vector of the thread's share in flight at once).
+  // Issues the loads of row `row` (every vector of the thread's share in flight at once), its
+  // statistics with them: loaded later, a row's rstd cost a memory round trip of its own before the
+  // first product (each is read once, so it comes from DRAM).
   template <int kIters, class Team>
   __device__ static __forceinline__ void load_row(const PtNormBwdParams& p, const Team& team, int64_t row, int hidden,
                                                   int nvec, Loaded<kIters>& v) {
     const int64_t offset = row * hidden;
     const TP* xr = reinterpret_cast<const TP*>(static_cast<const T*>(p.x) + offset);
     const TP* dyr = reinterpret_cast<const TP*>(static_cast<const T*>(p.dy) + offset);
+    v.rstd = p.rstd[row];
+    v.mu = kLayerNorm ? p.mean[row] : 0.f;
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       const int c = team.rank + i * team.size;
@@ -337,8 +343,7 @@ struct Row {
                                                          float (&dg)[kIters][kVec], float (&db)[kIters][kVec]) {
     const int64_t offset = row * hidden;
     const float shift = p.zero_centered ? 1.f : 0.f;
-    const float rstd = p.rstd[row];
-    const float mu = kLayerNorm ? p.mean[row] : 0.f;
+    const float rstd = v.rstd, mu = v.mu;
     float a = 0.f, b = 0.f;
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
@@ -449,6 +454,7 @@ __device__ __forceinline__ float* partial_row(const PtNormBwdParams& p, int whic
 template <class T, class W, int kVec, int kHidden, int kIters, bool kLN, bool kRes>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, bwd_warp_min_blocks(kLN)) bwd_warp_per_row(PtNormBwdParams p) {
   __shared__ float warp_partials[kWarpsPerBlock][kWarpMaxHidden];
+  allow_dependent_launch();  // the dgamma reduction's blocks wait for this grid (column_sums_finalize)
   const int hidden = kHidden > 0 ? kHidden : static_cast<int>(p.hidden);
   const int nvec = hidden / kVec;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -521,6 +527,7 @@ __global__ void __launch_bounds__(bwd_max_block_threads(kLN)) bwd_block_per_row(
   using FP = Pack<float, kVec>;
   using R = Row<T, W, kVec, kLN, kRes>;
   __shared__ float scratch[66];
+  allow_dependent_launch();  // the dgamma reduction's blocks wait for this grid (column_sums_finalize)
   const int hidden = kHidden > 0 ? kHidden : static_cast<int>(p.hidden);
   const int nvec = hidden / kVec;
   const BlockTeam team{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), scratch};
@@ -550,17 +557,28 @@ __global__ void __launch_bounds__(bwd_max_block_threads(kLN)) bwd_block_per_row(
 // out[col] = sum over k of partials[k, col], always in the same order: warp w adds the rows
 // k = w, w + kFinalizeWarps, ... in turn, then the warp sums are added in warp order. blockIdx.y picks
 // dgamma (0) or dbeta (1).
+// Launched as the backward kernel's programmatic dependent: its blocks may start while that kernel
+// runs and wait here for its partial rows (no launch gap between the two).
 template <class W>
 __global__ void __launch_bounds__(kFinalizeWarps * 32)
     column_sums_finalize(const float* partials, int64_t num_partials, int hidden, W* dgamma, W* dbeta) {
+  constexpr int kBatch = 16;  // loads in flight a thread: ~17 partial rows each at 528 partials
   __shared__ float sums[kFinalizeWarps][32];
+  grid_dependency_wait();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int col = blockIdx.x * 32 + lane;
   const float* src = partials + static_cast<int64_t>(blockIdx.y) * num_partials * hidden;
   float s = 0.f;
   if (col < hidden) {
-#pragma unroll 4
-    for (int64_t k = warp; k < num_partials; k += kFinalizeWarps) s += src[k * hidden + col];
+    int64_t k = warp;
+    for (; k + (kBatch - 1) * kFinalizeWarps < num_partials; k += kBatch * kFinalizeWarps) {
+      float v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) v[u] = src[(k + u * kFinalizeWarps) * hidden + col];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) s += v[u];  // the same order as one row at a time
+    }
+    for (; k < num_partials; k += kFinalizeWarps) s += src[k * hidden + col];
   }
   sums[warp][lane] = s;
   __syncthreads();
@@ -673,8 +691,13 @@ struct Norm {
     if (report_launch("norm backward", err, err_len)) return 1;
     const int hidden = static_cast<int>(p->hidden);
     const dim3 fgrid(static_cast<unsigned>(ceil_div(hidden, 32)), kLayerNorm ? 2 : 1);
-    column_sums_finalize<W><<<fgrid, kFinalizeWarps * 32, 0, stream>>>(
-        q.partials, q.num_partials, hidden, static_cast<W*>(p->dgamma), static_cast<W*>(p->dbeta));
+    const cudaError_t e = launch_dependent(column_sums_finalize<W>, fgrid, dim3(kFinalizeWarps * 32), 0, stream,
+                                           q.partials, q.num_partials, hidden, static_cast<W*>(p->dgamma),
+                                           static_cast<W*>(p->dbeta));
+    if (e != cudaSuccess) {
+      snprintf(err, err_len, "norm dgamma reduction launch failed: %s", cudaGetErrorString(e));
+      return 1;
+    }
     return report_launch("norm dgamma reduction", err, err_len);
   }
 

@@ -1,0 +1,42 @@
+// Programmatic dependent launch (sm_90): a kernel that consumes its predecessor's output on the
+// same stream is launched as that kernel's dependent, so its blocks are placed as the
+// predecessor's retire instead of after a launch gap; it waits for the predecessor's results at
+// grid_dependency_wait(). The predecessor allows the early launch with allow_dependent_launch()
+// (every block must reach it, or exit, before any dependent block starts). Both are no-ops when
+// the kernels were launched the ordinary way, and below sm_90.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace primus_turbo::kernels {
+
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) as the dependent of the stream's previous kernel.
+template <class... Params, class... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                             Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+}  // namespace primus_turbo::kernels
