@@ -105,6 +105,8 @@ std::tuple<Tensor, Tensor> moe_token_unpermute_bwd(Tensor grad_in, Tensor fwd_in
                                                         {"merging_probs", &merging_probs_in}});
   const Tensor grad = as_contiguous(grad_in), fwd_input = as_contiguous(fwd_input_in),
                row_id_map = as_contiguous(row_id_map_in), merging = as_contiguous(merging_probs_in);
+  if (row_id_map.dim() != 2)  // its sizes give the workspace's, before the core's checks
+    fail_with(ErrorKind::Value, "token_unpermute: 'row_id_map' must be 2-D, got shape ", shape_string(row_id_map));
   DeviceScope scope(device);
   Tensor grad_input = torch_binding::empty_like(fwd_input);  // rows no token references: zeroed by the launch
   Tensor grad_probs = torch_binding::empty_like(merging);

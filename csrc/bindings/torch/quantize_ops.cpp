@@ -22,7 +22,7 @@ Tensor dequantize(Tensor q_in, Tensor scale_in, ScalarType out_dtype, int64_t gr
   const ScalarType qt = q_in.scalar_type();
   if (!is_fp8(qt) && !is_fp4(qt))
     fail_with(ErrorKind::Type, op, ": argument 'q' has dtype ", dtype_name(qt),
-              "; expected float8_e4m3fn, float8_e5m2 or float4_e2m1fn_x2");
+              "; expected float8_e4m3fn, float8_e5m2 or float4_e2m1fn_x2 (or uint8 holding packed FP4)");
   if (!is_float(out_dtype))
     fail_with(ErrorKind::Type, op, ": argument 'out_dtype' is ", dtype_name(out_dtype),
               "; expected float32, float16 or bfloat16");

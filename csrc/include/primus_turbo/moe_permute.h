@@ -26,9 +26,10 @@ PT_API pt_status pt_moe_unpermute(const pt_tensor* input, const pt_tensor* row_i
                                   pt_tensor* output, const pt_tensor* permuted_probs, pt_tensor* probs_grad,
                                   void* stream);
 /* Backward of the merging unpermute: grad_input[row] = grad_output[t] * merging_probs[t, e],
-   grad_probs[t, e] = <grad_output[t], fwd_input[row]> (0 where not routed). Rows of grad_input no
-   token references are zeroed with a workspace (int32 [pt_moe_route_workspace_ints(T, E)]), not
-   written without one (null). */
+   grad_probs[t, e] = <grad_output[t], fwd_input[row]> (0 where not routed). With a workspace
+   (int32 [pt_moe_route_workspace_ints(T, E)]) the rows past the highest one the map references are
+   zeroed (a map pt_moe_permute built references rows 0..n-1 with no gaps); without one (null) they
+   are not written. */
 PT_API pt_status pt_moe_unpermute_bwd(const pt_tensor* grad_output, const pt_tensor* fwd_input,
                                       const pt_tensor* row_id_map, const pt_tensor* merging_probs,
                                       pt_tensor* grad_input, pt_tensor* grad_probs, pt_tensor* workspace,

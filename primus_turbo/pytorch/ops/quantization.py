@@ -165,7 +165,7 @@ def _quantize_fake(x, out_dtype, granularity, block_size, row, col, col_transpos
 
 def _dequantize_fake(q, scale_inv, out_dtype, granularity, block_size, axis, flags):
     m, k = q.shape
-    k = 2 * k if q.dtype == _FP4_DTYPE else k
+    k = 2 * k if q.dtype in (_FP4_DTYPE, torch.uint8) else k  # uint8: packed FP4, as the native op reads it
     # The core's scale check, so a traced call fails where the eager one would.
     want = _scale_shape(granularity, block_size, m, k, axis != 0, False, bool(flags & _FLAG_2D))
     sdt = _E8M0 if granularity == _MX else torch.float32

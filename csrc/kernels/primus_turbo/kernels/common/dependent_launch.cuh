@@ -22,7 +22,19 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) as the dependent of the stream's previous kernel.
+// Whether the current device takes programmatic dependent launches (compute capability 9.0 on).
+inline bool dependent_launch_supported() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return major >= 9;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) as the dependent of the stream's previous kernel
+// (an ordinary launch below sm_90).
 template <class... Params, class... Args>
 cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                              Args&&... args) {
@@ -35,7 +47,7 @@ cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, s
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
-  config.numAttrs = 1;
+  config.numAttrs = dependent_launch_supported() ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 

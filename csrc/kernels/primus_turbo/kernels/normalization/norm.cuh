@@ -695,6 +695,7 @@ struct Norm {
                                            q.partials, q.num_partials, hidden, static_cast<W*>(p->dgamma),
                                            static_cast<W*>(p->dbeta));
     if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // not left for the next op's launch check to report
       snprintf(err, err_len, "norm dgamma reduction launch failed: %s", cudaGetErrorString(e));
       return 1;
     }
