@@ -18,6 +18,12 @@ namespace primus_turbo::torch_binding {
 
 namespace {
 
+// The routing workspace of T tokens and E experts (the map build; the count of the rows a given
+// map references, whose rest the launch zeroes).
+Tensor route_workspace(int64_t tokens, int64_t experts, int32_t device) {
+  return empty({pt_moe_route_workspace_ints(tokens, static_cast<int32_t>(experts))}, ScalarType::Int, device);
+}
+
 // Returns (output [num_out, H], permuted_probs [num_out] or [0], row_id_map [T, E] int32).
 std::tuple<Tensor, Tensor, Tensor> moe_token_permute(Tensor tokens_in, Tensor routing_map_in,
                                                      std::optional<Tensor> probs_in, int64_t num_out) {
@@ -35,7 +41,7 @@ std::tuple<Tensor, Tensor, Tensor> moe_token_permute(Tensor tokens_in, Tensor ro
   Tensor out = empty({num_out, h}, tokens.scalar_type(), device);
   Tensor row_id_map = empty({t, e}, ScalarType::Int, device);
   Tensor pprobs = empty({probs ? num_out : 0}, probs ? probs->scalar_type() : ScalarType::Float, device);
-  Tensor workspace = empty({pt_moe_route_workspace_ints(t, static_cast<int32_t>(e))}, ScalarType::Int, device);
+  Tensor workspace = route_workspace(t, e, device);
   pt_tensor pt_tokens = to_pt(tokens), pt_map = mask_to_pt(routing_map), pt_out = to_pt(out);
   pt_tensor pt_rows = to_pt(row_id_map), pt_ws = to_pt(workspace);
   OptionalPt pt_probs(probs), pt_pprobs(probs ? std::optional<Tensor>(pprobs) : std::nullopt);
@@ -86,8 +92,7 @@ Tensor moe_token_scatter(Tensor tokens_in, Tensor row_id_map_in, int64_t num_out
   Tensor out = empty({num_out, tokens.sizes()[1]}, tokens.scalar_type(), device);
   // The launch zeroes only the rows the map does not reference (it counts them in the workspace),
   // not the whole output before the scatter overwrites it.
-  const int64_t t = row_id_map.sizes()[0], e = row_id_map.sizes()[1];
-  Tensor ws = empty({pt_moe_route_workspace_ints(t, static_cast<int32_t>(e))}, ScalarType::Int, device);
+  Tensor ws = route_workspace(row_id_map.sizes()[0], row_id_map.sizes()[1], device);
   const pt_tensor pt_tokens = to_pt(tokens);
   pt_tensor pt_out = to_pt(out), pt_rows = to_pt(row_id_map), pt_ws = to_pt(ws);
   check_status(pt_moe_permute(&pt_tokens, nullptr, nullptr, &pt_out, nullptr, &pt_rows, &pt_ws,
@@ -110,8 +115,7 @@ std::tuple<Tensor, Tensor> moe_token_unpermute_bwd(Tensor grad_in, Tensor fwd_in
   DeviceScope scope(device);
   Tensor grad_input = torch_binding::empty_like(fwd_input);  // rows no token references: zeroed by the launch
   Tensor grad_probs = torch_binding::empty_like(merging);
-  const int64_t t = row_id_map.sizes()[0], e = row_id_map.sizes()[1];
-  Tensor ws = empty({pt_moe_route_workspace_ints(t, static_cast<int32_t>(e))}, ScalarType::Int, device);
+  Tensor ws = route_workspace(row_id_map.sizes()[0], row_id_map.sizes()[1], device);
   const pt_tensor pg = to_pt(grad), pf = to_pt(fwd_input), pr = to_pt(row_id_map), pm = to_pt(merging);
   pt_tensor pgi = to_pt(grad_input), pgp = to_pt(grad_probs), pws = to_pt(ws);
   check_status(pt_moe_unpermute_bwd(&pg, &pf, &pr, &pm, &pgi, &pgp, &pws, current_stream(device)),

@@ -21,6 +21,13 @@ int32_t check_map(const pt_tensor* row_id_map, int64_t tokens) {
   return static_cast<int32_t>(row_id_map->shape[1]);
 }
 
+// The routing workspace (int32 [pt_moe_route_workspace_ints(T, E)]), checked; returns its data.
+int32_t* route_workspace(const pt_tensor* workspace, int64_t tokens, int32_t experts) {
+  check_vector({workspace, "workspace"}, pt_moe_route_ws_ints(tokens, experts), PT_INT32,
+               "pt_moe_route_workspace_ints(num_tokens, num_experts)");
+  return static_cast<int32_t*>(workspace->data);
+}
+
 void run(PtMoePermuteFn fn, PtMoePermuteParams& params, void* stream, const char* what) {
   params.stream = stream;
   char err[1024] = {0};
@@ -124,9 +131,7 @@ pt_status pt_moe_permute(const pt_tensor* tokens, const pt_tensor* routing_map, 
     // The map build needs the workspace; a scatter on an existing map uses it, when given, to count
     // the rows the map references and zero the rest. Without one those rows stay as they are.
     if (routing_map != nullptr || workspace != nullptr) {
-      check_vector({workspace, "workspace"}, pt_moe_route_ws_ints(T, E), PT_INT32,
-                   "pt_moe_route_workspace_ints(num_tokens, num_experts)");
-      p.workspace = static_cast<int32_t*>(workspace->data);
+      p.workspace = route_workspace(workspace, T, E);
     } else {
       p.num_out = 0;
     }
@@ -200,11 +205,7 @@ pt_status pt_moe_unpermute_bwd(const pt_tensor* grad_output, const pt_tensor* fw
     p.probs = merging_probs->data, p.grad_probs = grad_probs->data;
     p.row_id_map = static_cast<int32_t*>(row_id_map->data);
     p.grad_output = grad_output->data, p.fwd_input = fwd_input->data, p.output = grad_input->data;
-    if (workspace != nullptr) {
-      check_vector({workspace, "workspace"}, pt_moe_route_ws_ints(T, E), PT_INT32,
-                   "pt_moe_route_workspace_ints(num_tokens, num_experts)");
-      p.workspace = static_cast<int32_t*>(workspace->data);
-    }
+    if (workspace != nullptr) p.workspace = route_workspace(workspace, T, E);
     if (T == 0 && (workspace == nullptr || N == 0)) return;
     const bool vec = rows_vectorizable(grad_output->dtype, H, {grad_output, fwd_input, grad_input});
     run(kernels_for(grad_output->dtype, vec, p).unpermute_bwd, p, stream, "MoE unpermute backward");
@@ -244,8 +245,7 @@ pt_status pt_moe_route_build(const pt_tensor* expert_map, int32_t num_experts, i
     PT_CHECK_ARG(rows >= T, "argument 'row_id_map' has ", rows, " rows; expected num_tokens + padding rows");
     const int64_t bound = T * (r.routing_kind == 0 ? num_experts : r.topk) + int64_t{num_experts} * (align - 1);
     PT_CHECK_ARG(bound < INT32_MAX, "the permuted rows can reach ", bound, "; at most ", INT32_MAX, " are supported");
-    check_vector({workspace, "workspace"}, pt_moe_route_ws_ints(T, num_experts), PT_INT32,
-                 "pt_moe_route_workspace_ints(num_tokens, num_experts)");
+    int32_t* ws = route_workspace(workspace, T, num_experts);
     if (tokens_per_expert != nullptr) check_vector({tokens_per_expert, "tokens_per_expert"}, num_experts, PT_INT64, "one per expert");
     if (overflow_flag != nullptr) check_vector({overflow_flag, "overflow_flag"}, 1, PT_INT32, "one flag");
     if (num_dispatched != nullptr) check_vector({num_dispatched, "num_dispatched"}, 1, PT_INT32, "one count");
@@ -253,7 +253,7 @@ pt_status pt_moe_route_build(const pt_tensor* expert_map, int32_t num_experts, i
     r.align = align, r.capacity = capacity, r.pad_rows = static_cast<int32_t>(rows - T);
     r.probs_topk = probs_topk, r.compact = 1;
     r.row_id_map = static_cast<int32_t*>(row_id_map->data);
-    r.workspace = static_cast<int32_t*>(workspace->data);
+    r.workspace = ws;
     r.tokens_per_expert = tokens_per_expert != nullptr ? static_cast<int64_t*>(tokens_per_expert->data) : nullptr;
     r.overflow_flag = overflow_flag != nullptr ? static_cast<int32_t*>(overflow_flag->data) : nullptr;
     r.num_dispatched = num_dispatched != nullptr ? static_cast<int32_t*>(num_dispatched->data) : nullptr;
