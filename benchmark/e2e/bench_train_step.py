@@ -325,7 +325,7 @@ def main() -> int:
             if r["status"] != "OK" or not r["variant"].startswith("turbo") or r["variant"].endswith("compile"):
                 continue
             prefix = f"e2e_{args.arch}_"
-            name = prefix + ("bf16" if r["variant"] == "turbo_bf16" else "fp8_" + r["variant"].split("_fp8_")[1]) + tag
+            name = prefix + ("bf16" if r["variant"] == "turbo_bf16" else "fp8_" + fp8_granularity(r["variant"])) + tag
             entry = bu.summary_entry(
                 [r["tflops"]], [base["tflops"]], [r["loss_rel_diff"] <= (0.02 if "bf16" in name else 0.05)],
                 out_snr_db=r.get("out_snr_db"),
