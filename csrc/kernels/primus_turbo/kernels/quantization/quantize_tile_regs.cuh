@@ -184,13 +184,16 @@ __host__ __device__ __forceinline__ bool tile_regs_supported(const PtQuantParams
 
 // The grid walks k fastest (blockIdx.x): CTAs that run together cover a band of rows, so a
 // row-major [m, blocks] scale matrix is completed in L2 before it is written back (measured faster
-// for every layout, the transposed column output's included).
+// for every layout, the transposed column output's included). It walks the tiles last to first:
+// where an amax pass over x ran just before (tensorwise, and the column maxima of a transposed
+// rowwise copy), that pass walked first to last in the same orientation, so the tiles it read last
+// are still in L2 when this one starts (up to about the L2's size of x read once instead of twice).
 template <class T, class F>
 __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(const PtQuantParams p) {
   using namespace tile_regs;
   __shared__ Smem s;
   const int64_t m = p.m, k = p.k;
-  const int64_t m_tile = blockIdx.y, k_tile = blockIdx.x;
+  const int64_t m_tile = gridDim.y - 1 - blockIdx.y, k_tile = gridDim.x - 1 - blockIdx.x;
   const int64_t m0 = m_tile * kRegsTile, k0 = k_tile * kRegsTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tc = lane % 16, tr = 2 * warp + lane / 16;  // the thread's block: rows 8 tr.., columns 8 tc..
@@ -350,13 +353,14 @@ __host__ __device__ __forceinline__ bool amax_regs_supported(const PtQuantAmaxPa
 }
 
 // Absolute maxima of a tile (the tensor's, per row, per column; null: not wanted), merged into the
-// caller's zeroed buffers with atomic max (non-negative floats order like their bits).
+// caller's zeroed buffers with atomic max (non-negative floats order like their bits). k fastest
+// (blockIdx.x), first to last: the quantization that follows walks back from where this ends.
 template <class T>
 __global__ void __launch_bounds__(kRegsThreads, 3) amax_tile_regs_kernel(const PtQuantAmaxParams p) {
   using namespace tile_regs;
   __shared__ float row_amax[kRegsTile];
   __shared__ uint32_t col_part[kRegsThreads / 32][kRegsTile / 2];
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kRegsTile, k0 = static_cast<int64_t>(blockIdx.y) * kRegsTile;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kRegsTile, k0 = static_cast<int64_t>(blockIdx.x) * kRegsTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tc = lane % 16, tr = 2 * warp + lane / 16;
   uint4 d[kSide];
@@ -379,6 +383,16 @@ __global__ void __launch_bounds__(kRegsThreads, 3) amax_tile_regs_kernel(const P
     const int64_t mat = p.col_rows ? m0 / p.col_rows : 0;  // a stack's matrix: its own column maxima
     atomicMax(reinterpret_cast<int*>(p.amax_cols + mat * p.k + k0 + t), __float_as_int(column_amax<T>(col_part, t)));
   }
+}
+
+// Launches amax_tile_regs_kernel (the request checked by amax_regs_supported); false when the grid
+// is out of range (more than 65535 row tiles), as launch_tile_regs.
+template <class T>
+bool launch_amax_regs(const PtQuantAmaxParams& p, cudaStream_t stream) {
+  const int64_t mt = (p.m + kRegsTile - 1) / kRegsTile, kt = (p.k + kRegsTile - 1) / kRegsTile;
+  if (kt > INT32_MAX || mt > 65535) return false;
+  amax_tile_regs_kernel<T><<<dim3(unsigned(kt), unsigned(mt)), kRegsThreads, 0, stream>>>(p);
+  return true;
 }
 
 }  // namespace primus_turbo::kernels::quant

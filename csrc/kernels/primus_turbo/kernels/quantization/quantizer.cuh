@@ -168,10 +168,8 @@ struct Quantizer {
     if (p->m <= 0 || p->k <= 0) return 0;
     auto stream = static_cast<cudaStream_t>(p->stream);
     if constexpr (sizeof(T) == 2) {
-      if (amax_regs_supported(*p, sizeof(T)) && !grid_too_large(p->m, p->k)) {
-        amax_tile_regs_kernel<T><<<tile_grid(p->m, p->k), kRegsThreads, 0, stream>>>(*p);
+      if (amax_regs_supported(*p, sizeof(T)) && launch_amax_regs<T>(*p, stream))
         return report_launch("amax (register tile)", err, err_len);
-      }
     }
     if (p->col_rows && p->amax_cols) {  // per-matrix column maxima: the register tile alone
       snprintf(err, err_len, "quantization amax: this stack of matrices (%lld rows each) has no kernel",
