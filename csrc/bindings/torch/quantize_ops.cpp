@@ -30,8 +30,11 @@ Tensor dequantize(Tensor q_in, Tensor scale_in, ScalarType out_dtype, int64_t gr
   Tensor out = empty({m, k}, out_dtype, device);
   if (out.numel() == 0) return out;
   const Tensor q = as_contiguous(q_in), s = as_contiguous(scale_in);
-  // A uint8 q is packed FP4 (the dtype torch builds without float4_e2m1fn_x2 give it).
-  const pt_tensor pq = is_fp4(qt) ? to_pt(q, PT_FLOAT4_E2M1_X2) : to_pt(q), ps = to_pt(s);
+  // A uint8 q is packed FP4 and a uint8 MX scale_inv is E8M0: the Python layer passes both as uint8
+  // views, since torch's stable ABI converts neither float4_e2m1fn_x2 nor float8_e8m0fnu.
+  const bool e8m0 = granularity == PT_QUANT_MX_BLOCKWISE && s.scalar_type() == ScalarType::Byte;
+  const pt_tensor pq = is_fp4(qt) ? to_pt(q, PT_FLOAT4_E2M1_X2) : to_pt(q);
+  const pt_tensor ps = e8m0 ? to_pt(s, PT_FLOAT8_E8M0) : to_pt(s);
   pt_tensor po = to_pt(out);
   DeviceScope scope(device);
   check_status(pt_dequantize(&pq, &ps, &po, static_cast<int32_t>(granularity), static_cast<int32_t>(block_size),

@@ -185,7 +185,17 @@ _quantize_op = library.define_op(
 )
 # Native (csrc/bindings/torch/quantize_ops.cpp): one call checks, allocates and launches.
 library.register_fake("dequantize", _dequantize_fake)
-_dequantize_op = native.ops.dequantize.default
+_native_dequantize = native.ops.dequantize.default
+
+
+def _dequantize_op(q, scale_inv, out_dtype, granularity, block_size, axis, flags):
+    """The native dequantize with packed FP4 q and E8M0 scales as uint8 views: torch's stable ABI,
+    which the native op is built on, converts neither dtype."""
+    if q.dtype == _FP4_DTYPE:
+        q = q.view(torch.uint8)
+    if scale_inv.dtype == _E8M0:
+        scale_inv = scale_inv.view(torch.uint8)
+    return _native_dequantize(q, scale_inv, out_dtype, granularity, block_size, axis, flags)
 
 
 # ---- argument checks (host only, before any launch) ----------------------------------------------
