@@ -111,6 +111,7 @@ void quantize_one(const QuantProblem& p, const Kernels& kern, PtQuantParams qp, 
       PT_THROW(PT_ERROR_CUDA, "quantization amax (", p.m, " x ", p.k, ", ", dtype_name(p.x_dtype), ") failed: ", err);
     }
     qp.row_block = qp.col_block = 0;
+    qp.after_amax_pass = 1;
   }
   if (kern.quantize(&qp, err, sizeof(err)) != 0) {
     PT_THROW(PT_ERROR_CUDA, "quantization (", p.m, " x ", p.k, ", ", dtype_name(p.x_dtype), " -> ",

@@ -50,6 +50,8 @@ typedef struct PtQuantParams {
                         // transposed column output is each one's: q_col [m / col_rows, k, col_rows],
                         // s_col [m / col_rows, k or k blocks, col_rows / 128] (no ld_mn / ld_2d), or
                         // per column of each matrix [m / col_rows, k] (col_block 0, amax_col likewise)
+  int after_amax_pass;  // the stream's previous kernel is this tensor's amax pass: the register-tile
+                        // kernel is launched as its programmatic dependent (loads its tile, then waits)
 } PtQuantParams;
 
 // Absolute maxima of a contiguous [m, k] tensor, accumulated with atomic max into buffers the

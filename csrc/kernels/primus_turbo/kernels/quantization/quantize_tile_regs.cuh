@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "primus_turbo/kernels/common/dependent_launch.cuh"
 #include "primus_turbo/kernels/quantization/quant_abi.h"
 #include "primus_turbo/kernels/quantization/quant_formats.cuh"
 
@@ -207,6 +208,9 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
 
   uint4 d[kSide];
   load_block(static_cast<const T*>(p.x), m, k, m0 + kSide * tr, gc, d);
+  // Launched as the amax pass's dependent, the tile's loads overlap that pass's last wave; its
+  // maxima are read (and every output written) only after it completed.
+  grid_dependency_wait();
   if (row_blocks || p.block_2d) row_maxima<T>(d, tc, s.row_amax + kSide * tr);
   if (col_blocks) column_maxima<T>(d, lane, s.col_part[warp] + 4 * tc);
   __syncthreads();
@@ -341,7 +345,12 @@ template <class T, class F>
 bool launch_tile_regs(const PtQuantParams& p, cudaStream_t stream) {
   const int64_t mt = (p.m + kRegsTile - 1) / kRegsTile, kt = (p.k + kRegsTile - 1) / kRegsTile;
   if (kt > INT32_MAX || mt > 65535) return false;
-  quantize_tile_regs_kernel<T, F><<<dim3(unsigned(kt), unsigned(mt)), kRegsThreads, 0, stream>>>(p);
+  const dim3 grid{unsigned(kt), unsigned(mt)};
+  if (p.after_amax_pass) {
+    launch_dependent(quantize_tile_regs_kernel<T, F>, grid, dim3(kRegsThreads), 0, stream, p);
+  } else {
+    quantize_tile_regs_kernel<T, F><<<grid, kRegsThreads, 0, stream>>>(p);
+  }
   return true;
 }
 
@@ -363,6 +372,9 @@ __global__ void __launch_bounds__(kRegsThreads, 3) amax_tile_regs_kernel(const P
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kRegsTile, k0 = static_cast<int64_t>(blockIdx.x) * kRegsTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tc = lane % 16, tr = 2 * warp + lane / 16;
+  // Every block is resident once all have passed here: the quantization launched as this pass's
+  // dependent may then take the SMs its last wave leaves free.
+  allow_dependent_launch();
   uint4 d[kSide];
   load_block(static_cast<const T*>(p.x), p.m, p.k, m0 + kSide * tr, k0 + kSide * tc, d);
   const bool rows = p.amax_rows != nullptr || p.amax_tensor != nullptr;
