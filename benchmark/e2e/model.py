@@ -172,6 +172,13 @@ def _cached_grouped(turbo, weight: nn.Parameter, fp8_config):
     return layer
 
 
+def _add_norm(turbo, norm, branch, x):
+    """(norm(x + branch), x + branch) with the add fused into the norm; (norm(x), x) without a branch."""
+    if branch is None:
+        return norm(x), x
+    return turbo.ops.rmsnorm_residual(branch, x, norm.weight, norm.eps, getattr(norm, "zero_centered_gamma", False))
+
+
 class Block(nn.Module):
     def __init__(self, hidden: int, attn: Attention, mlp: nn.Module):
         super().__init__()
@@ -217,9 +224,20 @@ class Stack(nn.Module):
                     layer.mlp.shared.turbo = turbo
 
     def forward(self, x, cos, sin):
+        turbo = self.layers[0].attn.turbo
+        if turbo is None:
+            for layer in self.layers:
+                x = layer(x, cos, sin)
+            return self.norm(x)
+        # turbo path: each residual add is fused into the norm that follows it (rmsnorm_residual:
+        # one pass instead of an add and a norm; its backward also sums the two gradients of the
+        # residual stream), the same values as Block.forward.
+        branch = None  # the last branch's output, not yet added to the residual stream x
         for layer in self.layers:
-            x = layer(x, cos, sin)
-        return self.norm(x)
+            h, x = _add_norm(turbo, layer.attn_norm, branch, x)
+            h, x = _add_norm(turbo, layer.mlp_norm, layer.attn(h, cos, sin), x)
+            branch = layer.mlp(h)
+        return _add_norm(turbo, self.norm, branch, x)[0]
 
     def flops(self, batch: int, seq: int) -> float:
         """Forward + backward FLOPs of one step (routed experts: the top-k that run)."""
