@@ -46,6 +46,7 @@ eager), ``e2e_<arch>_fp8_vs_torchao`` (our fastest FP8 variant against torchao's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import math
 import re
@@ -258,20 +259,24 @@ def main() -> int:
             if args.print_losses:
                 print(f"  {variant} losses:", " ".join(f"{v:.4f}" for v in losses[::5] + losses[-1:]), flush=True)
             times, opt_times = [], []
-            for _ in range(args.timed):
-                if on_gpu:
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fwd_bwd()
-                if on_gpu:
-                    torch.cuda.synchronize()
-                t1 = time.perf_counter()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                if on_gpu:
-                    torch.cuda.synchronize()
-                times.append((t1 - t0) * 1e3)
-                opt_times.append((time.perf_counter() - t1) * 1e3)
+            clocks = bu.GpuClockSampler() if on_gpu else contextlib.nullcontext()
+            with clocks:
+                for _ in range(args.timed):
+                    if on_gpu:
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    fwd_bwd()
+                    if on_gpu:
+                        torch.cuda.synchronize()
+                    t1 = time.perf_counter()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    if on_gpu:
+                        torch.cuda.synchronize()
+                    times.append((t1 - t0) * 1e3)
+                    opt_times.append((time.perf_counter() - t1) * 1e3)
+            if on_gpu:
+                row["sm_clock_mhz"], row["power_w"] = clocks.median_clock_mhz, clocks.median_power_w
             row["step_ms"] = statistics.median(times)
             row["optimizer_ms"] = statistics.median(opt_times)
             row["tflops"] = flops / (row["step_ms"] * 1e-3) / 1e12
@@ -296,6 +301,7 @@ def main() -> int:
         print(
             f"{variant:24s} step {row.get('step_ms', float('nan')):8.2f} ms  {row.get('tflops', float('nan')):7.1f} TFLOPS"
             f"  busy {row.get('gpu_busy_share', float('nan')):.2f}  loss {row.get('loss_final', float('nan')):.4f}"
+            f"  SM {row.get('sm_clock_mhz') or float('nan'):.0f} MHz {row.get('power_w') or float('nan'):.0f} W"
             f"  {row['status']}",
             flush=True,
         )
@@ -309,7 +315,7 @@ def main() -> int:
     out_dir = bu.results_dir_for(args.output_dir, gpu)
     rows = [{**bu.run_stamp(gpu), **r} for r in rows]
     columns = ["gpu", "date", "commit", "variant", "attn_backend", "model", "layers", "batch", "seq", "step_ms", "optimizer_ms", "tflops", "speedup_vs_torch_eager",
-               "gpu_busy_ms", "gpu_busy_share"] + [f"{n}_ms" for n, _ in FAMILIES] + [
+               "gpu_busy_ms", "gpu_busy_share", "sm_clock_mhz", "power_w"] + [f"{n}_ms" for n, _ in FAMILIES] + [
                "other_ms", "out_snr_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
     # Accumulation and weight-cache runs are variants of the configuration, kept apart from it.
     config_tag = (f"_mb{args.microbatches}" if args.microbatches > 1 else "") + ("_wcache" if args.fp8_weight_cache else "")

@@ -435,6 +435,54 @@ def measure_copy_bandwidth(nbytes: int = 1 << 30, iters: int = 50) -> float:
     return 2 * n * 4 / (ms * 1e-3) / 1e9
 
 
+class GpuClockSampler:
+    """SM clock (MHz) and board power (W) of the current GPU, sampled every ``interval_ms`` by one
+    ``nvidia-smi -lms`` process while the ``with`` block runs; afterwards ``median_clock_mhz`` and
+    ``median_power_w`` (None where nvidia-smi is missing or printed nothing). Identical kernels
+    slow down when a step keeps the tensor cores busier; the clocks say whether that is the cause."""
+
+    def __init__(self, interval_ms: int = 50):
+        self.interval_ms = interval_ms
+        self.median_clock_mhz: float | None = None
+        self.median_power_w: float | None = None
+        self._proc = None
+
+    def _gpu_id(self) -> str:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        uuid = str(getattr(props, "uuid", "") or "")
+        return ("GPU-" + uuid) if uuid and not uuid.startswith("GPU-") else (uuid or str(torch.cuda.current_device()))
+
+    def __enter__(self) -> "GpuClockSampler":
+        cmd = ["nvidia-smi", "-i", self._gpu_id(), "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+               f"--loop-ms={self.interval_ms}"]
+        try:
+            self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self._proc = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        try:
+            out, _ = self._proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            out, _ = self._proc.communicate()
+        clocks, power = [], []
+        for line in out.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            try:
+                clocks.append(float(parts[0]))
+                power.append(float(parts[1]))
+            except (ValueError, IndexError):
+                continue
+        if clocks:
+            self.median_clock_mhz = statistics.median(clocks)
+            self.median_power_w = statistics.median(power)
+
+
 def tflops(flops: float, ms: float) -> float:
     if ms is None or not math.isfinite(ms) or ms <= 0:
         return float("nan")
