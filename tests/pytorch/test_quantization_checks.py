@@ -320,3 +320,22 @@ def test_dequantize_fake_checks_the_scales_like_the_core():
     with pytest.raises(ValueError, match="argument 'scale_inv'"):
         turbo.ops.quantization._dequantize_op(q, s.to(torch.int32), torch.float32, 2, 128, -1, 0)
     assert turbo.ops.quantization._dequantize_op(q, s, torch.float32, 2, 128, -1, 0).shape == (64, 256)
+
+
+def test_dequantize_passes_fp4_and_e8m0_to_the_native_op_as_uint8(monkeypatch):
+    # torch's stable ABI, which the native op is built on, converts neither float4_e2m1fn_x2 nor
+    # float8_e8m0fnu ("Not yet supported ScalarType"); the wrapper hands both over as uint8 views.
+    qz = turbo.ops.quantization
+    seen = {}
+
+    def record(q, s, *args):
+        seen["q"], seen["s"] = q.dtype, s.dtype
+        return q.new_empty((q.shape[0], 2 * q.shape[1] if q.dtype == torch.uint8 else q.shape[1]), dtype=args[0])
+
+    monkeypatch.setattr(qz, "_native_dequantize", record)
+    q8, s8 = meta(64, 256, dtype=E4M3), meta(64, 8, dtype=E8M0)
+    qz._dequantize_op(q8, s8, torch.bfloat16, 3, 32, -1, 0)
+    assert seen == {"q": E4M3, "s": torch.uint8}
+    q4, s4 = meta(64, 128, dtype=FP4), meta(64, 8, dtype=E8M0)
+    assert qz._dequantize_op(q4, s4, torch.bfloat16, 3, 32, -1, 0).shape == (64, 256)
+    assert seen == {"q": torch.uint8, "s": torch.uint8}
