@@ -43,10 +43,16 @@ constexpr int kWarpMaxHidden = 1024;  // at or below: one warp per row
 constexpr int kWarpsPerBlock = 4;     // rows per block on the warp path
 constexpr int kMaxBlockThreads = 512;
 constexpr int kBlockCacheIters = 4;   // vectors per thread held in registers on the block path
-// The backward's block path with two rows in flight: vectors per thread. RMSNorm's 128-register
-// budget holds two of each row's vectors (twice the threads of the forward); LayerNorm's 255 hold
-// four (two blocks an SM either way).
-constexpr int bwd_prefetch_iters(bool layernorm) { return layernorm ? 4 : 2; }
+// The backward's block path with two rows in flight: vectors per thread (nvec: the row's vectors
+// where the module is built for one hidden size, else 0). RMSNorm's 128-register budget holds two
+// of each row's vectors (twice the threads of the forward). LayerNorm holds two as well for rows of
+// up to 512 vectors, capped at 128 registers (2 blocks of 256 threads: 16 warps an SM, a few values
+// spilled); wider rows hold four under 255 (207 used, 8 warps an SM). Measured on an H100 (8192
+// rows, fraction of copy): LayerNorm 2048 / 4096 0.69 / 0.73 at four -> 0.74 / 0.77 at two, but
+// 8192 0.72 -> 0.67.
+constexpr bool bwd_ln_narrow(int nvec) { return nvec > 0 && nvec <= 512; }
+constexpr int bwd_prefetch_iters(bool layernorm, int nvec = 0) { return layernorm && !bwd_ln_narrow(nvec) ? 4 : 2; }
+constexpr int bwd_block_min_blocks(bool layernorm, int nvec) { return layernorm && bwd_ln_narrow(nvec) ? 2 : 1; }
 // Whether the block path's backward keeps two rows in flight (else one, four vectors a thread).
 // Measured on an H100 (8192 rows, fraction of copy): LayerNorm 4096 0.69 -> 0.73, RMSNorm + residual
 // 2048 / 4096 / 7168 0.58 / 0.80 / 0.77 -> 0.75 / 0.82 / 0.81, RMSNorm 2048 0.70 -> 0.76; plain
@@ -523,7 +529,8 @@ __device__ __forceinline__ void cached_block_backward(const PtNormBwdParams& p, 
 }
 
 template <class T, class W, int kVec, int kHidden, bool kLN, bool kRes>
-__global__ void __launch_bounds__(bwd_max_block_threads(kLN)) bwd_block_per_row(PtNormBwdParams p) {
+__global__ void __launch_bounds__(bwd_max_block_threads(kLN), bwd_block_min_blocks(kLN, kHidden / kVec))
+    bwd_block_per_row(PtNormBwdParams p) {
   using FP = Pack<float, kVec>;
   using R = Row<T, W, kVec, kLN, kRes>;
   __shared__ float scratch[66];
@@ -534,7 +541,7 @@ __global__ void __launch_bounds__(bwd_max_block_threads(kLN)) bwd_block_per_row(
   float* dgamma_row = partial_row(p, 0);
   float* dbeta_row = kLN ? partial_row(p, 1) : nullptr;
 
-  constexpr int kPrefetchIters = bwd_prefetch_iters(kLN);
+  constexpr int kPrefetchIters = bwd_prefetch_iters(kLN, kHidden / kVec);
   if (bwd_prefetch(kLN, kRes, nvec) && nvec <= team.size * kPrefetchIters) {
     cached_block_backward<kPrefetchIters, true, T, W, kVec, kLN, kRes>(p, team, hidden, nvec, dgamma_row, dbeta_row);
   } else if (nvec <= team.size * kBlockCacheIters) {
@@ -621,7 +628,7 @@ struct Norm {
   // Threads of the backward's block path: bwd_prefetch_iters vectors each (two rows in flight) where
   // bwd_prefetch says so and the row fits, else as the forward's.
   static int bwd_block_threads(int nvec) {
-    const int max_threads = bwd_max_block_threads(kLayerNorm), iters = bwd_prefetch_iters(kLayerNorm);
+    const int max_threads = bwd_max_block_threads(kLayerNorm), iters = bwd_prefetch_iters(kLayerNorm, kHidden / kVec);
     const bool prefetch = bwd_prefetch(kLayerNorm, kResidual, nvec) && nvec <= max_threads * iters;
     return block_threads(nvec, max_threads, prefetch ? iters : kBlockCacheIters);
   }
