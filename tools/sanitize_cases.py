@@ -44,6 +44,9 @@ def norm():
     x, w, bias = t(16, 1040), t(1040), t(1040)
     step(turbo.ops.rmsnorm(x, w), x, w)
     step(turbo.ops.layernorm(x, w, bias), x, w, bias)
+    # LayerNorm's backward at a model width: two vectors a thread under its 128-register cap.
+    x, w, bias = t(9, 4096), t(4096), t(4096)
+    step(turbo.ops.layernorm(x, w, bias), x, w, bias)
 
 
 def rope():
