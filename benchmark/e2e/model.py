@@ -230,8 +230,9 @@ class Stack(nn.Module):
                 x = layer(x, cos, sin)
             return self.norm(x)
         # turbo path: each residual add is fused into the norm that follows it (rmsnorm_residual:
-        # one pass instead of an add and a norm; its backward also sums the two gradients of the
-        # residual stream), the same values as Block.forward.
+        # one pass instead of an add and a norm). The forward's values are Block.forward's; the
+        # backward sums the residual stream's two gradients in fp32 and rounds once (the unfused
+        # path rounds the norm's gradient, then the sum).
         branch = None  # the last branch's output, not yet added to the residual stream x
         for layer in self.layers:
             h, x = _add_norm(turbo, layer.attn_norm, branch, x)

@@ -450,6 +450,7 @@ class GpuClockSampler:
     def _gpu_id(self) -> str:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         uuid = str(getattr(props, "uuid", "") or "")
+        # Without a UUID, the CUDA ordinal: nvidia-smi's numbering differs under CUDA_VISIBLE_DEVICES.
         return ("GPU-" + uuid) if uuid and not uuid.startswith("GPU-") else (uuid or str(torch.cuda.current_device()))
 
     def __enter__(self) -> "GpuClockSampler":
@@ -471,16 +472,15 @@ class GpuClockSampler:
             self._proc.kill()
             out, _ = self._proc.communicate()
         clocks, power = [], []
-        for line in out.splitlines():
+        for line in out.splitlines():  # "1605, 687.12"; a field may read "[N/A]"
             parts = [p.strip() for p in line.split(",")]
-            try:
-                clocks.append(float(parts[0]))
-                power.append(float(parts[1]))
-            except (ValueError, IndexError):
-                continue
-        if clocks:
-            self.median_clock_mhz = statistics.median(clocks)
-            self.median_power_w = statistics.median(power)
+            for values, i in ((clocks, 0), (power, 1)):
+                try:
+                    values.append(float(parts[i]))
+                except (ValueError, IndexError):
+                    pass
+        self.median_clock_mhz = statistics.median(clocks) if clocks else None
+        self.median_power_w = statistics.median(power) if power else None
 
 
 def tflops(flops: float, ms: float) -> float:

@@ -64,8 +64,9 @@ __host__ __device__ constexpr bool bwd_prefetch(bool layernorm, bool residual, i
 constexpr int kFinalizeWarps = 32;    // partial rows are split over 32 warps, 32 columns a block:
                                       // few dependent L2 round trips per warp
 // Register budgets of the backward, which holds x, dy and the per-column sums: RMSNorm fits 128
-// registers (4 blocks of the warp path per SM); LayerNorm's second sum (dbeta) needs up to 255, so
-// its block path is capped at 256 threads (wider rows then stream).
+// registers (4 blocks of the warp path per SM); LayerNorm's second sum (dbeta) needs up to 255 (its
+// block path's rows of up to 512 vectors are capped at 128: bwd_block_min_blocks), so its block
+// path is capped at 256 threads (wider rows then stream).
 constexpr int bwd_warp_min_blocks(bool layernorm) { return layernorm ? 2 : 4; }
 constexpr int bwd_max_block_threads(bool layernorm) { return layernorm ? 256 : kMaxBlockThreads; }
 

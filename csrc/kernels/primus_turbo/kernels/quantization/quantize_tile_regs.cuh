@@ -347,10 +347,11 @@ bool launch_tile_regs(const PtQuantParams& p, cudaStream_t stream) {
   if (kt > INT32_MAX || mt > 65535) return false;
   const dim3 grid{unsigned(kt), unsigned(mt)};
   if (p.after_amax_pass) {
-    launch_dependent(quantize_tile_regs_kernel<T, F>, grid, dim3(kRegsThreads), 0, stream, p);
-  } else {
-    quantize_tile_regs_kernel<T, F><<<grid, kRegsThreads, 0, stream>>>(p);
+    if (launch_dependent(quantize_tile_regs_kernel<T, F>, grid, dim3(kRegsThreads), 0, stream, p) == cudaSuccess)
+      return true;
+    (void)cudaGetLastError();  // an ordinary launch instead: stream order alone is correct, only slower
   }
+  quantize_tile_regs_kernel<T, F><<<grid, kRegsThreads, 0, stream>>>(p);
   return true;
 }
 
@@ -372,8 +373,8 @@ __global__ void __launch_bounds__(kRegsThreads, 3) amax_tile_regs_kernel(const P
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kRegsTile, k0 = static_cast<int64_t>(blockIdx.x) * kRegsTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tc = lane % 16, tr = 2 * warp + lane / 16;
-  // Every block is resident once all have passed here: the quantization launched as this pass's
-  // dependent may then take the SMs its last wave leaves free.
+  // Once every block has passed here (all have started), the quantization launched as this pass's
+  // dependent may take the SMs its last wave leaves free.
   allow_dependent_launch();
   uint4 d[kSide];
   load_block(static_cast<const T*>(p.x), p.m, p.k, m0 + kSide * tr, k0 + kSide * tc, d);
