@@ -225,6 +225,7 @@ def main() -> int:
 
     rows = []
     reference_out = None  # torch eager's output at the initial weights (run it first)
+    reference_routes = None  # and, for MoE, its routing
     variants = sorted(args.variants, key=lambda v: v != "torch_eager")
     for variant in variants:
         row = {"variant": variant, "model": args.model, "layers": args.layers, "batch": batch, "seq": seq,
@@ -253,6 +254,18 @@ def main() -> int:
                 reference_out = out0
             if reference_out is not None:
                 row["out_snr_db"] = bu.snr_db(out0, reference_out)
+            # MoE: top-k routing can flip on near-tied router logits, and a token sent to another
+            # expert differs by far more than rounding. The share of tokens routed as torch eager
+            # routes them in every layer, and the SNR over those tokens alone.
+            routes = model.record_routes(x, cos, sin)
+            if variant == "torch_eager":
+                reference_routes = routes
+            if routes is not None and reference_routes is not None and reference_out is not None:
+                same = torch.stack([(r == q).all(-1) for r, q in zip(routes, reference_routes)]).all(0)
+                row["route_agreement"] = same.float().mean().item()
+                rows_out, rows_ref = out0.reshape(-1, out0.shape[-1]), reference_out.reshape(-1, out0.shape[-1])
+                if bool(same.any()):
+                    row["out_snr_same_routes_db"] = bu.snr_db(rows_out[same], rows_ref[same])
             del out0
             losses = [step().item() for _ in range(args.steps)]
             row["loss_first"], row["loss_final"] = losses[0], losses[-1]
@@ -316,7 +329,7 @@ def main() -> int:
     rows = [{**bu.run_stamp(gpu), **r} for r in rows]
     columns = ["gpu", "date", "commit", "variant", "attn_backend", "model", "layers", "batch", "seq", "step_ms", "optimizer_ms", "tflops", "speedup_vs_torch_eager",
                "gpu_busy_ms", "gpu_busy_share", "sm_clock_mhz", "power_w"] + [f"{n}_ms" for n, _ in FAMILIES] + [
-               "other_ms", "out_snr_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
+               "other_ms", "out_snr_db", "route_agreement", "out_snr_same_routes_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
     # Accumulation and weight-cache runs are variants of the configuration, kept apart from it.
     config_tag = (f"_mb{args.microbatches}" if args.microbatches > 1 else "") + ("_wcache" if args.fp8_weight_cache else "")
     tag = config_tag + (f"_{args.tag}" if args.tag else "")

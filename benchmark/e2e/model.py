@@ -112,6 +112,7 @@ class MoEMLP(nn.Module):
         self.turbo = None
         self.fp8_config = None  # turbo path: FP8 grouped GEMMs for the experts
         self.fp8_layers = None  # (gate_up, down) GroupedLinear sharing the experts' weights, when cached
+        self.routes = None  # a list: each forward appends its sorted top-k expert ids (Stack.record_routes)
 
     def route(self, x2):
         probs = self.router(x2).float().softmax(-1)
@@ -122,6 +123,8 @@ class MoEMLP(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         top_p, top_i = self.route(x2)
+        if self.routes is not None:
+            self.routes.append(top_i.sort(-1).values)
         y = self._turbo_experts(x2, top_p, top_i) if self.turbo is not None else self._torch_experts(x2, top_p, top_i)
         if self.shared is not None:
             y = y + self.shared(x2)
@@ -239,6 +242,22 @@ class Stack(nn.Module):
             h, x = _add_norm(turbo, layer.mlp_norm, layer.attn(h, cos, sin), x)
             branch = layer.mlp(h)
         return _add_norm(turbo, self.norm, branch, x)[0]
+
+    def record_routes(self, *inputs):
+        """Each MoE layer's sorted top-k expert ids [tokens, k] in one no-grad forward (None for a
+        dense stack): which experts every token went to, to compare two implementations' routing."""
+        mlps = [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoEMLP)]
+        if not mlps:
+            return None
+        for mlp in mlps:
+            mlp.routes = []
+        try:
+            with torch.no_grad():
+                self(*inputs)
+            return [mlp.routes[0] for mlp in mlps]
+        finally:
+            for mlp in mlps:
+                mlp.routes = None
 
     def flops(self, batch: int, seq: int) -> float:
         """Forward + backward FLOPs of one step (routed experts: the top-k that run)."""
