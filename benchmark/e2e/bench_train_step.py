@@ -302,10 +302,15 @@ def main() -> int:
                     row[f"{name}_ms"] = ms
                 opt.zero_grad(set_to_none=True)
             gate = 30.0 if "fp8" not in variant else 15.0  # SNR of the stack's output vs torch eager, dB
+            # MoE: over the tokens routed as torch eager routes them. Rounding alone flips some
+            # routes (torch.compile of the torch model: 6% of tokens, 29.3 dB over all of them,
+            # 30.2 dB over the rest; H100, f37ca27), and a flipped token's output is a different one.
+            snr_key = "out_snr_same_routes_db" if "out_snr_same_routes_db" in row else "out_snr_db"
             if not all(math.isfinite(v) for v in losses):
                 row["status"] = "FAIL (non-finite loss)"
-            elif row.get("out_snr_db", float("inf")) < gate:
-                row["status"] = f"FAIL (output SNR {row['out_snr_db']:.1f} dB < {gate} dB vs torch eager)"
+            elif row.get(snr_key, float("inf")) < gate:
+                over = " over the tokens routed alike" if snr_key != "out_snr_db" else ""
+                row["status"] = f"FAIL (output SNR{over} {row[snr_key]:.1f} dB < {gate} dB vs torch eager)"
             else:
                 row["status"] = "OK"
         except Exception as e:  # a variant that breaks is reported, the others still run
