@@ -184,12 +184,6 @@ std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_
 
 }  // namespace
 
-namespace {
-
-bool is_float(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16 || t == ScalarType::Float; }
-
-}  // namespace
-
 
 std::tuple<int64_t, int64_t, int64_t> check_dense_operands(const char* op, const Tensor& a, const Tensor& b, bool ta,
                                                            bool tb, ScalarType out_dtype, bool backward,
@@ -197,14 +191,14 @@ std::tuple<int64_t, int64_t, int64_t> check_dense_operands(const char* op, const
   for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"a", &a}, {"b", &b}}) {
     if (t->dim() != 2)
       fail_with(ErrorKind::Value, op, ": argument '", name, "' must be 2-D, got shape ", shape_string(*t));
-    if (!is_float(t->scalar_type()))
+    if (!is_float_dtype(t->scalar_type()))
       fail_with(ErrorKind::Type, op, ": argument '", name, "' has dtype ", dtype_name(t->scalar_type()),
                 "; expected float16, bfloat16 or float32");
   }
   if (b.scalar_type() != a.scalar_type())
     fail_with(ErrorKind::Type, op, ": argument 'b' has dtype ", dtype_name(b.scalar_type()),
               "; expected the dtype of 'a' (", dtype_name(a.scalar_type()), ")");
-  if (!is_float(out_dtype))
+  if (!is_float_dtype(out_dtype))
     fail_with(ErrorKind::Type, op, ": out_dtype ", dtype_name(out_dtype),
               " is not supported; expected float32, float16 or bfloat16");
   const auto as = a.sizes(), bs = b.sizes();

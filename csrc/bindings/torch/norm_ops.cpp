@@ -13,8 +13,6 @@ namespace {
 
 constexpr int64_t kMaxHidden = 65536;
 
-bool is_float(ScalarType t) { return t == ScalarType::Float || t == ScalarType::Half || t == ScalarType::BFloat16; }
-
 int64_t hidden_of(const Tensor& x) { return x.sizes()[x.dim() - 1]; }
 int64_t rows_of(const Tensor& x) {
   const int64_t h = hidden_of(x);
@@ -25,7 +23,7 @@ int64_t rows_of(const Tensor& x) {
 // does (ops/normalization.py: _check_args); returns the device.
 int32_t check_norm(const char* op, const Tensor& x, const NamedTensors& like_x, const NamedTensors& params,
                    double eps) {
-  if (!is_float(x.scalar_type()))
+  if (!is_float_dtype(x.scalar_type()))
     fail_with(ErrorKind::Type, op, ": argument 'x' has dtype ", dtype_name(x.scalar_type()),
               "; expected float32, float16 or bfloat16");
   if (x.dim() < 1) fail_with(ErrorKind::Value, op, ": argument 'x' must have at least 1 dimension, got a scalar");

@@ -11,7 +11,6 @@ namespace {
 
 bool is_fp8(ScalarType t) { return t == ScalarType::Float8_e4m3fn || t == ScalarType::Float8_e5m2; }
 bool is_fp4(ScalarType t) { return t == ScalarType::Float4_e2m1fn_x2 || t == ScalarType::Byte; }
-bool is_float(ScalarType t) { return t == ScalarType::Float || t == ScalarType::Half || t == ScalarType::BFloat16; }
 
 // out [m, k] (k twice q's last dim for packed FP4) = q * scale_inv.
 Tensor dequantize(Tensor q_in, Tensor scale_in, ScalarType out_dtype, int64_t granularity, int64_t block_size,
@@ -23,7 +22,7 @@ Tensor dequantize(Tensor q_in, Tensor scale_in, ScalarType out_dtype, int64_t gr
   if (!is_fp8(qt) && !is_fp4(qt))
     fail_with(ErrorKind::Type, op, ": argument 'q' has dtype ", dtype_name(qt),
               "; expected float8_e4m3fn, float8_e5m2 or float4_e2m1fn_x2 (or uint8 holding packed FP4)");
-  if (!is_float(out_dtype))
+  if (!is_float_dtype(out_dtype))
     fail_with(ErrorKind::Type, op, ": argument 'out_dtype' is ", dtype_name(out_dtype),
               "; expected float32, float16 or bfloat16");
   const int64_t m = q_in.sizes()[0], k = q_in.sizes()[1] * (is_fp4(qt) ? 2 : 1);

@@ -58,6 +58,10 @@ void check_status(pt_status status, const char* context);
 const char* dtype_name(ScalarType t);
 // The core's pt_dtype of a torch dtype, or -1.
 int32_t pt_dtype_of(ScalarType t);
+// float32, float16 or bfloat16: the high-precision dtypes the ops take and return.
+inline bool is_float_dtype(ScalarType t) {
+  return t == ScalarType::Float || t == ScalarType::Half || t == ScalarType::BFloat16;
+}
 pt_tensor to_pt(const Tensor& t);
 // The descriptor of t read as core dtype `dtype` (same element size), e.g. bool as uint8.
 pt_tensor to_pt(const Tensor& t, int32_t dtype);
