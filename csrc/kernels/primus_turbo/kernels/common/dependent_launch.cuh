@@ -34,7 +34,8 @@ inline bool dependent_launch_supported() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as the dependent of the stream's previous kernel
-// (an ordinary launch below sm_90).
+// (an ordinary launch below sm_90, or where the attributed launch is refused: stream order alone is
+// correct, only slower). Returns the launch's status.
 template <class... Params, class... Args>
 cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                              Args&&... args) {
@@ -48,7 +49,13 @@ cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, s
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
   config.numAttrs = dependent_launch_supported() ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  cudaError_t e = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  if (e != cudaSuccess && config.numAttrs) {
+    (void)cudaGetLastError();
+    config.numAttrs = 0;
+    e = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  }
+  return e;
 }
 
 }  // namespace primus_turbo::kernels

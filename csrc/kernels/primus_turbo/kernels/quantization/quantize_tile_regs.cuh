@@ -183,6 +183,15 @@ __host__ __device__ __forceinline__ bool tile_regs_supported(const PtQuantParams
   return p.q_row || p.q_col;
 }
 
+// The register-tile kernels' grid over [m, k]: k tiles along x (fastest), m tiles along y; false
+// where it does not fit (more than 65535 row tiles).
+inline bool regs_grid(int64_t m, int64_t k, dim3& grid) {
+  const int64_t mt = (m + kRegsTile - 1) / kRegsTile, kt = (k + kRegsTile - 1) / kRegsTile;
+  if (kt > INT32_MAX || mt > 65535) return false;
+  grid = dim3(unsigned(kt), unsigned(mt));
+  return true;
+}
+
 // The grid walks k fastest (blockIdx.x): CTAs that run together cover a band of rows, so a
 // row-major [m, blocks] scale matrix is completed in L2 before it is written back (measured faster
 // for every layout, the transposed column output's included). It walks the tiles last to first:
@@ -343,15 +352,13 @@ __global__ void __launch_bounds__(kRegsThreads, 3) quantize_tile_regs_kernel(con
 // Launches the kernel (the caller checked tile_regs_supported); false where the grid does not fit.
 template <class T, class F>
 bool launch_tile_regs(const PtQuantParams& p, cudaStream_t stream) {
-  const int64_t mt = (p.m + kRegsTile - 1) / kRegsTile, kt = (p.k + kRegsTile - 1) / kRegsTile;
-  if (kt > INT32_MAX || mt > 65535) return false;
-  const dim3 grid{unsigned(kt), unsigned(mt)};
+  dim3 grid;
+  if (!regs_grid(p.m, p.k, grid)) return false;
   if (p.after_amax_pass) {
-    if (launch_dependent(quantize_tile_regs_kernel<T, F>, grid, dim3(kRegsThreads), 0, stream, p) == cudaSuccess)
-      return true;
-    (void)cudaGetLastError();  // an ordinary launch instead: stream order alone is correct, only slower
+    launch_dependent(quantize_tile_regs_kernel<T, F>, grid, dim3(kRegsThreads), 0, stream, p);
+  } else {
+    quantize_tile_regs_kernel<T, F><<<grid, kRegsThreads, 0, stream>>>(p);
   }
-  quantize_tile_regs_kernel<T, F><<<grid, kRegsThreads, 0, stream>>>(p);
   return true;
 }
 
@@ -402,9 +409,9 @@ __global__ void __launch_bounds__(kRegsThreads, 3) amax_tile_regs_kernel(const P
 // is out of range (more than 65535 row tiles), as launch_tile_regs.
 template <class T>
 bool launch_amax_regs(const PtQuantAmaxParams& p, cudaStream_t stream) {
-  const int64_t mt = (p.m + kRegsTile - 1) / kRegsTile, kt = (p.k + kRegsTile - 1) / kRegsTile;
-  if (kt > INT32_MAX || mt > 65535) return false;
-  amax_tile_regs_kernel<T><<<dim3(unsigned(kt), unsigned(mt)), kRegsThreads, 0, stream>>>(p);
+  dim3 grid;
+  if (!regs_grid(p.m, p.k, grid)) return false;
+  amax_tile_regs_kernel<T><<<grid, kRegsThreads, 0, stream>>>(p);
   return true;
 }
 
