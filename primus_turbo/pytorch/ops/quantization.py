@@ -764,6 +764,5 @@ def dequantize_fp4(
     _check_scale_inv(op, x, scale_inv)
     along_k = _along_last(op, axis, 2)
     flags = _FLAG_2D if _use_2d(scaling_recipe) else 0
-    q = x if x.dtype == _FP4_DTYPE else x.view(_FP4_DTYPE)
-    out = _dequantize_op(q, scale_inv, out_dtype, g, block, -1, flags)
+    out = _dequantize_op(x, scale_inv, out_dtype, g, block, -1, flags)  # FP4 or its uint8 view: both read as packed FP4
     return out if along_k else out.t()
