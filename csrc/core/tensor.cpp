@@ -195,6 +195,8 @@ void check_descriptor(const pt_tensor* t, const char* name) {
   }
 }
 
+bool is_float_dtype(int32_t dtype) { return cuda_float_type(dtype) != nullptr; }
+
 const char* cuda_float_type(int32_t dtype) {
   switch (dtype) {
     case PT_FLOAT32: return "float";

@@ -18,6 +18,8 @@ const char* dtype_short_name(int32_t dtype);
 // The CUDA C++ type of a float32/float16/bfloat16 element in generated kernel sources ("float",
 // "__half", "__nv_bfloat16"); nullptr for any other dtype.
 const char* cuda_float_type(int32_t dtype);
+// float32, float16 or bfloat16: the dtypes of every op's non-quantized tensors.
+bool is_float_dtype(int32_t dtype);
 
 // A 2-D matrix seen as stored: rows x cols with one unit stride.
 struct Matrix2D {

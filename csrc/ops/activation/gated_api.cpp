@@ -63,7 +63,7 @@ pt_status pt_gated_act_prepare(int32_t act, int32_t dtype, int64_t cols) {
   return api_guard([&] {
     Problem p;
     p.act = checked_act(act);
-    PT_CHECK_ARG(dtype == PT_FLOAT32 || dtype == PT_FLOAT16 || dtype == PT_BFLOAT16, "argument 'dtype' is ",
+    PT_CHECK_ARG(is_float_dtype(dtype), "argument 'dtype' is ",
                  dtype_name(dtype), "; expected float32, float16 or bfloat16");
     PT_CHECK_ARG(cols >= 1, "argument 'cols' is ", cols, "; expected at least 1");
     p.dtype = dtype;

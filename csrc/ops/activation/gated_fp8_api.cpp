@@ -43,7 +43,7 @@ pt_status pt_gated_act_fp8_prepare(int32_t act, int32_t dtype, int64_t cols, int
   return api_guard([&] {
     Problem p;
     p.act = checked_act(act);
-    PT_CHECK_ARG(dtype == PT_FLOAT32 || dtype == PT_FLOAT16 || dtype == PT_BFLOAT16, "argument 'dtype' is ",
+    PT_CHECK_ARG(is_float_dtype(dtype), "argument 'dtype' is ",
                  dtype_name(dtype), "; expected float32, float16 or bfloat16");
     const int vec = 16 / (dtype_bits(dtype) / 8);
     PT_CHECK_SUPPORTED(cols >= 1 && cols % vec == 0, "gated activation FP8 forward needs cols to be a multiple of ",

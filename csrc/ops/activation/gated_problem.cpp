@@ -30,7 +30,7 @@ void check_half_shape(const pt_tensor* t, const char* name, const pt_tensor& x, 
 Problem make_problem(Act act, const pt_tensor* x, const pt_tensor* probs, const pt_tensor* row_mask) {
   check_contiguous(x, "x");
   PT_CHECK_ARG(x->ndim >= 1, "argument 'x' must have at least 1 dimension, got a scalar");
-  PT_CHECK_ARG(x->dtype == PT_FLOAT32 || x->dtype == PT_FLOAT16 || x->dtype == PT_BFLOAT16, "argument 'x' has dtype ",
+  PT_CHECK_ARG(is_float_dtype(x->dtype), "argument 'x' has dtype ",
                dtype_name(x->dtype), "; expected float32, float16 or bfloat16");
   const int64_t last = x->shape[x->ndim - 1];
   PT_CHECK_ARG(last >= 2 && last % 2 == 0, "argument 'x' has shape ", shape_string(*x),

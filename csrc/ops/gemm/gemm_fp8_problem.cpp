@@ -107,7 +107,7 @@ Fp8Problem make_fp8_problem(const pt_tensor* a, const pt_tensor* a_scale, int32_
   p.a.scaling = a_scaling, p.b.scaling = b_scaling;
 
   const Matrix2D md = as_matrix(d, "out");
-  PT_CHECK_ARG(d->dtype == PT_FLOAT32 || d->dtype == PT_FLOAT16 || d->dtype == PT_BFLOAT16,
+  PT_CHECK_ARG(is_float_dtype(d->dtype),
                "output dtype ", dtype_name(d->dtype), " is not supported; expected float32, "
                "float16 or bfloat16");
   PT_CHECK_ARG(md.rows == p.m && md.cols == p.n, "argument 'out' has shape ", shape_string(*d),

@@ -5,14 +5,6 @@
 
 namespace primus_turbo::gemm {
 
-namespace {
-
-bool is_gemm_dtype(int32_t dt) {
-  return dt == PT_FLOAT32 || dt == PT_FLOAT16 || dt == PT_BFLOAT16;
-}
-
-}  // namespace
-
 std::string Problem::layout_code() const {
   return str_cat("A", a.k_major ? "k" : "m", "B", b.k_major ? "k" : "n");
 }
@@ -22,11 +14,11 @@ Problem make_problem(const pt_tensor* a, const pt_tensor* b, const pt_tensor* d,
   const Matrix2D ma = as_matrix(a, "a");
   const Matrix2D mb = as_matrix(b, "b");
   const Matrix2D md = as_matrix(d, "out");
-  PT_CHECK_ARG(is_gemm_dtype(a->dtype), "argument 'a' has dtype ", dtype_name(a->dtype),
+  PT_CHECK_ARG(is_float_dtype(a->dtype), "argument 'a' has dtype ", dtype_name(a->dtype),
                "; expected float32, float16 or bfloat16");
   PT_CHECK_ARG(b->dtype == a->dtype, "argument 'b' has dtype ", dtype_name(b->dtype),
                "; expected the same dtype as 'a' (", dtype_name(a->dtype), ")");
-  PT_CHECK_ARG(is_gemm_dtype(d->dtype), "output dtype ", dtype_name(d->dtype),
+  PT_CHECK_ARG(is_float_dtype(d->dtype), "output dtype ", dtype_name(d->dtype),
                " is not supported; expected float32, float16 or bfloat16");
   PT_CHECK_ARG(a->dtype != PT_FLOAT32 || d->dtype == PT_FLOAT32,
                "output dtype ", dtype_name(d->dtype),

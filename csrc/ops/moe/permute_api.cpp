@@ -94,7 +94,7 @@ void run_route(PtMoeRouteFn fn, PtMoeRouteParams& params, void* stream, const ch
 }
 
 void check_probs_rows(const pt_tensor* probs, const char* name, int64_t rows, int64_t cols, int32_t* dtype) {
-  PT_CHECK_ARG(probs->dtype == PT_FLOAT32 || probs->dtype == PT_FLOAT16 || probs->dtype == PT_BFLOAT16, "argument '",
+  PT_CHECK_ARG(is_float_dtype(probs->dtype), "argument '",
                name, "' has dtype ", dtype_name(probs->dtype), "; expected float32, float16 or bfloat16");
   PT_CHECK_ARG(*dtype < 0 || *dtype == probs->dtype, "argument '", name, "' has dtype ", dtype_name(probs->dtype),
                "; expected ", dtype_name(*dtype));
@@ -344,7 +344,7 @@ pt_status pt_moe_rows_gather(const pt_tensor* src, const pt_tensor* row_id_map, 
 
 pt_status pt_moe_permute_prepare(int32_t dtype, int32_t vectorized) {
   return api_guard([&] {
-    PT_CHECK_ARG(dtype == PT_FLOAT32 || dtype == PT_FLOAT16 || dtype == PT_BFLOAT16, "argument 'dtype' is ",
+    PT_CHECK_ARG(is_float_dtype(dtype), "argument 'dtype' is ",
                  dtype_name(dtype), "; expected float32, float16 or bfloat16");
     load_kernels(dtype, vectorized != 0, "90a");
   });

@@ -22,7 +22,7 @@ void check_basic(const pt_tensor* t, const char* name) {
 void check_token_tensor(const pt_tensor* t, const char* name) {
   check_basic(t, name);
   PT_CHECK_ARG(t->ndim == 2, "argument '", name, "' has shape ", shape_string(*t), "; expected [rows, hidden]");
-  PT_CHECK_ARG(t->dtype == PT_FLOAT32 || t->dtype == PT_FLOAT16 || t->dtype == PT_BFLOAT16, "argument '", name,
+  PT_CHECK_ARG(is_float_dtype(t->dtype), "argument '", name,
                "' has dtype ", dtype_name(t->dtype), "; expected float32, float16 or bfloat16");
 }
 
@@ -53,7 +53,7 @@ void check_vector(const Operand& o, int64_t n, int32_t dtype, const char* what) 
 }
 
 int32_t check_probs_dtype(const pt_tensor* t, const char* name) {
-  PT_CHECK_ARG(t->dtype == PT_FLOAT32 || t->dtype == PT_FLOAT16 || t->dtype == PT_BFLOAT16, "argument '", name,
+  PT_CHECK_ARG(is_float_dtype(t->dtype), "argument '", name,
                "' has dtype ", dtype_name(t->dtype), "; expected float32, float16 or bfloat16");
   return t->dtype;
 }

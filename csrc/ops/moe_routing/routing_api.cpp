@@ -15,7 +15,6 @@ namespace {
 constexpr int64_t kMaxExperts = 1024;
 constexpr int64_t kMaxGroups = 64;
 
-bool is_float(int32_t dt) { return dt == PT_FLOAT32 || dt == PT_FLOAT16 || dt == PT_BFLOAT16; }
 bool is_index(int32_t dt) { return dt == PT_INT32 || dt == PT_INT64; }
 
 void check_matrix(const pt_tensor* t, const char* name, const char* dims) {
@@ -24,7 +23,7 @@ void check_matrix(const pt_tensor* t, const char* name, const char* dims) {
 }
 
 void check_float(const pt_tensor* t, const char* name) {
-  PT_CHECK_ARG(is_float(t->dtype), "argument '", name, "' has dtype ", dtype_name(t->dtype),
+  PT_CHECK_ARG(is_float_dtype(t->dtype), "argument '", name, "' has dtype ", dtype_name(t->dtype),
                "; expected float32, float16 or bfloat16");
 }
 
@@ -251,7 +250,7 @@ pt_status pt_moe_routing_prepare(int32_t dtype) {
       load_utils("90a");
       return;
     }
-    PT_CHECK_ARG(is_float(dtype), "argument 'dtype' is ", dtype_name(dtype), "; expected float32, float16 or bfloat16");
+    PT_CHECK_ARG(is_float_dtype(dtype), "argument 'dtype' is ", dtype_name(dtype), "; expected float32, float16 or bfloat16");
     load_routing(dtype, "90a");
   });
 }

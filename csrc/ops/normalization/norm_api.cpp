@@ -156,7 +156,7 @@ pt_status pt_norm_prepare(int32_t kind, int32_t dtype, int32_t gamma_dtype, int6
   return api_guard([&] {
     PT_CHECK_ARG(kind >= 0 && kind <= 2, "argument 'kind' is ", kind,
                  "; expected 0 (rmsnorm), 1 (rmsnorm_residual) or 2 (layernorm)");
-    PT_CHECK_ARG(dtype == PT_FLOAT32 || dtype == PT_FLOAT16 || dtype == PT_BFLOAT16, "argument 'dtype' is ",
+    PT_CHECK_ARG(is_float_dtype(dtype), "argument 'dtype' is ",
                  dtype_name(dtype), "; expected float32, float16 or bfloat16");
     PT_CHECK_ARG(gamma_dtype == dtype || gamma_dtype == PT_FLOAT32, "argument 'gamma_dtype' is ",
                  dtype_name(gamma_dtype), "; expected the dtype of x (", dtype_name(dtype), ") or float32");

@@ -68,7 +68,7 @@ pt_status pt_rmsnorm_fp8_fwd(const pt_tensor* x, const pt_tensor* residual, cons
 pt_status pt_rmsnorm_fp8_prepare(int32_t residual, int32_t dtype, int32_t gamma_dtype, int64_t hidden,
                                  int32_t granularity, int32_t fp8_dtype) {
   return api_guard([&] {
-    PT_CHECK_ARG(dtype == PT_FLOAT32 || dtype == PT_FLOAT16 || dtype == PT_BFLOAT16, "argument 'dtype' is ",
+    PT_CHECK_ARG(is_float_dtype(dtype), "argument 'dtype' is ",
                  dtype_name(dtype), "; expected float32, float16 or bfloat16");
     PT_CHECK_ARG(gamma_dtype == dtype || gamma_dtype == PT_FLOAT32, "argument 'gamma_dtype' is ",
                  dtype_name(gamma_dtype), "; expected the dtype of x (", dtype_name(dtype), ") or float32");

@@ -10,7 +10,6 @@ namespace primus_turbo::norm {
 
 namespace {
 
-bool is_float_dtype(int32_t dt) { return dt == PT_FLOAT32 || dt == PT_FLOAT16 || dt == PT_BFLOAT16; }
 
 // rstd / mean: float32 statistics, one per row.
 void check_stat(const pt_tensor* t, const char* name, int64_t rows) {

@@ -14,7 +14,6 @@ using namespace primus_turbo::quant;
 
 namespace {
 
-bool is_float_dtype(int32_t dt) { return dt == PT_FLOAT32 || dt == PT_FLOAT16 || dt == PT_BFLOAT16; }
 
 std::string arch_of_current_device(int* device) {
   *device = current_device();

@@ -12,7 +12,6 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up4(int64_t a) { return ceil_div(a, 4) * 4; }
 
-bool is_float_dtype(int32_t dt) { return dt == PT_FLOAT32 || dt == PT_FLOAT16 || dt == PT_BFLOAT16; }
 
 const char* granularity_name(int32_t g) {
   switch (g) {

@@ -35,7 +35,7 @@ pt_status pt_rope(const pt_tensor* q, const pt_tensor* k, const pt_tensor* cos, 
 
 pt_status pt_rope_prepare(int32_t dtype, int32_t vectorized, int32_t interleaved, int32_t table) {
   return api_guard([&] {
-    PT_CHECK_ARG(dtype == PT_FLOAT32 || dtype == PT_FLOAT16 || dtype == PT_BFLOAT16, "argument 'dtype' is ",
+    PT_CHECK_ARG(is_float_dtype(dtype), "argument 'dtype' is ",
                  dtype_name(dtype), "; expected float32, float16 or bfloat16");
     Problem p;
     p.dtype = dtype;

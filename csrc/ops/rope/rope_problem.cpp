@@ -24,7 +24,6 @@ void check_contiguous(const pt_tensor* t, const char* name) {
   PT_CHECK_ARG(is_contiguous(*t), "argument '", name, "' with shape ", shape_string(*t), " must be contiguous");
 }
 
-bool is_float(int32_t dt) { return dt == PT_FLOAT32 || dt == PT_FLOAT16 || dt == PT_BFLOAT16; }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -41,7 +40,7 @@ Operand as_operand(const pt_tensor* t, const char* name, int layout) {
                " dimensions ", layout == PT_ROPE_THD ? "[tokens, heads, head_dim] for layout thd"
                                                      : (layout == PT_ROPE_BSHD ? "[batch, seq, heads, head_dim] for layout bshd"
                                                                                : "[seq, batch, heads, head_dim] for layout sbhd"));
-  PT_CHECK_ARG(is_float(t->dtype), "argument '", name, "' has dtype ", dtype_name(t->dtype),
+  PT_CHECK_ARG(is_float_dtype(t->dtype), "argument '", name, "' has dtype ", dtype_name(t->dtype),
                "; expected float32, float16 or bfloat16");
   const int d = t->ndim;
   PT_CHECK_ARG(numel(*t) == 0 || t->shape[d - 1] <= 1 || t->strides[d - 1] == 1, "argument '", name,
