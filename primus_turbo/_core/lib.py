@@ -180,8 +180,8 @@ _PROTOTYPES = {
     "pt_layernorm_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _T, _T, _vp, _sz, _vp]),
     "pt_layernorm_bwd_workspace_bytes": (_sz, [_i64, _i64]),
     "pt_norm_prepare": (_i32, [_i32, _i32, _i32, _i64]),
-    "pt_gated_act_fwd": (_i32, [_i32, _T, _T, _T, _T, _vp]),
-    "pt_gated_act_bwd": (_i32, [_i32, _T, _T, _T, _T, _T, _T, _vp]),
+    "pt_gated_act_fwd": (_i32, [_i32, _T, _T, _T, _T, _T, _vp]),
+    "pt_gated_act_bwd": (_i32, [_i32, _T, _T, _T, _T, _T, _T, _T, _vp]),
     "pt_gated_act_prepare": (_i32, [_i32, _i32, _i64]),
     # rope.h
     "pt_rope": (_i32, [_T, _T, _T, _T, _T, _T, _T, _T, _i32, ctypes.c_double, _i32, _i32, _i32, _vp]),

@@ -71,17 +71,21 @@ def test_bad_arguments(fn, args, exc, match):
 def test_core_checks():
     x, out = desc([4, 16]), desc([4, 8])
     with pytest.raises(ValueError, match="argument 'out' has shape"):
-        check(lib.pt_gated_act_fwd(0, x, None, None, desc([4, 16]), None))
+        check(lib.pt_gated_act_fwd(0, x, None, None, desc([4, 16]), None, None))
     with pytest.raises(ValueError, match="last dimension must be even"):
-        check(lib.pt_gated_act_fwd(0, desc([4, 7]), None, None, out, None))
+        check(lib.pt_gated_act_fwd(0, desc([4, 7]), None, None, out, None, None))
     with pytest.raises(ValueError, match="argument 'probs' has dtype"):
-        check(lib.pt_gated_act_fwd(1, x, desc([4]), None, out, None))
+        check(lib.pt_gated_act_fwd(1, x, desc([4]), None, out, None, None))
     with pytest.raises(ValueError, match="argument 'row_mask' has dtype"):
-        check(lib.pt_gated_act_fwd(1, x, desc([4], 0), desc([4], 0), out, None))
+        check(lib.pt_gated_act_fwd(1, x, desc([4], 0), desc([4], 0), out, None, None))
     with pytest.raises(ValueError, match="argument 'act'"):
-        check(lib.pt_gated_act_fwd(2, x, None, None, out, None))
+        check(lib.pt_gated_act_fwd(2, x, None, None, out, None, None))
     with pytest.raises(ValueError, match="argument 'dx' has shape"):
-        check(lib.pt_gated_act_bwd(0, out, x, None, None, out, None, None))
+        check(lib.pt_gated_act_bwd(0, out, x, None, None, out, None, None, None))
     with pytest.raises(ValueError, match="argument 'x' .* must be contiguous"):
-        check(lib.pt_gated_act_fwd(0, desc([4, 16], strides=[32, 1]), None, None, out, None))
-    check(lib.pt_gated_act_fwd(0, desc([0, 16], ptr=None), None, None, desc([0, 8], ptr=None), None))
+        check(lib.pt_gated_act_fwd(0, desc([4, 16], strides=[32, 1]), None, None, out, None, None))
+    check(lib.pt_gated_act_fwd(0, desc([0, 16], ptr=None), None, None, desc([0, 8], ptr=None), None, None))
+    with pytest.raises(ValueError, match="argument 'amax'"):
+        check(lib.pt_gated_act_fwd(0, x, None, None, out, desc([2], 0), None))
+    with pytest.raises(ValueError, match="argument 'amax'"):
+        check(lib.pt_gated_act_bwd(0, out, x, None, None, desc([4, 16]), None, desc([1], 2), None))

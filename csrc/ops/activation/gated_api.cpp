@@ -1,4 +1,7 @@
 // C API entry points of the gated activations: argument checks, the empty case, the launch.
+#include <cuda_runtime_api.h>
+
+#include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "ops/activation/gated_kernels.h"
@@ -25,15 +28,28 @@ void launch(const Problem& p, bool backward, PtGatedActParams& params, const cha
   }
 }
 
+// The optional amax output: one float32 on the device, zeroed here for the kernel's atomic max.
+float* zeroed_amax(pt_tensor* amax, void* stream) {
+  if (amax == nullptr) return nullptr;
+  int64_t numel = 1;
+  for (int i = 0; i < amax->ndim; ++i) numel *= amax->shape[i];
+  PT_CHECK_ARG(amax->dtype == PT_FLOAT32 && numel == 1 && amax->ndim <= 1 && amax->data != nullptr,
+               "argument 'amax' is ", dtype_name(amax->dtype), " ", shape_string(*amax),
+               "; expected one float32 value (0-dim or [1])");
+  PT_CHECK_CUDA(cudaMemsetAsync(amax->data, 0, sizeof(float), static_cast<cudaStream_t>(stream)));
+  return static_cast<float*>(amax->data);
+}
+
 }  // namespace
 
 extern "C" {
 
 pt_status pt_gated_act_fwd(int32_t act, const pt_tensor* x, const pt_tensor* probs, const pt_tensor* row_mask,
-                           pt_tensor* out, void* stream) {
+                           pt_tensor* out, pt_tensor* amax, void* stream) {
   return api_guard([&] {
     const Problem p = make_fwd_problem(checked_act(act), x, probs, row_mask, out);
     PtGatedActParams params{};
+    params.amax = zeroed_amax(amax, stream);
     params.x = x->data;
     params.probs = probs != nullptr ? static_cast<const float*>(probs->data) : nullptr;
     params.row_mask = row_mask != nullptr ? static_cast<const int64_t*>(row_mask->data) : nullptr;
@@ -44,10 +60,12 @@ pt_status pt_gated_act_fwd(int32_t act, const pt_tensor* x, const pt_tensor* pro
 }
 
 pt_status pt_gated_act_bwd(int32_t act, const pt_tensor* dy, const pt_tensor* x, const pt_tensor* probs,
-                           const pt_tensor* row_mask, pt_tensor* dx, pt_tensor* dprobs, void* stream) {
+                           const pt_tensor* row_mask, pt_tensor* dx, pt_tensor* dprobs, pt_tensor* amax,
+                           void* stream) {
   return api_guard([&] {
     const Problem p = make_bwd_problem(checked_act(act), dy, x, probs, row_mask, dx, dprobs);
     PtGatedActParams params{};
+    params.amax = zeroed_amax(amax, stream);
     params.x = x->data;
     params.dy = dy->data;
     params.probs = probs != nullptr ? static_cast<const float*>(probs->data) : nullptr;

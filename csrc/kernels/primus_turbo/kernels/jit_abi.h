@@ -94,6 +94,10 @@ typedef struct PtGatedActParams {
   // rowwise, [rows, ceil(cols / 128)] 1x128); out may then be null.
   void* q;
   float* q_scale_inv;
+  // Plain modules: max |out| (forward) or max |dx| (backward) of the rounded outputs, merged with
+  // atomic max into a float the caller zeroed (null: not wanted). A tensorwise FP8 quantization of
+  // the output then needs no amax pass of its own.
+  float* amax;
 } PtGatedActParams;
 
 // Every module exports these. Return 0 on success; otherwise write a message into err.

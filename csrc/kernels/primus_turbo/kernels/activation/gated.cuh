@@ -9,7 +9,8 @@
 // Memory bound: one warp per row (rows are many at training sizes), 16-byte accesses when the host
 // found the pointers and cols allow them, kUnroll vectors of each input per lane loaded before
 // any is used (outputs may alias nothing the compiler can prove, so the batching is explicit).
-// dp is a warp sum: deterministic, no atomics. Arithmetic in fp32.
+// dp is a warp sum: deterministic, no atomics. Arithmetic in fp32. With p.amax, each warp also
+// merges the largest |output| it wrote (after rounding) into *p.amax with one atomic max.
 //
 // FP8 forward modules (kFp8, quantization/fused_fp8.cuh) also write out quantized to the format F,
 // from the rounded out values in registers. A rowwise scale needs the row's amax before any byte
@@ -21,6 +22,7 @@
 #include <algorithm>
 
 #include "primus_turbo/kernels/common/vec.cuh"
+#include "primus_turbo/kernels/common/warp.cuh"
 #include "primus_turbo/kernels/jit_abi.h"
 #include "primus_turbo/kernels/jit_export.cuh"
 #include "primus_turbo/kernels/quantization/fused_fp8.cuh"
@@ -74,6 +76,21 @@ __device__ __forceinline__ Pack<T, kVec> zeros() {
   return z;
 }
 
+// Largest |v| of a pack, as rounded to T (what a quantizer of the output would read).
+template <class T, int kVec>
+__device__ __forceinline__ float abs_max(const Pack<T, kVec>& v, float m) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) m = fmaxf(m, fabsf(to_float(v.v[j])));
+  return m;
+}
+
+// The warp's largest |output| into *amax (non-negative floats order like their bits).
+__device__ __forceinline__ void merge_amax(float* amax, float m) {
+  if (amax == nullptr) return;
+  m = warp_max(m);
+  if ((threadIdx.x & 31) == 0 && m > 0.f) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
+}
+
 template <class T, int kAct, int kVec>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks) gated_fwd(PtGatedActParams p) {
   using TP = Pack<T, kVec>;
@@ -81,6 +98,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks) gated_fwd(PtG
   const int lane = threadIdx.x & 31;
   const int nvec = static_cast<int>(p.cols / kVec);
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  float amax = 0.f;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); row < p.rows;
        row += step) {
     TP* out = reinterpret_cast<TP*>(static_cast<T*>(p.out) + row * p.cols);
@@ -109,10 +127,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks) gated_fwd(PtG
 #pragma unroll
           for (int j = 0; j < kVec; ++j) o.v[j] = from_float<T>(A::f(to_float(gv[k].v[j])) * to_float(uv[k].v[j]) * prob);
           store_stream(out + c, o);
+          if (p.amax != nullptr) amax = abs_max(o, amax);
         }
       }
     }
   }
+  merge_amax(p.amax, amax);
 }
 
 template <class T, int kAct, int kVec>
@@ -122,6 +142,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks) gated_bwd(PtG
   const int lane = threadIdx.x & 31;
   const int nvec = static_cast<int>(p.cols / kVec);
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  float amax = 0.f;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); row < p.rows;
        row += step) {
     TP* dgate = reinterpret_cast<TP*>(static_cast<T*>(p.out) + row * 2 * p.cols);
@@ -167,6 +188,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks) gated_bwd(PtG
           }
           store_stream(dgate + c, dg);
           store_stream(dup + c, du);
+          if (p.amax != nullptr) amax = abs_max(du, abs_max(dg, amax));
         }
       }
     }
@@ -175,6 +197,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks) gated_bwd(PtG
       if (lane == 0) p.dprobs[row] = dprob;
     }
   }
+  merge_amax(p.amax, amax);
 }
 
 // out of vector c of a row: act(gate) * up * prob, rounded to T.
