@@ -78,6 +78,9 @@ class DenseMLP(nn.Module):
         self.turbo = None
 
     def forward(self, x):
+        fused = self._fused_fp8_config()
+        if fused is not None:  # one op: the SwiGLU kernels hand their amaxes to the quantizations
+            return self.turbo.ops.swiglu_mlp_fp8(x, self.gate_up.weight, self.down.weight, fused)
         h = self.gate_up(x)
         if self.turbo is not None:
             h = self.turbo.ops.swiglu(h)
@@ -85,6 +88,20 @@ class DenseMLP(nn.Module):
             gate, up = h.chunk(2, -1)
             h = F.silu(gate) * up
         return self.down(h)
+
+    def _fused_fp8_config(self):
+        """The FP8 config when both projections are TENSORWISE Float8Linear layers without bias or
+        weight cache (turbo path; turbo.ops.swiglu_mlp_fp8 then runs the MLP, quantizing the weights
+        each call), else None."""
+        if self.turbo is None:
+            return None
+        layers = (self.gate_up, self.down)
+        if not all(isinstance(layer, self.turbo.modules.Float8Linear) and layer.bias is None
+                   and not getattr(layer, "cache_quantized_weight", False) for layer in layers):
+            return None
+        config = self.gate_up.config
+        tensorwise = config.granularity == self.turbo.core.low_precision.ScalingGranularity.TENSORWISE
+        return config if tensorwise and self.down.config == config else None
 
     def flops(self, tokens: int) -> float:
         return 6 * (self.gate_up.weight.numel() + self.down.weight.numel()) * tokens

@@ -53,6 +53,7 @@ class PtQuantizeJob(ctypes.Structure):
         ("block_size", ctypes.c_int32),
         ("col_transposed", ctypes.c_int32),
         ("flags", ctypes.c_int32),
+        ("amax", ctypes.POINTER(PtTensor)),
     ]
 
 

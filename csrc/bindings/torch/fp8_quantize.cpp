@@ -75,6 +75,7 @@ struct Outputs {
   std::optional<Slot> qr, sr, qc, sc;
   int32_t scaling;
   pt_tensor x{};
+  std::optional<pt_tensor> amax;
 
   Outputs(const QuantRequest& r, size_t& scratch_bytes, int32_t device, const char* context) {
     const Tensor& t = *r.x;
@@ -83,6 +84,7 @@ struct Outputs {
     const auto [act, wgt] = fp8_scalings(r.spec.granularity, context);
     scaling = r.spec.two_d ? wgt : act;
     x = to_pt(t);
+    if (r.amax) amax = to_pt(*r.amax);
     const auto stacked = [&](std::vector<int64_t> shape) {
       if (stack && !shape.empty()) shape.insert(shape.begin(), t.sizes()[0]);
       return shape;
@@ -109,7 +111,8 @@ struct Outputs {
     const int32_t two_d = PT_QUANT_2D_BLOCK | (spec.pad4 ? PT_QUANT_SCALES_PAD4 : 0);
     const int32_t flags = !blocks ? 0 : spec.two_d ? two_d : spec.mn_major ? PT_QUANT_SCALES_MN_MAJOR : 0;
     return pt_quantize_job{&x,  qr ? &qr->desc : nullptr, sr ? &sr->desc : nullptr, qc ? &qc->desc : nullptr,
-                           sc ? &sc->desc : nullptr, static_cast<int32_t>(g), blocks ? 128 : 0, 1, flags};
+                           sc ? &sc->desc : nullptr, static_cast<int32_t>(g), blocks ? 128 : 0, 1, flags,
+                           amax ? &*amax : nullptr};
   }
 
   QuantPair result() const {

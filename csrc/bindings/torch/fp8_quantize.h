@@ -54,6 +54,8 @@ struct QuantRequest {
   QuantSpec spec;
   bool want_row, want_col;
   bool row_transient = false, col_transient = false;
+  // TENSORWISE: x's amax (float32 [1]) from the op that wrote x, or null: the amax pass is skipped.
+  const Tensor* amax = nullptr;
 };
 
 // One or two quantizations (a GEMM's operands) in one pt_quantize_jobs call, which launches small

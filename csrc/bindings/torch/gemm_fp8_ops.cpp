@@ -85,12 +85,23 @@ struct Forward {
   std::optional<Quantized> a_bwd, b_bwd;
 };
 
+// a's amax (float32 [1]) from the op that wrote a, for TENSORWISE: its amax pass is skipped.
+const Tensor* checked_amax(const Tensor* amax, int64_t granularity, const char* name) {
+  if (amax == nullptr) return nullptr;
+  if (granularity != PT_QUANT_TENSORWISE)
+    fail_with(ErrorKind::Value, kOp, ": argument '", name, "' is given for granularity code ", granularity,
+              "; only TENSORWISE takes a precomputed amax");
+  return amax;
+}
+
 Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b, ScalarType out_dtype,
-                ScalarType fwd_dtype, int64_t granularity, bool for_backward) {
+                ScalarType fwd_dtype, int64_t granularity, bool for_backward, const Tensor* a_amax = nullptr) {
   const auto [m, k, n] = check_dense_operands(kOp, a_in, b_in, trans_a, trans_b, out_dtype, for_backward,
                                               "FP8 GEMM operands are read in 16-byte rows",
                                               "its transposed FP8 operands have rows of length M and N");
-  const int32_t device = check_cuda(kOp, {{"a", &a_in}, {"b", &b_in}});
+  NamedTensors inputs{{"a", &a_in}, {"b", &b_in}};
+  if (a_amax) inputs.push_back({"a_amax", a_amax});
+  const int32_t device = check_cuda(kOp, inputs);
   if (m == 0 || n == 0 || k == 0)
     fail_with(ErrorKind::Value, kOp, ": empty problems take the composite path");  // the Python layer's job
   DeviceScope scope(device);
@@ -103,10 +114,11 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
   // Both operands in one call (small ones in one launch, their amax reductions included).
   // The copies the forward reads are transient; the ones the backward reads are returned.
   const bool keep = for_backward;
+  QuantRequest qa = request(a, fwd_dtype, granularity, false, a_row, a_col, keep && trans_a, keep && !trans_a);
+  qa.amax = checked_amax(a_amax, granularity, "a_amax");
   auto q = quantize_fp8_jobs(
-      {request(a, fwd_dtype, granularity, false, a_row, a_col, keep && trans_a, keep && !trans_a),
-       request(b, fwd_dtype, granularity, true, b_row, b_col, keep && !trans_b, keep && trans_b)},
-      device, stream, "gemm_fp8 quantize");
+      {qa, request(b, fwd_dtype, granularity, true, b_row, b_col, keep && !trans_b, keep && trans_b)}, device, stream,
+      "gemm_fp8 quantize");
   auto& [qa_row, qa_col] = q[0];
   auto& [qb_row, qb_col] = q[1];
   Forward f{empty({m, n}, out_dtype, device), std::nullopt, std::nullopt};
@@ -120,16 +132,27 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
 
 // Training forward: (out, a_bwd, sa_bwd, b_bwd, sb_bwd), the backward's copies (along M and
 // along N), or empty placeholders when no backward follows.
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b,
-                                                                ScalarType out_dtype, ScalarType fwd_dtype,
-                                                                int64_t granularity, bool for_backward) {
-  Forward f = forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward);
+using ForwardResult = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+ForwardResult training_forward(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, ScalarType out_dtype,
+                               ScalarType fwd_dtype, int64_t granularity, bool for_backward, const Tensor* a_amax) {
+  Forward f = forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, a_amax);
   if (!for_backward) {
     const int32_t device = f.out.get_device();
     return {f.out, placeholder(device), placeholder(device), placeholder(device),
             placeholder(device)};
   }
   return {f.out, f.a_bwd->q, f.a_bwd->s, f.b_bwd->q, f.b_bwd->s};
+}
+
+ForwardResult gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype,
+                           int64_t granularity, bool for_backward) {
+  return training_forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, nullptr);
+}
+
+// gemm_fp8_fwd with a's amax given (TENSORWISE; e.g. gated_act_fwd_amax's).
+ForwardResult gemm_fp8_fwd_amax(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype,
+                                ScalarType fwd_dtype, int64_t granularity, bool for_backward, Tensor a_amax) {
+  return training_forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, &a_amax);
 }
 
 // Inference (no backward follows): the product only, with no placeholder outputs.
@@ -140,20 +163,23 @@ Tensor gemm_fp8(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_d
 
 // Returns (grad_a, grad_b); a gradient not asked for (or accumulated into main_grad) is an empty
 // placeholder.
-std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd,
-                                        bool trans_a, bool trans_b, ScalarType grad_dtype, int64_t granularity,
-                                        ScalarType a_dtype, ScalarType b_dtype, bool need_a, bool need_b,
-                                        std::optional<Tensor> main_grad) {
+std::tuple<Tensor, Tensor> backward(const Tensor& grad_in, const Tensor& a_bwd, const Tensor& sa_bwd,
+                                    const Tensor& b_bwd, const Tensor& sb_bwd, bool trans_a, bool trans_b,
+                                    ScalarType grad_dtype, int64_t granularity, ScalarType a_dtype,
+                                    ScalarType b_dtype, bool need_a, bool need_b,
+                                    const std::optional<Tensor>& main_grad, const Tensor* grad_amax) {
   NamedTensors tensors{{"grad_out", &grad_in}, {"a_bwd", &a_bwd}, {"b_bwd", &b_bwd}};
   if (main_grad) tensors.push_back({"main_grad", &*main_grad});
+  if (grad_amax) tensors.push_back({"grad_amax", grad_amax});
   const int32_t device = check_cuda(kOp, tensors);
   DeviceScope scope(device);
   void* stream = current_stream(device);
   const auto [act, wgt] = fp8_scalings(granularity, kOp);
   const Tensor grad = as_contiguous(grad_in);  // [M, N]
   const bool wgrad = need_b || main_grad.has_value();
-  auto q = quantize_fp8_jobs({request(grad, grad_dtype, granularity, false, need_a, wgrad, false, false)}, device,
-                             stream, "gemm_fp8 quantize");
+  QuantRequest qg = request(grad, grad_dtype, granularity, false, need_a, wgrad, false, false);
+  qg.amax = checked_amax(grad_amax, granularity, "grad_amax");
+  auto q = quantize_fp8_jobs({qg}, device, stream, "gemm_fp8 quantize");
   auto& [g_row, g_col] = q[0];
   const Quantized a_saved{a_bwd, sa_bwd, act};  // [K, M] along M
   const Quantized b_saved{b_bwd, sb_bwd, wgt};  // [K, N] along N
@@ -180,6 +206,23 @@ std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_
     }
   }
   return {grad_a, grad_b};
+}
+
+std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd,
+                                        bool trans_a, bool trans_b, ScalarType grad_dtype, int64_t granularity,
+                                        ScalarType a_dtype, ScalarType b_dtype, bool need_a, bool need_b,
+                                        std::optional<Tensor> main_grad) {
+  return backward(grad_in, a_bwd, sa_bwd, b_bwd, sb_bwd, trans_a, trans_b, grad_dtype, granularity, a_dtype, b_dtype,
+                  need_a, need_b, main_grad, nullptr);
+}
+
+// gemm_fp8_bwd with the output gradient's amax given (TENSORWISE; e.g. gated_act_bwd_amax's).
+std::tuple<Tensor, Tensor> gemm_fp8_bwd_amax(Tensor grad_in, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd,
+                                             Tensor sb_bwd, bool trans_a, bool trans_b, ScalarType grad_dtype,
+                                             int64_t granularity, ScalarType a_dtype, ScalarType b_dtype, bool need_a,
+                                             bool need_b, std::optional<Tensor> main_grad, Tensor grad_amax) {
+  return backward(grad_in, a_bwd, sa_bwd, b_bwd, sb_bwd, trans_a, trans_b, grad_dtype, granularity, a_dtype, b_dtype,
+                  need_a, need_b, main_grad, &grad_amax);
 }
 
 }  // namespace
@@ -250,12 +293,20 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("gemm_fp8_bwd(Tensor grad_out, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd, bool trans_a, "
         "bool trans_b, ScalarType grad_dtype, int granularity, ScalarType a_dtype, ScalarType b_dtype, bool need_a, "
         "bool need_b, Tensor(a!)? main_grad) -> (Tensor, Tensor)");
+  m.def("gemm_fp8_fwd_amax(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, "
+        "ScalarType fwd_dtype, int granularity, bool for_backward, Tensor a_amax) -> "
+        "(Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("gemm_fp8_bwd_amax(Tensor grad_out, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd, "
+        "bool trans_a, bool trans_b, ScalarType grad_dtype, int granularity, ScalarType a_dtype, ScalarType b_dtype, "
+        "bool need_a, bool need_b, Tensor(a!)? main_grad, Tensor grad_amax) -> (Tensor, Tensor)");
 }
 
 static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("gemm_fp8_fwd", TORCH_BOX(&gemm_fp8_fwd));
   m.impl("gemm_fp8", TORCH_BOX(&gemm_fp8));
   m.impl("gemm_fp8_bwd", TORCH_BOX(&gemm_fp8_bwd));
+  m.impl("gemm_fp8_fwd_amax", TORCH_BOX(&gemm_fp8_fwd_amax));
+  m.impl("gemm_fp8_bwd_amax", TORCH_BOX(&gemm_fp8_bwd_amax));
 }
 
 PT_REGISTER_CUDA_AND_CPU(register_kernels)

@@ -68,6 +68,9 @@ typedef struct pt_quantize_job {
   int32_t block_size;
   int32_t col_transposed;
   int32_t flags;
+  // TENSORWISE FP8 only, or null: x's amax reduced beforehand by the op that wrote x (float32, one
+  // value on the device, e.g. pt_gated_act_fwd's amax). The job then skips its own amax pass.
+  const pt_tensor* amax;
 } pt_quantize_job;
 
 // One or two quantizations (a GEMM's operands), with pt_quantize's results. Small FP8 ones of one

@@ -65,9 +65,10 @@ bool needs_amax_pass(const QuantProblem& p) {
   return (p.granularity == PT_QUANT_TENSORWISE || p.granularity == PT_QUANT_ROWWISE) && !inline_row_amax;
 }
 
-// The separate path: memsets, the amax launch where needed, the quantize launch.
+// The separate path: memsets, the amax launch where needed, the quantize launch. given_amax
+// (tensorwise): x's amax reduced beforehand, read instead of an amax pass.
 void quantize_one(const QuantProblem& p, const Kernels& kern, PtQuantParams qp, void* workspace, size_t need,
-                  cudaStream_t s) {
+                  cudaStream_t s, const float* given_amax = nullptr) {
   char err[1024] = {0};
   if (p.mn_major) {
     // The padding rows of the blocks-major scales are zeroed here (a strided memset, only when a
@@ -80,7 +81,10 @@ void quantize_one(const QuantProblem& p, const Kernels& kern, PtQuantParams qp, 
     if (p.row) zero_pad(qp.s_row, p.m, qp.s_row_ld_mn, (p.k + p.block - 1) / p.block);
     if (p.col) zero_pad(qp.s_col, p.k, qp.s_col_ld_mn, (p.m + p.block - 1) / p.block);
   }
-  if (p.granularity == PT_QUANT_ROWWISE && !needs_amax_pass(p)) {
+  if (given_amax != nullptr) {
+    qp.amax_row = qp.amax_col = given_amax;
+    qp.row_block = qp.col_block = 0;
+  } else if (p.granularity == PT_QUANT_ROWWISE && !needs_amax_pass(p)) {
     // Row output only: each row's amax inside the quantize kernel (one launch, one DRAM read).
     qp.row_amax_inline = 1;
     qp.row_block = qp.col_block = 0;
@@ -147,22 +151,43 @@ size_t job_workspace_bytes(const QuantProblem& p, bool batched) {
   return (workspace_bytes(p) + 255) / 256 * 256;
 }
 
-// The jobs' problems (checked), whether they take one batched launch, and the scratch they need.
+// The jobs' problems (checked), their given amaxes, whether they take one batched launch, and the
+// scratch they need.
 struct JobsPlan {
   QuantProblem ps[2];
+  const float* given_amax[2] = {nullptr, nullptr};
   bool batched = false;
   size_t need = 0;
+
+  size_t job_bytes(int32_t j) const { return given_amax[j] ? 0 : job_workspace_bytes(ps[j], batched); }
 };
+
+// A job's given amax (checked), or null.
+const float* checked_amax(const pt_quantize_job& q, const QuantProblem& p) {
+  if (q.amax == nullptr) return nullptr;
+  const pt_tensor& a = *q.amax;
+  int64_t numel = 1;
+  for (int i = 0; i < a.ndim; ++i) numel *= a.shape[i];
+  PT_CHECK_ARG(p.granularity == PT_QUANT_TENSORWISE && !p.fp4(), "argument 'amax' is given for a ",
+               p.fp4() ? "FP4" : "non-tensorwise", " quantization; only TENSORWISE FP8 takes one");
+  PT_CHECK_ARG(a.dtype == PT_FLOAT32 && numel == 1 && a.ndim <= 1 && a.data != nullptr, "argument 'amax' is ",
+               dtype_name(a.dtype), " ", shape_string(a), "; expected one float32 value (0-dim or [1])");
+  return static_cast<const float*>(a.data);
+}
 
 JobsPlan plan_jobs(const pt_quantize_job* jobs, int32_t count) {
   JobsPlan plan;
+  bool given = false;
   for (int32_t j = 0; j < count; ++j) {
     const pt_quantize_job& q = jobs[j];
     plan.ps[j] = make_quant_problem(q.x, q.q_row, q.s_row, q.q_col, q.s_col, q.granularity, q.block_size,
                                     q.col_transposed, q.flags);
+    plan.given_amax[j] = checked_amax(q, plan.ps[j]);
+    given = given || plan.given_amax[j] != nullptr;
   }
-  plan.batched = batchable(plan.ps, count);
-  for (int32_t j = 0; j < count; ++j) plan.need += job_workspace_bytes(plan.ps[j], plan.batched);
+  // The batched kernel reduces every amax itself: jobs with a given one take the separate path.
+  plan.batched = !given && batchable(plan.ps, count);
+  for (int32_t j = 0; j < count; ++j) plan.need += plan.job_bytes(j);
   return plan;
 }
 
@@ -223,10 +248,10 @@ pt_status pt_quantize_jobs(const pt_quantize_job* jobs, int32_t count, void* wor
         const pt_quantize_job& job = jobs[j];
         if (p.m > 0 && p.k > 0) {
           const PtQuantParams qp = kernel_params(p, job.x, job.q_row, job.s_row, job.q_col, job.s_col, 0, stream, sms);
-          quantize_one(p, load_kernels(p.x_dtype, p.q_dtype, arch), qp, ws, job_workspace_bytes(p, false),
-                       static_cast<cudaStream_t>(stream));
+          quantize_one(p, load_kernels(p.x_dtype, p.q_dtype, arch), qp, ws, plan.job_bytes(j),
+                       static_cast<cudaStream_t>(stream), plan.given_amax[j]);
         }
-        ws += job_workspace_bytes(p, false);
+        ws += plan.job_bytes(j);
       }
       return;
     }

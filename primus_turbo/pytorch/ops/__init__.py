@@ -39,6 +39,7 @@ from primus_turbo.pytorch.ops.grouped_quantization import (  # noqa: F401
     grouped_quantize_fp8_with_trans,
 )
 from primus_turbo.pytorch.ops.fused_fp8 import geglu_fp8, rmsnorm_fp8, rmsnorm_residual_fp8, swiglu_fp8  # noqa: F401
+from primus_turbo.pytorch.ops.swiglu_mlp_fp8 import swiglu_mlp_fp8  # noqa: F401
 
 __all__ = [
     "flash_attn_func",
@@ -79,6 +80,7 @@ __all__ = [
     "rmsnorm_fp8",
     "rmsnorm_residual_fp8",
     "swiglu_fp8",
+    "swiglu_mlp_fp8",
     "geglu_fp8",
     "grouped_gemm_fp8",
     "gemm_fp4",

@@ -1,0 +1,112 @@
+"""turbo.ops.swiglu_mlp_fp8 on the GPU. The fused TENSORWISE path (the SwiGLU kernels' amax handed
+to the quantizations after them) gives the unfused chain's output and gradients bit for bit
+(gemm_fp8, swiglu, gemm_fp8: the same kernels after the same scales), and both sit at the FP8
+gate against float64; the reported amaxes equal a pass over the rounded tensors. Also: the
+unfused fallback (ROWWISE, unaligned sizes), CUDA-graph capture, torch.compile(fullgraph=True)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import primus_turbo.pytorch as turbo
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
+from primus_turbo.pytorch.ops.swiglu_mlp_fp8 import _swiglu_bwd, _swiglu_fwd
+from turbo_test_utils import poison_allocator, snr_db
+
+pytestmark = pytest.mark.gpu
+
+FP8_SNR = 20.0  # dB: the output and each gradient against float64 (two FP8 GEMMs in a row)
+TENSORWISE = [Float8QuantConfig(granularity=G.TENSORWISE), Float8QuantConfig(format=Format.HYBRID, granularity=G.TENSORWISE)]
+
+
+def make(m, hidden, inter, dtype=torch.bfloat16, seed=0):
+    torch.manual_seed(seed)
+    x = (torch.randn(m, hidden, device="cuda") * 2).to(dtype).requires_grad_()
+    wgu = (torch.randn(2 * inter, hidden, device="cuda") * hidden**-0.5).to(dtype).requires_grad_()
+    wd = (torch.randn(hidden, inter, device="cuda") * inter**-0.5).to(dtype).requires_grad_()
+    return x, wgu, wd
+
+
+def unfused(x, wgu, wd, config):
+    h = turbo.ops.gemm_fp8(x, wgu, trans_b=True, config=config)
+    return turbo.ops.gemm_fp8(turbo.ops.swiglu(h), wd, trans_b=True, config=config)
+
+
+def reference(x, wgu, wd):
+    x, wgu, wd = (t.detach().double().requires_grad_() for t in (x, wgu, wd))
+    gate, up = (x @ wgu.t()).chunk(2, -1)
+    return x, wgu, wd, (F.silu(gate) * up) @ wd.t()
+
+
+def run(fn, x, wgu, wd, dy):
+    y = fn(x, wgu, wd)
+    grads = torch.autograd.grad(y, (x, wgu, wd), dy)
+    return (y, *grads)
+
+
+@pytest.mark.parametrize("config", TENSORWISE, ids=["e4m3", "hybrid"])
+@pytest.mark.parametrize("m,hidden,inter", [(256, 512, 768), (48, 256, 1408), (4096, 1024, 2816)])
+def test_fused_matches_the_unfused_chain_bitwise_and_float64(config, m, hidden, inter):
+    x, wgu, wd = make(m, hidden, inter)
+    dy = torch.randn(m, hidden, device="cuda").to(x.dtype)
+    poison_allocator(m * hidden * 2)
+    fused = run(lambda *a: turbo.ops.swiglu_mlp_fp8(*a, config=config), x, wgu, wd, dy)
+    chain = run(lambda *a: unfused(*a, config), x, wgu, wd, dy)
+    for name, a, b in zip(("out", "dx", "dw_gate_up", "dw_down"), fused, chain):
+        assert torch.equal(a, b), f"{name} differs from the unfused chain"
+    xr, wgur, wdr, yr = reference(x, wgu, wd)
+    ref = (yr, *torch.autograd.grad(yr, (xr, wgur, wdr), dy.double()))
+    for name, a, r in zip(("out", "dx", "dw_gate_up", "dw_down"), fused, ref):
+        assert snr_db(a.double(), r) >= FP8_SNR, f"{name}: {snr_db(a.double(), r):.1f} dB"
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 8), (37, 1416), (700, 14336)])
+def test_reported_amax_is_the_rounded_outputs(rows, cols):
+    torch.manual_seed(rows)
+    h = (torch.randn(rows, 2 * cols, device="cuda") * 3).to(torch.bfloat16)
+    out, amax = _swiglu_fwd(h, None, None, 0)
+    assert torch.equal(out, turbo.ops.swiglu(h)) and amax.item() == out.abs().max().float().item()
+    dy = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
+    dx, _, damax = _swiglu_bwd(dy, h, None, None, 0, False)
+    assert damax.item() == dx.abs().max().float().item()
+
+
+def test_empty_rows_report_zero():
+    h = torch.empty(0, 64, device="cuda", dtype=torch.bfloat16)
+    out, amax = _swiglu_fwd(h, None, None, 0)
+    assert out.shape == (0, 32) and amax.item() == 0.0
+
+
+@pytest.mark.parametrize("config,m", [(Float8QuantConfig(granularity=G.ROWWISE), 256), (TENSORWISE[1], 40)],
+                         ids=["rowwise", "unaligned-m"])
+def test_unfused_fallback(config, m):
+    x, wgu, wd = make(m, 256, 384)
+    dy = torch.randn(m, 256, device="cuda").to(x.dtype)
+    fused = run(lambda *a: turbo.ops.swiglu_mlp_fp8(*a, config=config), x, wgu, wd, dy)
+    chain = run(lambda *a: unfused(*a, config), x, wgu, wd, dy)
+    for a, b in zip(fused, chain):
+        assert torch.equal(a, b)
+
+
+def test_cuda_graph_and_compile():
+    config = TENSORWISE[1]
+    x, wgu, wd = make(128, 256, 384)
+    dy = torch.randn(128, 256, device="cuda").to(x.dtype)
+    eager = run(lambda *a: turbo.ops.swiglu_mlp_fp8(*a, config=config), x, wgu, wd, dy)
+    compiled = torch.compile(lambda *a: turbo.ops.swiglu_mlp_fp8(*a, config=config), fullgraph=True)
+    for a, b in zip(eager, run(compiled, x, wgu, wd, dy)):
+        assert torch.equal(a, b)
+    step = lambda: run(lambda *a: turbo.ops.swiglu_mlp_fp8(*a, config=config), x, wgu, wd, dy)  # noqa: E731
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager, outs):
+        assert torch.equal(a, b)
