@@ -98,6 +98,9 @@ def fp4():
 def activation():
     x = t(7, 2 * 96)
     step(turbo.ops.swiglu(x), x)
+    # The FP8 MLP's fused TENSORWISE path: the SwiGLU kernels' amaxes handed to the quantizations.
+    x, wgu, wd = t(32, 64), t(2 * 96, 64), t(64, 96)
+    step(turbo.ops.swiglu_mlp_fp8(x, wgu, wd), x, wgu, wd)
 
 
 def quantize():
