@@ -14,6 +14,9 @@ torch path: SDPA, torch RoPE and SwiGLU, ``torch._grouped_mm`` experts with args
 routing. turbo path: ``turbo.ops.rope``, ``flash_attn_func``, ``swiglu``, ``token_permute``,
 ``grouped_gemm`` (``grouped_gemm_fp8`` with an FP8 config), ``swiglu_with_probs``,
 ``token_unpermute``; the Linear and RMSNorm layers become ours through ``turbo.convert_model``.
+A dense MLP whose two projections are TENSORWISE ``Float8Linear`` layers runs as one
+``turbo.ops.swiglu_mlp_fp8`` call (the SwiGLU kernels hand their amaxes to the quantizations), so
+the ``turbo_fp8_tensorwise`` variants measure that fused MLP.
 """
 
 from __future__ import annotations

@@ -61,14 +61,21 @@ def test_fused_matches_the_unfused_chain_bitwise_and_float64(config, m, hidden, 
         assert snr_db(a.double(), r) >= FP8_SNR, f"{name}: {snr_db(a.double(), r):.1f} dB"
 
 
-@pytest.mark.parametrize("rows,cols", [(1, 8), (37, 1416), (700, 14336)])
-def test_reported_amax_is_the_rounded_outputs(rows, cols):
+# (rows, cols): 12 takes the scalar (unvectorized) kernel, 9000 rows more than one grid's worth of
+# warps (the grid-stride loop repeats).
+@pytest.mark.parametrize("rows,cols", [(1, 8), (37, 1416), (700, 14336), (5, 12), (9000, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("with_probs", [False, True])
+def test_reported_amax_is_the_rounded_outputs(rows, cols, dtype, with_probs):
     torch.manual_seed(rows)
-    h = (torch.randn(rows, 2 * cols, device="cuda") * 3).to(torch.bfloat16)
-    out, amax = _swiglu_fwd(h, None, None, 0)
-    assert torch.equal(out, turbo.ops.swiglu(h)) and amax.item() == out.abs().max().float().item()
-    dy = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
-    dx, _, damax = _swiglu_bwd(dy, h, None, None, 0, False)
+    h = (torch.randn(rows, 2 * cols, device="cuda") * 3).to(dtype)
+    probs = torch.rand(rows, device="cuda") if with_probs else None
+    mask = (torch.arange(rows, device="cuda") % 3 != 0).long() if with_probs else None
+    out, amax = _swiglu_fwd(h, probs, mask, 0)
+    expect = turbo.ops.swiglu_with_probs(h, probs, mask) if with_probs else turbo.ops.swiglu(h)
+    assert torch.equal(out, expect) and amax.item() == out.abs().max().float().item()
+    dy = torch.randn(rows, cols, device="cuda").to(dtype)
+    dx, _, damax = _swiglu_bwd(dy, h, probs, mask, 0, False)
     assert damax.item() == dx.abs().max().float().item()
 
 
@@ -110,3 +117,14 @@ def test_cuda_graph_and_compile():
     torch.cuda.synchronize()
     for a, b in zip(eager, outs):
         assert torch.equal(a, b)
+
+
+def test_only_the_down_weight_needs_a_gradient():
+    config = TENSORWISE[1]
+    x, wgu, wd = make(128, 256, 384)
+    x.requires_grad_(False)
+    wgu.requires_grad_(False)
+    dy = torch.randn(128, 256, device="cuda").to(x.dtype)
+    (fused,) = torch.autograd.grad(turbo.ops.swiglu_mlp_fp8(x, wgu, wd, config), (wd,), dy)
+    (chain,) = torch.autograd.grad(unfused(x, wgu, wd, config), (wd,), dy)
+    assert torch.equal(fused, chain)

@@ -23,23 +23,24 @@ int32_t check_devices(const char* op, NamedTensors all, const std::optional<Tens
   return check_cuda(op, all);
 }
 
-// With amax (float32 [1]): also max |out| (zero for an empty out).
+// With amax: also max |out|, into a float32 [1] allocated here after the checks (zero for an empty out).
 Tensor forward(const Tensor& x, const std::optional<Tensor>& probs, const std::optional<Tensor>& row_mask, int64_t act,
-               Tensor* amax) {
+               std::optional<Tensor>* amax) {
   const int32_t device = check_devices("gated activation", {{"x", &x}}, probs, row_mask);
   if (x.dim() < 1 || x.sizes()[x.dim() - 1] % 2)
     fail_with(ErrorKind::Value, "gated activation: x has shape ", shape_string(x), "; expected [..., 2H]");
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() /= 2;
   Tensor out = empty(shape.data(), static_cast<int64_t>(shape.size()), x.scalar_type(), device);
+  if (amax) *amax = empty({1}, ScalarType::Float, device);
   if (out.numel() == 0) {
-    if (amax) torch::stable::zero_(*amax);
+    if (amax) torch::stable::zero_(**amax);
     return out;
   }
   const pt_tensor px = to_pt(x);
   pt_tensor po = to_pt(out);
   std::optional<pt_tensor> pa;
-  if (amax) pa = to_pt(*amax);
+  if (amax) pa = to_pt(**amax);
   OptionalPt pp(probs), pm(row_mask);
   DeviceScope scope(device);
   check_status(pt_gated_act_fwd(static_cast<int32_t>(act), &px, pp.get(), pm.get(), &po, pa ? &*pa : nullptr,
@@ -54,29 +55,30 @@ Tensor gated_act_fwd(Tensor x, std::optional<Tensor> probs, std::optional<Tensor
 
 std::tuple<Tensor, Tensor> gated_act_fwd_amax(Tensor x, std::optional<Tensor> probs, std::optional<Tensor> row_mask,
                                               int64_t act) {
-  Tensor amax = empty({1}, ScalarType::Float, x.get_device());
+  std::optional<Tensor> amax;
   Tensor out = forward(x, probs, row_mask, act, &amax);
-  return {out, amax};
+  return {out, *amax};
 }
 
-// Returns (dx, dprobs): dprobs float32 [probs.numel()] when need_dprobs, else [0]. With amax (float32
-// [1]): also max |dx|.
+// Returns (dx, dprobs): dprobs float32 [probs.numel()] when need_dprobs, else [0]. With amax: also
+// max |dx|, into a float32 [1] allocated here after the checks.
 std::tuple<Tensor, Tensor> backward(const Tensor& dy, const Tensor& x, const std::optional<Tensor>& probs,
                                     const std::optional<Tensor>& row_mask, int64_t act, bool need_dprobs,
-                                    Tensor* amax) {
+                                    std::optional<Tensor>* amax) {
   const int32_t device = check_devices("gated activation backward", {{"dy", &dy}, {"x", &x}}, probs, row_mask);
   need_dprobs = need_dprobs && probs.has_value();
   Tensor dx = torch_binding::empty_like(x);
   Tensor dprobs = empty({need_dprobs ? probs->numel() : 0}, ScalarType::Float, device);
+  if (amax) *amax = empty({1}, ScalarType::Float, device);
   if (dx.numel() == 0) {
     if (need_dprobs) torch::stable::zero_(dprobs);
-    if (amax) torch::stable::zero_(*amax);
+    if (amax) torch::stable::zero_(**amax);
     return {dx, dprobs};
   }
   const pt_tensor pdy = to_pt(dy), px = to_pt(x);
   pt_tensor pdx = to_pt(dx);
   std::optional<pt_tensor> pa;
-  if (amax) pa = to_pt(*amax);
+  if (amax) pa = to_pt(**amax);
   OptionalPt pp(probs), pm(row_mask), pdp(need_dprobs ? std::optional<Tensor>(dprobs) : std::nullopt);
   DeviceScope scope(device);
   check_status(pt_gated_act_bwd(static_cast<int32_t>(act), &pdy, &px, pp.get(), pm.get(), &pdx, pdp.get(),
@@ -93,9 +95,9 @@ std::tuple<Tensor, Tensor> gated_act_bwd(Tensor dy, Tensor x, std::optional<Tens
 std::tuple<Tensor, Tensor, Tensor> gated_act_bwd_amax(Tensor dy, Tensor x, std::optional<Tensor> probs,
                                                        std::optional<Tensor> row_mask, int64_t act,
                                                        bool need_dprobs) {
-  Tensor amax = empty({1}, ScalarType::Float, x.get_device());
+  std::optional<Tensor> amax;
   auto [dx, dprobs] = backward(dy, x, probs, row_mask, act, need_dprobs, &amax);
-  return {dx, dprobs, amax};
+  return {dx, dprobs, *amax};
 }
 
 }  // namespace

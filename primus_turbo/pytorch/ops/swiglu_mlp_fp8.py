@@ -88,8 +88,11 @@ class SwigluMlpFp8Function(torch.autograd.Function):
         h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd = ctx.saved_tensors
         x_dtype, wgu_dtype, wd_dtype = ctx.dtypes
         need_x, need_wgu, need_wd = ctx.needs_input_grad[:3]
+        need_da = need_x or need_wgu  # the gradient through SwiGLU, wanted only below it
         da, dw_down = _native_bwd(dy.contiguous(), a_bwd, sa_bwd, wd_bwd, swd_bwd, False, True, ctx.grad_dtype,
-                                     _TENSORWISE, h.dtype, wd_dtype, True, need_wd, None)
+                                  _TENSORWISE, h.dtype, wd_dtype, need_da, need_wd, None)
+        if not need_da:
+            return None, None, (dw_down if need_wd else None), None
         dh, _, dh_amax = _swiglu_bwd(da, h, None, None, _SILU, False)
         dx, dw_gate_up = _gemm_bwd_amax(dh, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, False, True, ctx.grad_dtype,
                                         _TENSORWISE, x_dtype, wgu_dtype, need_x, need_wgu, None, dh_amax)
@@ -125,7 +128,7 @@ def _fused(x2, w_gate_up, w_down, config) -> bool:
     if x2.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not x2.is_cuda:
         return False
     m, hidden, inter = x2.shape[0], x2.shape[1], w_down.shape[1]
-    return m > 0 and all(d % 16 == 0 for d in (m, hidden, inter))
+    return all(d > 0 and d % 16 == 0 for d in (m, hidden, inter))
 
 
 @native.raises_python_errors
@@ -141,13 +144,15 @@ def swiglu_mlp_fp8(
             :func:`swiglu` splits its input.
         w_down: ``[H, I]``.
 
-    Differentiable in all three. TENSORWISE with M, H and I multiples of 16 takes the fused path
-    (module docstring); the result equals the unfused chain's either way.
+    Differentiable in all three. Training calls with TENSORWISE and M, H and I positive multiples
+    of 16 take the fused path (module docstring); the result equals the unfused chain's either way
+    (for finite values: the SwiGLU kernels' amax ignores NaN, as the batched amax pass does).
     """
     _check(x, w_gate_up, w_down)
     config = _check_config(config)
     x2 = x.reshape(-1, x.shape[-1])
-    if _fused(x2, w_gate_up, w_down, config):
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_gate_up, w_down))
+    if training and _fused(x2, w_gate_up, w_down, config):  # without a backward, only one pass is saved
         y = SwigluMlpFp8Function.apply(x2.contiguous(), w_gate_up, w_down, config.format)
     else:
         h = gemm_fp8(x2, w_gate_up, trans_b=True, config=config)
