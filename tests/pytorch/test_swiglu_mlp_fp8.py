@@ -12,7 +12,7 @@ import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
 from primus_turbo.pytorch.ops.swiglu_mlp_fp8 import _swiglu_bwd, _swiglu_fwd
-from turbo_test_utils import poison_allocator, snr_db
+from turbo_test_utils import capture_graph, poison_allocator, snr_db
 
 pytestmark = pytest.mark.gpu
 
@@ -104,15 +104,7 @@ def test_cuda_graph_and_compile():
     compiled = torch.compile(lambda *a: turbo.ops.swiglu_mlp_fp8(*a, config=config), fullgraph=True)
     for a, b in zip(eager, run(compiled, x, wgu, wd, dy)):
         assert torch.equal(a, b)
-    step = lambda: run(lambda *a: turbo.ops.swiglu_mlp_fp8(*a, config=config), x, wgu, wd, dy)  # noqa: E731
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
+    graph, outs = capture_graph(lambda: run(lambda *a: turbo.ops.swiglu_mlp_fp8(*a, config=config), x, wgu, wd, dy))
     graph.replay()
     torch.cuda.synchronize()
     for a, b in zip(eager, outs):

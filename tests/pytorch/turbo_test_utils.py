@@ -45,6 +45,20 @@ def poison_allocator(nbytes: int, device="cuda") -> None:
     del block
 
 
+def capture_graph(fn):
+    """fn() run once on a side stream (warm-up: plans, workspaces), then captured into a CUDA graph.
+    Returns (graph, the outputs of the captured call); replay the graph to recompute them."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = fn()
+    return graph, outs
+
+
 def check_weight_cache_over_microbatches(ref, cached, make_input, call, quantize_calls: list, steps: int = 2,
                                          microbatches: int = 2) -> None:
     """Two optimizer steps of two micro-batches each: ``cached`` (an FP8 layer with
