@@ -42,7 +42,9 @@ def reference(x, wgu, wd):
 def run(fn, x, wgu, wd, dy):
     y = fn(x, wgu, wd)
     grads = torch.autograd.grad(y, (x, wgu, wd), dy)
-    return (y, *grads)
+    # Detached: a kept graph would keep the leaves' gradient accumulators bound to this call's
+    # stream, and a later capture on another stream would have to wait on it (capture error).
+    return (y.detach(), *grads)
 
 
 @pytest.mark.parametrize("config", TENSORWISE, ids=["e4m3", "hybrid"])
