@@ -119,6 +119,10 @@ def quantize():
 def attention():
     q, k, v = t(2, 77, 4, 64), t(2, 130, 2, 64), t(2, 130, 2, 64)
     step(turbo.ops.flash_attn_func(q, k, v, causal=True), q, k, v)
+    # Packed documents (cuDNN's ragged path) with bad offsets: clamped, no stray access.
+    pq, pk, pv = t(200, 4, 128), t(200, 2, 128), t(200, 2, 128)
+    bad = torch.tensor([0, 150, 90, 260, 300], device=dev, dtype=torch.int32)
+    step(turbo.ops.flash_attn_varlen_func(pq, pk, pv, bad, bad, 64, 64, causal=True), pq, pk, pv)
 
 
 def attention_turbo():
@@ -137,6 +141,9 @@ def attention_turbo():
         cu = torch.tensor([0, 5, 5, 150, 200], device=dev, dtype=torch.int32)
         pq, pk, pv = t(200, 4, 128), t(200, 2, 128), t(200, 2, 128)
         step(turbo.ops.flash_attn_varlen_func(pq, pk, pv, cu, cu, 145, 145, causal=True), pq, pk, pv)
+        # Bad offsets (decreasing, past the 200 rows, longer than max_seqlen): clamped, no stray access.
+        bad = torch.tensor([0, 150, 90, 260, 300], device=dev, dtype=torch.int32)
+        step(turbo.ops.flash_attn_varlen_func(pq, pk, pv, bad, bad, 64, 64, causal=True), pq, pk, pv)
         # head dim 128: dQ fused into the dK/dV kernel (default), and the separate dQ kernel
         q, k, v = t(2, 77, 4, 128), t(2, 130, 2, 128), t(2, 130, 2, 128)
         for det in (False, True):

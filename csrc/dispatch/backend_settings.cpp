@@ -30,6 +30,11 @@ constexpr NameEntry kNames[] = {
 // AMD backends with no counterpart on this GPU: rejected with an explanation.
 constexpr const char* kAmdOnly[] = {"AITER", "TRITON", "FLYDSL", "HIPKITTENS"};
 
+// The original library's attention kernels (composable-kernel, AITER and Triton flash attention):
+// for the attention family they stand for our own attention kernel, and so does CUTLASS (CK's
+// alias elsewhere; our attention kernel is written with CuTe).
+constexpr const char* kAttentionAliases[] = {"CK", "AITER", "TRITON", "CUTLASS"};
+
 std::mutex g_mutex;
 std::array<std::array<BackendChoice, PT_NUM_PRECISIONS>, PT_NUM_OP_FAMILIES> g_code{};
 std::optional<bool> g_auto_tune_code;
@@ -60,8 +65,13 @@ std::optional<int32_t> precision_from_word(const std::string& w) {
 
 }  // namespace
 
-int32_t backend_from_name(const std::string& raw) {
+int32_t backend_from_name(const std::string& raw, int32_t op) {
   const std::string name = to_upper(trim(raw));
+  if (op == PT_OP_ATTN) {
+    for (const char* alias : kAttentionAliases) {
+      if (name == alias) return PT_BACKEND_TURBO;
+    }
+  }
   for (const auto& e : kNames) {
     if (name == e.name) return e.backend;
   }
@@ -96,7 +106,7 @@ const char* op_family_env_var(int32_t op) {
   }
 }
 
-BackendChoice parse_backend_choice(const std::string& raw, const char* context) {
+BackendChoice parse_backend_choice(const std::string& raw, const char* context, int32_t op) {
   const std::string name = to_upper(trim(raw));
   BackendChoice c;
   if (name == "AUTOTUNE" || name == "AUTO_TUNE") {
@@ -104,17 +114,17 @@ BackendChoice parse_backend_choice(const std::string& raw, const char* context) 
     return c;
   }
   try {
-    c.backend = backend_from_name(name);
+    c.backend = backend_from_name(name, op);
   } catch (const Error& e) {
     PT_THROW(PT_ERROR_INVALID_ARGUMENT, context, ": ", e.what());
   }
   return c;
 }
 
-BackendChoice parse_env_setting(const std::string& value, int32_t precision, const char* env_var) {
+BackendChoice parse_env_setting(const std::string& value, int32_t precision, const char* env_var, int32_t op) {
   check_precision(precision);
   const std::string context = str_cat("environment variable ", env_var, "='", value, "'");
-  if (value.find(':') == std::string::npos) return parse_backend_choice(value, context.c_str());
+  if (value.find(':') == std::string::npos) return parse_backend_choice(value, context.c_str(), op);
   BackendChoice mine, other;
   bool have_mine = false;
   std::stringstream ss(value);
@@ -126,7 +136,7 @@ BackendChoice parse_env_setting(const std::string& value, int32_t precision, con
     PT_CHECK_ARG(colon != std::string::npos, context, ": entry '", item,
                  "' must be <precision>:<backend>, e.g. fp8:CUTLASS");
     const std::string word = to_upper(trim(item.substr(0, colon)));
-    const BackendChoice choice = parse_backend_choice(item.substr(colon + 1), context.c_str());
+    const BackendChoice choice = parse_backend_choice(item.substr(colon + 1), context.c_str(), op);
     if (word == "OTHER") {
       other = choice;
       continue;
@@ -170,7 +180,7 @@ BackendChoice env_choice(int32_t op, int32_t precision) {
   const char* var = op_family_env_var(op);
   auto value = env_value(var);
   if (!value) return BackendChoice{};
-  return parse_env_setting(*value, precision, var);
+  return parse_env_setting(*value, precision, var, op);
 }
 
 void set_auto_tune_code(std::optional<bool> enabled) {

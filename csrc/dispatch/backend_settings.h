@@ -21,15 +21,18 @@ struct BackendChoice {
 };
 
 // "CUTLASS", "cublaslt", "HIPBLASLT" (-> CUBLASLT), "CK" (-> CUTLASS), "AUTOTUNE" (-> auto_tune).
-// Throws PT_ERROR_INVALID_ARGUMENT naming the value and the accepted names.
-BackendChoice parse_backend_choice(const std::string& name, const char* context);
-int32_t backend_from_name(const std::string& name);
+// For the attention family (op = PT_OP_ATTN) the original library's attention kernels CK, AITER and
+// TRITON, and CUTLASS, name our own kernel, TURBO. Throws PT_ERROR_INVALID_ARGUMENT naming the value and the
+// accepted names.
+BackendChoice parse_backend_choice(const std::string& name, const char* context, int32_t op = -1);
+int32_t backend_from_name(const std::string& name, int32_t op = -1);
 const char* backend_name(int32_t backend);
 const char* op_family_env_var(int32_t op);
 
 // Parses an environment value: "NAME" for every precision, or "fp8:CUTLASS,bf16:CUBLASLT,
 // other:AUTOTUNE" per precision (bf16, fp16 and fp32 share one precision class).
-BackendChoice parse_env_setting(const std::string& value, int32_t precision, const char* env_var);
+BackendChoice parse_env_setting(const std::string& value, int32_t precision, const char* env_var,
+                                int32_t op = -1);
 
 void set_code_choice(int32_t op, int32_t precision, BackendChoice choice);  // precision<0: all
 BackendChoice code_choice(int32_t op, int32_t precision);

@@ -59,6 +59,20 @@ TEST_F(BackendSettings, EveryBackendNameRoundTrips) {
   EXPECT_STREQ(backend_name(99), "UNKNOWN");
 }
 
+TEST_F(BackendSettings, OriginalAttentionKernelsNameOursForAttentionOnly) {
+  for (const char* name : {"CK", "aiter", " Triton ", "CUTLASS"}) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(backend_from_name(name, PT_OP_ATTN), PT_BACKEND_TURBO);
+  }
+  EXPECT_EQ(backend_from_name("CUDNN", PT_OP_ATTN), PT_BACKEND_CUDNN);
+  EXPECT_EQ(backend_from_name("CK", PT_OP_GEMM), PT_BACKEND_CUTLASS);
+  EXPECT_EQ(error_of([&] { backend_from_name("AITER", PT_OP_GEMM); }).status(), PT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(parse_env_setting("bf16:CK,fp8:cudnn", kBf16, "PRIMUS_TURBO_ATTN_BACKEND", PT_OP_ATTN).backend,
+            PT_BACKEND_TURBO);
+  ScopedEnv set("PRIMUS_TURBO_ATTN_BACKEND", "triton");
+  EXPECT_EQ(env_choice(PT_OP_ATTN, kBf16).backend, PT_BACKEND_TURBO);
+}
+
 TEST_F(BackendSettings, AmdOnlyBackendsSayThereIsNoNvidiaEquivalent) {
   for (const char* name : {"AITER", "triton", " Triton "}) {
     SCOPED_TRACE(name);

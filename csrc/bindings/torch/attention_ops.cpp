@@ -2,8 +2,13 @@
 // call per direction.
 // The core checks shapes, head dims, windows and sequence offsets; here: dtypes and devices, the
 // conversions the kernels need (readable rows, float32 sinks, int32 offsets) and the outputs.
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include <torch/csrc/stable/ops.h>
 
@@ -76,6 +81,35 @@ void add_optionals(const char* op, NamedTensors& all, const std::optional<Tensor
   if (cu_k) all.push_back({"cu_seqlens_k", &*cu_k});
 }
 
+// PRIMUS_TURBO_CHECK_CU_SEQLENS=1 (debug): reads the int32 offsets back (a host sync, so never
+// during a CUDA-graph capture) and checks that they start at 0 or more, never decrease, end within
+// the rows of q / k and hold no sequence longer than max_seqlen. Without it bad offsets are
+// clamped by the kernels (no access outside q, k, v or out) but give meaningless rows.
+void check_offsets_on_host(const char* op, const Optionals& o, int64_t rows_q, int64_t rows_k, int64_t max_q,
+                           int64_t max_k, void* stream) {
+  const char* flag = std::getenv("PRIMUS_TURBO_CHECK_CU_SEQLENS");
+  if (!flag || !*flag || std::string(flag) == "0" || !o.cu_q || !o.cu_k || is_capturing(stream)) return;
+  for (const auto& [name, t, rows, longest, of] : {std::tuple{"cu_seqlens_q", &*o.cu_q, rows_q, max_q, "'q'"},
+                                                   std::tuple{"cu_seqlens_k", &*o.cu_k, rows_k, max_k, "'k'"}}) {
+    std::vector<int32_t> host(static_cast<size_t>(t->numel()));
+    if (cudaMemcpyAsync(host.data(), t->data_ptr(), host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                        static_cast<cudaStream_t>(stream)) != cudaSuccess ||
+        cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) != cudaSuccess)
+      fail_with(ErrorKind::Runtime, op, ": could not read '", name, "' back for PRIMUS_TURBO_CHECK_CU_SEQLENS");
+    if (!host.empty() && host[0] < 0) fail_with(ErrorKind::Value, op, ": ", name, "[0] = ", host[0], " is negative");
+    for (size_t i = 1; i < host.size(); ++i) {
+      const int64_t len = int64_t{host[i]} - host[i - 1];
+      if (len < 0)
+        fail_with(ErrorKind::Value, op, ": ", name, " decreases at index ", i, " (", host[i - 1], " -> ", host[i], ")");
+      if (len > longest)
+        fail_with(ErrorKind::Value, op, ": ", name, " holds a sequence of ", len, " tokens (index ", i - 1,
+                  "), longer than max_seqlen ", longest);
+    }
+    if (!host.empty() && host.back() > rows)
+      fail_with(ErrorKind::Value, op, ": ", name, " ends at ", host.back(), ", past the ", rows, " tokens of ", of);
+  }
+}
+
 // Calls run(workspace, bytes, &needed) without a workspace; when the backend needed one (cuDNN's
 // graphs may), allocates it from torch's pool and calls again.
 template <class Run>
@@ -129,6 +163,7 @@ std::tuple<Tensor, Tensor> attention_fwd(Tensor q_in, Tensor k_in, Tensor v_in, 
   Forward f = prepare_forward(kFwd, q_in, k_in, v_in, sink_in, cu_q_in, cu_k_in);
   DeviceScope scope(f.device);
   void* stream = current_stream(f.device);
+  check_offsets_on_host(kFwd, f.o, f.q.sizes()[0], f.k.sizes()[0], max_seqlen_q, max_seqlen_k, stream);
   with_workspace(f.device, kFwd, [&](void* ws, size_t bytes, size_t* needed) {
     return pt_attention_fwd(&f.pq, &f.pk, &f.pv, f.o.sink_ptr(), f.o.cu_q_ptr(), f.o.cu_k_ptr(), &f.po, &f.pl,
                             max_seqlen_q, max_seqlen_k, softmax_scale, static_cast<int32_t>(window_left),
@@ -149,6 +184,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> attention_fp8_fwd(
   Forward f = prepare_forward(op, q_in, k_in, v_in, sink_in, cu_q_in, cu_k_in);
   DeviceScope scope(f.device);
   void* stream = current_stream(f.device);
+  check_offsets_on_host(op, f.o, f.q.sizes()[0], f.k.sizes()[0], max_seqlen_q, max_seqlen_k, stream);
   // Tokens outside every packed sequence are never written, and without queries nothing is: zeros,
   // not garbage, for the backward.
   const bool untouched_rows = cu_q_in.has_value() || f.out.numel() == 0;

@@ -42,16 +42,20 @@ struct Sequence {
   int len_q, len_k;
 };
 
+__device__ __forceinline__ int64_t clamp_offset(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
 __device__ __forceinline__ Sequence sequence(const PtAttnParams& p, int64_t b) {
   Sequence s;
   if (p.cu_seqlens_q != nullptr) {
-    s.start_q = p.cu_seqlens_q[b];
-    s.start_k = p.cu_seqlens_k[b];
-    // Clamped to the grid's bound: a length above max_seqlen is the caller's error, never a read
-    // past the grid's rows.
-    const int64_t len_q = p.cu_seqlens_q[b + 1] - s.start_q, len_k = p.cu_seqlens_k[b + 1] - s.start_k;
-    s.len_q = static_cast<int>(len_q < 0 ? 0 : (len_q > p.seqlen_q ? p.seqlen_q : len_q));
-    s.len_k = static_cast<int>(len_k < 0 ? 0 : (len_k > p.seqlen_k ? p.seqlen_k : len_k));
+    // Offsets are the caller's data, read on the device: clamped so that bad ones (negative,
+    // decreasing, past the packed rows, longer than max_seqlen, the grid's bound) give meaningless
+    // rows but never an access outside q, k, v or out (PRIMUS_TURBO_CHECK_CU_SEQLENS=1 reports them).
+    s.start_q = clamp_offset(p.cu_seqlens_q[b], 0, p.total_q);
+    s.start_k = clamp_offset(p.cu_seqlens_k[b], 0, p.total_k);
+    const int64_t end_q = clamp_offset(p.cu_seqlens_q[b + 1], s.start_q, p.total_q);
+    const int64_t end_k = clamp_offset(p.cu_seqlens_k[b + 1], s.start_k, p.total_k);
+    s.len_q = static_cast<int>(min(end_q - s.start_q, p.seqlen_q));
+    s.len_k = static_cast<int>(min(end_k - s.start_k, p.seqlen_k));
   } else {
     s.start_q = s.start_k = 0;
     s.len_q = static_cast<int>(p.seqlen_q);
