@@ -84,6 +84,29 @@ def _norm(module: nn.Module) -> Optional[nn.Module]:
     return _hf_rmsnorm(module)
 
 
+def _hf_attention(model: nn.Module) -> Optional[str]:
+    """Switches a transformers model to attn_implementation="primus_turbo"; what it did, for the
+    log line (None where the model is not a transformers model)."""
+    config = getattr(model, "config", None)
+    before = getattr(config, "_attn_implementation", None)
+    if before is None:
+        return None
+    from primus_turbo.pytorch.integrations.hf import register_hf_attention
+
+    try:
+        name = register_hf_attention()
+    except ImportError as e:
+        return f"attention kept ({e})"
+    if before == name:
+        return None
+    setter = getattr(model, "set_attn_implementation", None)  # transformers >= 4.56 checks and propagates
+    if callable(setter):
+        setter(name)
+    else:
+        config._attn_implementation = name
+    return f"attention {before} -> {name}"
+
+
 def _keeps_hooks(old: nn.Module, new: nn.Module) -> None:
     """The new module runs the hooks registered on the old one."""
     for attr in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks"):
@@ -97,6 +120,7 @@ def convert_model(
     module_filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
     convert_linear: bool = True,
     convert_norms: bool = True,
+    convert_attention: bool = True,
 ) -> nn.Module:
     """Swaps, in place, ``torch.nn.Linear`` for ``turbo.modules.Linear`` (or ``Float8Linear`` with
     ``fp8_config``), and ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm`` / Hugging Face's RMSNorm
@@ -110,6 +134,9 @@ def convert_model(
         module_filter_fn: ``fn(module, fqn) -> bool``; False keeps a module as it is. Default:
             skip the output heads (``lm_head``, ``output_layer``, ``output``).
         convert_linear, convert_norms: which kinds of layer to convert.
+        convert_attention: a Hugging Face transformers model (one with ``config._attn_implementation``)
+            switches to ``attn_implementation="primus_turbo"`` (registered on the way; needs
+            transformers >= 4.48, else the model keeps its attention and the log line says so).
 
     Mixture-of-experts expert weights are not converted yet (``turbo.modules.GroupedLinear`` needs
     the experts' weights as one [E, N, K] tensor, which model code stores in several layouts).
@@ -153,7 +180,9 @@ def convert_model(
                 replaced[id(child)] = new
                 setattr(parent, name, new)
                 counts[f"{type(child).__name__} -> {type(new).__name__}"] += 1
+    attention = _hf_attention(model) if convert_attention else None
     summary = ", ".join(f"{n} {what}" for what, n in sorted(counts.items())) or "nothing"
     extra = f"; not FP8 (shape): {', '.join(kept_bf16)}" if kept_bf16 else ""
+    extra += f"; {attention}" if attention else ""
     log.info("convert_model: converted %s%s", summary, extra)
     return model

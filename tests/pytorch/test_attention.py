@@ -290,6 +290,59 @@ def test_varlen_on_cudnn_with_one_cu_seqlens(causal, window, dims, heads):
         assert (dq[n:] == 0).all() and (dk[n:] == 0).all() and (dv_[n:] == 0).all()
 
 
+def test_autotune_measures_both_backends_once_and_stays_correct():
+    from primus_turbo.pytorch.core import autotune
+    from primus_turbo.pytorch.ops import attention as attn
+
+    GlobalBackendManager.set_attn_backend(auto_tune=True)
+    try:
+        q, k, v, dout, sink = make(2, 300, 300, 8, 2, 128, 128, sink=True, seed=3)
+        check(q, k, v, dout, sink, "autotuned, causal", causal=True)
+        picked = [key for key in autotune._decided if key.startswith("ATTN|")]
+        assert picked and all(autotune._decided[key][0].name in ("TURBO", "CUDNN") for key in picked)
+        check(q, k, v, dout, sink, "autotuned, again", causal=True)  # remembered: nothing measured again
+        assert [key for key in autotune._decided if key.startswith("ATTN|")] == picked
+        cu = offsets([100, 0, 200])
+        tq = torch.randn(300, 8, 128, device="cuda", dtype=torch.bfloat16)
+        out = turbo.ops.flash_attn_varlen_func(tq, tq[:, :2], tq[:, :2], cu, cu.clone(), 200, 200, causal=True)
+        assert torch.isfinite(out).all()  # separate offsets: cuDNN not a candidate, ours measured alone
+    finally:
+        GlobalBackendManager.reset()
+        attn._tuned.clear()
+
+
+BAD_OFFSETS = [
+    ([0, 20, 10, 64], "decreases at index 2"),
+    ([0, 30, 60, 90], "ends at 90, past the 64 tokens"),
+    ([-5, 30, 50, 64], "is negative"),
+    ([0, 10, 50, 64], "sequence of 40 tokens"),
+]
+
+
+@pytest.mark.parametrize("cu_list,message", BAD_OFFSETS, ids=["decreasing", "past_end", "negative", "too_long"])
+def test_bad_offsets_never_access_outside_and_the_debug_check_names_them(monkeypatch, backend, cu_list, message):
+    # Offsets are device data read without a host sync: bad ones give meaningless rows but no access
+    # outside the tensors (both backends clamp them); PRIMUS_TURBO_CHECK_CU_SEQLENS=1 reports them.
+    torch.manual_seed(7)
+    q = torch.randn(64, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(64, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(64, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    cu = torch.tensor(cu_list, device="cuda", dtype=torch.int32)
+    GlobalBackendManager.set_attn_backend(backend)
+    try:
+        out = turbo.ops.flash_attn_varlen_func(q, k, v, cu, cu, 32, 32, causal=True)
+        out.float().sum().backward()
+        torch.cuda.synchronize()
+        assert out.shape == (64, 8, 128) and q.grad.shape == q.shape
+        monkeypatch.setenv("PRIMUS_TURBO_CHECK_CU_SEQLENS", "1")
+        with pytest.raises(ValueError, match=message):
+            turbo.ops.flash_attn_varlen_func(q, k, v, cu, cu, 32, 32, causal=True)
+        good = offsets([20, 0, 44])
+        assert turbo.ops.flash_attn_varlen_func(q, k, v, good, good, 44, 44).shape == (64, 8, 128)
+    finally:
+        GlobalBackendManager.set_attn_backend(None)
+
+
 # ---- layouts and views -------------------------------------------------------------------------
 
 

@@ -134,18 +134,20 @@ def test_fake_tensor_mode_on_cuda_device():
     assert dq.shape == q.shape and dk.shape == k.shape and dq.device.type == "cuda"
 
 
-def test_torch_compile_traces_without_graph_break():
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_torch_compile_traces_without_graph_break(dynamic):
     def fn(q, k, v, sink):
         out, lse = fa(q, k, v, causal=True, window_size=(7, 0), sink=sink, return_lse=True)
         return out * 2, lse
 
-    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
-    q, k, v = qkv(grad=True)
-    sink = meta(8, dtype=torch.float32, grad=True)
-    out, lse = compiled(q, k, v, sink)
-    assert out.shape == (2, 16, 8, 128) and lse.shape == (2, 8, 16)
-    out.sum().backward()
-    assert q.grad.shape == q.shape and sink.grad.shape == sink.shape
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager", dynamic=dynamic)
+    for b, s in ((2, 16), (3, 24)):  # a second shape: re-traced (static) or the same graph (dynamic)
+        q, k, v = qkv(b=b, sq=s, sk=s, grad=True)
+        sink = meta(8, dtype=torch.float32, grad=True)
+        out, lse = compiled(q, k, v, sink)
+        assert out.shape == (b, s, 8, 128) and lse.shape == (b, 8, s)
+        out.sum().backward()
+        assert q.grad.shape == q.shape and sink.grad.shape == sink.shape
 
 
 def test_torch_compile_varlen_traces_without_graph_break():
@@ -294,6 +296,14 @@ def test_module_keeps_the_original_positional_arguments():
         turbo.modules.TurboAttention(learnable_sink=True)
 
 
+def test_module_dropout_applies_in_training_only():
+    m = turbo.modules.TurboAttention(0.1, causal=True)
+    q = meta(2, 16, 8, 64)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        m(q, q, q)  # training mode: dropout asked for, and not implemented
+    assert m.eval()(q, q, q).shape == q.shape  # eval mode: no dropout, as nn.Dropout
+
+
 def test_module_compiles_without_graph_break():
     m = turbo.modules.TurboAttention(causal=True, layout="sbhd", learnable_sink=True, num_heads=8, device="meta")
     q = meta(16, 2, 8, 64, grad=True)
@@ -425,8 +435,11 @@ def test_attention_backend_setting_reaches_the_native_op_and_others_are_refused(
             GlobalBackendManager.set_attn_backend(setting, auto_tune=tune)
             assert turbo.ops.flash_attn_func(q, q, q).shape == (1, 4, 2, 64)
             assert seen[-1] == code, setting
-        with pytest.raises(ValueError, match="CUTLASS is not an attention backend"):
-            GlobalBackendManager.set_attn_backend("CUTLASS")
+        with pytest.raises(ValueError, match="CUBLASLT is not an attention backend"):
+            GlobalBackendManager.set_attn_backend("CUBLASLT")
+        GlobalBackendManager.set_attn_backend("CK")  # the original's attention kernel: ours here
+        turbo.ops.flash_attn_func(q, q, q)
+        assert seen[-1] == 4
         GlobalBackendManager.set_attn_backend(None)
         monkeypatch.setenv("PRIMUS_TURBO_ATTN_BACKEND", "CUBLASLT")
         with pytest.raises(NotImplementedError, match="attention backend CUBLASLT"):
@@ -598,3 +611,61 @@ def test_module_fp8_config_runs_fp8_attention_on_meta(layout, shape, monkeypatch
     assert out.shape == q.shape and calls == [cfg]
     out.sum().backward()
     assert q.grad.shape == q.shape
+
+
+# ---- autotune between TURBO and CUDNN ------------------------------------------------------------
+
+
+def test_autotune_setting_reaches_the_attention_ops(monkeypatch):
+    from primus_turbo.pytorch.core.backend import GlobalBackendManager
+    from primus_turbo.pytorch.ops import attention as attn
+
+    try:
+        GlobalBackendManager.set_attn_backend(auto_tune=True)
+        assert attn.requested_backend_code() == attn.AUTOTUNE
+        assert attn.backend_code() == 0  # callers that do not measure leave the choice to the core
+        q, k, v = qkv(grad=True)
+        assert fa(q, k, v, causal=True).shape == q.shape  # meta tensors: nothing measured
+        GlobalBackendManager.set_attn_backend("TURBO")
+        assert attn.requested_backend_code() == 4
+        GlobalBackendManager.set_attn_backend(None)
+        GlobalBackendManager.set_auto_tune(True)  # the global switch, with no attention backend set
+        assert attn.requested_backend_code() == attn.AUTOTUNE
+        GlobalBackendManager.set_auto_tune(False)
+        monkeypatch.setenv("PRIMUS_TURBO_ATTN_BACKEND", "autotune")
+        assert attn.requested_backend_code() == attn.AUTOTUNE
+    finally:
+        GlobalBackendManager.reset()
+
+
+def test_autotune_problem_keys_candidates_and_remembered_choice(monkeypatch):
+    from primus_turbo.pytorch.core.backend import BackendType
+    from primus_turbo.pytorch.ops import attention as attn
+
+    q, k, v = qkv()
+    args = (q, k, v, None, None, None, 16, 16, 0.1, -1, 0)
+    fwd, train = attn.AttentionProblem(args, False, False), attn.AttentionProblem(args, False, True)
+    assert fwd.key() != train.key() and "q[2, 16, 8, 128]" in fwd.key() and "w-1,0" in fwd.key()
+    assert train.query(BackendType.CUDNN)[0] and train.query(BackendType.TURBO)[0]
+    assert not attn.AttentionProblem(args, True, True).query(BackendType.CUDNN)[0]  # deterministic backward
+    tq, tk, tv = packed()
+    two = attn.AttentionProblem((tq, tk, tv, None, cu(3), cu(3), 10, 20, 0.1, -1, -1), False, True)
+    assert not two.query(BackendType.CUDNN)[0]  # separate q and k offsets: cuDNN does not run them
+    one_cu = cu(3)
+    one = attn.AttentionProblem((tq, tk, tv, None, one_cu, one_cu, 10, 20, 0.1, -1, -1), False, True)
+    assert one.query(BackendType.CUDNN)[0] and "=" in one.key() and "!" in two.key()
+
+    calls = []
+
+    def fake_tune(problem, device):
+        calls.append(problem.key())
+        return BackendType.TURBO, -1
+
+    monkeypatch.setattr(attn.autotune, "tune", fake_tune)
+    cuda = torch.device("cuda")  # looks like a CUDA tensor to the cheap key (no GPU needed)
+    fake = [SimpleNamespace(device=cuda, shape=t.shape, stride=t.stride, dtype=t.dtype, is_contiguous=t.is_contiguous)
+            for t in (q, k, v)]
+    monkeypatch.setattr(attn, "_tuned", {})
+    call = (*fake, None, None, None, 16, 16, 0.1, -1, 0)
+    assert attn._tuned_code(call, False, True) == 4 and attn._tuned_code(call, False, True) == 4
+    assert len(calls) == 1  # measured once, then remembered

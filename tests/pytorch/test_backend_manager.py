@@ -21,6 +21,24 @@ def test_amd_only_names_are_rejected_with_explanation(name):
         getattr(BackendType, name)
 
 
+@pytest.mark.parametrize("name", ["CK", "aiter", "Triton", BackendType.CK, BackendType.CUTLASS])
+def test_original_attention_backends_select_our_kernel(name):
+    GlobalBackendManager.set_attn_backend(name)
+    try:
+        assert GlobalBackendManager.get_attn_backend("bf16").backend is BackendType.TURBO
+    finally:
+        GlobalBackendManager.reset()
+
+
+def test_attention_environment_accepts_the_original_names(monkeypatch):
+    monkeypatch.setenv("PRIMUS_TURBO_ATTN_BACKEND", "fp8:CUDNN,other:AITER")
+    assert GlobalBackendManager.get_attn_backend("bf16").backend is BackendType.TURBO
+    assert GlobalBackendManager.get_attn_backend("fp8").backend is BackendType.CUDNN
+    monkeypatch.setenv("PRIMUS_TURBO_GEMM_BACKEND", "AITER")  # no GEMM equivalent: still refused
+    with pytest.raises(ValueError, match="no equivalent on NVIDIA"):
+        GlobalBackendManager.get_gemm_backend("bf16")
+
+
 def test_unknown_name_lists_choices():
     with pytest.raises(ValueError, match="choose one of CUBLASLT, CUTLASS"):
         BackendType.from_name("MAGIC")

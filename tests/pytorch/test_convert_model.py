@@ -2,6 +2,9 @@
 tensors (state dict and optimizer state stay valid), and, on a GPU, that the converted model
 computes what the original does and trains."""
 
+import sys
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
@@ -95,6 +98,49 @@ def test_fp8_conversion_takes_the_shapes_fp8_can_and_logs_the_rest(caplog):
     assert type(block.q_proj) is turbo.modules.Float8Linear and block.q_proj.config is config
     assert type(block.odd) is turbo.modules.Linear  # N = 20
     assert "layers.1.odd" in caplog.text and "Linear -> Float8Linear" in caplog.text
+
+
+class FakeAttentionInterface:
+    """transformers.AttentionInterface's registry, for a model without transformers installed."""
+
+    registered = {}
+
+    @classmethod
+    def register(cls, name, fn):
+        cls.registered[name] = fn
+
+
+def _hf_like(with_setter: bool):
+    model = TinyModel()
+    model.config = SimpleNamespace(_attn_implementation="sdpa")
+    if with_setter:  # transformers >= 4.56
+        model.set_attn_implementation = lambda name: setattr(model.config, "_attn_implementation", name + "!")
+    return model
+
+
+@pytest.mark.parametrize("with_setter", [False, True])
+def test_transformers_models_switch_to_our_attention(monkeypatch, caplog, with_setter):
+    from primus_turbo.pytorch.integrations.hf import primus_turbo_attention_forward
+
+    monkeypatch.setitem(sys.modules, "transformers", SimpleNamespace(AttentionInterface=FakeAttentionInterface))
+    model = _hf_like(with_setter)
+    with caplog.at_level("INFO", logger="primus_turbo"):
+        turbo.convert_model(model)
+    assert model.config._attn_implementation == "primus_turbo" + ("!" if with_setter else "")
+    assert FakeAttentionInterface.registered["primus_turbo"] is primus_turbo_attention_forward
+    assert "attention sdpa -> primus_turbo" in caplog.text
+    kept = _hf_like(False)
+    turbo.convert_model(kept, convert_attention=False)
+    assert kept.config._attn_implementation == "sdpa"
+    turbo.convert_model(TinyModel())  # not a transformers model: nothing to switch
+
+
+def test_transformers_attention_kept_without_transformers(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    model = _hf_like(False)
+    with caplog.at_level("INFO", logger="primus_turbo"):
+        turbo.convert_model(model)
+    assert model.config._attn_implementation == "sdpa" and "attention kept" in caplog.text
 
 
 def test_filter_and_kinds():

@@ -94,6 +94,18 @@ def _check_flag(name: str, value, allow_none: bool = False) -> None:
         raise TypeError(f"{name} must be a bool{' or None' if allow_none else ''}, got {value!r}")
 
 
+# The original library's attention kernels (composable-kernel, AITER and Triton flash attention)
+# stand for our own attention kernel here, as in PRIMUS_TURBO_ATTN_BACKEND. BackendType.CK is
+# BackendType.CUTLASS, so for attention CUTLASS selects TURBO too (a CuTe kernel).
+_ATTN_ALIASES = ("CK", "AITER", "TRITON", "CUTLASS")
+
+
+def _attention_alias(backend):
+    if isinstance(backend, str) and backend.strip().upper() in _ATTN_ALIASES:
+        return BackendType.TURBO
+    return BackendType.TURBO if backend is BackendType.CUTLASS else backend
+
+
 class BackendChoice:
     """A resolved setting: a fixed backend, autotune, or neither."""
 
@@ -176,6 +188,8 @@ class GlobalBackendManager:
 
     @staticmethod
     def _set(op: OpFamily, backend, precision, auto_tune: bool) -> None:
+        if op is OpFamily.ATTN:
+            backend = _attention_alias(backend)
         code = _to_backend(backend)
         _check_flag("auto_tune", auto_tune)
         allowed = _FAMILY_BACKENDS[op]

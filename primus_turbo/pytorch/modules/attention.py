@@ -21,8 +21,9 @@ class TurboAttention(nn.Module):
     ``causal``, ``window_size``, ``alibi_slopes``, ``deterministic``, ``return_lse``,
     ``return_attn_probs``, ``fp8_config``, ``ulysses_group``, ``ring_group``). ``fp8_config``
     (a BLOCKWISE ``Float8QuantConfig``) runs ``flash_attn_fp8_func``: q, k, v quantized to FP8
-    blockwise in the forward. Dropout, ALiBi, attention probabilities and context parallelism are
-    not implemented here and raise ``NotImplementedError`` when asked for.
+    blockwise in the forward. Dropout (in training mode), ALiBi, attention probabilities and context
+    parallelism are not implemented here and raise ``NotImplementedError`` when asked for; in eval
+    mode ``dropout_p`` is ignored, as ``nn.Dropout`` does.
 
     Keyword-only:
         layout: ``"bshd"`` (default), ``"sbhd"`` (Megatron), ``"bhsd"`` (Hugging Face) or ``"thd"``
@@ -113,7 +114,8 @@ class TurboAttention(nn.Module):
         log-sum-exp with ``return_lse``). ``sink`` overrides the module's ``sinks``. For ``"thd"``,
         ``max_seqlen_q/k`` default to the longest sequence, which costs a device synchronization."""
         kwargs = {
-            "dropout_p": self.dropout_p,
+            # As nn.Dropout: no dropout in eval mode (attention dropout itself is not implemented).
+            "dropout_p": self.dropout_p if self.training else 0.0,
             "softmax_scale": self.softmax_scale,
             "causal": self.causal,
             "window_size": self.window_size,

@@ -4,6 +4,12 @@ of two backends: TURBO (the library's own kernels, kernels/attention: every feat
 sequences included) and CUDNN (cuDNN's fused attention through cached cuDNN-frontend graphs, for
 fixed-length batches). Unset, the core picks CUDNN where it runs the problem (it is the faster one
 today) and TURBO elsewhere; ``set_attn_backend`` / ``PRIMUS_TURBO_ATTN_BACKEND`` force one.
+With autotune (``set_attn_backend(auto_tune=True)``, ``PRIMUS_TURBO_ATTN_BACKEND=autotune``, or
+``set_auto_tune(True)`` / ``PRIMUS_TURBO_AUTO_TUNE=1`` with no backend set) an eager call times
+both backends on its own tensors the first time its problem (shapes, strides, dtype, packing,
+window, sink, forward or training) is seen, forward and backward together for a training call, and
+keeps the faster, in memory and in the on-disk autotune cache; compiled graphs and captures of an
+unmeasured problem get the core's choice.
 
 One native op per direction (csrc/bindings/torch/attention_ops.cpp) takes both the fixed-length
 [B, S, H, D] and the packed varlen [T, H, D] form (cu_seqlens given), GQA/MQA, a (left, right)
@@ -21,8 +27,8 @@ import operator
 
 import torch
 
-from primus_turbo.pytorch.core import library, native
-from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager, OpFamily, PrecisionType, settings_token
+from primus_turbo.pytorch.core import autotune, library, native
+from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, resolve, settings_token
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
@@ -289,36 +295,115 @@ def _tensors(q, k, v, sink, *more) -> bool:
 _backend_cache = [None, 0]  # (settings token, backend code) of the last lookup
 _BACKEND_CODES = {BackendType.TURBO: 4, BackendType.CUDNN: 3}  # pt_backend
 BACKEND_CUDNN = _BACKEND_CODES[BackendType.CUDNN]
+AUTOTUNE = -1  # _backend_code's answer when the backend is picked per problem by measuring
 
 
 def _backend_code(op) -> int:
-    """The pt_backend code the native op gets: TURBO, CUDNN, or 0 (unset; autotune too) for the
-    core's choice. Another backend is refused, not ignored. Looked up again only when the settings
+    """The pt_backend code the native op gets: TURBO, CUDNN, 0 (unset) for the core's choice, or
+    AUTOTUNE. Another backend is refused, not ignored. Looked up again only when the settings
     change."""
     token = settings_token(OpFamily.ATTN)
     if token == _backend_cache[0]:
         return _backend_cache[1]
-    choice = GlobalBackendManager.get_backend(OpFamily.ATTN, PrecisionType.BF16_FP16_FP32)
-    backend = None if choice is None else choice.backend
+    choice = resolve(OpFamily.ATTN, PrecisionType.BF16_FP16_FP32)  # code > environment > autotune
+    backend = choice.backend
     if backend is not None and backend not in _BACKEND_CODES:
         raise NotImplementedError(
             f"{op}: attention backend {backend.name} is not available; choose TURBO (our kernel) or CUDNN, or leave "
             "it unset (set_attn_backend(None) or PRIMUS_TURBO_ATTN_BACKEND unset)"
         )
-    _backend_cache[:] = [token, _BACKEND_CODES.get(backend, 0)]
-    return _backend_cache[1]
+    code = _BACKEND_CODES[backend] if backend is not None else (AUTOTUNE if choice.auto_tune else 0)
+    _backend_cache[:] = [token, code]
+    return code
 
 
 @torch.compiler.assume_constant_result
 def _traced_backend_code() -> int:
-    """The setting as torch.compile sees it: read when tracing, a constant of the graph."""
-    return _backend_code("flash_attn")
+    """The setting as torch.compile sees it: read when tracing, a constant of the graph. Autotune
+    needs the call's tensors, which a trace does not have: the core's choice instead."""
+    code = _backend_code("flash_attn")
+    return 0 if code == AUTOTUNE else code
+
+
+class AttentionProblem(autotune.TunableProblem):
+    """One attention call as autotune sees it: TURBO against CUDNN on the call's own tensors, the
+    forward and (for a training call) the backward together, since a training step runs both."""
+
+    op = OpFamily.ATTN
+    precision = PrecisionType.BF16_FP16_FP32
+    default_backend = BackendType.CUDNN
+    backends = (BackendType.TURBO, BackendType.CUDNN)
+
+    def __init__(self, args: tuple, deterministic: bool, grad: bool):
+        """args: the native forward's (q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr)."""
+        self.args, self.deterministic, self.grad = args, bool(deterministic), grad
+        self._dout = None
+
+    def key(self) -> str:
+        q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr = self.args
+        packed = "-" if cu_q is None else f"{cu_q.shape[0] - 1}x{max_q}/{max_k}{'=' if cu_k is cu_q else '!'}"
+        views = "".join("c" if t.is_contiguous() else "s" for t in (q, k, v))
+        return (
+            f"{str(q.dtype)[6:]}|q{list(q.shape)}k{list(k.shape)}v{list(v.shape)}{views}|{packed}|w{wl},{wr}|"
+            f"{'sink' if sink is not None else ''}|{'bwd' if self.grad else 'fwd'}{'-det' if self.deterministic else ''}"
+        )
+
+    def query(self, backend: BackendType):
+        if backend is BackendType.CUDNN:
+            cu_q, cu_k = self.args[4], self.args[5]
+            if cu_q is not None and cu_k is not cu_q:
+                return False, 0, "cuDNN runs packed sequences given one cu_seqlens tensor for q and k"
+            if self.grad and self.deterministic:  # its deterministic backward's workspace is B*Hq*Sq*Sk*2 bytes
+                return False, 0, "deterministic backward: ours, as with the backend unset"
+        # Any other problem a backend cannot run raises in run(), and autotune skips that backend.
+        return True, 1, ""
+
+    def run(self, backend: BackendType, config: int, for_tuning: bool = False) -> None:
+        code = _BACKEND_CODES[backend]
+        q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr = self.args
+        with torch.no_grad():  # the native ops alone, outside the caller's autograd graph
+            out, lse = _fwd_op(*self.args, code)
+            if self.grad:
+                if self._dout is None:
+                    self._dout = torch.randn_like(out)
+                _bwd_op(self._dout, q, k, v, out, lse, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, code,
+                        self.deterministic)
+
+
+_tuned = {}  # cheap key of a call -> backend code, in front of autotune's string keys
+
+
+def _tuned_code(args: tuple, deterministic: bool, grad: bool) -> int:
+    """AUTOTUNE in eager mode: the measured backend for this call's problem (measured on first
+    sight, then remembered, on disk too); the core's choice during a CUDA-graph capture of a
+    problem not measured before."""
+    q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr = args
+    if q.device.type != "cuda":  # meta and fake tensors: nothing to measure
+        return 0
+    fast = (
+        q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, sink is None,
+        cu_q is None, cu_k is cu_q, max_q, max_k, wl, wr, bool(deterministic), grad, settings_token(OpFamily.ATTN),
+    )
+    code = _tuned.get(fast)
+    if code is None:
+        choice = autotune.tune(AttentionProblem(args, deterministic, grad), q.device)
+        code = 0 if choice is None else _BACKEND_CODES[choice[0]]
+        if choice is not None:
+            _tuned[fast] = code
+    return code
+
+
+def requested_backend_code() -> int:
+    """The attention backend code the settings ask for (AUTOTUNE included); a traced graph keeps
+    the choice made when it was traced."""
+    return _traced_backend_code() if torch.compiler.is_compiling() else _backend_code("flash_attn")
 
 
 def backend_code() -> int:
-    """The attention backend code for this call; a traced graph keeps the choice made when it was
-    traced."""
-    return _traced_backend_code() if torch.compiler.is_compiling() else _backend_code("flash_attn")
+    """requested_backend_code() for callers that do not measure: AUTOTUNE leaves the choice to the
+    core."""
+    code = requested_backend_code()
+    return 0 if code == AUTOTUNE else code
 
 
 def needs_grad(q, k, v, sink) -> bool:
@@ -329,8 +414,11 @@ def needs_grad(q, k, v, sink) -> bool:
 
 
 def _attention(q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, return_lse, deterministic):
-    args = (q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, backend_code())
-    if needs_grad(q, k, v, sink):
+    code, grad = requested_backend_code(), needs_grad(q, k, v, sink)
+    if code == AUTOTUNE:
+        code = _tuned_code((q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr), deterministic, grad)
+    args = (q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, code)
+    if grad:
         if native.eager_cpp_autograd():
             out, lse = _train_op(*args, bool(deterministic))
         else:
