@@ -440,9 +440,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument(
         "--backend",
-        choices=("auto", "TURBO", "CUDNN"),
+        choices=("auto", "TURBO", "CUDNN", "AUTOTUNE"),
         default="auto",
-        help="attention backend of ours (auto: unset, the library's choice per shape)",
+        help="attention backend of ours (auto: unset, the library's choice per shape; AUTOTUNE: both measured "
+        "per problem at first sight, the faster kept)",
     )
     p.add_argument(
         "--fp8",
@@ -548,7 +549,9 @@ def main(argv=None) -> int:
         return 2
     import primus_turbo.pytorch as turbo
 
-    if args.backend != "auto":
+    if args.backend == "AUTOTUNE":
+        turbo.core.backend.GlobalBackendManager.set_attn_backend(None, auto_tune=True)
+    elif args.backend != "auto":
         turbo.core.backend.GlobalBackendManager.set_attn_backend(args.backend)
     dtype = bu.DTYPES[args.dtype]
     cases = gen_cases(args)
