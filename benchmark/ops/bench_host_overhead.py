@@ -378,6 +378,28 @@ def _more_cases(turbo, cases, t, step, dev):
     )
 
 
+def _torch_fp8_cases(dev="cuda"):
+    """name -> torch's own FP8 forward for the same 256 x 256 x 256 GEMM (what a torch user writes
+    without this library: amax, scale, cast of each operand, then torch._scaled_mm): a second
+    baseline for the FP8 GEMM rows, reported beside the bf16 matmul one (columns torch_fp8_*)."""
+    a = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
+    e4m3 = torch.float8_e4m3fn
+
+    def tensorwise():
+        sa, sb = a.abs().amax().float() / 448.0, b.abs().amax().float() / 448.0
+        qa, qb = (a.float() / sa).to(e4m3), (b.float() / sb).to(e4m3)
+        return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+    def rowwise():
+        sa = a.abs().amax(dim=1, keepdim=True).float() / 448.0
+        sb = b.abs().amax(dim=1, keepdim=True).float() / 448.0
+        qa, qb = (a.float() / sa).to(e4m3), (b.float() / sb).to(e4m3)
+        return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb.t(), out_dtype=torch.bfloat16)
+
+    return {"gemm_fp8_tensorwise": tensorwise, "gemm_fp8_rowwise": rowwise}
+
+
 def interleaved_min(ours, theirs, iters: int, warmup: int, rounds: int = 5) -> tuple[float, float]:
     """(ours, theirs) host µs per call: ``rounds`` alternating measurements of iters / rounds calls
     each, the fastest round of each kept, so both see the same host and a busy moment of the
@@ -400,7 +422,7 @@ def main() -> None:
 
     import primus_turbo.pytorch as turbo
 
-    cases = _cases(turbo)
+    cases, torch_fp8 = _cases(turbo), _torch_fp8_cases()
     names = args.ops.split(",") if args.ops else list(cases)
     rows = []
     for name in names:
@@ -415,6 +437,15 @@ def main() -> None:
             row["status"] = "OK"
         except Exception as e:  # a broken op is reported, not fatal to the table
             row["status"] = f"ERROR {type(e).__name__}: {e}"[:200]
+        if name in torch_fp8 and row["status"] == "OK":
+            try:  # the second baseline: torch's own FP8 forward (its failure leaves the row as it is)
+                with torch.no_grad():
+                    _, row["torch_fp8_fwd_us"] = interleaved_min(ours_fwd, torch_fp8[name], args.iters, warmup=20)
+                row["torch_fp8_fwd_ratio"] = row["torch_fp8_fwd_us"] / row["fwd_us"]
+                print(f"{name:18s} torch's own FP8 forward (amax, cast, _scaled_mm) {row['torch_fp8_fwd_us']:7.1f} us",
+                      flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"{name:18s} torch's own FP8 forward failed: {type(e).__name__}: {e}", flush=True)
         rows.append(row)
         print(
             f"{name:18s} fwd ours {row.get('fwd_us', float('nan')):7.1f} us  torch {row.get('torch_fwd_us', float('nan')):7.1f} us"
@@ -426,7 +457,8 @@ def main() -> None:
     gpu = bu.gpu_short_name()
     out_dir = bu.results_dir_for(args.output_dir, gpu)
     rows = [{**bu.run_stamp(gpu), **r} for r in rows]
-    columns = ["gpu", "date", "commit", "op", "fwd_us", "torch_fwd_us", "fwd_ratio", "step_us", "torch_step_us", "step_ratio", "status"]
+    columns = ["gpu", "date", "commit", "op", "fwd_us", "torch_fwd_us", "fwd_ratio", "step_us", "torch_step_us", "step_ratio",
+               "torch_fp8_fwd_us", "torch_fp8_fwd_ratio", "status"]
     bu.write_csv(out_dir / "host_overhead.csv", rows, columns)
     ok = [r for r in rows if r["status"] == "OK"]
     ours = [r[k] for r in ok for k in ("fwd_us", "step_us")]
