@@ -2,6 +2,7 @@
 modules, in place and sharing the same parameter tensors (state dict, optimizer state and
 checkpoints stay valid, nothing is copied)."""
 
+import importlib
 import logging
 from collections import Counter
 from typing import Callable, Optional
@@ -85,25 +86,32 @@ def _norm(module: nn.Module) -> Optional[nn.Module]:
 
 
 def _hf_attention(model: nn.Module) -> Optional[str]:
-    """Switches a transformers model to attn_implementation="primus_turbo"; what it did, for the
-    log line (None where the model is not a transformers model)."""
+    """Switches a transformers model to attn_implementation="primus_turbo"; what it did or why it
+    kept the model's attention, for the log line (None where the model is not a transformers model
+    or already uses ours)."""
     config = getattr(model, "config", None)
     before = getattr(config, "_attn_implementation", None)
     if before is None:
         return None
-    from primus_turbo.pytorch.integrations.hf import register_hf_attention
+    from primus_turbo.pytorch.integrations.hf import ATTN_IMPLEMENTATION, register_hf_attention
 
-    try:
+    if before == ATTN_IMPLEMENTATION:
+        return None
+    if getattr(config, "attn_logit_softcapping", None):  # Gemma 2: soft-capping, which ours does not do
+        return "attention kept (the model soft-caps its logits)"
+    try:  # transformers >= 4.53 builds masks per implementation; older ones a 4-D mask ours refuses
+        importlib.import_module("transformers.masking_utils")
         name = register_hf_attention()
     except ImportError as e:
-        return f"attention kept ({e})"
-    if before == name:
-        return None
+        return f"attention kept (needs transformers >= 4.53: {e})"
     setter = getattr(model, "set_attn_implementation", None)  # transformers >= 4.56 checks and propagates
-    if callable(setter):
-        setter(name)
-    else:
-        config._attn_implementation = name
+    try:
+        if callable(setter):
+            setter(name)
+        else:
+            config._attn_implementation = name
+    except (ValueError, TypeError) as e:  # e.g. a model without the attention interface
+        return f"attention kept ({e})"
     return f"attention {before} -> {name}"
 
 
@@ -120,7 +128,7 @@ def convert_model(
     module_filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
     convert_linear: bool = True,
     convert_norms: bool = True,
-    convert_attention: bool = True,
+    convert_attention: bool = False,
 ) -> nn.Module:
     """Swaps, in place, ``torch.nn.Linear`` for ``turbo.modules.Linear`` (or ``Float8Linear`` with
     ``fp8_config``), and ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm`` / Hugging Face's RMSNorm
@@ -135,8 +143,10 @@ def convert_model(
             skip the output heads (``lm_head``, ``output_layer``, ``output``).
         convert_linear, convert_norms: which kinds of layer to convert.
         convert_attention: a Hugging Face transformers model (one with ``config._attn_implementation``)
-            switches to ``attn_implementation="primus_turbo"`` (registered on the way; needs
-            transformers >= 4.48, else the model keeps its attention and the log line says so).
+            also switches to ``attn_implementation="primus_turbo"`` (registered on the way). Off by
+            default: the model's attention must be one ours runs (no soft-capping, no attention
+            dropout in training, head dims of ``turbo.ops.flash_attn_func``); it needs transformers
+            >= 4.53, and a model that refuses the switch keeps its attention (the log line says why).
 
     Mixture-of-experts expert weights are not converted yet (``turbo.modules.GroupedLinear`` needs
     the experts' weights as one [E, N, K] tensor, which model code stores in several layouts).

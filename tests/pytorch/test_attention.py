@@ -290,25 +290,39 @@ def test_varlen_on_cudnn_with_one_cu_seqlens(causal, window, dims, heads):
         assert (dq[n:] == 0).all() and (dk[n:] == 0).all() and (dv_[n:] == 0).all()
 
 
-def test_autotune_measures_both_backends_once_and_stays_correct():
+def test_autotune_measures_both_backends_once_and_stays_correct(monkeypatch):
     from primus_turbo.pytorch.core import autotune
     from primus_turbo.pytorch.ops import attention as attn
 
+    measured = []
+    real_run = attn.AttentionProblem.run
+
+    def run(self, backend, config, for_tuning=False):
+        measured.append(backend.name)
+        return real_run(self, backend, config, for_tuning)
+
+    monkeypatch.setattr(attn.AttentionProblem, "run", run)
+    monkeypatch.setattr(attn, "_tuned", {})
+    monkeypatch.setattr(autotune, "_decided", {})
+    monkeypatch.setattr(autotune, "_lookup", lambda key: None)  # measure even if the disk cache knows it
     GlobalBackendManager.set_attn_backend(auto_tune=True)
     try:
         q, k, v, dout, sink = make(2, 300, 300, 8, 2, 128, 128, sink=True, seed=3)
+        state = torch.cuda.get_rng_state()
         check(q, k, v, dout, sink, "autotuned, causal", causal=True)
-        picked = [key for key in autotune._decided if key.startswith("ATTN|")]
+        assert {"TURBO", "CUDNN"} <= set(measured)  # both ran forward and backward for the training call
+        assert torch.equal(torch.cuda.get_rng_state(), state)  # tuning drew from its own generator
+        picked = [key for key in autotune._decided if key.startswith("ATTN|") and "|bwd" in key]
         assert picked and all(autotune._decided[key][0].name in ("TURBO", "CUDNN") for key in picked)
-        check(q, k, v, dout, sink, "autotuned, again", causal=True)  # remembered: nothing measured again
-        assert [key for key in autotune._decided if key.startswith("ATTN|")] == picked
+        n = len(measured)
+        check(q, k, v, dout, sink, "autotuned, again", causal=True)
+        assert len(measured) == n  # remembered: nothing measured again
         cu = offsets([100, 0, 200])
         tq = torch.randn(300, 8, 128, device="cuda", dtype=torch.bfloat16)
-        out = turbo.ops.flash_attn_varlen_func(tq, tq[:, :2], tq[:, :2], cu, cu.clone(), 200, 200, causal=True)
-        assert torch.isfinite(out).all()  # separate offsets: cuDNN not a candidate, ours measured alone
+        out = turbo.ops.flash_attn_varlen_func(tq, tq[:, :2], tq[:, :2], cu, cu, 200, 200, causal=True)
+        assert torch.isfinite(out).all() and len(measured) == n  # packed: the core's choice, nothing measured
     finally:
         GlobalBackendManager.reset()
-        attn._tuned.clear()
 
 
 BAD_OFFSETS = [

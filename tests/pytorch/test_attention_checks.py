@@ -657,7 +657,8 @@ def test_autotune_problem_keys_candidates_and_remembered_choice(monkeypatch):
 
     calls = []
 
-    def fake_tune(problem, device):
+    def fake_tune(problem, device, agree=True):
+        assert not agree  # attention calls need not line up across ranks: no agreement collectives
         calls.append(problem.key())
         return BackendType.TURBO, -1
 
@@ -666,6 +667,21 @@ def test_autotune_problem_keys_candidates_and_remembered_choice(monkeypatch):
     fake = [SimpleNamespace(device=cuda, shape=t.shape, stride=t.stride, dtype=t.dtype, is_contiguous=t.is_contiguous)
             for t in (q, k, v)]
     monkeypatch.setattr(attn, "_tuned", {})
+    monkeypatch.setattr(attn, "_measurable", lambda q, cu_q: True)
     call = (*fake, None, None, None, 16, 16, 0.1, -1, 0)
     assert attn._tuned_code(call, False, True) == 4 and attn._tuned_code(call, False, True) == 4
     assert len(calls) == 1  # measured once, then remembered
+
+
+def test_autotune_measures_nothing_it_cannot(monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from primus_turbo.pytorch.ops import attention as attn
+
+    q = meta(2, 16, 8, 64)
+    assert not attn._measurable(q, None)  # not on a GPU
+    with FakeTensorMode():
+        fake = torch.empty(2, 16, 8, 64, device="cuda", dtype=torch.bfloat16)
+    assert fake.device.type == "cuda" and not attn._measurable(fake, None)  # a fake CUDA tensor
+    monkeypatch.setattr(attn.autotune, "tune", lambda *a, **k: pytest.fail("measured"))
+    assert attn._tuned_code((q, q, q, None, None, None, 16, 16, 0.1, -1, -1), False, False) == 0

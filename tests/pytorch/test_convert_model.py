@@ -100,46 +100,78 @@ def test_fp8_conversion_takes_the_shapes_fp8_can_and_logs_the_rest(caplog):
     assert "layers.1.odd" in caplog.text and "Linear -> Float8Linear" in caplog.text
 
 
-class FakeAttentionInterface:
-    """transformers.AttentionInterface's registry, for a model without transformers installed."""
+class FakeRegistry:
+    """transformers' AttentionInterface / mask-function registries, without transformers installed."""
 
-    registered = {}
+    def __init__(self):
+        self.registered = {}
 
-    @classmethod
-    def register(cls, name, fn):
-        cls.registered[name] = fn
+    def register(self, name, fn):
+        self.registered[name] = fn
 
 
-def _hf_like(with_setter: bool):
+def _fake_transformers(monkeypatch):
+    attention, masks = FakeRegistry(), FakeRegistry()
+    monkeypatch.setitem(sys.modules, "transformers", SimpleNamespace(AttentionInterface=attention))
+    monkeypatch.setitem(
+        sys.modules, "transformers.masking_utils",
+        SimpleNamespace(ALL_MASK_ATTENTION_FUNCTIONS=masks, flash_attention_mask=object()),
+    )
+    return attention
+
+
+def _hf_like(setter=None, **config):
     model = TinyModel()
-    model.config = SimpleNamespace(_attn_implementation="sdpa")
-    if with_setter:  # transformers >= 4.56
-        model.set_attn_implementation = lambda name: setattr(model.config, "_attn_implementation", name + "!")
+    model.config = SimpleNamespace(_attn_implementation="sdpa", **config)
+    if setter is not None:  # transformers >= 4.56
+        model.set_attn_implementation = setter
     return model
 
 
-@pytest.mark.parametrize("with_setter", [False, True])
-def test_transformers_models_switch_to_our_attention(monkeypatch, caplog, with_setter):
+def test_transformers_models_switch_to_our_attention_when_asked(monkeypatch, caplog):
     from primus_turbo.pytorch.integrations.hf import primus_turbo_attention_forward
 
-    monkeypatch.setitem(sys.modules, "transformers", SimpleNamespace(AttentionInterface=FakeAttentionInterface))
-    model = _hf_like(with_setter)
+    registry = _fake_transformers(monkeypatch)
+    kept = _hf_like()
+    turbo.convert_model(kept)  # off by default
+    assert kept.config._attn_implementation == "sdpa" and not registry.registered
+    model = _hf_like()
     with caplog.at_level("INFO", logger="primus_turbo"):
-        turbo.convert_model(model)
-    assert model.config._attn_implementation == "primus_turbo" + ("!" if with_setter else "")
-    assert FakeAttentionInterface.registered["primus_turbo"] is primus_turbo_attention_forward
+        turbo.convert_model(model, convert_attention=True)
+    assert model.config._attn_implementation == "primus_turbo"
+    assert registry.registered["primus_turbo"] is primus_turbo_attention_forward
     assert "attention sdpa -> primus_turbo" in caplog.text
-    kept = _hf_like(False)
-    turbo.convert_model(kept, convert_attention=False)
-    assert kept.config._attn_implementation == "sdpa"
-    turbo.convert_model(TinyModel())  # not a transformers model: nothing to switch
+    seen = []
+    turbo.convert_model(_hf_like(setter=seen.append), convert_attention=True)
+    assert seen == ["primus_turbo"]  # transformers' own setter, where it has one
+    turbo.convert_model(TinyModel(), convert_attention=True)  # not a transformers model: nothing to switch
+
+
+def refuse(name):
+    raise ValueError("this model does not support the attention interface")
+
+
+@pytest.mark.parametrize(
+    "model,why",
+    [
+        (lambda: _hf_like(attn_logit_softcapping=50.0), "soft-caps"),
+        (lambda: _hf_like(setter=refuse), "does not support the attention interface"),
+    ],
+    ids=["softcap", "refused"],
+)
+def test_transformers_attention_kept_where_ours_cannot_run_it(monkeypatch, caplog, model, why):
+    _fake_transformers(monkeypatch)
+    m = model()
+    with caplog.at_level("INFO", logger="primus_turbo"):
+        turbo.convert_model(m, convert_attention=True)
+    assert m.config._attn_implementation == "sdpa" and "attention kept" in caplog.text and why in caplog.text
 
 
 def test_transformers_attention_kept_without_transformers(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
-    model = _hf_like(False)
+    model = _hf_like()
     with caplog.at_level("INFO", logger="primus_turbo"):
-        turbo.convert_model(model)
+        turbo.convert_model(model, convert_attention=True)
     assert model.config._attn_implementation == "sdpa" and "attention kept" in caplog.text
 
 

@@ -204,7 +204,9 @@ def _profile(problem: TunableProblem, candidates: List[Choice]) -> List[float]:
     return [by_candidate.get(c, float("inf")) for c in candidates]
 
 
-def tune(problem: TunableProblem, device: torch.device) -> Optional[Choice]:
+def tune(problem: TunableProblem, device: torch.device, agree: bool = True) -> Optional[Choice]:
+    """The measured choice for problem (measured now on first sight of its key). agree=False skips
+    the ranks' agreement, for ops that not every rank calls at the same point of a step."""
     key = f"{problem.op.name}|{gpu_name(device)}|{problem.key()}"
     with _lock:
         if key in _decided:
@@ -218,7 +220,7 @@ def tune(problem: TunableProblem, device: torch.device) -> Optional[Choice]:
     candidates = _candidates(problem)
     if not candidates:
         return None
-    group = _sync_group()
+    group = _sync_group() if agree else None
     if cached is not None and cached not in candidates:
         cached = None
     if group is None:

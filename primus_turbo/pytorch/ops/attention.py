@@ -5,11 +5,11 @@ sequences included) and CUDNN (cuDNN's fused attention through cached cuDNN-fron
 fixed-length batches). Unset, the core picks CUDNN where it runs the problem (it is the faster one
 today) and TURBO elsewhere; ``set_attn_backend`` / ``PRIMUS_TURBO_ATTN_BACKEND`` force one.
 With autotune (``set_attn_backend(auto_tune=True)``, ``PRIMUS_TURBO_ATTN_BACKEND=autotune``, or
-``set_auto_tune(True)`` / ``PRIMUS_TURBO_AUTO_TUNE=1`` with no backend set) an eager call times
-both backends on its own tensors the first time its problem (shapes, strides, dtype, packing,
+``set_auto_tune(True)`` / ``PRIMUS_TURBO_AUTO_TUNE=1`` with no backend set) an eager fixed-length
+call times both backends on its own tensors the first time its problem (shapes, strides, dtype,
 window, sink, forward or training) is seen, forward and backward together for a training call, and
-keeps the faster, in memory and in the on-disk autotune cache; compiled graphs and captures of an
-unmeasured problem get the core's choice.
+keeps the faster, in memory and in the on-disk autotune cache; packed batches (a new problem every
+step), compiled graphs, fake tensors and captures of an unmeasured problem get the core's choice.
 
 One native op per direction (csrc/bindings/torch/attention_ops.cpp) takes both the fixed-length
 [B, S, H, D] and the packed varlen [T, H, D] form (cu_seqlens given), GQA/MQA, a (left, right)
@@ -26,6 +26,8 @@ import numbers
 import operator
 
 import torch
+from torch._guards import detect_fake_mode
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from primus_turbo.pytorch.core import autotune, library, native
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, resolve, settings_token
@@ -364,8 +366,9 @@ class AttentionProblem(autotune.TunableProblem):
         with torch.no_grad():  # the native ops alone, outside the caller's autograd graph
             out, lse = _fwd_op(*self.args, code)
             if self.grad:
-                if self._dout is None:
-                    self._dout = torch.randn_like(out)
+                if self._dout is None:  # from a private generator: tuning leaves torch's random stream alone
+                    gen = torch.Generator(device=out.device).manual_seed(0)
+                    self._dout = torch.randn(out.shape, generator=gen, device=out.device, dtype=out.dtype)
                 _bwd_op(self._dout, q, k, v, out, lse, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, code,
                         self.deterministic)
 
@@ -373,20 +376,31 @@ class AttentionProblem(autotune.TunableProblem):
 _tuned = {}  # cheap key of a call -> backend code, in front of autotune's string keys
 
 
+def _measurable(q, cu_q) -> bool:
+    """Whether a call can be measured: plain CUDA tensors outside any tracing or fake-tensor mode,
+    and fixed length. Packed batches change their token count and longest sequence every step, so
+    each would be a new problem to measure: they keep the core's choice."""
+    return (
+        cu_q is None and type(q) is torch.Tensor and q.device.type == "cuda"
+        and _current_dispatch_mode() is None and detect_fake_mode((q,)) is None
+    )
+
+
 def _tuned_code(args: tuple, deterministic: bool, grad: bool) -> int:
     """AUTOTUNE in eager mode: the measured backend for this call's problem (measured on first
-    sight, then remembered, on disk too); the core's choice during a CUDA-graph capture of a
-    problem not measured before."""
+    sight, then remembered, on disk too; each rank measures for itself, as attention calls need
+    not line up across ranks); the core's choice where nothing can be measured (_measurable) and
+    during a CUDA-graph capture of a problem not measured before."""
     q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr = args
-    if q.device.type != "cuda":  # meta and fake tensors: nothing to measure
+    if not _measurable(q, cu_q):
         return 0
     fast = (
         q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, sink is None,
-        cu_q is None, cu_k is cu_q, max_q, max_k, wl, wr, bool(deterministic), grad, settings_token(OpFamily.ATTN),
+        wl, wr, bool(deterministic), grad, settings_token(OpFamily.ATTN),
     )
     code = _tuned.get(fast)
     if code is None:
-        choice = autotune.tune(AttentionProblem(args, deterministic, grad), q.device)
+        choice = autotune.tune(AttentionProblem(args, deterministic, grad), q.device, agree=False)
         code = 0 if choice is None else _BACKEND_CODES[choice[0]]
         if choice is not None:
             _tuned[fast] = code
