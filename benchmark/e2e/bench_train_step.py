@@ -19,7 +19,8 @@ Variants:
   ``torch._grouped_mm`` with argsort / index_add routing;
 - ``turbo_bf16``: the same model after ``turbo.convert_model`` (our Linear and RMSNorm), with
   ``turbo.ops.rope``, ``swiglu``, ``flash_attn_func`` (on the attention backend
-  ``--attn-backend`` names; unset, the library's choice) and, for MoE, ``token_permute``,
+  ``--attn-backend`` names; unset, the library's choice; ``--autotune`` measures GEMM and attention
+  backends per shape first) and, for MoE, ``token_permute``,
   ``grouped_gemm``, ``swiglu_with_probs`` and ``token_unpermute``;
 - ``turbo_fp8_<granularity>``: ``turbo.convert_model(model, fp8_config=...)`` (Float8Linear,
   HYBRID; the router stays bf16) on top of that, and ``grouped_gemm_fp8`` experts, for
@@ -201,11 +202,16 @@ def main() -> int:
                    help="the FP8 variants keep their layers' quantized weights for the step (cache_quantized_weight)")
     p.add_argument("--attn-backend", choices=("auto", "TURBO", "CUDNN"), default="auto",
                    help="attention backend of the turbo variants (auto: unset, the library's choice)")
+    p.add_argument("--autotune", action="store_true",
+                   help="our variants with autotune on: GEMM, grouped GEMM and (fixed-length) attention backends "
+                   "measured per shape at first use, which happens before the timed steps")
     args = p.parse_args()
-    if args.attn_backend != "auto":
-        from primus_turbo.pytorch.core.backend import GlobalBackendManager
+    from primus_turbo.pytorch.core.backend import GlobalBackendManager
 
+    if args.attn_backend != "auto":
         GlobalBackendManager.set_attn_backend(args.attn_backend)
+    if args.autotune:
+        GlobalBackendManager.set_auto_tune(True)
 
     models = cfg.DENSE_MODELS if args.arch == "dense" else cfg.MOE_MODELS
     args.model = args.model or ("Llama-3.1-8B" if args.arch == "dense" else "Qwen3-30B-A3B")
@@ -232,7 +238,8 @@ def main() -> int:
     variants = sorted(args.variants, key=lambda v: v != "torch_eager")
     for variant in variants:
         row = {"variant": variant, "model": args.model, "layers": args.layers, "batch": batch, "seq": seq,
-               "attn_backend": "sdpa" if variant.startswith("torch") else args.attn_backend}
+               "attn_backend": "sdpa" if variant.startswith("torch") else (
+                   "autotune" if args.autotune and args.attn_backend == "auto" else args.attn_backend)}
         try:
             model, step_model = build(variant, base_state, m, args.layers, args.arch, device, dtype,
                                       args.fp8_weight_cache)
