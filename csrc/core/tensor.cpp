@@ -130,6 +130,12 @@ int64_t numel(const pt_tensor& t) {
   return n;
 }
 
+float* scalar_float32(const pt_tensor& t, const char* name) {
+  PT_CHECK_ARG(t.dtype == PT_FLOAT32 && numel(t) == 1 && t.ndim <= 1 && t.data != nullptr, "argument '", name,
+               "' is ", dtype_name(t.dtype), " ", shape_string(t), "; expected one float32 value (0-dim or [1])");
+  return static_cast<float*>(t.data);
+}
+
 // Non-null descriptor, sane rank and sizes, a known dtype, contiguous, data present and aligned
 // to its element (the scalar kernels' minimum).
 void check_contiguous(const pt_tensor* t, const char* name) {

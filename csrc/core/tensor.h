@@ -58,5 +58,8 @@ void check_shape(const pt_tensor* t, const char* name, std::initializer_list<int
                  const char* prefix = "");
 // Non-null, 0 to PT_MAX_DIMS dimensions, no negative size.
 void check_descriptor(const pt_tensor* t, const char* name);
+// t holds one float32 value on the device (0-dim or [1], data present): its pointer. Else
+// INVALID_ARGUMENT "argument '<name>' is <dtype> <shape>; expected one float32 value (0-dim or [1])".
+float* scalar_float32(const pt_tensor& t, const char* name);
 
 }  // namespace primus_turbo

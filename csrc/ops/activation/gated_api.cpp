@@ -31,13 +31,9 @@ void launch(const Problem& p, bool backward, PtGatedActParams& params, const cha
 // The optional amax output: one float32 on the device, zeroed here for the kernel's atomic max.
 float* zeroed_amax(pt_tensor* amax, void* stream) {
   if (amax == nullptr) return nullptr;
-  int64_t numel = 1;
-  for (int i = 0; i < amax->ndim; ++i) numel *= amax->shape[i];
-  PT_CHECK_ARG(amax->dtype == PT_FLOAT32 && numel == 1 && amax->ndim <= 1 && amax->data != nullptr,
-               "argument 'amax' is ", dtype_name(amax->dtype), " ", shape_string(*amax),
-               "; expected one float32 value (0-dim or [1])");
-  PT_CHECK_CUDA(cudaMemsetAsync(amax->data, 0, sizeof(float), static_cast<cudaStream_t>(stream)));
-  return static_cast<float*>(amax->data);
+  float* value = scalar_float32(*amax, "amax");
+  PT_CHECK_CUDA(cudaMemsetAsync(value, 0, sizeof(float), static_cast<cudaStream_t>(stream)));
+  return value;
 }
 
 }  // namespace

@@ -14,7 +14,6 @@ using namespace primus_turbo::quant;
 
 namespace {
 
-
 std::string arch_of_current_device(int* device) {
   *device = current_device();
   bind_device_context(*device);
@@ -165,14 +164,9 @@ struct JobsPlan {
 // A job's given amax (checked), or null.
 const float* checked_amax(const pt_quantize_job& q, const QuantProblem& p) {
   if (q.amax == nullptr) return nullptr;
-  const pt_tensor& a = *q.amax;
-  int64_t numel = 1;
-  for (int i = 0; i < a.ndim; ++i) numel *= a.shape[i];
   PT_CHECK_ARG(p.granularity == PT_QUANT_TENSORWISE && !p.fp4(), "argument 'amax' is given for a ",
                p.fp4() ? "FP4" : "non-tensorwise", " quantization; only TENSORWISE FP8 takes one");
-  PT_CHECK_ARG(a.dtype == PT_FLOAT32 && numel == 1 && a.ndim <= 1 && a.data != nullptr, "argument 'amax' is ",
-               dtype_name(a.dtype), " ", shape_string(a), "; expected one float32 value (0-dim or [1])");
-  return static_cast<const float*>(a.data);
+  return scalar_float32(*q.amax, "amax");
 }
 
 JobsPlan plan_jobs(const pt_quantize_job* jobs, int32_t count) {
