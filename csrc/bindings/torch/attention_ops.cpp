@@ -2,16 +2,13 @@
 // call per direction.
 // The core checks shapes, head dims, windows and sequence offsets; here: dtypes and devices, the
 // conversions the kernels need (readable rows, float32 sinks, int32 offsets) and the outputs.
-#include <cuda_runtime_api.h>
-
-#include <cstdlib>
 #include <optional>
-#include <string>
 #include <tuple>
 #include <vector>
 
 #include <torch/csrc/stable/ops.h>
 
+#include "bindings/torch/debug_readback.h"
 #include "bindings/torch/torch_binding.h"
 
 namespace primus_turbo::torch_binding {
@@ -87,15 +84,11 @@ void add_optionals(const char* op, NamedTensors& all, const std::optional<Tensor
 // clamped by the kernels (no access outside q, k, v or out) but give meaningless rows.
 void check_offsets_on_host(const char* op, const Optionals& o, int64_t rows_q, int64_t rows_k, int64_t max_q,
                            int64_t max_k, void* stream) {
-  const char* flag = std::getenv("PRIMUS_TURBO_CHECK_CU_SEQLENS");
-  if (!flag || !*flag || std::string(flag) == "0" || !o.cu_q || !o.cu_k || is_capturing(stream)) return;
+  constexpr const char* kVar = "PRIMUS_TURBO_CHECK_CU_SEQLENS";
+  if (!o.cu_q || !o.cu_k || !debug_readback_on(kVar, stream)) return;
   for (const auto& [name, t, rows, longest, of] : {std::tuple{"cu_seqlens_q", &*o.cu_q, rows_q, max_q, "'q'"},
                                                    std::tuple{"cu_seqlens_k", &*o.cu_k, rows_k, max_k, "'k'"}}) {
-    std::vector<int32_t> host(static_cast<size_t>(t->numel()));
-    if (cudaMemcpyAsync(host.data(), t->data_ptr(), host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                        static_cast<cudaStream_t>(stream)) != cudaSuccess ||
-        cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) != cudaSuccess)
-      fail_with(ErrorKind::Runtime, op, ": could not read '", name, "' back for PRIMUS_TURBO_CHECK_CU_SEQLENS");
+    const std::vector<int32_t> host = read_back<int32_t>(op, *t, name, kVar, stream);
     if (!host.empty() && host[0] < 0) fail_with(ErrorKind::Value, op, ": ", name, "[0] = ", host[0], " is negative");
     for (size_t i = 1; i < host.size(); ++i) {
       const int64_t len = int64_t{host[i]} - host[i - 1];

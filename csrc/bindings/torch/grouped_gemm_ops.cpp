@@ -1,12 +1,9 @@
 // primus_turbo::grouped_gemm (forward and dgrad) and primus_turbo::grouped_gemm_wgrad, bf16/fp16:
 // argument checks, the plan cache (backend, config, workspace size) and the launch in one native
 // call. Group sizes stay on the device: nothing here reads them, so no call synchronizes.
-#include <cuda_runtime_api.h>
-
-#include <cstdlib>
-#include <string>
 #include <vector>
 
+#include "bindings/torch/debug_readback.h"
 #include "bindings/torch/grouped_gemm_run.h"
 #include "bindings/torch/plan_cache.h"
 #include "bindings/torch/torch_binding.h"
@@ -94,15 +91,9 @@ int64_t check_group_tensors(const Tensor& lens, const std::optional<Tensor>& off
 }
 
 void check_group_lens_on_host(const char* op, const Tensor& lens, int64_t rows, void* stream) {
-  const char* flag = std::getenv("PRIMUS_TURBO_CHECK_GROUP_LENS");
-  if (!flag || !*flag || std::string(flag) == "0" || is_capturing(stream)) return;
-  std::vector<int64_t> host(static_cast<size_t>(lens.numel()));
-  if (!host.empty()) {
-    if (cudaMemcpyAsync(host.data(), lens.data_ptr(), host.size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
-                        static_cast<cudaStream_t>(stream)) != cudaSuccess ||
-        cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) != cudaSuccess)
-      fail_with(ErrorKind::Runtime, op, ": could not read 'group_lens' back for PRIMUS_TURBO_CHECK_GROUP_LENS");
-  }
+  constexpr const char* kVar = "PRIMUS_TURBO_CHECK_GROUP_LENS";
+  if (!debug_readback_on(kVar, stream)) return;
+  const std::vector<int64_t> host = read_back<int64_t>(op, lens, "group_lens", kVar, stream);
   int64_t total = 0;
   for (size_t g = 0; g < host.size(); ++g) {
     if (host[g] < 0)
