@@ -21,6 +21,7 @@ from primus_turbo.pytorch.ops.activation import _bwd_fake as _act_bwd_fake
 from primus_turbo.pytorch.ops.activation import _fwd_fake as _act_fwd_fake
 from primus_turbo.pytorch.ops.activation import swiglu
 from primus_turbo.pytorch.ops.gemm_fp8 import (
+    _IN_DTYPES,
     _NATIVE_GRANULARITY,
     _bwd_fake,
     _check_config,
@@ -125,7 +126,7 @@ def _fused(x2, w_gate_up, w_down, config) -> bool:
     """Whether the native TENSORWISE path takes this call (else the unfused chain runs)."""
     if config.granularity != ScalingGranularity.TENSORWISE or config.format == Format.E5M2:
         return False
-    if x2.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not x2.is_cuda:
+    if x2.dtype not in _IN_DTYPES or not x2.is_cuda:
         return False
     m, hidden, inter = x2.shape[0], x2.shape[1], w_down.shape[1]
     return all(d > 0 and d % 16 == 0 for d in (m, hidden, inter))
