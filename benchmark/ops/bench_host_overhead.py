@@ -196,6 +196,20 @@ def _more_cases(turbo, cases, t, step, dev):
         op = turbo.ops.gemm_fp4 if name == "gemm_fp4" else turbo.ops.gemm_fp8
         ours = (lambda op, cfg: lambda: op(a, b, trans_b=True, config=cfg))(op, cfg)
         cases[name] = (ours, matmul, step(ours, (a, b), g), step(matmul, (a, b), g))
+    # The FP8 MLP (both projections and SwiGLU in one op) against the same MLP in bf16 torch ops.
+    mx, mgu, mdown, mg = t(256, 256), t(2 * 256, 256), t(256, 256), t(256, 256, grad=False)
+    tensorwise = Float8QuantConfig(granularity=G.TENSORWISE)
+
+    def ours_mlp():
+        return turbo.ops.swiglu_mlp_fp8(mx, mgu, mdown, config=tensorwise)
+
+    def torch_mlp():
+        gate, up = F.linear(mx, mgu).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, mdown)
+
+    cases["swiglu_mlp_fp8_tensorwise"] = (
+        ours_mlp, torch_mlp, step(ours_mlp, (mx, mgu, mdown), mg), step(torch_mlp, (mx, mgu, mdown), mg),
+    )
     groups = 4
     ga, gb, gg = t(groups * 64, 256), t(groups, 256, 256), t(groups * 64, 256, grad=False)
     lens = torch.full((groups,), 64, device=dev, dtype=torch.int64)

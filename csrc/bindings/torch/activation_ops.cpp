@@ -9,7 +9,7 @@
 
 #include <torch/csrc/stable/ops.h>
 
-#include "bindings/torch/torch_binding.h"
+#include "bindings/torch/activation_run.h"
 #include "primus_turbo/activation.h"
 
 namespace primus_turbo::torch_binding {
@@ -23,9 +23,10 @@ int32_t check_devices(const char* op, NamedTensors all, const std::optional<Tens
   return check_cuda(op, all);
 }
 
-// With amax: also max |out|, into a float32 [1] allocated here after the checks (zero for an empty out).
-Tensor forward(const Tensor& x, const std::optional<Tensor>& probs, const std::optional<Tensor>& row_mask, int64_t act,
-               std::optional<Tensor>* amax) {
+}  // namespace
+
+Tensor gated_act_forward(const Tensor& x, const std::optional<Tensor>& probs, const std::optional<Tensor>& row_mask,
+                         int64_t act, std::optional<Tensor>* amax) {
   const int32_t device = check_devices("gated activation", {{"x", &x}}, probs, row_mask);
   if (x.dim() < 1 || x.sizes()[x.dim() - 1] % 2)
     fail_with(ErrorKind::Value, "gated activation: x has shape ", shape_string(x), "; expected [..., 2H]");
@@ -49,22 +50,24 @@ Tensor forward(const Tensor& x, const std::optional<Tensor>& probs, const std::o
   return out;
 }
 
+namespace {
+
 Tensor gated_act_fwd(Tensor x, std::optional<Tensor> probs, std::optional<Tensor> row_mask, int64_t act) {
-  return forward(x, probs, row_mask, act, nullptr);
+  return gated_act_forward(x, probs, row_mask, act, nullptr);
 }
 
 std::tuple<Tensor, Tensor> gated_act_fwd_amax(Tensor x, std::optional<Tensor> probs, std::optional<Tensor> row_mask,
                                               int64_t act) {
   std::optional<Tensor> amax;
-  Tensor out = forward(x, probs, row_mask, act, &amax);
+  Tensor out = gated_act_forward(x, probs, row_mask, act, &amax);
   return {out, *amax};
 }
 
-// Returns (dx, dprobs): dprobs float32 [probs.numel()] when need_dprobs, else [0]. With amax: also
-// max |dx|, into a float32 [1] allocated here after the checks.
-std::tuple<Tensor, Tensor> backward(const Tensor& dy, const Tensor& x, const std::optional<Tensor>& probs,
-                                    const std::optional<Tensor>& row_mask, int64_t act, bool need_dprobs,
-                                    std::optional<Tensor>* amax) {
+}  // namespace
+
+std::tuple<Tensor, Tensor> gated_act_backward(const Tensor& dy, const Tensor& x, const std::optional<Tensor>& probs,
+                                              const std::optional<Tensor>& row_mask, int64_t act, bool need_dprobs,
+                                              std::optional<Tensor>* amax) {
   const int32_t device = check_devices("gated activation backward", {{"dy", &dy}, {"x", &x}}, probs, row_mask);
   need_dprobs = need_dprobs && probs.has_value();
   Tensor dx = torch_binding::empty_like(x);
@@ -87,16 +90,18 @@ std::tuple<Tensor, Tensor> backward(const Tensor& dy, const Tensor& x, const std
   return {dx, dprobs};
 }
 
+namespace {
+
 std::tuple<Tensor, Tensor> gated_act_bwd(Tensor dy, Tensor x, std::optional<Tensor> probs,
                                          std::optional<Tensor> row_mask, int64_t act, bool need_dprobs) {
-  return backward(dy, x, probs, row_mask, act, need_dprobs, nullptr);
+  return gated_act_backward(dy, x, probs, row_mask, act, need_dprobs, nullptr);
 }
 
 std::tuple<Tensor, Tensor, Tensor> gated_act_bwd_amax(Tensor dy, Tensor x, std::optional<Tensor> probs,
                                                        std::optional<Tensor> row_mask, int64_t act,
                                                        bool need_dprobs) {
   std::optional<Tensor> amax;
-  auto [dx, dprobs] = backward(dy, x, probs, row_mask, act, need_dprobs, &amax);
+  auto [dx, dprobs] = gated_act_backward(dy, x, probs, row_mask, act, need_dprobs, &amax);
   return {dx, dprobs, *amax};
 }
 

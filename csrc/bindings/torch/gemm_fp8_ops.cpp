@@ -130,44 +130,24 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
   return f;
 }
 
-// Training forward: (out, a_bwd, sa_bwd, b_bwd, sb_bwd), the backward's copies (along M and
-// along N), or empty placeholders when no backward follows.
-using ForwardResult = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
-ForwardResult training_forward(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, ScalarType out_dtype,
-                               ScalarType fwd_dtype, int64_t granularity, bool for_backward, const Tensor* a_amax) {
+}  // namespace
+
+Fp8ForwardResult gemm_fp8_training_forward(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                                           ScalarType out_dtype, ScalarType fwd_dtype, int64_t granularity,
+                                           bool for_backward, const Tensor* a_amax) {
   Forward f = forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, a_amax);
   if (!for_backward) {
     const int32_t device = f.out.get_device();
-    return {f.out, placeholder(device), placeholder(device), placeholder(device),
-            placeholder(device)};
+    return {f.out, placeholder(device), placeholder(device), placeholder(device), placeholder(device)};
   }
   return {f.out, f.a_bwd->q, f.a_bwd->s, f.b_bwd->q, f.b_bwd->s};
 }
 
-ForwardResult gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype,
-                           int64_t granularity, bool for_backward) {
-  return training_forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, nullptr);
-}
-
-// gemm_fp8_fwd with a's amax given (TENSORWISE; e.g. gated_act_fwd_amax's).
-ForwardResult gemm_fp8_fwd_amax(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype,
-                                ScalarType fwd_dtype, int64_t granularity, bool for_backward, Tensor a_amax) {
-  return training_forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, &a_amax);
-}
-
-// Inference (no backward follows): the product only, with no placeholder outputs.
-Tensor gemm_fp8(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype,
-                int64_t granularity) {
-  return forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, false).out;
-}
-
-// Returns (grad_a, grad_b); a gradient not asked for (or accumulated into main_grad) is an empty
-// placeholder.
-std::tuple<Tensor, Tensor> backward(const Tensor& grad_in, const Tensor& a_bwd, const Tensor& sa_bwd,
-                                    const Tensor& b_bwd, const Tensor& sb_bwd, bool trans_a, bool trans_b,
-                                    ScalarType grad_dtype, int64_t granularity, ScalarType a_dtype,
-                                    ScalarType b_dtype, bool need_a, bool need_b,
-                                    const std::optional<Tensor>& main_grad, const Tensor* grad_amax) {
+std::tuple<Tensor, Tensor> gemm_fp8_backward(const Tensor& grad_in, const Tensor& a_bwd, const Tensor& sa_bwd,
+                                             const Tensor& b_bwd, const Tensor& sb_bwd, bool trans_a, bool trans_b,
+                                             ScalarType grad_dtype, int64_t granularity, ScalarType a_dtype,
+                                             ScalarType b_dtype, bool need_a, bool need_b,
+                                             const std::optional<Tensor>& main_grad, const Tensor* grad_amax) {
   NamedTensors tensors{{"grad_out", &grad_in}, {"a_bwd", &a_bwd}, {"b_bwd", &b_bwd}};
   if (main_grad) tensors.push_back({"main_grad", &*main_grad});
   if (grad_amax) tensors.push_back({"grad_amax", grad_amax});
@@ -208,21 +188,25 @@ std::tuple<Tensor, Tensor> backward(const Tensor& grad_in, const Tensor& a_bwd, 
   return {grad_a, grad_b};
 }
 
+namespace {
+
+Fp8ForwardResult gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype,
+                              ScalarType fwd_dtype, int64_t granularity, bool for_backward) {
+  return gemm_fp8_training_forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, nullptr);
+}
+
+// Inference (no backward follows): the product only, with no placeholder outputs.
+Tensor gemm_fp8(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype,
+                int64_t granularity) {
+  return forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, false).out;
+}
+
 std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd,
                                         bool trans_a, bool trans_b, ScalarType grad_dtype, int64_t granularity,
                                         ScalarType a_dtype, ScalarType b_dtype, bool need_a, bool need_b,
                                         std::optional<Tensor> main_grad) {
-  return backward(grad_in, a_bwd, sa_bwd, b_bwd, sb_bwd, trans_a, trans_b, grad_dtype, granularity, a_dtype, b_dtype,
-                  need_a, need_b, main_grad, nullptr);
-}
-
-// gemm_fp8_bwd with the output gradient's amax given (TENSORWISE; e.g. gated_act_bwd_amax's).
-std::tuple<Tensor, Tensor> gemm_fp8_bwd_amax(Tensor grad_in, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd,
-                                             Tensor sb_bwd, bool trans_a, bool trans_b, ScalarType grad_dtype,
-                                             int64_t granularity, ScalarType a_dtype, ScalarType b_dtype, bool need_a,
-                                             bool need_b, std::optional<Tensor> main_grad, Tensor grad_amax) {
-  return backward(grad_in, a_bwd, sa_bwd, b_bwd, sb_bwd, trans_a, trans_b, grad_dtype, granularity, a_dtype, b_dtype,
-                  need_a, need_b, main_grad, &grad_amax);
+  return gemm_fp8_backward(grad_in, a_bwd, sa_bwd, b_bwd, sb_bwd, trans_a, trans_b, grad_dtype, granularity, a_dtype,
+                           b_dtype, need_a, need_b, main_grad, nullptr);
 }
 
 }  // namespace
@@ -293,20 +277,12 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("gemm_fp8_bwd(Tensor grad_out, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd, bool trans_a, "
         "bool trans_b, ScalarType grad_dtype, int granularity, ScalarType a_dtype, ScalarType b_dtype, bool need_a, "
         "bool need_b, Tensor(a!)? main_grad) -> (Tensor, Tensor)");
-  m.def("gemm_fp8_fwd_amax(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, "
-        "ScalarType fwd_dtype, int granularity, bool for_backward, Tensor a_amax) -> "
-        "(Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def("gemm_fp8_bwd_amax(Tensor grad_out, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd, "
-        "bool trans_a, bool trans_b, ScalarType grad_dtype, int granularity, ScalarType a_dtype, ScalarType b_dtype, "
-        "bool need_a, bool need_b, Tensor(a!)? main_grad, Tensor grad_amax) -> (Tensor, Tensor)");
 }
 
 static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("gemm_fp8_fwd", TORCH_BOX(&gemm_fp8_fwd));
   m.impl("gemm_fp8", TORCH_BOX(&gemm_fp8));
   m.impl("gemm_fp8_bwd", TORCH_BOX(&gemm_fp8_bwd));
-  m.impl("gemm_fp8_fwd_amax", TORCH_BOX(&gemm_fp8_fwd_amax));
-  m.impl("gemm_fp8_bwd_amax", TORCH_BOX(&gemm_fp8_bwd_amax));
 }
 
 PT_REGISTER_CUDA_AND_CPU(register_kernels)

@@ -1,8 +1,9 @@
-// The planned dense FP8 GEMM of gemm_fp8_ops.cpp, for the other native ops built on it (the MXFP4
-// emulation of gemm_fp4_ops.cpp).
+// The planned dense FP8 GEMM of gemm_fp8_ops.cpp and its training directions, for the other native
+// ops built on them (the MXFP4 emulation of gemm_fp4_ops.cpp, swiglu_mlp_fp8_ops.cpp).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <tuple>
 
 #include "bindings/torch/fp8_quantize.h"
@@ -18,5 +19,21 @@ void fp8_mm(const Quantized& x, const Quantized& y, const Tensor& out, float bet
 std::tuple<int64_t, int64_t, int64_t> check_dense_operands(const char* op, const Tensor& a, const Tensor& b, bool ta,
                                                            bool tb, ScalarType out_dtype, bool backward,
                                                            const char* k_reason, const char* bwd_reason);
+
+// The training forward of gemm_fp8_fwd: (out, a_bwd, sa_bwd, b_bwd, sb_bwd), the copies the
+// backward reads (a along M, b along N), or placeholders without for_backward. a_amax (TENSORWISE,
+// float32 [1], may be null): a's amax as the op that wrote a reported it; a's amax pass is skipped.
+using Fp8ForwardResult = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+Fp8ForwardResult gemm_fp8_training_forward(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                                           ScalarType out_dtype, ScalarType fwd_dtype, int64_t granularity,
+                                           bool for_backward, const Tensor* a_amax);
+
+// The backward of gemm_fp8_bwd: (grad_a, grad_b), placeholders for a gradient not asked for (or
+// accumulated into main_grad). grad_amax as a_amax above, for the output gradient.
+std::tuple<Tensor, Tensor> gemm_fp8_backward(const Tensor& grad, const Tensor& a_bwd, const Tensor& sa_bwd,
+                                             const Tensor& b_bwd, const Tensor& sb_bwd, bool trans_a, bool trans_b,
+                                             ScalarType grad_dtype, int64_t granularity, ScalarType a_dtype,
+                                             ScalarType b_dtype, bool need_a, bool need_b,
+                                             const std::optional<Tensor>& main_grad, const Tensor* grad_amax);
 
 }  // namespace primus_turbo::torch_binding

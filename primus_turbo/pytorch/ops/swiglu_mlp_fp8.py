@@ -1,9 +1,10 @@
 """``turbo.ops.swiglu_mlp_fp8``: a SwiGLU MLP (gate/up projection, SwiGLU, down projection) in FP8
 as one differentiable op, so the quantizations of the tensors SwiGLU writes fuse with it.
 
-TENSORWISE: the SwiGLU forward reports the amax of its output (gated_act_fwd_amax) and the down
-projection's quantization reads it instead of running an amax pass of its own; the SwiGLU backward
-does the same for the gradient the gate/up projection's backward quantizes (gated_act_bwd_amax).
+TENSORWISE, one native call per direction (csrc/bindings/torch/swiglu_mlp_fp8_ops.cpp): the SwiGLU
+forward reports the amax of its output and the down projection's quantization reads it instead of
+running an amax pass of its own; the SwiGLU backward does the same for the gradient the gate/up
+projection's backward quantizes.
 The reported amax is the one an amax pass over the rounded output would find, so the values are
 the unfused chain's (gemm_fp8, swiglu, gemm_fp8) bit for bit. Two passes over the largest
 activations of the step (the SwiGLU output and its input gradient) are saved.
@@ -23,19 +24,15 @@ from primus_turbo.pytorch.ops.activation import swiglu
 from primus_turbo.pytorch.ops.gemm_fp8 import (
     _IN_DTYPES,
     _NATIVE_GRANULARITY,
-    _bwd_fake,
     _check_config,
     _dtypes,
     _fwd_fake,
-    _native_bwd,
-    _native_fwd,
     gemm_fp8,
 )
 
 __all__ = ["swiglu_mlp_fp8"]
 
 _TENSORWISE = _NATIVE_GRANULARITY[ScalingGranularity.TENSORWISE]
-_SILU = 0  # the gated activation's act code
 
 
 def _fwd_amax_fake(x, probs, row_mask, act):
@@ -46,58 +43,58 @@ def _bwd_amax_fake(dy, x, probs, row_mask, act, need_dprobs):
     return (*_act_bwd_fake(dy, x, probs, row_mask, act, need_dprobs), x.new_empty((1,), dtype=torch.float32))
 
 
-def _gemm_fwd_amax_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, a_amax):
-    return _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward)
+def _mlp_fwd_fake(x, w_gate_up, w_down, fwd_dtype, for_backward):
+    h, *gate_up_copies = _fwd_fake(x, w_gate_up, False, True, x.dtype, fwd_dtype, _TENSORWISE, for_backward)
+    a = h.new_empty((h.shape[0], h.shape[1] // 2))
+    y, *down_copies = _fwd_fake(a, w_down, False, True, x.dtype, fwd_dtype, _TENSORWISE, for_backward)
+    return y, (h if for_backward else library.placeholder(x)), *gate_up_copies, *down_copies
 
 
-def _gemm_bwd_amax_fake(grad, a_bwd, sa_bwd, b_bwd, sb_bwd, trans_a, trans_b, grad_dtype, granularity, a_dtype,
-                        b_dtype, need_a, need_b, main_grad, grad_amax):
-    return _bwd_fake(grad, a_bwd, sa_bwd, b_bwd, sb_bwd, trans_a, trans_b, grad_dtype, granularity, a_dtype,
-                        b_dtype, need_a, need_b, main_grad)
+def _mlp_bwd_fake(dy, h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd, grad_dtype, need_x,
+                  need_w_gate_up, need_w_down):
+    m, hidden, inter = dy.shape[0], dy.shape[1], a_bwd.shape[0]
+    grads = ((need_x, (m, hidden)), (need_w_gate_up, (2 * inter, hidden)), (need_w_down, (hidden, inter)))
+    return tuple(h.new_empty(shape) if need else library.placeholder(h) for need, shape in grads)
 
 
-# Native ops: csrc/bindings/torch/activation_ops.cpp and gemm_fp8_ops.cpp.
+def _train_fake(x, w_gate_up, w_down, fwd_dtype, grad_dtype):
+    return _mlp_fwd_fake(x, w_gate_up, w_down, fwd_dtype, False)[0]
+
+
+# Native ops: csrc/bindings/torch/activation_ops.cpp and swiglu_mlp_fp8_ops.cpp.
 library.register_fake("gated_act_fwd_amax", _fwd_amax_fake)
 library.register_fake("gated_act_bwd_amax", _bwd_amax_fake)
-library.register_fake("gemm_fp8_fwd_amax", _gemm_fwd_amax_fake)
-library.register_fake("gemm_fp8_bwd_amax", _gemm_bwd_amax_fake)
+library.register_fake("swiglu_mlp_fp8_fwd", _mlp_fwd_fake)
+library.register_fake("swiglu_mlp_fp8_bwd", _mlp_bwd_fake)
 _swiglu_fwd = native.ops.gated_act_fwd_amax.default
 _swiglu_bwd = native.ops.gated_act_bwd_amax.default
-_gemm_fwd_amax = native.ops.gemm_fp8_fwd_amax.default
-_gemm_bwd_amax = native.ops.gemm_fp8_bwd_amax.default
+_native_fwd = native.ops.swiglu_mlp_fp8_fwd.default
+_native_bwd = native.ops.swiglu_mlp_fp8_bwd.default
+# With the C++ autograd (bindings/torch_autograd/swiglu_mlp_fp8_autograd.cpp): forward and backward
+# of a training call without Python in between.
+_native_train = None
+if native.CPP_AUTOGRAD:
+    library.register_fake("swiglu_mlp_fp8_train", _train_fake)
+    _native_train = native.ops.swiglu_mlp_fp8_train.default
 
 
 class SwigluMlpFp8Function(torch.autograd.Function):
-    """TENSORWISE: x [M, H] -> gate/up [M, 2I] -> SwiGLU [M, I] -> down [M, H], each FP8 GEMM one
-    native call per direction, the SwiGLU outputs' amaxes handed to the quantizations after them."""
+    """TENSORWISE: x [M, H] -> gate/up [M, 2I] -> SwiGLU [M, I] -> down [M, H], one native call per
+    direction (swiglu_mlp_fp8_fwd / _bwd), the SwiGLU outputs' amaxes handed to the quantizations
+    after them inside it."""
 
     @staticmethod
     def forward(ctx, x, w_gate_up, w_down, fmt: Format):
-        fwd_dtype, grad_dtype = _dtypes(fmt)
-        h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd = _native_fwd(x, w_gate_up, False, True, x.dtype, fwd_dtype,
-                                                              _TENSORWISE, True)
-        a, a_amax = _swiglu_fwd(h, None, None, _SILU)
-        y, a_bwd, sa_bwd, wd_bwd, swd_bwd = _gemm_fwd_amax(a, w_down, False, True, x.dtype, fwd_dtype, _TENSORWISE,
-                                                           True, a_amax)
-        ctx.save_for_backward(h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd)
-        ctx.grad_dtype = grad_dtype
-        ctx.dtypes = (x.dtype, w_gate_up.dtype, w_down.dtype)
+        fwd_dtype, ctx.grad_dtype = _dtypes(fmt)
+        y, *saved = _native_fwd(x, w_gate_up, w_down, fwd_dtype, True)
+        ctx.save_for_backward(*saved)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd = ctx.saved_tensors
-        x_dtype, wgu_dtype, wd_dtype = ctx.dtypes
         need_x, need_wgu, need_wd = ctx.needs_input_grad[:3]
-        need_da = need_x or need_wgu  # the gradient through SwiGLU, wanted only below it
-        da, dw_down = _native_bwd(dy.contiguous(), a_bwd, sa_bwd, wd_bwd, swd_bwd, False, True, ctx.grad_dtype,
-                                  _TENSORWISE, h.dtype, wd_dtype, need_da, need_wd, None)
-        if not need_da:
-            return None, None, (dw_down if need_wd else None), None
-        dh, _, dh_amax = _swiglu_bwd(da, h, None, None, _SILU, False)
-        dx, dw_gate_up = _gemm_bwd_amax(dh, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, False, True, ctx.grad_dtype,
-                                        _TENSORWISE, x_dtype, wgu_dtype, need_x, need_wgu, None, dh_amax)
-        return (dx if need_x else None), (dw_gate_up if need_wgu else None), (dw_down if need_wd else None), None
+        dx, dwgu, dwd = _native_bwd(dy, *ctx.saved_tensors, ctx.grad_dtype, need_x, need_wgu, need_wd)
+        return (dx if need_x else None), (dwgu if need_wgu else None), (dwd if need_wd else None), None
 
 
 def _check(x, w_gate_up, w_down) -> None:
@@ -154,7 +151,10 @@ def swiglu_mlp_fp8(
     x2 = x.reshape(-1, x.shape[-1])
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_gate_up, w_down))
     if training and _fused(x2, w_gate_up, w_down, config):  # without a backward, only one pass is saved
-        y = SwigluMlpFp8Function.apply(x2.contiguous(), w_gate_up, w_down, config.format)
+        if native.eager_cpp_autograd():
+            y = _native_train(x2, w_gate_up, w_down, *_dtypes(config.format))
+        else:
+            y = SwigluMlpFp8Function.apply(x2, w_gate_up, w_down, config.format)
     else:
         h = gemm_fp8(x2, w_gate_up, trans_b=True, config=config)
         y = gemm_fp8(swiglu(h), w_down, trans_b=True, config=config)
