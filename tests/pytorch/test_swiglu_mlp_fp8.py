@@ -122,3 +122,13 @@ def test_only_the_down_weight_needs_a_gradient():
     (fused,) = torch.autograd.grad(turbo.ops.swiglu_mlp_fp8(x, wgu, wd, config), (wd,), dy)
     (chain,) = torch.autograd.grad(unfused(x, wgu, wd, config), (wd,), dy)
     assert torch.equal(fused, chain)
+
+
+@pytest.mark.parametrize("config", TENSORWISE, ids=["e4m3", "hybrid"])
+def test_inference_is_one_fused_call_equal_to_the_chain(config):
+    # Without a backward the fused path still runs (forward only, no backward copies).
+    x, wgu, wd = make(256, 512, 768)
+    with torch.no_grad():
+        fused = turbo.ops.swiglu_mlp_fp8(x.reshape(2, 128, 512), wgu, wd, config)
+        chain = unfused(x, wgu, wd, config)
+    assert fused.shape == (2, 128, 512) and torch.equal(fused.reshape(256, 512), chain)

@@ -50,7 +50,10 @@ def test_fake_cuda_forward_shapes(config):
         wgu = torch.empty(2 * 96, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         wd = torch.empty(128, 96, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         y = turbo.ops.swiglu_mlp_fp8(x, wgu, wd, config)
+        with torch.no_grad():  # the forward-only call
+            y_infer = turbo.ops.swiglu_mlp_fp8(x, wgu, wd, config)
     assert y.shape == (2, 64, 128) and y.dtype == torch.bfloat16 and y.device.type == "cuda"
+    assert y_infer.shape == y.shape and y_infer.dtype == y.dtype
 
 
 def test_fused_backward_shapes_under_fake_cuda_tensors():

@@ -142,20 +142,22 @@ def swiglu_mlp_fp8(
             :func:`swiglu` splits its input.
         w_down: ``[H, I]``.
 
-    Differentiable in all three. Training calls with TENSORWISE and M, H and I positive multiples
-    of 16 take the fused path (module docstring); the result equals the unfused chain's either way
-    (for finite values: the SwiGLU kernels' amax ignores NaN, as the batched amax pass does).
+    Differentiable in all three. Calls with TENSORWISE and M, H and I positive multiples of 16 take
+    the fused path (module docstring; one native call, and one for the backward); the result equals
+    the unfused chain's either way (for finite values: the SwiGLU kernels' amax ignores NaN, as the
+    batched amax pass does).
     """
     _check(x, w_gate_up, w_down)
     config = _check_config(config)
     x2 = x.reshape(-1, x.shape[-1])
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_gate_up, w_down))
-    if training and _fused(x2, w_gate_up, w_down, config):  # without a backward, only one pass is saved
-        if native.eager_cpp_autograd():
-            y = _native_train(x2, w_gate_up, w_down, *_dtypes(config.format))
-        else:
-            y = SwigluMlpFp8Function.apply(x2, w_gate_up, w_down, config.format)
-    else:
+    if not _fused(x2, w_gate_up, w_down, config):
         h = gemm_fp8(x2, w_gate_up, trans_b=True, config=config)
         y = gemm_fp8(swiglu(h), w_down, trans_b=True, config=config)
+    elif not training:  # one call, no backward copies
+        y = _native_fwd(x2, w_gate_up, w_down, _dtypes(config.format)[0], False)[0]
+    elif native.eager_cpp_autograd():
+        y = _native_train(x2, w_gate_up, w_down, *_dtypes(config.format))
+    else:
+        y = SwigluMlpFp8Function.apply(x2, w_gate_up, w_down, config.format)
     return y.view(*x.shape[:-1], w_down.shape[0])
