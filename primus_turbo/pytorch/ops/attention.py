@@ -329,7 +329,10 @@ def _traced_backend_code() -> int:
 
 class AttentionProblem(autotune.TunableProblem):
     """One attention call as autotune sees it: TURBO against CUDNN on the call's own tensors, the
-    forward and (for a training call) the backward together, since a training step runs both."""
+    forward and (for a training call) the backward together, since a training step runs both.
+    The CUDNN candidate runs as the backend unset does (code 0: cuDNN for each direction the core
+    does not know ours to be faster at, e.g. ours for a backward with sinks), so a measured choice
+    is never slower than the unset default."""
 
     op = OpFamily.ATTN
     precision = PrecisionType.BF16_FP16_FP32
@@ -351,17 +354,12 @@ class AttentionProblem(autotune.TunableProblem):
         )
 
     def query(self, backend: BackendType):
-        if backend is BackendType.CUDNN:
-            cu_q, cu_k = self.args[4], self.args[5]
-            if cu_q is not None and cu_k is not cu_q:
-                return False, 0, "cuDNN runs packed sequences given one cu_seqlens tensor for q and k"
-            if self.grad and self.deterministic:  # its deterministic backward's workspace is B*Hq*Sq*Sk*2 bytes
-                return False, 0, "deterministic backward: ours, as with the backend unset"
-        # Any other problem a backend cannot run raises in run(), and autotune skips that backend.
+        # A problem TURBO cannot run raises in run(), and autotune skips it; the unset default runs
+        # every problem.
         return True, 1, ""
 
     def run(self, backend: BackendType, config: int, for_tuning: bool = False) -> None:
-        code = _BACKEND_CODES[backend]
+        code = _tuned_backend_code(backend)
         q, k, v, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr = self.args
         with torch.no_grad():  # the native ops alone, outside the caller's autograd graph
             out, lse = _fwd_op(*self.args, code)
@@ -371,6 +369,11 @@ class AttentionProblem(autotune.TunableProblem):
                     self._dout = torch.randn(out.shape, generator=gen, device=out.device, dtype=out.dtype)
                 _bwd_op(self._dout, q, k, v, out, lse, sink, cu_q, cu_k, max_q, max_k, scale, wl, wr, code,
                         self.deterministic)
+
+
+def _tuned_backend_code(backend: BackendType) -> int:
+    """The native op's backend code of an autotune candidate: TURBO, or 0 (the unset default) for CUDNN."""
+    return _BACKEND_CODES[BackendType.TURBO] if backend is BackendType.TURBO else 0
 
 
 _tuned = {}  # cheap key of a call -> backend code, in front of autotune's string keys
@@ -401,7 +404,7 @@ def _tuned_code(args: tuple, deterministic: bool, grad: bool) -> int:
     code = _tuned.get(fast)
     if code is None:
         choice = autotune.tune(AttentionProblem(args, deterministic, grad), q.device, agree=False)
-        code = 0 if choice is None else _BACKEND_CODES[choice[0]]
+        code = 0 if choice is None else _tuned_backend_code(choice[0])
         if choice is not None:
             _tuned[fast] = code
     return code
@@ -477,7 +480,8 @@ def flash_attn_func(
         return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]`` (natural log; ``+inf`` for
             a query that sees no key and has no sink).
         sink: optional ``[Hq]`` per-head logit (GPT-OSS attention sinks; cast to float32) that joins
-            each softmax denominator; differentiable.
+            each softmax denominator; differentiable. With the backend unset the backward then
+            runs on TURBO (faster than cuDNN's there), the forward on cuDNN.
         dropout_p, bias, alibi_slopes, return_attn_probs: not supported (``NotImplementedError``
             unless left at their defaults).
 
