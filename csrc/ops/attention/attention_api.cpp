@@ -52,9 +52,10 @@ const cudnn::Plan* choose(const Problem& p, int32_t backend, bool backward, bool
   // Unset and deterministic: ours, with its separate dQ kernel (no atomics). cuDNN's deterministic backward
   // needs a dP workspace of B*H*Sq*Sk*2 bytes on Hopper (137 GB at 2x32x32K^2).
   if (backend == PT_BACKEND_NONE && backward && deterministic) return nullptr;
-  // Unset, with sinks: cuDNN's forward, our backward. cuDNN's backward with a sink token took 2.6x
-  // ours on H100 (GPT-OSS shapes, window 128, 2.87 vs 1.10 ms), its forward 0.6x ours.
-  if (backend == PT_BACKEND_NONE && backward && p.params.sink != nullptr) return nullptr;
+  // Unset, head dim 64 with sinks (GPT-OSS): cuDNN's forward, our backward. There cuDNN's backward
+  // took 2.5x ours on H100 (window 128: 2.81 vs 1.12 ms), its forward 0.6x ours; at head dim 128
+  // with sinks the two backwards were within 5% either way.
+  if (backend == PT_BACKEND_NONE && backward && p.params.sink != nullptr && p.params.head_dim <= 64) return nullptr;
   std::string why;
   const cudnn::Plan* plan = nullptr;
   if (backward && deterministic && p.params.sink != nullptr) {
