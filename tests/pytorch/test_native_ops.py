@@ -31,6 +31,7 @@ NATIVE_OPS = {
     "gated_act_bwd": "gated_act_bwd(Tensor dy, Tensor x, Tensor? probs, Tensor? row_mask, int act, bool need_dprobs)",
     "gated_act_fwd_amax": "gated_act_fwd_amax(Tensor x, Tensor? probs, Tensor? row_mask, int act) -> (Tensor, Tensor)",
     "gated_act_bwd_amax": "gated_act_bwd_amax(Tensor dy, Tensor x, Tensor? probs, Tensor? row_mask, int act",
+    "swiglu_mlp_fp8": "swiglu_mlp_fp8(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype) -> Tensor",
     "swiglu_mlp_fp8_fwd": "swiglu_mlp_fp8_fwd(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype",
     "swiglu_mlp_fp8_bwd": "swiglu_mlp_fp8_bwd(Tensor dy, Tensor h, Tensor x_bwd, Tensor sx_bwd, Tensor wgu_bwd",
     "moe_token_permute": "moe_token_permute(Tensor tokens, Tensor routing_map, Tensor? probs, int num_out)",

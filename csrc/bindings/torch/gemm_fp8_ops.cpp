@@ -132,6 +132,11 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
 
 }  // namespace
 
+Tensor gemm_fp8_inference(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, ScalarType out_dtype,
+                          ScalarType fwd_dtype, int64_t granularity, const Tensor* a_amax) {
+  return forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, false, a_amax).out;
+}
+
 Fp8ForwardResult gemm_fp8_training_forward(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                                            ScalarType out_dtype, ScalarType fwd_dtype, int64_t granularity,
                                            bool for_backward, const Tensor* a_amax) {
@@ -198,7 +203,7 @@ Fp8ForwardResult gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, Sc
 // Inference (no backward follows): the product only, with no placeholder outputs.
 Tensor gemm_fp8(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype,
                 int64_t granularity) {
-  return forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, false).out;
+  return gemm_fp8_inference(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, nullptr);
 }
 
 std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd,

@@ -20,6 +20,10 @@ std::tuple<int64_t, int64_t, int64_t> check_dense_operands(const char* op, const
                                                            bool tb, ScalarType out_dtype, bool backward,
                                                            const char* k_reason, const char* bwd_reason);
 
+// The inference op gemm_fp8 (no backward follows: the product only), with a_amax as below.
+Tensor gemm_fp8_inference(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, ScalarType out_dtype,
+                          ScalarType fwd_dtype, int64_t granularity, const Tensor* a_amax);
+
 // The training forward of gemm_fp8_fwd: (out, a_bwd, sa_bwd, b_bwd, sb_bwd), the copies the
 // backward reads (a along M, b along N), or placeholders without for_backward. a_amax (TENSORWISE,
 // float32 [1], may be null): a's amax as the op that wrote a reported it; a's amax pass is skipped.

@@ -1,4 +1,4 @@
-// primus_turbo::swiglu_mlp_fp8_fwd / swiglu_mlp_fp8_bwd: a SwiGLU MLP (x [M, H] -> gate/up
+// primus_turbo::swiglu_mlp_fp8 (no backward) / swiglu_mlp_fp8_fwd / swiglu_mlp_fp8_bwd: a SwiGLU MLP (x [M, H] -> gate/up
 // projection [M, 2I] -> SwiGLU [M, I] -> down projection [M, H]) with both projections in
 // TENSORWISE FP8, one native call per direction. The SwiGLU kernels report the amax of what they
 // write, and the quantization after them takes it instead of running an amax pass: in the forward
@@ -35,22 +35,31 @@ void check_mlp(const Tensor& x, const Tensor& w_gate_up, const Tensor& w_down) {
               dtype_name(w_down.scalar_type()));
 }
 
-// (y, h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd): the output, the gate/up
-// projection's output h (SwiGLU's backward reads it) and each GEMM's backward copies (placeholders
-// without for_backward, h included).
+// The training forward: (y, h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd), the
+// output, the gate/up projection's output h (SwiGLU's backward reads it) and each GEMM's backward
+// copies.
 using MlpForward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
-MlpForward swiglu_mlp_fp8_fwd(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype, bool for_backward) {
+MlpForward swiglu_mlp_fp8_fwd(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype) {
   check_mlp(x, w_gate_up, w_down);
   const ScalarType dtype = x.scalar_type();
   auto [h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd] =
-      gemm_fp8_training_forward(x, w_gate_up, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, for_backward, nullptr);
+      gemm_fp8_training_forward(x, w_gate_up, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, nullptr);
   std::optional<Tensor> a_amax;
   const Tensor a = gated_act_forward(h, std::nullopt, std::nullopt, kSilu, &a_amax);
   auto [y, a_bwd, sa_bwd, wd_bwd, swd_bwd] =
-      gemm_fp8_training_forward(a, w_down, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, for_backward, &*a_amax);
-  if (!for_backward) h = placeholder(y.get_device());
+      gemm_fp8_training_forward(a, w_down, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, &*a_amax);
   return {y, h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd};
+}
+
+// Without a backward: the output alone (no copies kept, no placeholders to allocate and box).
+Tensor swiglu_mlp_fp8(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype) {
+  check_mlp(x, w_gate_up, w_down);
+  const ScalarType dtype = x.scalar_type();
+  const Tensor h = gemm_fp8_inference(x, w_gate_up, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, nullptr);
+  std::optional<Tensor> a_amax;
+  const Tensor a = gated_act_forward(h, std::nullopt, std::nullopt, kSilu, &a_amax);
+  return gemm_fp8_inference(a, w_down, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, &*a_amax);
 }
 
 // (dx, dw_gate_up, dw_down); a gradient not asked for is a placeholder.
@@ -77,7 +86,8 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_mlp_fp8_bwd(Tensor dy, Tensor h, Tenso
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
-  m.def("swiglu_mlp_fp8_fwd(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype, bool for_backward) -> "
+  m.def("swiglu_mlp_fp8(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype) -> Tensor");
+  m.def("swiglu_mlp_fp8_fwd(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype) -> "
         "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("swiglu_mlp_fp8_bwd(Tensor dy, Tensor h, Tensor x_bwd, Tensor sx_bwd, Tensor wgu_bwd, Tensor swgu_bwd, "
         "Tensor a_bwd, Tensor sa_bwd, Tensor wd_bwd, Tensor swd_bwd, ScalarType grad_dtype, bool need_x, "
@@ -85,6 +95,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
 }
 
 static void register_kernels(torch::stable::detail::StableLibrary& m) {
+  m.impl("swiglu_mlp_fp8", TORCH_BOX(&swiglu_mlp_fp8));
   m.impl("swiglu_mlp_fp8_fwd", TORCH_BOX(&swiglu_mlp_fp8_fwd));
   m.impl("swiglu_mlp_fp8_bwd", TORCH_BOX(&swiglu_mlp_fp8_bwd));
 }

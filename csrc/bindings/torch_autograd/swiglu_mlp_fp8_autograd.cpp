@@ -11,7 +11,8 @@ namespace {
 using namespace primus_turbo::torch_autograd;
 
 using FwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>(
-    const Tensor&, const Tensor&, const Tensor&, c10::ScalarType, bool);
+    const Tensor&, const Tensor&, const Tensor&, c10::ScalarType);
+using InferSig = Tensor(const Tensor&, const Tensor&, const Tensor&, c10::ScalarType);
 using BwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                   const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                   const Tensor&, const Tensor&, c10::ScalarType, bool, bool, bool);
@@ -22,7 +23,7 @@ struct SwigluMlpFp8Function : public torch::autograd::Function<SwigluMlpFp8Funct
     at::AutoDispatchBelowADInplaceOrView guard;
     static const auto fwd = op<FwdSig>("primus_turbo::swiglu_mlp_fp8_fwd");
     auto [y, h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd] =
-        fwd.call(x, w_gate_up, w_down, fwd_dtype, true);
+        fwd.call(x, w_gate_up, w_down, fwd_dtype);
     ctx->save_for_backward({h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd});
     ctx->saved_data["g"] = static_cast<int64_t>(grad_dtype);
     return y;
@@ -45,11 +46,11 @@ Tensor swiglu_mlp_fp8_train_autograd(const Tensor& x, const Tensor& w_gate_up, c
   return SwigluMlpFp8Function::apply(x, w_gate_up, w_down, fwd_dtype, grad_dtype);
 }
 
-// Below autograd (no gradient will be asked for): the forward without the backward's copies.
+// Below autograd (no gradient will be asked for): the inference op.
 Tensor swiglu_mlp_fp8_train_forward_only(const Tensor& x, const Tensor& w_gate_up, const Tensor& w_down,
                                          c10::ScalarType fwd_dtype, c10::ScalarType) {
-  static const auto fwd = op<FwdSig>("primus_turbo::swiglu_mlp_fp8_fwd");
-  return std::get<0>(fwd.call(x, w_gate_up, w_down, fwd_dtype, false));
+  static const auto infer = op<InferSig>("primus_turbo::swiglu_mlp_fp8");
+  return infer.call(x, w_gate_up, w_down, fwd_dtype);
 }
 
 }  // namespace

@@ -43,11 +43,15 @@ def _bwd_amax_fake(dy, x, probs, row_mask, act, need_dprobs):
     return (*_act_bwd_fake(dy, x, probs, row_mask, act, need_dprobs), x.new_empty((1,), dtype=torch.float32))
 
 
-def _mlp_fwd_fake(x, w_gate_up, w_down, fwd_dtype, for_backward):
+def _mlp_fwd_fake(x, w_gate_up, w_down, fwd_dtype, for_backward=True):
     h, *gate_up_copies = _fwd_fake(x, w_gate_up, False, True, x.dtype, fwd_dtype, _TENSORWISE, for_backward)
     a = h.new_empty((h.shape[0], h.shape[1] // 2))
     y, *down_copies = _fwd_fake(a, w_down, False, True, x.dtype, fwd_dtype, _TENSORWISE, for_backward)
-    return y, (h if for_backward else library.placeholder(x)), *gate_up_copies, *down_copies
+    return y, h, *gate_up_copies, *down_copies
+
+
+def _infer_fake(x, w_gate_up, w_down, fwd_dtype):
+    return _mlp_fwd_fake(x, w_gate_up, w_down, fwd_dtype, False)[0]
 
 
 def _mlp_bwd_fake(dy, h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd, grad_dtype, need_x,
@@ -58,16 +62,18 @@ def _mlp_bwd_fake(dy, h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd
 
 
 def _train_fake(x, w_gate_up, w_down, fwd_dtype, grad_dtype):
-    return _mlp_fwd_fake(x, w_gate_up, w_down, fwd_dtype, False)[0]
+    return _infer_fake(x, w_gate_up, w_down, fwd_dtype)
 
 
 # Native ops: csrc/bindings/torch/activation_ops.cpp and swiglu_mlp_fp8_ops.cpp.
 library.register_fake("gated_act_fwd_amax", _fwd_amax_fake)
 library.register_fake("gated_act_bwd_amax", _bwd_amax_fake)
+library.register_fake("swiglu_mlp_fp8", _infer_fake)
 library.register_fake("swiglu_mlp_fp8_fwd", _mlp_fwd_fake)
 library.register_fake("swiglu_mlp_fp8_bwd", _mlp_bwd_fake)
 _swiglu_fwd = native.ops.gated_act_fwd_amax.default
 _swiglu_bwd = native.ops.gated_act_bwd_amax.default
+_native_infer = native.ops.swiglu_mlp_fp8.default
 _native_fwd = native.ops.swiglu_mlp_fp8_fwd.default
 _native_bwd = native.ops.swiglu_mlp_fp8_bwd.default
 # With the C++ autograd (bindings/torch_autograd/swiglu_mlp_fp8_autograd.cpp): forward and backward
@@ -86,7 +92,7 @@ class SwigluMlpFp8Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_gate_up, w_down, fmt: Format):
         fwd_dtype, ctx.grad_dtype = _dtypes(fmt)
-        y, *saved = _native_fwd(x, w_gate_up, w_down, fwd_dtype, True)
+        y, *saved = _native_fwd(x, w_gate_up, w_down, fwd_dtype)
         ctx.save_for_backward(*saved)
         return y
 
@@ -155,7 +161,7 @@ def swiglu_mlp_fp8(
         h = gemm_fp8(x2, w_gate_up, trans_b=True, config=config)
         y = gemm_fp8(swiglu(h), w_down, trans_b=True, config=config)
     elif not training:  # one call, no backward copies
-        y = _native_fwd(x2, w_gate_up, w_down, _dtypes(config.format)[0], False)[0]
+        y = _native_infer(x2, w_gate_up, w_down, _dtypes(config.format)[0])
     elif native.eager_cpp_autograd():
         y = _native_train(x2, w_gate_up, w_down, *_dtypes(config.format))
     else:
