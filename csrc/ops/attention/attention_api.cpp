@@ -49,13 +49,9 @@ const cudnn::Plan* choose(const Problem& p, int32_t backend, bool backward, bool
   if (backend == PT_BACKEND_TURBO) return nullptr;
   PT_CHECK_ARG(backend == PT_BACKEND_NONE || backend == PT_BACKEND_CUDNN, "argument 'backend' is ",
                backend_name(backend), "; attention runs on TURBO or CUDNN");
-  // Unset and deterministic: ours, with its separate dQ kernel (no atomics). cuDNN's deterministic backward
-  // needs a dP workspace of B*H*Sq*Sk*2 bytes on Hopper (137 GB at 2x32x32K^2).
-  if (backend == PT_BACKEND_NONE && backward && deterministic) return nullptr;
-  // Unset, head dim 64 with sinks (GPT-OSS): cuDNN's forward, our backward. There cuDNN's backward
-  // took 2.5x ours on H100 (window 128: 2.81 vs 1.12 ms), its forward 0.6x ours; at head dim 128
-  // with sinks the two backwards were within 5% either way.
-  if (backend == PT_BACKEND_NONE && backward && p.params.sink != nullptr && p.params.head_dim <= 64) return nullptr;
+  // Unset: some backwards run on ours (deterministic: its separate dQ kernel, no atomics; head dim 64
+  // with sinks: faster), the forward still on cuDNN.
+  if (backend == PT_BACKEND_NONE && backward && unset_backward_on_ours(p, deterministic)) return nullptr;
   std::string why;
   const cudnn::Plan* plan = nullptr;
   if (backward && deterministic && p.params.sink != nullptr) {

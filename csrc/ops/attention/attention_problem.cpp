@@ -64,6 +64,10 @@ const int32_t* seqlens(const pt_tensor* t, const char* name, int64_t batch) {
 
 }  // namespace
 
+bool unset_backward_on_ours(const Problem& p, bool deterministic) {
+  return deterministic || (p.params.sink != nullptr && p.params.head_dim <= 64);
+}
+
 bool supported_head_dims(int64_t d, int64_t dv) {
   return (d == dv && (d == 64 || d == 96 || d == 128 || d == 192 || d == 256)) || (d == 192 && dv == 128);
 }
