@@ -35,9 +35,11 @@ Variants:
 Per variant: median ms of a training step's forward+backward (the optimizer step timed apart),
 model TFLOPS (6 x weights used per token x tokens + causal attention), the share of the step the
 GPU is busy and a kernel-family breakdown from torch.profiler (GEMM, attention, quantization,
-normalization/activation, MoE routing/permutation, other), the SNR of the stack's output at the
-shared initial weights against torch eager's (a variant below 30 dB bf16 / 15 dB FP8 FAILs; the
-loss alone could not catch wrong numerics), and the loss after ``--steps`` steps against torch's
+normalization/activation, MoE routing/permutation, other), ``shared_kernel_ratio`` (the time of
+the kernels a variant shares by name with torch eager, e.g. cuBLAS's and cuDNN's, over torch eager's
+time of them: above 1 when a denser step runs the GPU at lower clocks at its power limit), the SNR
+of the stack's output at the shared initial weights against torch eager's (a variant below 30 dB
+bf16 / 15 dB FP8 FAILs; the loss alone could not catch wrong numerics), and the loss after ``--steps`` steps against torch's
 (AdamW at ``--lr``, by default small enough that run-to-run noise stays far below the 2% / 5% gate).
 Summary entries ``e2e_<arch>_bf16`` and ``e2e_<arch>_fp8_<granularity>`` (ratio against torch
 eager), ``e2e_<arch>_fp8_vs_torchao`` (our fastest FP8 variant against torchao's fastest), CSV
@@ -142,10 +144,21 @@ FAMILIES = (
 )
 
 
-def kernel_breakdown(run_step, reset, steps: int = 3, top: int = 0) -> tuple[dict, float]:
-    """(ms per step per kernel family, GPU-busy ms per step) from torch.profiler; reset() runs
-    between steps (outside the profile) so each step is what the timed one is. ``top`` > 0 also
-    prints the kernels that take the most time per step, with their family and launch count."""
+def shared_kernel_ratio(kernels: dict, base: dict) -> float:
+    """Time of the kernels ``kernels`` shares by name with ``base`` (e.g. torch eager's cuBLAS and
+    cuDNN kernels), over base's time of the same kernels (each dict: name -> ms per step). Above 1
+    the same kernels ran slower in this variant's step: lower clocks at the power limit, or
+    contention. NaN when nothing is shared."""
+    shared = kernels.keys() & base.keys()
+    base_ms = sum(base[name] for name in shared)
+    return sum(kernels[name] for name in shared) / base_ms if base_ms > 0 else float("nan")
+
+
+def kernel_breakdown(run_step, reset, steps: int = 3, top: int = 0) -> tuple[dict, float, dict]:
+    """(ms per step per kernel family, GPU-busy ms per step, ms per step per kernel name) from
+    torch.profiler; reset() runs between steps (outside the profile) so each step is what the timed
+    one is. ``top`` > 0 also prints the kernels that take the most time per step, with their family
+    and launch count."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -170,7 +183,7 @@ def kernel_breakdown(run_step, reset, steps: int = 3, top: int = 0) -> tuple[dic
     for name, (ms, count, family) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"    {ms / steps:8.3f} ms/step {count // steps:5d} launches  {family:16s} {name[:110]}")
     per_step = {k: v / steps for k, v in out.items()}
-    return per_step, sum(per_step.values())
+    return per_step, sum(per_step.values()), {name: v[0] / steps for name, v in kernels.items()}
 
 
 # ---- main ----------------------------------------------------------------------------------------
@@ -233,6 +246,7 @@ def main() -> int:
     on_gpu = device.type == "cuda"
 
     rows = []
+    base_kernels = {}  # torch eager's kernel name -> ms per step (it runs first)
     reference_out = None  # torch eager's output at the initial weights (run it first)
     reference_routes = None  # and, for MoE, its routing
     variants = sorted(args.variants, key=lambda v: v != "torch_eager")
@@ -304,8 +318,12 @@ def main() -> int:
             row["optimizer_ms"] = statistics.median(opt_times)
             row["tflops"] = flops / (row["step_ms"] * 1e-3) / 1e12
             if on_gpu:
-                families, busy = kernel_breakdown(fwd_bwd, lambda: opt.zero_grad(set_to_none=True),
-                                                  top=args.top_kernels)
+                families, busy, kernel_ms = kernel_breakdown(fwd_bwd, lambda: opt.zero_grad(set_to_none=True),
+                                                             top=args.top_kernels)
+                if variant == "torch_eager":
+                    base_kernels = kernel_ms
+                elif base_kernels:
+                    row["shared_kernel_ratio"] = shared_kernel_ratio(kernel_ms, base_kernels)
                 row["gpu_busy_ms"] = busy
                 row["gpu_busy_share"] = busy / row["step_ms"]
                 for name, ms in families.items():
@@ -328,7 +346,8 @@ def main() -> int:
         rows.append(row)
         print(
             f"{variant:24s} step {row.get('step_ms', float('nan')):8.2f} ms  {row.get('tflops', float('nan')):7.1f} TFLOPS"
-            f"  busy {row.get('gpu_busy_share', float('nan')):.2f}  loss {row.get('loss_final', float('nan')):.4f}"
+            f"  busy {row.get('gpu_busy_share', float('nan')):.2f}"
+            f"  same kernels x{row.get('shared_kernel_ratio', 1.0):.3f}  loss {row.get('loss_final', float('nan')):.4f}"
             f"  SM {row.get('sm_clock_mhz') or float('nan'):.0f} MHz {row.get('power_w') or float('nan'):.0f} W"
             f"  {row['status']}",
             flush=True,
@@ -343,7 +362,7 @@ def main() -> int:
     out_dir = bu.results_dir_for(args.output_dir, gpu)
     rows = [{**bu.run_stamp(gpu), **r} for r in rows]
     columns = ["gpu", "date", "commit", "variant", "attn_backend", "model", "layers", "batch", "seq", "step_ms", "optimizer_ms", "tflops", "speedup_vs_torch_eager",
-               "gpu_busy_ms", "gpu_busy_share", "sm_clock_mhz", "power_w"] + [f"{n}_ms" for n, _ in FAMILIES] + [
+               "gpu_busy_ms", "gpu_busy_share", "shared_kernel_ratio", "sm_clock_mhz", "power_w"] + [f"{n}_ms" for n, _ in FAMILIES] + [
                "other_ms", "out_snr_db", "route_agreement", "out_snr_same_routes_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
     # Accumulation and weight-cache runs are variants of the configuration, kept apart from it.
     config_tag = (f"_mb{args.microbatches}" if args.microbatches > 1 else "") + ("_wcache" if args.fp8_weight_cache else "")

@@ -33,3 +33,10 @@ def test_variant_names(bench):
         else:
             assert g is None
     assert bench.fp8_granularity("turbo_fp8_blockwise_compile") == "blockwise"
+
+
+def test_shared_kernel_ratio(bench):
+    base = {"gemm_a": 10.0, "attn": 5.0, "elementwise": 3.0}
+    ours = {"gemm_a": 10.6, "attn": 5.3, "our_norm": 1.0}  # the shared ones 6% slower
+    assert bench.shared_kernel_ratio(ours, base) == pytest.approx(15.9 / 15.0)
+    assert bench.shared_kernel_ratio({"only_ours": 1.0}, base) != bench.shared_kernel_ratio({"only_ours": 1.0}, base)
