@@ -3,6 +3,9 @@ forward+backward, on inputs so small that the GPU is never the bottleneck: what 
 for the Python and C++ layers in front of its kernels (eager training: Megatron, TorchTitan without
 full-graph capture). Summary entry ``host_overhead``: ``ratio_min`` is the worst torch µs / ours µs
 over every op and direction (higher is better; the 1.3x host-cost target is ratio_min >= 0.77).
+Every public function of turbo.ops has a case (a CPU test checks it); ops without a torch
+equivalent are measured against the torch expression a user would write instead (e.g. MXFP4
+quantization as amax, E8M0 exponent, bucketize onto the E2M1 grid and nibble packing).
 
     python benchmark/ops/bench_host_overhead.py [--ops gemm,rmsnorm] [--iters 2000] [--profile OP]
 """
@@ -389,6 +392,154 @@ def _more_cases(turbo, cases, t, step, dev):
 
     cases["flash_attn_varlen"] = (
         ours_varlen, sdpa_batched, step(ours_varlen, (vq, vk, vv), vg), step(sdpa_batched, (vq, vk, vv), vg),
+    )
+
+    def ours_varlen_fp8():
+        return turbo.ops.flash_attn_varlen_fp8_func(vq, vk, vv, cu, cu, 64, 64, causal=True)
+
+    cases["flash_attn_varlen_fp8"] = (
+        ours_varlen_fp8, sdpa_batched, step(ours_varlen_fp8, (vq, vk, vv), vg), step(sdpa_batched, (vq, vk, vv), vg),
+    )
+    _fusion_cases(turbo, cases, t, step, dev)
+    _grouped_and_fp4_quantization_cases(turbo, cases, t, dev)
+
+
+def _rowwise_e4m3(y):
+    """Rowwise E4M3 quantization in torch ops: (q, scale_inv)."""
+    s = y.abs().amax(-1, keepdim=True).float() / 448.0
+    return (y / s).to(torch.float8_e4m3fn), s
+
+
+def _fusion_cases(turbo, cases, t, step, dev):
+    """rmsnorm_residual_fp8 and geglu_fp8 (rowwise) against the unfused torch expressions."""
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
+
+    row = Float8QuantConfig(granularity=ScalingGranularity.ROWWISE)
+    x, res, w, gx = t(256, 1024), t(256, 1024), t(1024), t(256, 1024, grad=False)
+
+    def ours_rms_res():
+        return turbo.ops.rmsnorm_residual_fp8(x, res, w, config=row, return_hp=True)
+
+    def torch_rms_res():
+        s = x + res
+        y = F.rms_norm(s, (1024,), w, 1e-6)
+        return (*_rowwise_e4m3(y), y, s)
+
+    cases["rmsnorm_residual_fp8_rowwise"] = (
+        ours_rms_res, torch_rms_res,
+        step(lambda: ours_rms_res()[2], (x, res, w), gx), step(lambda: torch_rms_res()[2], (x, res, w), gx),
+    )
+    xg, gh = t(256, 2048), t(256, 1024, grad=False)
+
+    def ours_geglu():
+        return turbo.ops.geglu_fp8(xg, config=row, return_hp=True)
+
+    def torch_geglu():
+        gate, up = xg.chunk(2, dim=-1)
+        y = F.gelu(gate) * up
+        return (*_rowwise_e4m3(y), y)
+
+    cases["geglu_fp8_rowwise"] = (
+        ours_geglu, torch_geglu, step(lambda: ours_geglu()[2], (xg,), gh), step(lambda: torch_geglu()[2], (xg,), gh),
+    )
+
+
+def _grouped_and_fp4_quantization_cases(turbo, cases, t, dev):
+    """The grouped FP8 quantizers (1x128 blocks; groups of 128 rows, so the torch expression over
+    the whole tensor does the same work) and the MXFP4 quantizers against torch expressions."""
+    from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
+
+    e4m3, fp4 = torch.float8_e4m3fn, getattr(torch, "float4_e2m1fn_x2", torch.uint8)
+    x = t(512, 1024, grad=False)
+    lens = torch.full((4,), 128, device=dev, dtype=torch.int64)
+    offs = torch.arange(0, 513, 128, device=dev, dtype=torch.int64)
+
+    def blocks(z):
+        zb = z.float().view(z.shape[0], -1, 128)
+        s = zb.abs().amax(-1, keepdim=True) / 448.0
+        return (zb / s).to(e4m3).view(z.shape), s.squeeze(-1)
+
+    def ours_grouped():
+        return turbo.ops.grouped_quantize_fp8(x, e4m3, G.BLOCKWISE, lens, offs, block_size=128, axis=-1)
+
+    cases["grouped_quantize_fp8_blockwise"] = (ours_grouped, lambda: blocks(x), ours_grouped, lambda: blocks(x))
+
+    def ours_grouped_trans():
+        return turbo.ops.grouped_quantize_fp8_with_trans(x, e4m3, G.BLOCKWISE, lens, offs, block_size=128)
+
+    def torch_grouped_trans():
+        return (*blocks(x), *blocks(x.t().contiguous()))
+
+    cases["grouped_quantize_fp8_with_trans_blockwise"] = (
+        ours_grouped_trans, torch_grouped_trans, ours_grouped_trans, torch_grouped_trans,
+    )
+    gq, gs, _, goffs_padded = ours_grouped()
+    bq, bs = blocks(x)  # torch's copy: the 512 rows without group padding
+
+    def ours_grouped_dequant():
+        return turbo.ops.grouped_dequantize_fp8(gq, torch.bfloat16, G.BLOCKWISE, offs, goffs_padded, block_size=128,
+                                                axis=-1, scale_inv=gs, total_M=512)
+
+    def torch_grouped_dequant():
+        return (bq.float().view(512, -1, 128) * bs[..., None]).view(bq.shape).to(torch.bfloat16)
+
+    cases["grouped_dequantize_fp8_blockwise"] = (
+        ours_grouped_dequant, torch_grouped_dequant, ours_grouped_dequant, torch_grouped_dequant,
+    )
+    # MXFP4: E8M0 scales per 32, values on the E2M1 grid, two codes a byte.
+    edges = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], device=dev)
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], device=dev)
+
+    def torch_mxfp4(z):
+        zb = z.float().view(z.shape[0], -1, 32)
+        exp = torch.floor(torch.log2(zb.abs().amax(-1, keepdim=True).clamp_min(2.0**-127))) - 2
+        v = zb / torch.exp2(exp)
+        code = (torch.bucketize(v.abs(), edges) | ((v < 0).long() << 3)).view(z.shape[0], -1, 2).to(torch.uint8)
+        return code[..., 0] | (code[..., 1] << 4), (exp + 127).to(torch.uint8).squeeze(-1)
+
+    def ours_fp4():
+        return turbo.ops.quantize_fp4(x, fp4, G.MX_BLOCKWISE, axis=-1)
+
+    cases["quantize_fp4"] = (ours_fp4, lambda: torch_mxfp4(x), ours_fp4, lambda: torch_mxfp4(x))
+
+    def ours_fp4_trans():
+        return turbo.ops.quantize_fp4_with_trans(x, fp4, G.MX_BLOCKWISE)
+
+    def torch_fp4_trans():
+        return (*torch_mxfp4(x), *torch_mxfp4(x.t().contiguous()))
+
+    cases["quantize_fp4_with_trans"] = (ours_fp4_trans, torch_fp4_trans, ours_fp4_trans, torch_fp4_trans)
+    q4, s4 = ours_fp4()
+    tq4, ts4 = torch_mxfp4(x)
+
+    def ours_fp4_dequant():
+        return turbo.ops.dequantize_fp4(q4, torch.bfloat16, G.MX_BLOCKWISE, axis=-1, scale_inv=s4)
+
+    def torch_fp4_dequant():
+        codes = torch.stack((tq4 & 0xF, tq4 >> 4), -1).view(tq4.shape[0], -1).long()
+        values = grid[codes & 7] * (1 - 2 * (codes >> 3))
+        return (values * torch.exp2(ts4.float() - 127).repeat_interleave(32, -1)).to(torch.bfloat16)
+
+    cases["dequantize_fp4"] = (ours_fp4_dequant, torch_fp4_dequant, ours_fp4_dequant, torch_fp4_dequant)
+
+    def ours_grouped_fp4():
+        return turbo.ops.grouped_quantize_fp4(x, fp4, G.MX_BLOCKWISE, lens, offs, axis=-1)
+
+    cases["grouped_quantize_fp4"] = (ours_grouped_fp4, lambda: torch_mxfp4(x), ours_grouped_fp4, lambda: torch_mxfp4(x))
+
+    def ours_grouped_fp4_trans():
+        return turbo.ops.grouped_quantize_fp4_with_trans(x, fp4, G.MX_BLOCKWISE, lens, offs)
+
+    cases["grouped_quantize_fp4_with_trans"] = (
+        ours_grouped_fp4_trans, torch_fp4_trans, ours_grouped_fp4_trans, torch_fp4_trans,
+    )
+    gq4, gs4 = ours_grouped_fp4()[:2]
+
+    def ours_grouped_fp4_dequant():
+        return turbo.ops.grouped_dequantize_fp4(gq4, torch.bfloat16, G.MX_BLOCKWISE, axis=-1, scale_inv=gs4)
+
+    cases["grouped_dequantize_fp4"] = (
+        ours_grouped_fp4_dequant, torch_fp4_dequant, ours_grouped_fp4_dequant, torch_fp4_dequant,
     )
 
 

@@ -50,3 +50,12 @@ def test_interleaved_min_keeps_the_fastest_round_of_each(monkeypatch):
     times = iter([5.0, 9.0, 4.0, 8.0, 6.0, 7.0])
     monkeypatch.setattr(bench.bu, "host_us_per_call", lambda fn, n, warmup: next(times))
     assert bench.interleaved_min(lambda: None, lambda: None, iters=30, warmup=1, rounds=3) == (4.0, 7.0)
+
+
+def test_every_public_op_has_a_case():
+    import re
+
+    source = _BENCH.read_text()
+    ops = [n for n in dir(turbo.ops) if not n.startswith("_") and callable(getattr(turbo.ops, n))]
+    missing = [n for n in ops if not re.search(rf"turbo\.ops\.{n}\b", source)]
+    assert not missing, f"turbo.ops functions without a host-cost case: {missing}"
