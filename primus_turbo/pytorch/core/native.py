@@ -47,6 +47,18 @@ def _load_cpp_autograd() -> bool:
 CPP_AUTOGRAD = _load_cpp_autograd()
 
 
+def training_op(name: str, fake_impl):
+    """``primus_turbo::<name>``, a training op of the C++ autograd (forward and backward without
+    Python in between), after giving it its fake implementation; None when that library did not
+    load (the op's Python ``autograd.Function`` serves)."""
+    if not CPP_AUTOGRAD:
+        return None
+    from primus_turbo.pytorch.core import library
+
+    library.register_fake(name, fake_impl)
+    return getattr(ops, name).default
+
+
 def eager_cpp_autograd() -> bool:
     """Whether a training call takes an op's C++ autograd: when it loaded, in eager mode
     (torch.compile traces the Python ``autograd.Function`` instead)."""

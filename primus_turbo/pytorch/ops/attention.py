@@ -179,10 +179,7 @@ _fwd_op = native.ops.attention_fwd.default
 _bwd_op = native.ops.attention_bwd.default
 # With the C++ autograd (bindings/torch_autograd/attention_autograd.cpp): a training call's forward
 # and backward without Python in between (eager mode; torch.compile traces FlashAttnFunction).
-_train_op = None
-if native.CPP_AUTOGRAD:
-    library.register_fake("attention_train", lambda *args: _fwd_fake(*args[:-1]))
-    _train_op = native.ops.attention_train.default
+_train_op = native.training_op("attention_train", lambda *args: _fwd_fake(*args[:-1]))
 
 
 class FlashAttnFunction(torch.autograd.Function):

@@ -428,10 +428,7 @@ _native_fwd = native.ops.gemm_fp8_fwd.default
 _native_bwd = native.ops.gemm_fp8_bwd.default
 # With the C++ autograd (bindings/torch_autograd/gemm_fp8_autograd.cpp): forward and backward of a
 # training call without Python in between.
-_native_train = None
-if native.CPP_AUTOGRAD:
-    library.register_fake("gemm_fp8_train", _train_fake)
-    _native_train = native.ops.gemm_fp8_train.default
+_native_train = native.training_op("gemm_fp8_train", _train_fake)
 
 
 class NativeGemmFp8Function(torch.autograd.Function):

@@ -415,10 +415,7 @@ def _train_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, gra
 
 # With the C++ autograd (bindings/torch_autograd/grouped_gemm_fp8_autograd.cpp): forward and backward
 # of a training call without Python in between (bf16/fp16 wgrad only).
-_train_op = None
-if native.CPP_AUTOGRAD:
-    library.register_fake("grouped_gemm_fp8_train", _train_fake)
-    _train_op = native.ops.grouped_gemm_fp8_train.default
+_train_op = native.training_op("grouped_gemm_fp8_train", _train_fake)
 
 
 class NativeGroupedGemmFp8Function(torch.autograd.Function):

@@ -86,12 +86,10 @@ _scatter_op = native.ops.moe_token_scatter.default
 _unpermute_bwd_op = native.ops.moe_token_unpermute_bwd.default
 # With the C++ autograd (bindings/torch_autograd/moe_permute_autograd.cpp): a training call's
 # forward and backward without Python in between (eager mode, a given output row count).
-_permute_train = _unpermute_train = None
-if native.CPP_AUTOGRAD:
-    library.register_fake("token_permute_train", _permute_fake)
-    library.register_fake("token_unpermute_train", lambda inp, rows, mp: _unpermute_fake(inp, rows, mp, None)[0])
-    _permute_train = native.ops.token_permute_train.default
-    _unpermute_train = native.ops.token_unpermute_train.default
+_permute_train = native.training_op("token_permute_train", _permute_fake)
+_unpermute_train = native.training_op(
+    "token_unpermute_train", lambda inp, rows, mp: _unpermute_fake(inp, rows, mp, None)[0]
+)
 
 
 class _Permute(torch.autograd.Function):
@@ -343,17 +341,13 @@ library.register_fake("moe_index_scatter", _moe_scatter_fake)
 _moe_gather_op = native.ops.moe_index_gather.default
 _moe_scatter_op = native.ops.moe_index_scatter.default
 # Their C++ autograd (moe_permute_autograd.cpp) for eager training calls; 16-bit / fp32 tokens.
-_moe_permute_train = _moe_unpermute_train = None
-if native.CPP_AUTOGRAD:
-    library.register_fake(
-        "moe_permute_train",
-        lambda tokens, emap, probs, e, pad, num_out, topk, width: _moe_permute_fake(
-            tokens, emap, probs, None, e, pad, num_out, topk
-        ),
-    )
-    library.register_fake("moe_unpermute_train", _moe_gather_fake)
-    _moe_permute_train = native.ops.moe_permute_train.default
-    _moe_unpermute_train = native.ops.moe_unpermute_train.default
+_moe_permute_train = native.training_op(
+    "moe_permute_train",
+    lambda tokens, emap, probs, e, pad, num_out, topk, width: _moe_permute_fake(
+        tokens, emap, probs, None, e, pad, num_out, topk
+    ),
+)
+_moe_unpermute_train = native.training_op("moe_unpermute_train", _moe_gather_fake)
 
 
 class _MoePermute(torch.autograd.Function):

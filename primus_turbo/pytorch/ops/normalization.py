@@ -118,12 +118,8 @@ _ln_fwd_op = native.ops.layernorm_fwd.default
 _ln_bwd_op = native.ops.layernorm_bwd.default
 # With the C++ autograd (bindings/torch_autograd/norm_autograd.cpp): a training call's forward and
 # backward without Python in between (eager mode; torch.compile traces the Python functions).
-_rms_train = _ln_train = None
-if native.CPP_AUTOGRAD:
-    library.register_fake("rmsnorm_train", lambda x, gamma, eps, zc: _fwd_fake(x, gamma, eps, zc)[0])
-    library.register_fake("layernorm_train", lambda x, gamma, beta, eps: _ln_fwd_fake(x, gamma, beta, eps)[0])
-    _rms_train = native.ops.rmsnorm_train.default
-    _ln_train = native.ops.layernorm_train.default
+_rms_train = native.training_op("rmsnorm_train", lambda x, gamma, eps, zc: _fwd_fake(x, gamma, eps, zc)[0])
+_ln_train = native.training_op("layernorm_train", lambda x, gamma, beta, eps: _ln_fwd_fake(x, gamma, beta, eps)[0])
 
 
 class RmsNormFunction(torch.autograd.Function):

@@ -78,10 +78,7 @@ _native_fwd = native.ops.swiglu_mlp_fp8_fwd.default
 _native_bwd = native.ops.swiglu_mlp_fp8_bwd.default
 # With the C++ autograd (bindings/torch_autograd/swiglu_mlp_fp8_autograd.cpp): forward and backward
 # of a training call without Python in between.
-_native_train = None
-if native.CPP_AUTOGRAD:
-    library.register_fake("swiglu_mlp_fp8_train", _train_fake)
-    _native_train = native.ops.swiglu_mlp_fp8_train.default
+_native_train = native.training_op("swiglu_mlp_fp8_train", _train_fake)
 
 
 class SwigluMlpFp8Function(torch.autograd.Function):
