@@ -86,3 +86,21 @@ def test_compiles_fullgraph():
     out = torch.compile(mlp, fullgraph=True, backend="aot_eager")(x, wgu, wd)
     assert out.shape == (64, 128)
     out.sum().backward()
+
+
+@pytest.mark.parametrize("op", ["swiglu_mlp_fp8", "swiglu_mlp_fp8_fwd"])
+def test_native_ops_name_the_mlps_arguments(op):
+    # Called directly (as a traced graph would): shapes, dtypes and devices, each naming the argument.
+    from primus_turbo.pytorch.core import native
+
+    fn = native.raises_python_errors(getattr(torch.ops.primus_turbo, op))
+    cpu = lambda *s, dtype=torch.bfloat16: torch.randn(*s).to(dtype)  # noqa: E731
+    e4m3 = torch.float8_e4m3fn
+    with pytest.raises(ValueError, match="expected w_gate_up"):
+        fn(cpu(64, 32), cpu(96, 16), cpu(32, 48), e4m3)
+    with pytest.raises(ValueError, match="w_down"):
+        fn(cpu(64, 32), cpu(96, 32), cpu(32, 47), e4m3)
+    with pytest.raises(TypeError, match="share a float16, bfloat16 or float32 dtype"):
+        fn(cpu(64, 32), cpu(96, 32, dtype=torch.float16), cpu(32, 48), e4m3)
+    with pytest.raises(ValueError, match="swiglu_mlp_fp8: argument 'x' is on cpu"):
+        fn(cpu(64, 32), cpu(96, 32), cpu(32, 48), e4m3)

@@ -18,8 +18,8 @@ namespace {
 constexpr const char* kOp = "swiglu_mlp_fp8";
 constexpr int64_t kSilu = 0;  // the gated activation's act code (activation.h)
 
-// x [M, H], w_gate_up [2I, H], w_down [H, I], one float dtype. The GEMMs' own checks follow (16-element
-// multiples, devices); these name the MLP's arguments.
+// x [M, H], w_gate_up [2I, H], w_down [H, I], one float dtype, one CUDA device. The GEMMs' own checks
+// follow (16-element multiples); these name the MLP's arguments.
 void check_mlp(const Tensor& x, const Tensor& w_gate_up, const Tensor& w_down) {
   if (x.dim() != 2 || w_gate_up.dim() != 2 || w_down.dim() != 2)
     fail_with(ErrorKind::Value, kOp, ": expected x [M, H], w_gate_up [2I, H] and w_down [H, I]; got x ",
@@ -33,6 +33,7 @@ void check_mlp(const Tensor& x, const Tensor& w_gate_up, const Tensor& w_down) {
     fail_with(ErrorKind::Type, kOp, ": x, w_gate_up and w_down must share a float16, bfloat16 or float32 dtype; got ",
               dtype_name(x.scalar_type()), ", ", dtype_name(w_gate_up.scalar_type()), ", ",
               dtype_name(w_down.scalar_type()));
+  check_cuda(kOp, {{"x", &x}, {"w_gate_up", &w_gate_up}, {"w_down", &w_down}});
 }
 
 // The training forward: (y, h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd), the
