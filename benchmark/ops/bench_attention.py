@@ -245,19 +245,14 @@ def _baselines(case: Case, dtype: torch.dtype, mask_budget: int):
             yield f"{b}, kv expanded", lambda q, k, v, b=b: _sdpa(b, q, k, v, case.causal), expanded, folded
 
 
-_compiled_flex = None
-
-
-def _flex_window_sink(case: Case, g: int, device: str = "cuda"):
+def _flex_window_sink(case: Case, g: int, device: str = "cuda", compiled: bool = True):
     """(fn, prepare, grads_back) of FlexAttention for a window and/or sinks: the window as a block
     mask (blocks outside it skipped), each sink joined to its head's softmax denominator through
     the returned log-sum-exp (natural log): out * exp(lse) / (exp(lse) + exp(sink)) = out *
-    sigmoid(lse - sink). The sink is a constant here, as in the masked SDPA baseline."""
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    if _compiled_flex is None:  # one compiled function; dynamo specializes it per shape
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    sigmoid(lse - sink). The sink is a constant here, as in the masked SDPA baseline. Built in
+    prepare (inside pick_baseline's try: a torch without FlexAttention moves on to the next
+    candidate), compiled afresh per case (dynamo would fall back to the eager, materializing
+    version past its recompile limit)."""
     left, right = case.window_size
     right = 0 if case.causal else right
 
@@ -271,15 +266,19 @@ def _flex_window_sink(case: Case, g: int, device: str = "cuda"):
 
     state = {}
 
-    def prepare(x):  # inside pick_baseline's try: a refusal here moves on to the next candidate
+    def prepare(x):
         if "mask" not in state:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+            torch._dynamo.reset()
+            state["flex"] = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
             state["mask"] = create_block_mask(visible, None, None, case.seqlen, case.seqlen, device=device)
         state["sink"] = None if x["sink"] is None else x["sink"].detach().float()[None, :, None]
         return x["q"], x["k"], x["v"]
 
     def fn(q, k, v):
-        o, lse = _compiled_flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=state["mask"],
-                                enable_gqa=g > 1, return_lse=True)
+        o, lse = state["flex"](q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=state["mask"],
+                               enable_gqa=g > 1, return_lse=True)
         if state["sink"] is not None:
             o = (o.float() * torch.sigmoid(lse - state["sink"])[..., None]).to(q.dtype)
         return o.transpose(1, 2)
@@ -299,6 +298,8 @@ def _window_sink_mask(case: Case, dtype: torch.dtype) -> torch.Tensor:
         visible &= j >= i - left
     if right >= 0:
         visible &= j <= i + right
+    if case.causal:  # also without a window (sinks alone)
+        visible &= j <= i
     mask = torch.zeros(1, case.hq, s, s + 1, device="cuda", dtype=dtype)
     mask[..., :s].masked_fill_(~visible, float("-inf"))
     return mask
@@ -316,7 +317,7 @@ def pick_baseline(case: Case, x: dict, mask_budget: int) -> tuple[Baseline | Non
                 torch.autograd.grad(out, leaves, x["dout"])
             torch.cuda.synchronize()
             return Baseline(fn, prepare, back, label), ""
-        except (RuntimeError, NotImplementedError, ValueError, AssertionError) as e:  # refusals; compile errors
+        except (RuntimeError, NotImplementedError, ValueError, AssertionError, ImportError) as e:  # refusals, compile errors
             tried.append(f"{label}: {str(e).splitlines()[0][:80]}")
     return None, "no torch backend ran: " + "; ".join(tried)
 
