@@ -317,7 +317,8 @@ def pick_baseline(case: Case, x: dict, mask_budget: int) -> tuple[Baseline | Non
                 torch.autograd.grad(out, leaves, x["dout"])
             torch.cuda.synchronize()
             return Baseline(fn, prepare, back, label), ""
-        except (RuntimeError, NotImplementedError, ValueError, AssertionError, ImportError) as e:  # refusals, compile errors
+        # SDPA's refusals ("No available kernel"), unsupported shapes, compile errors, no FlexAttention.
+        except (RuntimeError, NotImplementedError, ValueError, AssertionError, ImportError) as e:
             tried.append(f"{label}: {str(e).splitlines()[0][:80]}")
     return None, "no torch backend ran: " + "; ".join(tried)
 
