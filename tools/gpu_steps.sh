@@ -9,7 +9,8 @@
 #     'norm|300|python3 -P -m pytest tests/pytorch/test_rmsnorm.py -q -n 8' \
 #     'bench|300|python3 benchmark/ops/bench_rmsnorm.py --quick --output-dir $RESULTS'
 #
-# Setup: wheels in .whl/ are installed to /tmp/site (offline machines), the package is installed,
+# Setup: wheels in .whl/ are installed to /tmp/site (offline machines), the package is installed
+# (from .carry/prebuilt/ when tools/prebuild_wheel.sh made it from these sources, else built here),
 # and .carry/jitcache.tgz (a kernel cache built anywhere with the same nvcc: modules are keyed by
 # content) seeds the JIT cache. Steps see $RESULTS (benchmark output dir) and run in order; one that
 # fails or times out does not stop the others. OUT_DIR ends up with steps.txt (name, exit status,
@@ -53,7 +54,20 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 mkdir -p "$PRIMUS_TURBO_CACHE_DIR"
 [ -f .carry/jitcache.tgz ] && tar xzf .carry/jitcache.tgz -C "$PRIMUS_TURBO_CACHE_DIR"
-run_step install 300 "python3 -m pip install -q --no-build-isolation --no-deps ${PIP_INSTALL_ARGS:-} ."
+# A wheel from tools/prebuild_wheel.sh installs in seconds, if it was built from these very sources
+# (and no install arguments ask for another build); else the package builds here.
+PREBUILT=$(compgen -G ".carry/prebuilt/primus_turbo-*.whl" | head -n 1 || true)
+if [ -n "$PREBUILT" ] && [ -z "${PIP_INSTALL_ARGS:-}" ] && \
+   [ "$(cat .carry/prebuilt/STAMP 2>/dev/null)" = "$(bash tools/source_stamp.sh)" ]; then
+  run_step install 120 "python3 -m pip install -q --no-deps --no-index --force-reinstall $PREBUILT"
+else
+  [ -n "$PREBUILT" ] && echo "the prebuilt wheel is for other sources: building" | tee -a "$LOGS/setup.log"
+  run_step install 300 "python3 -m pip install -q --no-build-isolation --no-deps ${PIP_INSTALL_ARGS:-} ."
+fi
+# What the steps run on: torch, and whether the C++ autograd loaded (a wheel built against another
+# torch falls back to the Python autograd.Functions, slower on the host).
+python3 -P -c "import torch; from primus_turbo.pytorch.core import native; print('torch', torch.__version__, \
+'cpp autograd', native.CPP_AUTOGRAD)" >> "$LOGS/machine.log" 2>&1
 
 for spec in "$@"; do
   name=${spec%%|*}
