@@ -59,7 +59,10 @@ mkdir -p "$PRIMUS_TURBO_CACHE_DIR"
 PREBUILT=$(compgen -G ".carry/prebuilt/primus_turbo-*.whl" | head -n 1 || true)
 if [ -n "$PREBUILT" ] && [ -z "${PIP_INSTALL_ARGS:-}" ] && \
    [ "$(cat .carry/prebuilt/STAMP 2>/dev/null)" = "$(bash tools/source_stamp.sh)" ]; then
-  run_step install 120 "python3 -m pip install -q --no-deps --no-index --force-reinstall $PREBUILT"
+  # Unusable here after all (it does not install or import): build.
+  run_step install 300 "{ python3 -m pip install -q --no-deps --no-index --force-reinstall $PREBUILT && \
+    python3 -P -c 'import primus_turbo.pytorch'; } || { echo 'the prebuilt wheel is unusable: building'; \
+    python3 -m pip install -q --no-build-isolation --no-deps .; }"
 else
   [ -n "$PREBUILT" ] && echo "the prebuilt wheel is for other sources: building" | tee -a "$LOGS/setup.log"
   run_step install 300 "python3 -m pip install -q --no-build-isolation --no-deps ${PIP_INSTALL_ARGS:-} ."
