@@ -121,6 +121,16 @@ def test_native_checks_raise_the_fake_implementations_classes():
         )
 
 
+def test_argument_types_the_dispatcher_refuses_become_type_errors_naming_them():
+    # torch's dispatcher checks argument types against the schema before the op runs.
+    with pytest.raises(TypeError, match="gemm_fp8: argument 'out_dtype' must be int, got str"):
+        _direct(torch.ops.primus_turbo.gemm_fp8, _cpu(16, 16), _cpu(16, 16), False, True, "bf16",
+                torch.float8_e4m3fn, 0)
+    with pytest.raises(TypeError, match="argument 'sin' must be Optional\\[Tensor\\]"):
+        _direct(torch.ops.primus_turbo.rope, _cpu(2, 4, 2, 8), _cpu(2, 4, 2, 8), _cpu(4, 8), 3, None, None,
+                False, 0, 1.0)
+
+
 def test_translate_maps_tags_and_leaves_other_errors():
     assert type(native.translate(RuntimeError("[primus_turbo:ValueError] x: bad"))) is ValueError
     assert str(native.translate(RuntimeError("[primus_turbo:TypeError] x: bad\nmore"))) == "x: bad"

@@ -73,13 +73,22 @@ _KINDS = {
 }
 
 
+# torch's dispatcher refusing an argument of the wrong type before the op runs (e.g. out_dtype="bf16").
+_SCHEMA_TYPE = re.compile(r"primus_turbo::(\w+)\(\) Expected a value of type '([^']+)' for argument '(\w+)' "
+                          r"but instead found type '([^']+)'")
+
+
 def translate(error: RuntimeError) -> Exception:
     """The Python exception a native op's error stands for (the error itself if it is not ours)."""
     message = str(error)
     m = _TAG.search(message)
-    if m is None:
-        return error
-    return _KINDS.get(m.group(1), TurboError)(message[m.end():].split("\n", 1)[0])
+    if m is not None:
+        return _KINDS.get(m.group(1), TurboError)(message[m.end():].split("\n", 1)[0])
+    m = _SCHEMA_TYPE.search(message)
+    if m is not None:  # the value is of the wrong type, or an int out of the int64 range
+        op, expected, arg, found = m.groups()
+        return TypeError(f"{op}: argument '{arg}' must be {expected}, got {found}")
+    return error
 
 
 def raises_python_errors(fn):

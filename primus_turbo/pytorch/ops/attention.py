@@ -253,7 +253,8 @@ def _window(op, window_size, causal: bool):
 
 def _scale(op, softmax_scale, q) -> float:
     if softmax_scale is None:
-        return q.shape[-1] ** -0.5 if isinstance(q, torch.Tensor) and q.dim() else 1.0
+        # A head dim of 0 is refused by the head-dim check, naming q; 1.0 only gets it there.
+        return q.shape[-1] ** -0.5 if isinstance(q, torch.Tensor) and q.dim() and q.shape[-1] else 1.0
     if type(softmax_scale) is not float:
         if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
             raise TypeError(

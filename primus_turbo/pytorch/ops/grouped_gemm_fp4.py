@@ -39,7 +39,7 @@ from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
 from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor
 from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops import _quantized_operands as _qo
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_num_cu, route_wgrad_to_main_grad
+from primus_turbo.pytorch.ops._checks import check_num_cu, route_wgrad_to_main_grad
 from primus_turbo.pytorch.ops._transpose import transpose_last2
 from primus_turbo.pytorch.ops.gemm_fp4 import _check_config, _q, _seed, recipe_of
 from primus_turbo.pytorch.ops.grouped_gemm import _grouped_gemm_wgrad_op, grouped_gemm
@@ -273,13 +273,6 @@ def grouped_gemm_fp4(
             bool(r.use_2d_block), bool(r.use_sr), num_sms,
         )
     out_dtype, k, n = check_hp_operands(_OP, a, b, group_lens, group_offs, trans_b, out_dtype, _FP4_BLOCKS)
-    check_cuda_tensors(
-        _OP,
-        a=a,
-        b=b,
-        group_lens=group_lens,
-        **({} if group_offs is None else {"group_offs": group_offs}),
-    )
     quantized = isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor)
     if quantized and k == 0:
         raise ValueError(f"{_OP}: pre-quantized operands need K > 0")

@@ -560,8 +560,9 @@ FP8_ROWS = (16, "FP8 operands are read in 16-byte rows, and the dgrad reads rows
 
 def check_hp_operands(op: str, a, b, group_lens, group_offs, trans_b: bool, out_dtype, rows: tuple = (1, "")):
     """Checks bf16/fp16 operands of a low-precision grouped GEMM (a [M, K], b [G, N, K] with
-    trans_b, else [G, K, N]) and the group tensors, then K and N multiples of ``rows[0]`` (why:
-    ``rows[1]``); returns (out_dtype, K, N)."""
+    trans_b, else [G, K, N]) and the group tensors, one CUDA device for all, then K and N multiples
+    of ``rows[0]`` (why: ``rows[1]``); returns (out_dtype, K, N). Also the native ops' fake
+    implementations: a traced call gets the device error an eager one gets."""
     for name, t, nd in (("a", a, 2), ("b", b, 3)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
@@ -582,6 +583,8 @@ def check_hp_operands(op: str, a, b, group_lens, group_offs, trans_b: bool, out_
             f"{op}: inner dimensions do not match: 'a' is {tuple(a.shape)} but 'b' {tuple(b.shape)} "
             f"has K = {kb} (trans_b={trans_b})"
         )
+    offs = {} if group_offs is None else {"group_offs": group_offs}
+    check_cuda_tensors(op, a=a, b=b, group_lens=group_lens, **offs)
     check_group_lens_debug(op, group_lens, a.shape[0])
     multiple, reason = rows
     if k % multiple or n % multiple:
@@ -662,13 +665,6 @@ def grouped_gemm_fp8(
             num_sms,
         )
     out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype, FP8_ROWS)
-    check_cuda_tensors(
-        "grouped_gemm_fp8",
-        a=a,
-        b=b,
-        group_lens=group_lens,
-        **({} if group_offs is None else {"group_offs": group_offs}),
-    )
     if a.shape[0] == 0 or n == 0 or k == 0:  # nothing to quantize: the bf16 op's exact empty / zero result
         return grouped_gemm(a, b, group_lens, group_offs, trans_b=trans_b, num_cu=num_cu).to(out_dtype)
     return GroupedGemmFp8Function.apply(
@@ -727,7 +723,8 @@ def _quantized_forward(a, b, group_lens, group_offs, trans_b: bool, out_dtype, c
     out_dtype = a.dtype if out_dtype is None else out_dtype
     if out_dtype not in _OUT_DTYPES:
         raise TypeError(f"{op}: out_dtype {out_dtype} is not supported; expected bfloat16, float16 or float32")
-    check_cuda_tensors(op, a=a, b=b, group_lens=group_lens, **({} if group_offs is None else {"group_offs": group_offs}))
+    offs = {} if group_offs is None else {"group_offs": group_offs}
+    check_cuda_tensors(op, a=a, b=b, group_lens=group_lens, **offs)
     check_group_lens_debug(op, group_lens, a.shape[0])
     if pattern is not None:
         b = route_wgrad_to_main_grad(b, pattern)

@@ -144,7 +144,7 @@ def grouped_quantize_fp8_with_trans(
     lens, offs = _check_groups(op, x, group_lens, group_offs)
     row_flags = qz._FLAG_2D if qz._use_2d(scaling_recipe) else 0
     col_recipe = scaling_recipe if scaling_recipe_for_trans is None else scaling_recipe_for_trans
-    col_flags = qz._FLAG_2D if qz._use_2d(col_recipe) else 0
+    col_flags = qz._FLAG_2D if qz._use_2d(col_recipe, "scaling_recipe_for_trans") else 0
     x = x.contiguous()
     q_row, s_row, lens_row, offs_row = _row_copy(x, lens, offs, out_dtype, g, block, row_flags)
     q_col, s_col, lens_col, offs_col = _col_copy(x, lens, offs, out_dtype, g, block, col_flags)
@@ -196,6 +196,11 @@ def grouped_dequantize_fp8(
     out = qz.dequantize_fp8_unpadded(x, out_dtype, granularity, block_size=block_size, axis=-1, scale_inv=scale_inv,
                                      scaling_recipe=scaling_recipe)
     padded = out if along_n else out.t()
+    if tokens > padded.shape[0]:
+        raise ValueError(
+            f"{op}: argument 'total_M' (or group_offs[-1]) is {tokens}, more than the {padded.shape[0]} "
+            "padded rows of x"
+        )
     return gather_groups(padded, group_offs.to(torch.int64), group_offs_padded.to(torch.int64), tokens)
 
 

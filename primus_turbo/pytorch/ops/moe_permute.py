@@ -509,6 +509,11 @@ def moe_permute(
                              "probs_layout='routing_map' ([num_tokens, num_local_experts] probs)")
         _float_probs(op, "probs", probs, (t, num_topk if probs_topk else e))
     scales = None
+    if scaling_factor is not None and not isinstance(scaling_factor, torch.Tensor):
+        raise TypeError(
+            f"{op}: argument 'scaling_factor' must be a float32 torch.Tensor or None, "
+            f"got {type(scaling_factor).__name__}"
+        )
     if use_fp8 and scaling_factor is not None:
         if scales_per_token <= 0:
             raise ValueError(f"{op}: scales_per_token must be > 0 when use_fp8=True and scaling_factor is given")

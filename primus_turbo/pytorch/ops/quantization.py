@@ -266,13 +266,13 @@ def _fp4_batched_along_last(op: str, axis) -> bool:
     return dim == 2
 
 
-def _use_2d(recipe) -> bool:
-    """Whether a (checked) recipe asks for 2-D blocks."""
+def _use_2d(recipe, name: str = "scaling_recipe") -> bool:
+    """Whether a (checked) recipe asks for 2-D blocks; ``name``: the argument it came in."""
     if recipe is not None and not isinstance(recipe, ScalingRecipe):
-        raise TypeError(f"scaling_recipe must be a ScalingRecipe or None, got {type(recipe).__name__}")
+        raise TypeError(f"argument '{name}' must be a ScalingRecipe or None, got {type(recipe).__name__}")
     if recipe is not None and (recipe.shuffle_scale or recipe.shuffle_out):
         raise ValueError(
-            "scaling_recipe: shuffle_scale / shuffle_out are pre-shuffled layouts of the original library's AMD "
+            f"argument '{name}': shuffle_scale / shuffle_out are pre-shuffled layouts of the original library's AMD "
             "kernels; no kernel here reads them (leave both False)"
         )
     return bool(recipe is not None and recipe.use_2d_block)
@@ -339,7 +339,7 @@ def _check_scale_inv(op: str, x, scale_inv) -> None:
 def _fp8_layout(op: str, g: int, scaling_recipe, axis, ndim: int) -> tuple[bool, int | None]:
     """(2-D blocks, quantized dim) of an FP8 (de)quantization; tensorwise and 2-D blocks ignore
     the axis (dim None: x seen as [M, K], scaled as a whole or in B x B blocks)."""
-    two_d = g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe)
+    two_d = _use_2d(scaling_recipe) and g in (_BLOCKWISE, _MX)  # checked for every granularity
     return two_d, None if g == _TENSORWISE or two_d else _axis_dim(op, axis, ndim)
 
 
@@ -456,7 +456,7 @@ def quantize_fp8_with_trans(
     group (``[G, M, K_pad]``, ``[G, K, M_pad]``). Every other case:
     :func:`quantize_fp8_with_trans_unpadded`.
     """
-    recipes_1d = not (_use_2d(scaling_recipe) or _use_2d(scaling_recipe_for_trans))
+    recipes_1d = not (_use_2d(scaling_recipe) or _use_2d(scaling_recipe_for_trans, "scaling_recipe_for_trans"))
     if _mx_1d(granularity, None) and recipes_1d and isinstance(x, torch.Tensor):
         kw = {"block_size": block_size}
         if x.dim() == 3:
@@ -497,8 +497,10 @@ def quantize_fp8_with_trans_unpadded(
     """
     op = "quantize_fp8_with_trans"
     g, block = _common_args(op, x, _HP_KIND, out_dtype, _FP8_KIND, granularity, block_size)
-    two_d = g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe)
-    trans_2d = two_d if scaling_recipe_for_trans is None else (g in (_BLOCKWISE, _MX) and _use_2d(scaling_recipe_for_trans))
+    two_d = _use_2d(scaling_recipe) and g in (_BLOCKWISE, _MX)
+    trans_2d = two_d if scaling_recipe_for_trans is None else (
+        _use_2d(scaling_recipe_for_trans, "scaling_recipe_for_trans") and g in (_BLOCKWISE, _MX)
+    )
     if trans_2d != two_d:
         raise ValueError(
             f"{op}: 'scaling_recipe' and 'scaling_recipe_for_trans' must agree on use_2d_block "
@@ -559,6 +561,11 @@ def dequantize_fp8_unpadded(
     two_d, dim = _fp8_layout(op, g, scaling_recipe, axis, x.dim())
     if dim is None or dim == x.dim() - 1:
         flat = dim is not None and scale_inv.dim() != 2  # [..., groups] or [groups] -> [rows, groups]
+        if flat and (scale_inv.dim() != x.dim() or scale_inv.shape[:-1] != x.shape[:-1]):
+            raise ValueError(
+                f"{op}: argument 'scale_inv' has shape {tuple(scale_inv.shape)}; along the last dim of x "
+                f"{tuple(x.shape)} expected [{', '.join(map(str, x.shape[:-1]))}, groups] or [rows, groups]"
+            )
         s = scale_inv.reshape(math.prod(x.shape[:-1]), scale_inv.shape[-1]) if flat else scale_inv
         out = _dequantize_op(_as_2d(x), s, out_dtype, g, block, -1, _FLAG_2D if two_d else 0)
         return out.view(x.shape)

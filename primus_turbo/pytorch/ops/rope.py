@@ -59,7 +59,8 @@ def _check_args(q, k, cos, sin, positions, cu_seqlens, theta, rotary_dim, layout
             raise ValueError(
                 f"rope: argument 'cos' has {cos.shape[1]} columns; expected rotary_dim // 2 = {rotary_dim // 2}"
             )
-    elif isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
+        # checked with a table too (unused then), so a wrong value never passes silently
         raise ValueError(f"rope: argument 'theta' must be a positive finite number, got {theta!r}")
     if rotary_dim is None:
         rotary_dim = head_dim
@@ -177,6 +178,7 @@ def rope(
         or type(theta) not in (float, int)
         or (rotary_dim is not None and type(rotary_dim) is not int)
         or (cos is not None and not (isinstance(cos, torch.Tensor) and cos.dim() == 2))
+        or (sin is not None and not isinstance(sin, torch.Tensor))
     ):
         rotary_dim = _check_args(q, k, cos, sin, positions, cu_seqlens, theta, rotary_dim, layout)
     elif rotary_dim is None:
@@ -200,6 +202,10 @@ def rope_cos_sin(
         raise ValueError(f"rope_cos_sin: argument 'rotary_dim' must be even, got {rotary_dim}")
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
         raise ValueError(f"rope_cos_sin: argument 'theta' must be a positive finite number, got {theta!r}")
+    try:
+        device = None if device is None else torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"rope_cos_sin: argument 'device' is not a device: {device!r} ({e})") from None
     inv_freq = theta ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim)
     angles = torch.arange(max_position, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
     return angles.cos().float(), angles.sin().float()

@@ -20,6 +20,7 @@ from primus_turbo.pytorch.core import library, native
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 from primus_turbo.pytorch.ops.activation import _bwd_fake as _act_bwd_fake
 from primus_turbo.pytorch.ops.activation import _fwd_fake as _act_fwd_fake
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 from primus_turbo.pytorch.ops.activation import swiglu
 from primus_turbo.pytorch.ops.gemm_fp8 import (
     _IN_DTYPES,
@@ -120,6 +121,7 @@ def _check(x, w_gate_up, w_down) -> None:
             f"swiglu_mlp_fp8: x, w_gate_up and w_down must share a dtype; got {x.dtype}, {w_gate_up.dtype}, "
             f"{w_down.dtype}"
         )
+    check_cuda_tensors("swiglu_mlp_fp8", x=x, w_gate_up=w_gate_up, w_down=w_down)
 
 
 def _fused(x2, w_gate_up, w_down, config) -> bool:
