@@ -84,3 +84,9 @@ def test_grouped_dequantize_total_m_beyond_the_rows():
     with pytest.raises(ValueError, match="argument 'total_M'"):
         turbo.ops.grouped_dequantize_fp8(x, torch.bfloat16, G.BLOCKWISE, offs, offs, block_size=128, axis=-1,
                                          scale_inv=meta(640, 8, dtype=torch.float32), total_M=1024)
+
+
+def test_fp4_seed_beyond_int64_is_taken_modulo_two_to_the_64():
+    x = meta(64, 256)
+    q, s = turbo.ops.quantize_fp4(x, axis=-1, seed=2**70)  # was a RuntimeError from the op's schema
+    assert q.shape == (64, 128)

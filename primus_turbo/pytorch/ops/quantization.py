@@ -676,6 +676,9 @@ def quantize_fp4_unpadded(
             seed = operator.index(seed)  # ints and numpy / torch integers; never floats
         except TypeError:
             raise TypeError(f"{op}: argument 'seed' must be an int or None, got {seed!r}") from None
+        # A seed is 64 random bits: any int, taken modulo 2^64 and passed as the op's signed int64.
+        seed &= 2**64 - 1
+        seed -= 2**64 if seed >= 2**63 else 0
     q_row, s_row, q_col, s_col = _quantize_op(x2, _FP4_DTYPE, g, block, along_k, not along_k, True, flags, int(seed))
     q, s = (q_row, s_row) if along_k else (q_col, s_col)
     return (q.view(torch.uint8) if out_dtype == torch.uint8 and q.dtype != torch.uint8 else q), s
