@@ -90,3 +90,20 @@ def test_fp4_seed_beyond_int64_is_taken_modulo_two_to_the_64():
     x = meta(64, 256)
     q, s = turbo.ops.quantize_fp4(x, axis=-1, seed=2**70)  # was a RuntimeError from the op's schema
     assert q.shape == (64, 128)
+
+
+@pytest.mark.parametrize("value", [torch.empty(3, 5), "x", 2, [1]])
+def test_bool_flags_take_bools_only(value):
+    # A tensor raised "Boolean value of Tensor ... is ambiguous"; a string or a list was read as True.
+    a, w = meta(64, 128), meta(128, 128)
+    lens = torch.full((2,), 32, dtype=torch.int64, device="meta")
+    calls = [
+        (lambda: turbo.ops.gemm_fp8(a, w, trans_b=value), "trans_b"),
+        (lambda: turbo.ops.grouped_gemm(a, meta(2, 128, 128), lens, trans_b=value), "trans_b"),
+        (lambda: turbo.ops.flash_attn_func(meta(1, 16, 4, 64), meta(1, 16, 4, 64), meta(1, 16, 4, 64), causal=value),
+         "causal"),
+        (lambda: turbo.ops.swiglu_fp8(meta(64, 256), return_hp=value), "return_hp"),
+    ]
+    for call, name in calls:
+        with pytest.raises(TypeError, match=f"argument '{name}' must be a bool"):
+            call()

@@ -19,6 +19,16 @@ def check_cuda_tensors(op: str, **tensors: torch.Tensor) -> None:
             raise ValueError(f"{op}: argument '{name}' is on {t.device} but the other inputs are on {device}")
 
 
+def flag(op: str, name: str, value) -> bool:
+    """A bool argument as a bool: True / False (or the ints 0 / 1); anything else (a tensor, a
+    string, 2) is a TypeError naming it, never read as truthy."""
+    if value is True or value is False:
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{op}: argument '{name}' must be a bool, got {value!r}")
+
+
 def matrix_operand(t: torch.Tensor, trans: bool) -> Tuple[torch.Tensor, bool]:
     """Returns t unchanged when it is row- or column-major (any leading dimension); otherwise a
     contiguous copy. The core reads either major order directly, so views cost nothing."""

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 
 from primus_turbo.pytorch.core import autotune, library, native
 from primus_turbo.pytorch.core.backend import BackendType, OpFamily, PrecisionType, resolve, settings_token
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors, flag
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
 
@@ -282,7 +282,7 @@ def _common_args(op, q, dropout_p, softmax_scale, causal, window_size, bias, ali
     if type(dropout_p) is not float or dropout_p or bias is not None or alibi_slopes is not None or return_attn_probs:
         _unsupported(op, dropout_p, bias, alibi_slopes, return_attn_probs)
     scale = _scale(op, softmax_scale, q)
-    wl, wr = _window(op, window_size, causal)
+    wl, wr = _window(op, window_size, flag(op, "causal", causal))
     return scale, wl, wr, _float32_sink(sink)
 
 

@@ -25,7 +25,7 @@ from primus_turbo.pytorch.core import library, native
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 from primus_turbo.pytorch.ops import activation as _act
 from primus_turbo.pytorch.ops import normalization as _norm
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors, flag
 
 __all__ = ["rmsnorm_fp8", "rmsnorm_residual_fp8", "swiglu_fp8", "geglu_fp8"]
 
@@ -217,6 +217,7 @@ def rmsnorm_fp8(
     only (straight-through: y's gradient is the dequantized output's).
     """
     op = "rmsnorm_fp8"
+    return_hp = flag(op, "return_hp", return_hp)
     g, fp8_dtype = _norm_common(op, x, gamma, eps, config, {})
     q, s, y = RmsNormFp8Function.apply(
         _norm._rows(x), gamma.contiguous(), float(eps), bool(zero_centered), g, fp8_dtype, bool(return_hp),
@@ -238,6 +239,7 @@ def rmsnorm_residual_fp8(
     Returns ``(q, scale_inv, s)`` or, with ``return_hp``, ``(q, scale_inv, y, s)``: s = x + residual
     (x's dtype, the next residual stream, differentiable), the rest as :func:`rmsnorm_fp8`."""
     op = "rmsnorm_residual_fp8"
+    return_hp = flag(op, "return_hp", return_hp)
     g, fp8_dtype = _norm_common(op, x, gamma, eps, config, {"residual": residual})
     q, sc, y, s = RmsNormResidualFp8Function.apply(
         _norm._rows(x), _norm._rows(residual), gamma.contiguous(), float(eps), bool(zero_centered), g, fp8_dtype,
@@ -249,6 +251,7 @@ def rmsnorm_residual_fp8(
 
 def _gated_fp8(op: str, x, config, return_hp: bool, probs, row_mask):
     _act._check_x(op, x)
+    return_hp = flag(op, "return_hp", return_hp)
     g, fp8_dtype = _config(op, config)
     cols = x.shape[-1] // 2
     _vector_check(op, "H (half the last dimension of 'x')", cols, x.dtype)

@@ -15,7 +15,13 @@ from primus_turbo.pytorch.core.tensor_bridge import (
     to_pt,
     workspace,
 )
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_main_grad, check_main_grad_pattern, dummy_wgrad
+from primus_turbo.pytorch.ops._checks import (
+    check_cuda_tensors,
+    check_main_grad,
+    check_main_grad_pattern,
+    dummy_wgrad,
+    flag,
+)
 
 __all__ = ["gemm"]
 
@@ -208,9 +214,7 @@ def gemm(
     """
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         _gemm_shape(a, b, trans_a, trans_b, out_dtype)  # raises the TypeError naming the argument
-    for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
-        if not isinstance(flag, (bool, int)) or flag not in (0, 1):
-            raise TypeError(f"gemm: argument '{name}' must be a bool, got {flag!r}")
+    trans_a, trans_b = flag("gemm", "trans_a", trans_a), flag("gemm", "trans_b", trans_b)
     if out_dtype is None:
         out_dtype = a.dtype
     elif not isinstance(out_dtype, torch.dtype):

@@ -28,7 +28,7 @@ from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, ScalingGr
 from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor
 from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops import _quantized_operands as _qo
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors, flag
 from primus_turbo.pytorch.ops.gemm_fp8 import BLOCK_1x128, check_hp_operands, dgrad_operands, fp8_mm, wgrad_operands
 from primus_turbo.pytorch.ops.quantization import quantize_fp4_unpadded
 
@@ -326,13 +326,13 @@ def gemm_fp4(
     its own scale: no padding of the caller's data. Violations raise ``ValueError`` before any work.
     """
     config = _check_config(config)
+    trans_a, trans_b = flag("gemm_fp4", "trans_a", trans_a), flag("gemm_fp4", "trans_b", trans_b)
     if _qo.is_quantized(a) or _qo.is_quantized(b):
-        return _gemm_fp4_quantized(a, b, bool(trans_a), bool(trans_b), out_dtype, config)
+        return _gemm_fp4_quantized(a, b, trans_a, trans_b, out_dtype, config)
     if isinstance(a, tuple) or isinstance(b, tuple):
         if not (isinstance(a, tuple) and isinstance(b, tuple)):
             raise TypeError("gemm_fp4: pass both 'a' and 'b' pre-quantized, or neither")
         return _forward_prequantized(a, b, trans_a, trans_b, out_dtype)
-    trans_a, trans_b = bool(trans_a), bool(trans_b)
     # The common case first: plain 2-D CUDA operands of sizes the kernels take go to one native call
     # per direction (it checks dtypes, shapes and devices with the messages below).
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_cuda and a.dim() == 2 and b.dim() == 2:

@@ -36,6 +36,7 @@ from primus_turbo.pytorch.ops._checks import (
     check_main_grad,
     check_main_grad_pattern,
     dummy_wgrad,
+    flag,
     route_wgrad_to_main_grad,
 )
 
@@ -739,9 +740,9 @@ def gemm_fp8(
     operands must be aligned.
     """
     config = _check_config(config)
+    trans_a, trans_b = flag("gemm_fp8", "trans_a", trans_a), flag("gemm_fp8", "trans_b", trans_b)
     if _qo.is_quantized(a) or _qo.is_quantized(b):
-        return _gemm_fp8_quantized(a, b, bool(trans_a), bool(trans_b), out_dtype, config, fuse_bgrad_accum_pattern)
-    trans_a, trans_b = bool(trans_a), bool(trans_b)
+        return _gemm_fp8_quantized(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern)
     code = _NATIVE_GRANULARITY.get(config.granularity)
     # The common case first, with nothing computed twice: plain 2-D CUDA operands whose sizes the
     # FP8 kernels take as they are go straight to one native call.

@@ -15,6 +15,7 @@ from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle
 from primus_turbo.pytorch.ops._checks import (
     check_cuda_tensors,
     check_num_cu,
+    flag,
     check_schedule,
     route_wgrad_to_main_grad,
 )
@@ -239,6 +240,7 @@ def grouped_gemm(
     checks the sizes on the host instead (a sync): negative lengths or a sum above ``M`` raise
     ``ValueError``.
     """
+    trans_b = flag("grouped_gemm", "trans_b", trans_b)
     if not (
         isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(group_lens, torch.Tensor)
         and (group_offs is None or isinstance(group_offs, torch.Tensor))

@@ -39,7 +39,7 @@ from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
 from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor
 from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops import _quantized_operands as _qo
-from primus_turbo.pytorch.ops._checks import check_num_cu, route_wgrad_to_main_grad
+from primus_turbo.pytorch.ops._checks import check_num_cu, flag, route_wgrad_to_main_grad
 from primus_turbo.pytorch.ops._transpose import transpose_last2
 from primus_turbo.pytorch.ops.gemm_fp4 import _check_config, _q, _seed, recipe_of
 from primus_turbo.pytorch.ops.grouped_gemm import _grouped_gemm_wgrad_op, grouped_gemm
@@ -259,6 +259,7 @@ def grouped_gemm_fp4(
     wgrad reads ``a`` dequantized).
     """
     config = _check_config(config, _OP)
+    trans_b = flag(_OP, "trans_b", trans_b)
     num_sms = check_num_cu(_OP, num_cu)
     b_t = None
     if _qo.is_quantized(a) or _qo.is_quantized(b):

@@ -43,7 +43,7 @@ from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor
 from primus_turbo.pytorch.ops import _mx_blocks
 from primus_turbo.pytorch.ops import _quantized_operands as _qo
 from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_num_cu, route_wgrad_to_main_grad
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors, check_num_cu, flag, route_wgrad_to_main_grad
 from primus_turbo.pytorch.ops._group_padding import pad_groups
 from primus_turbo.pytorch.ops._transpose import transpose_last2
 from primus_turbo.pytorch.ops.grouped_gemm import (
@@ -639,6 +639,7 @@ def grouped_gemm_fp8(
     ``b``). K must be a multiple of 16, and N too (FP8 rows are read 16 bytes at a time).
     """
     config = _check_config(config)
+    trans_b = flag("grouped_gemm_fp8", "trans_b", trans_b)
     g = config.granularity
     num_sms = check_num_cu("grouped_gemm_fp8", num_cu)
     if _qo.is_quantized(a) or _qo.is_quantized(b):
