@@ -1,6 +1,6 @@
-// primus_turbo::swiglu_mlp_fp8 (no backward) / swiglu_mlp_fp8_fwd / swiglu_mlp_fp8_bwd: a SwiGLU MLP (x [M, H] -> gate/up
-// projection [M, 2I] -> SwiGLU [M, I] -> down projection [M, H]) with both projections in
-// TENSORWISE FP8, one native call per direction. The SwiGLU kernels report the amax of what they
+// primus_turbo::swiglu_mlp_fp8 (no backward) / swiglu_mlp_fp8_fwd / swiglu_mlp_fp8_bwd: a SwiGLU
+// MLP (x [M, H] -> gate/up projection [M, 2I] -> SwiGLU [M, I] -> down projection [M, H]) with both
+// projections in TENSORWISE FP8, one native call per direction. The SwiGLU kernels report the amax of what they
 // write, and the quantization after them takes it instead of running an amax pass: in the forward
 // the down projection's input, in the backward the gradient the gate/up projection quantizes. The
 // values are those of the unfused chain (gemm_fp8, swiglu, gemm_fp8), bit for bit.

@@ -220,7 +220,7 @@ def rmsnorm_fp8(
     return_hp = flag(op, "return_hp", return_hp)
     g, fp8_dtype = _norm_common(op, x, gamma, eps, config, {})
     q, s, y = RmsNormFp8Function.apply(
-        _norm._rows(x), gamma.contiguous(), float(eps), bool(zero_centered), g, fp8_dtype, bool(return_hp),
+        _norm._rows(x), gamma.contiguous(), float(eps), bool(zero_centered), g, fp8_dtype, return_hp,
     )
     return _result(q, s, y, x.shape, x.shape, return_hp)
 
@@ -243,7 +243,7 @@ def rmsnorm_residual_fp8(
     g, fp8_dtype = _norm_common(op, x, gamma, eps, config, {"residual": residual})
     q, sc, y, s = RmsNormResidualFp8Function.apply(
         _norm._rows(x), _norm._rows(residual), gamma.contiguous(), float(eps), bool(zero_centered), g, fp8_dtype,
-        bool(return_hp),
+        return_hp,
     )
     q, sc, s = q.view(x.shape), _scales_like(sc, x.shape), s.view(x.shape)
     return (q, sc, y.view(x.shape), s) if return_hp else (q, sc, s)
@@ -283,7 +283,7 @@ def _gated_fp8(op: str, x, config, return_hp: bool, probs, row_mask):
     out_shape = x.shape[:-1] + (cols,)
     q, s, out = GatedFp8Function.apply(
         x.contiguous().reshape(-1, x.shape[-1]), probs, row_mask, _act._ACTS[op.split("_")[0]], g, fp8_dtype,
-        bool(return_hp),
+        return_hp,
     )
     return _result(q, s, out, out_shape, out_shape, return_hp)
 

@@ -222,9 +222,9 @@ def gemm(
     if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         if fuse_bgrad_accum_pattern is not None:
             check_main_grad_pattern(fuse_bgrad_accum_pattern)  # no wgrad will be made to accumulate
-        return _gemm_call(a, b, bool(trans_a), bool(trans_b), out_dtype)
+        return _gemm_call(a, b, trans_a, trans_b, out_dtype)
     main_grad = check_main_grad(b, fuse_bgrad_accum_pattern)
     if main_grad is None and native.eager_cpp_autograd():
         # The op's autograd is registered in C++ (bindings/torch_autograd): no Python in between.
-        return _gemm_call(a, b, bool(trans_a), bool(trans_b), out_dtype)
-    return GemmFunction.apply(a, b, bool(trans_a), bool(trans_b), out_dtype, main_grad)
+        return _gemm_call(a, b, trans_a, trans_b, out_dtype)
+    return GemmFunction.apply(a, b, trans_a, trans_b, out_dtype, main_grad)

@@ -356,7 +356,7 @@ def gemm_fp4(
         return ((a.t() if trans_a else a) @ (b.t() if trans_b else b)).to(out_dtype)
     r = recipe_of(config)
     return GemmFp4Function.apply(
-        a.contiguous(), b.contiguous(), None, None, bool(trans_a), bool(trans_b), out_dtype,
+        a.contiguous(), b.contiguous(), None, None, trans_a, trans_b, out_dtype,
         bool(r.use_2d_block), bool(r.use_rht), bool(r.use_sr),
     )
 

@@ -655,7 +655,7 @@ def _forward_prequantized_a_hp(a, b, trans_a, trans_b, out_dtype, config, fuse_b
     if main_grad is not None and config.granularity == ScalingGranularity.BLOCKWISE:
         raise ValueError("gemm_fp8: fuse_bgrad_accum_pattern='megatron' supports TENSORWISE and ROWWISE, not BLOCKWISE")
     return GemmFp8PrequantAFunction.apply(
-        a_hp, b, qa, sa, bool(trans_b), out_dtype, (config.format, config.granularity), main_grad
+        a_hp, b, qa, sa, trans_b, out_dtype, (config.format, config.granularity), main_grad
     )
 
 
@@ -790,7 +790,7 @@ def gemm_fp8(
         return ((a.t() if trans_a else a) @ (b.t() if trans_b else b)).to(out_dtype)
     main_grad = _training_main_grad(b, fuse_bgrad_accum_pattern, config.granularity)
     return GemmFp8Function.apply(
-        a, b, None, None, bool(trans_a), bool(trans_b), out_dtype, config.format, config.granularity, main_grad
+        a, b, None, None, trans_a, trans_b, out_dtype, config.format, config.granularity, main_grad
     )
 
 

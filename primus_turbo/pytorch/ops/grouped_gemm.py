@@ -15,8 +15,8 @@ from primus_turbo.pytorch.core.tensor_bridge import current_stream_handle
 from primus_turbo.pytorch.ops._checks import (
     check_cuda_tensors,
     check_num_cu,
-    flag,
     check_schedule,
+    flag,
     route_wgrad_to_main_grad,
 )
 
@@ -253,6 +253,6 @@ def grouped_gemm(
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         if native.eager_cpp_autograd():
             # The op's autograd is registered in C++ (bindings/torch_autograd): no Python in between.
-            return _grouped_gemm_op(a, b, group_lens, group_offs, bool(trans_b), num_sms)
-        return GroupedGemmFunction.apply(a, b, group_lens, group_offs, bool(trans_b), num_sms)
-    return _grouped_gemm_op(a, b, group_lens, group_offs, bool(trans_b), num_sms)
+            return _grouped_gemm_op(a, b, group_lens, group_offs, trans_b, num_sms)
+        return GroupedGemmFunction.apply(a, b, group_lens, group_offs, trans_b, num_sms)
+    return _grouped_gemm_op(a, b, group_lens, group_offs, trans_b, num_sms)

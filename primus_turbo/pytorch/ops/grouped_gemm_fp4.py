@@ -270,7 +270,7 @@ def grouped_gemm_fp4(
     if b_t is None and plain_hp_operands(a, b):  # checks, quantization and launches in C++
         r = recipe_of(config)
         return NativeGroupedGemmFp4Function.apply(
-            a, b, group_lens, group_offs, bool(trans_b), a.dtype if out_dtype is None else out_dtype,
+            a, b, group_lens, group_offs, trans_b, a.dtype if out_dtype is None else out_dtype,
             bool(r.use_2d_block), bool(r.use_sr), num_sms,
         )
     out_dtype, k, n = check_hp_operands(_OP, a, b, group_lens, group_offs, trans_b, out_dtype, _FP4_BLOCKS)
@@ -283,6 +283,6 @@ def grouped_gemm_fp4(
     r = recipe_of(config)
     contiguous = lambda x: x if isinstance(x, QuantizedTensor) else x.contiguous()  # noqa: E731
     return GroupedGemmFp4Function.apply(
-        contiguous(a), contiguous(b), b_t, group_lens, group_offs, bool(trans_b), out_dtype,
+        contiguous(a), contiguous(b), b_t, group_lens, group_offs, trans_b, out_dtype,
         bool(r.use_2d_block), bool(r.use_sr), num_sms,
     )

@@ -659,17 +659,17 @@ def grouped_gemm_fp8(
     if _native_ok(a, b, g):  # checks, quantization and launches in C++
         if not FP8_WGRAD and native.eager_cpp_autograd():
             fwd_dtype, grad_dtype = _dtypes(config.format)
-            return _train_op(a, b, group_lens, group_offs, bool(trans_b), a.dtype if out_dtype is None else out_dtype,
+            return _train_op(a, b, group_lens, group_offs, trans_b, a.dtype if out_dtype is None else out_dtype,
                              fwd_dtype, grad_dtype, _NATIVE_GRANULARITY[g], num_sms)
         return NativeGroupedGemmFp8Function.apply(
-            a, b, group_lens, group_offs, bool(trans_b), a.dtype if out_dtype is None else out_dtype, config.format, g,
+            a, b, group_lens, group_offs, trans_b, a.dtype if out_dtype is None else out_dtype, config.format, g,
             num_sms,
         )
     out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype, FP8_ROWS)
     if a.shape[0] == 0 or n == 0 or k == 0:  # nothing to quantize: the bf16 op's exact empty / zero result
         return grouped_gemm(a, b, group_lens, group_offs, trans_b=trans_b, num_cu=num_cu).to(out_dtype)
     return GroupedGemmFp8Function.apply(
-        a, b, None, group_lens, group_offs, bool(trans_b), out_dtype, config.format, g, num_sms
+        a, b, None, group_lens, group_offs, trans_b, out_dtype, config.format, g, num_sms
     )
 
 
@@ -730,5 +730,5 @@ def _quantized_forward(a, b, group_lens, group_offs, trans_b: bool, out_dtype, c
     if pattern is not None:
         b = route_wgrad_to_main_grad(b, pattern)
     return GroupedGemmFp8Function.apply(
-        a, b, b_t, group_lens, group_offs, bool(trans_b), out_dtype, config.format, config.granularity, num_sms
+        a, b, b_t, group_lens, group_offs, trans_b, out_dtype, config.format, config.granularity, num_sms
     )

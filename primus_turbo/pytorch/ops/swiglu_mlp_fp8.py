@@ -18,9 +18,9 @@ import torch
 
 from primus_turbo.pytorch.core import library, native
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
+from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 from primus_turbo.pytorch.ops.activation import _bwd_fake as _act_bwd_fake
 from primus_turbo.pytorch.ops.activation import _fwd_fake as _act_fwd_fake
-from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 from primus_turbo.pytorch.ops.activation import swiglu
 from primus_turbo.pytorch.ops.gemm_fp8 import (
     _IN_DTYPES,
