@@ -120,8 +120,7 @@ def _cases(turbo, dev="cuda"):
     xq = t(256, 1024, grad=False)
 
     def torch_rowwise():
-        s = xq.abs().amax(-1, keepdim=True).float() / 448.0
-        return (xq / s).to(torch.float8_e4m3fn), s
+        return _rowwise_e4m3(xq)
 
     def ours_rowwise():
         return turbo.ops.quantize_fp8(xq, torch.float8_e4m3fn, ScalingGranularity.ROWWISE, axis=-1)
@@ -279,8 +278,7 @@ def _more_cases(turbo, cases, t, step, dev):
     # Fused norm / activation + FP8 quantization against the unfused torch expression.
     def torch_rms_rowwise():
         y = F.rms_norm(x, (1024,), w, 1e-6)
-        s = y.abs().amax(-1, keepdim=True).float() / 448.0
-        return (y / s).to(torch.float8_e4m3fn), s, y
+        return (*_rowwise_e4m3(y), y)
 
     row = Float8QuantConfig(granularity=G.ROWWISE)
     cases["rmsnorm_fp8_rowwise"] = (
@@ -292,8 +290,7 @@ def _more_cases(turbo, cases, t, step, dev):
     def torch_swiglu_rowwise():
         gate, up = xg.chunk(2, dim=-1)
         y = F.silu(gate) * up
-        s = y.abs().amax(-1, keepdim=True).float() / 448.0
-        return (y / s).to(torch.float8_e4m3fn), s, y
+        return (*_rowwise_e4m3(y), y)
 
     cases["swiglu_fp8_rowwise"] = (
         lambda: turbo.ops.swiglu_fp8(xg, config=row, return_hp=True), torch_swiglu_rowwise,
@@ -368,12 +365,7 @@ def _more_cases(turbo, cases, t, step, dev):
         return turbo.ops.quantize_fp8_with_trans(xq, torch.float8_e4m3fn, G.BLOCKWISE, block_size=128)
 
     def torch_with_trans():
-        def blocks(z):
-            zb = z.float().view(z.shape[0], -1, 128)
-            s = zb.abs().amax(-1, keepdim=True) / 448.0
-            return (zb / s).to(torch.float8_e4m3fn).view(z.shape), s.squeeze(-1)
-
-        return (*blocks(xq), *blocks(xq.t().contiguous()))
+        return (*_blockwise_e4m3(xq), *_blockwise_e4m3(xq.t().contiguous()))
 
     cases["quantize_fp8_with_trans_blockwise"] = (ours_with_trans, torch_with_trans, ours_with_trans, torch_with_trans)
     # Packed sequences: two sequences of 64 against SDPA on the same tokens as one batch of 2.
@@ -408,6 +400,13 @@ def _rowwise_e4m3(y):
     """Rowwise E4M3 quantization in torch ops: (q, scale_inv)."""
     s = y.abs().amax(-1, keepdim=True).float() / 448.0
     return (y / s).to(torch.float8_e4m3fn), s
+
+
+def _blockwise_e4m3(z):
+    """1x128-block E4M3 quantization of a 2-D z along its rows in torch ops: (q, scale_inv)."""
+    zb = z.float().view(z.shape[0], -1, 128)
+    s = zb.abs().amax(-1, keepdim=True) / 448.0
+    return (zb / s).to(torch.float8_e4m3fn).view(z.shape), s.squeeze(-1)
 
 
 def _fusion_cases(turbo, cases, t, step, dev):
@@ -454,27 +453,22 @@ def _grouped_and_fp4_quantization_cases(turbo, cases, t, dev):
     lens = torch.full((4,), 128, device=dev, dtype=torch.int64)
     offs = torch.arange(0, 513, 128, device=dev, dtype=torch.int64)
 
-    def blocks(z):
-        zb = z.float().view(z.shape[0], -1, 128)
-        s = zb.abs().amax(-1, keepdim=True) / 448.0
-        return (zb / s).to(e4m3).view(z.shape), s.squeeze(-1)
-
     def ours_grouped():
         return turbo.ops.grouped_quantize_fp8(x, e4m3, G.BLOCKWISE, lens, offs, block_size=128, axis=-1)
 
-    cases["grouped_quantize_fp8_blockwise"] = (ours_grouped, lambda: blocks(x), ours_grouped, lambda: blocks(x))
+    cases["grouped_quantize_fp8_blockwise"] = (ours_grouped, lambda: _blockwise_e4m3(x), ours_grouped, lambda: _blockwise_e4m3(x))
 
     def ours_grouped_trans():
         return turbo.ops.grouped_quantize_fp8_with_trans(x, e4m3, G.BLOCKWISE, lens, offs, block_size=128)
 
     def torch_grouped_trans():
-        return (*blocks(x), *blocks(x.t().contiguous()))
+        return (*_blockwise_e4m3(x), *_blockwise_e4m3(x.t().contiguous()))
 
     cases["grouped_quantize_fp8_with_trans_blockwise"] = (
         ours_grouped_trans, torch_grouped_trans, ours_grouped_trans, torch_grouped_trans,
     )
     gq, gs, _, goffs_padded = ours_grouped()
-    bq, bs = blocks(x)  # torch's copy: the 512 rows without group padding
+    bq, bs = _blockwise_e4m3(x)  # torch's copy: the 512 rows without group padding
 
     def ours_grouped_dequant():
         return turbo.ops.grouped_dequantize_fp8(gq, torch.bfloat16, G.BLOCKWISE, offs, goffs_padded, block_size=128,
