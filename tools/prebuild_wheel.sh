@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .carry/prebuilt && mkdir -p .carry/prebuilt
-python3 -m pip wheel -q --no-build-isolation --no-deps . -w .carry/prebuilt
+# Unstripped: a native sampling profiler on the GPU machine then names our functions.
+python3 -m pip wheel -q --no-build-isolation --no-deps -C install.strip=false . -w .carry/prebuilt
 bash tools/source_stamp.sh > .carry/prebuilt/STAMP
 ls -la .carry/prebuilt
