@@ -271,6 +271,7 @@ def _prepare_jobs(family: str) -> List[Tuple]:
             for q in (_E4M3, _E5M2, _FP4):
                 jobs.append(("prepare", f"quantize dtype {dt} -> {q}", "pt_quantize_prepare", (dt, q)))
         jobs += [("prepare", f"transpose {n}-byte", "pt_transpose_prepare", (n,)) for n in (1, 2, 4)]
+        jobs.append(("prepare", "group rows", "pt_group_rows_prepare", ()))
     elif family == "moe":
         jobs += [("prepare", f"moe routing dtype {dt}", "pt_moe_routing_prepare", (dt,)) for dt in (-1, _BF16, _F32)]
         jobs += [("prepare", f"moe permute dtype {dt} vec {v}", "pt_moe_permute_prepare", (dt, v))

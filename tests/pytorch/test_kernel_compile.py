@@ -316,6 +316,12 @@ def test_transpose_modules_compile_for_sm90a():
     _assert_compiled("transpose_1byte", "transpose_2byte", "transpose_4byte")
 
 
+# Grouped rows to and from the per-group padded layout (grouped quantization, FP8 wgrad tokens).
+def test_group_rows_module_compiles_for_sm90a():
+    check(lib.pt_group_rows_prepare())
+    _assert_compiled("group_rows")
+
+
 # MX -> 1x128 restatement (MX gemm_fp8, gemm_fp4): one module per input format (E4M3, E5M2, FP4).
 def test_mx_to_blocks_modules_compile_for_sm90a():
     dtypes = (3, 4, 6)  # PT_FLOAT8_E4M3, PT_FLOAT8_E5M2, PT_FLOAT4_E2M1_X2

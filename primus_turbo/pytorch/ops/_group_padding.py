@@ -5,11 +5,40 @@ rows). Quantizing along the tokens in blocks (or reading each group with block-a
 needs every group to start at a multiple of ``align`` rows, so no block spans two groups. The
 padded layout keeps the groups in order, each rounded up to ``align`` rows with zeros; its total is
 bounded by ``padded_rows`` for any group sizes, so shapes never depend on device values (no host
-synchronization; CUDA-graph capturable)."""
+synchronization; CUDA-graph capturable).
+
+The moves are one native call each (``group_pad_rows`` / ``group_gather_rows``, one launch, for up
+to ``MAX_NATIVE_GROUPS`` groups); more groups take the torch composition below."""
 
 import torch
 
-__all__ = ["gather_groups", "offsets", "padded_rows", "padded_layout", "pad_groups"]
+from primus_turbo.pytorch.core import library, native
+
+__all__ = ["gather_groups", "offsets", "padded_rows", "padded_layout", "pad_groups", "pad_groups_with_layout"]
+
+MAX_NATIVE_GROUPS = 1024  # the kernel's shared group tables (kernels/layout/group_rows.cuh)
+
+
+def _native(x: torch.Tensor, groups: int) -> bool:
+    """CUDA tensors and 1 to MAX_NATIVE_GROUPS groups take the native op; the rest the torch one."""
+    return x.is_cuda and 1 <= groups <= MAX_NATIVE_GROUPS
+
+
+def _pad_fake(x, group_lens, group_offs, rows, align):
+    g = group_lens.shape[0]
+    return (x.new_empty((rows, x.shape[1])), group_lens.new_empty((g,), dtype=torch.int64),
+            group_lens.new_empty((g + 1,), dtype=torch.int64))
+
+
+def _gather_fake(x, group_offs, group_offs_padded, tokens, group_lens):
+    return x.new_empty((tokens, x.shape[1]))
+
+
+# Native ops (csrc/bindings/torch/layout_ops.cpp).
+library.register_fake("group_pad_rows", _pad_fake)
+library.register_fake("group_gather_rows", _gather_fake)
+_pad_op = native.ops.group_pad_rows.default
+_gather_op = native.ops.group_gather_rows.default
 
 
 def padded_rows(tokens: int, groups: int, align: int) -> int:
@@ -51,9 +80,23 @@ def _source_rows(group_lens, group_offs, tokens: int, align: int):
     return poffs[gid] + rows - starts[gid], inside
 
 
+def pad_groups_with_layout(x: torch.Tensor, group_lens, group_offs, rows: int, align: int):
+    """(:func:`pad_groups`, then :func:`padded_layout` of group_lens) in one launch."""
+    if _native(x, group_lens.shape[0]):
+        return _pad_op(x, group_lens, group_offs, rows, align)
+    return (pad_groups_torch(x, group_lens, group_offs, rows, align), *padded_layout(group_lens, align))
+
+
 def pad_groups(x: torch.Tensor, group_lens, group_offs, rows: int, align: int) -> torch.Tensor:
     """x ``[T, C]`` -> ``[rows, C]``: every group's rows moved to start at a multiple of ``align``,
     in group order, zeros elsewhere. With group_offs, starts must be non-decreasing."""
+    if _native(x, group_lens.shape[0]):
+        return _pad_op(x, group_lens, group_offs, rows, align)[0]
+    return pad_groups_torch(x, group_lens, group_offs, rows, align)
+
+
+def pad_groups_torch(x: torch.Tensor, group_lens, group_offs, rows: int, align: int) -> torch.Tensor:
+    """:func:`pad_groups` in torch ops (any number of groups; the reference of the native op)."""
     dest, inside = _source_rows(group_lens, group_offs, x.shape[0], align)
     dest = torch.where(inside, dest, rows)  # row `rows`: discarded
     out = x.new_zeros((rows + 1, x.shape[1]))
@@ -66,6 +109,14 @@ def gather_groups(xp: torch.Tensor, group_offs: torch.Tensor, group_offs_padded:
     """Rows ``[0, tokens)`` of the original layout (group g at ``group_offs[g]``, ``group_lens[g]``
     rows; default: up to the next offset) read from a padded one (group g at
     ``group_offs_padded[g]``); rows of no group come back as zeros."""
+    if _native(xp, group_offs.shape[0] - 1):
+        return _gather_op(xp, group_offs, group_offs_padded, tokens, group_lens)
+    return gather_groups_torch(xp, group_offs, group_offs_padded, tokens, group_lens)
+
+
+def gather_groups_torch(xp: torch.Tensor, group_offs: torch.Tensor, group_offs_padded: torch.Tensor, tokens: int,
+                        group_lens: torch.Tensor | None = None):
+    """:func:`gather_groups` in torch ops (any number of groups; the reference of the native op)."""
     rows = torch.arange(tokens, device=group_offs.device)
     starts = group_offs[:-1]
     ends = group_offs[1:] if group_lens is None else starts + group_lens.clamp_min(0)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingRecipe
 from primus_turbo.pytorch.ops import quantization as qz
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
-from primus_turbo.pytorch.ops._group_padding import gather_groups, offsets, pad_groups, padded_layout, padded_rows
+from primus_turbo.pytorch.ops._group_padding import gather_groups, offsets, pad_groups_with_layout, padded_rows
 
 __all__ = [
     "grouped_dequantize_fp4",
@@ -38,24 +38,29 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _check_groups(op: str, x, group_lens, group_offs, name_offs: str = "group_offs"):
-    """Checks the group tensors; returns (group_lens, group_offs) as int64 (offsets computed when None)."""
+    """Checks the group tensors; returns them as given (group_offs may be None: back to back)."""
     if not isinstance(group_lens, torch.Tensor) or group_lens.dim() != 1 or group_lens.dtype not in _INDEX_DTYPES:
         raise TypeError(f"{op}: argument 'group_lens' must be a 1-D int64 (or int32) tensor")
     if group_lens.shape[0] < 1:
         raise ValueError(f"{op}: argument 'group_lens' must hold at least one group")
     check_cuda_tensors(op, x=x, group_lens=group_lens)
-    lens = group_lens.to(torch.int64)
     if group_offs is None:
-        return lens, offsets(lens)
+        return group_lens, None
     if not isinstance(group_offs, torch.Tensor) or group_offs.dim() != 1 or group_offs.dtype not in _INDEX_DTYPES:
         raise TypeError(f"{op}: argument '{name_offs}' must be a 1-D int64 (or int32) tensor")
-    if group_offs.shape[0] != lens.shape[0] + 1:
+    if group_offs.shape[0] != group_lens.shape[0] + 1:
         raise ValueError(
             f"{op}: argument '{name_offs}' has {group_offs.shape[0]} entries; expected len(group_lens) + 1 = "
-            f"{lens.shape[0] + 1}"
+            f"{group_lens.shape[0] + 1}"
         )
     check_cuda_tensors(op, x=x, **{name_offs: group_offs})
-    return lens, group_offs.to(torch.int64)
+    return group_lens, group_offs
+
+
+def _as_int64(lens, offs):
+    """(lens, offsets) as int64, the offsets computed from the lens where not given."""
+    lens = lens.to(torch.int64)
+    return lens, (offsets(lens) if offs is None else offs.to(torch.int64))
 
 
 def _check_fp8_grouped(op: str, x, out_dtype, granularity, block_size):
@@ -80,18 +85,18 @@ def _row_copy(x, lens, offs, out_dtype, g, block, flags):
     # 2-D blocks span `block` rows: groups then start at multiples of the block, not of 32.
     align = max(ROW_ALIGN, block) if flags & qz._FLAG_2D else ROW_ALIGN
     rows = padded_rows(x.shape[0], lens.shape[0], align)
-    xp = pad_groups(x, lens, offs, rows, align)
+    xp, plens, poffs = pad_groups_with_layout(x, lens, offs, rows, align)
     if g == qz._MX:
         xp = F.pad(xp, (0, (-x.shape[1]) % COL_ALIGN))
     q, s = qz._quantize_op(xp, out_dtype, g, block, True, False, False, flags, 0)[:2]
-    return (q, s, *padded_layout(lens, align))
+    return q, s, plens, poffs
 
 
 def _col_copy(x, lens, offs, out_dtype, g, block, flags):
     rows = padded_rows(x.shape[0], lens.shape[0], COL_ALIGN)
-    xp = pad_groups(x, lens, offs, rows, COL_ALIGN)
+    xp, plens, poffs = pad_groups_with_layout(x, lens, offs, rows, COL_ALIGN)
     q, s = qz._quantize_op(xp, out_dtype, g, block, False, True, True, flags, 0)[2:]
-    return (q, s, *padded_layout(lens, COL_ALIGN))
+    return q, s, plens, poffs
 
 
 def grouped_quantize_fp8(
@@ -201,7 +206,7 @@ def grouped_dequantize_fp8(
             f"{op}: argument 'total_M' (or group_offs[-1]) is {tokens}, more than the {padded.shape[0]} "
             "padded rows of x"
         )
-    return gather_groups(padded, group_offs.to(torch.int64), group_offs_padded.to(torch.int64), tokens)
+    return gather_groups(padded, group_offs, group_offs_padded, tokens)
 
 
 # ---- FP4 (MXFP4) ----------------------------------------------------------------------------------
@@ -209,9 +214,9 @@ def grouped_dequantize_fp8(
 
 def _fp4_col_copy(x, lens, offs, out_dtype, granularity, block_size, recipe, seed):
     rows = padded_rows(x.shape[0], lens.shape[0], COL_ALIGN)
-    xp = pad_groups(x, lens, offs, rows, COL_ALIGN)
+    xp, plens, poffs = pad_groups_with_layout(x, lens, offs, rows, COL_ALIGN)
     q, s = qz.quantize_fp4_unpadded(xp, out_dtype, granularity, block_size=block_size, axis=0, scaling_recipe=recipe, seed=seed)
-    return (q, s, *padded_layout(lens, COL_ALIGN))
+    return q, s, plens, poffs
 
 
 def _check_fp4_grouped(op: str, x, out_dtype, granularity, block_size):
@@ -243,7 +248,7 @@ def grouped_quantize_fp4(
     if _direction(op, axis):
         q, s = qz.quantize_fp4_unpadded(x, out_dtype, granularity, block_size=block_size, axis=-1,
                                         scaling_recipe=scaling_recipe, seed=seed)
-        return q, s, lens, offs
+        return q, s, *_as_int64(lens, offs)
     return _fp4_col_copy(x.contiguous(), lens, offs, out_dtype, granularity, block_size, scaling_recipe, seed)
 
 
@@ -270,7 +275,7 @@ def grouped_quantize_fp4_with_trans(
     col_recipe = scaling_recipe if scaling_recipe_for_trans is None else scaling_recipe_for_trans
     col = _fp4_col_copy(x.contiguous(), lens, offs, out_dtype, granularity, block_size, col_recipe,
                         None if seed is None else seed + 1)
-    return q_row, s_row, col[0], col[1], lens, offs, col[2], col[3]
+    return q_row, s_row, col[0], col[1], *_as_int64(lens, offs), col[2], col[3]
 
 
 def grouped_dequantize_fp4(
