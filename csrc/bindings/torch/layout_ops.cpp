@@ -32,7 +32,7 @@ std::tuple<Tensor, Tensor, Tensor> group_pad_rows(Tensor x_in, Tensor group_lens
   if (offs) po = to_pt(*offs);
   DeviceScope scope(device);
   check_status(pt_group_pad_rows(&px, &pl, offs ? &po : nullptr, align, &py, &plo, &poo, current_stream(device)),
-               "group_pad_rows");
+               "grouped tokens");
   return {y, lens_out, offs_out};
 }
 
@@ -54,7 +54,7 @@ Tensor group_gather_rows(Tensor x_in, Tensor group_offs, Tensor group_offs_padde
   if (lens) pl = to_pt(*lens);
   DeviceScope scope(device);
   check_status(pt_group_gather_rows(&px, &po, &ppo, lens ? &pl : nullptr, &py, current_stream(device)),
-               "group_gather_rows");
+               "grouped tokens");
   return y;
 }
 

@@ -193,7 +193,7 @@ class QuantizedTensor(torch.Tensor):
                 q, s, lens_p, offs_p = gq.grouped_quantize_fp8(hp_tensor, dest_dtype, granularity, group_lens,
                                                                block_size=block_size, axis=axis,
                                                                scaling_recipe=scaling_recipe)
-            lens, offs = gq._check_groups("QuantizedTensor.quantize", hp_tensor, group_lens, None)
+            lens, offs = gq._as_int64(*gq._check_groups("QuantizedTensor.quantize", hp_tensor, group_lens, None))
             return cls(q, s, **meta, group_lens=lens_p, group_offs=offs_p, orig_group_lens=lens, orig_group_offs=offs,
                        is_grouped_tensor=True, requires_grad=hp_tensor.requires_grad)
         if fp4:
@@ -204,7 +204,7 @@ class QuantizedTensor(torch.Tensor):
                                             scaling_recipe=scaling_recipe)
         extra = {}
         if group_lens is not None:  # TENSORWISE / ROWWISE: the plain layout, groups kept for the ops
-            lens, offs = gq._check_groups("QuantizedTensor.quantize", hp_tensor, group_lens, None)
+            lens, offs = gq._as_int64(*gq._check_groups("QuantizedTensor.quantize", hp_tensor, group_lens, None))
             extra = dict(group_lens=lens, group_offs=offs, orig_group_lens=lens, orig_group_offs=offs,
                          is_grouped_tensor=True)
         return cls(q, s, **meta, **extra, requires_grad=hp_tensor.requires_grad)

@@ -80,6 +80,7 @@ def _source_rows(group_lens, group_offs, tokens: int, align: int):
     return poffs[gid] + rows - starts[gid], inside
 
 
+@native.raises_python_errors
 def pad_groups_with_layout(x: torch.Tensor, group_lens, group_offs, rows: int, align: int):
     """(:func:`pad_groups`, then :func:`padded_layout` of group_lens) in one launch."""
     if _native(x, group_lens.shape[0]):
@@ -87,6 +88,7 @@ def pad_groups_with_layout(x: torch.Tensor, group_lens, group_offs, rows: int, a
     return (pad_groups_torch(x, group_lens, group_offs, rows, align), *padded_layout(group_lens, align))
 
 
+@native.raises_python_errors
 def pad_groups(x: torch.Tensor, group_lens, group_offs, rows: int, align: int) -> torch.Tensor:
     """x ``[T, C]`` -> ``[rows, C]``: every group's rows moved to start at a multiple of ``align``,
     in group order, zeros elsewhere. With group_offs, starts must be non-decreasing."""
@@ -104,6 +106,7 @@ def pad_groups_torch(x: torch.Tensor, group_lens, group_offs, rows: int, align: 
     return out[:rows]
 
 
+@native.raises_python_errors
 def gather_groups(xp: torch.Tensor, group_offs: torch.Tensor, group_offs_padded: torch.Tensor, tokens: int,
                   group_lens: torch.Tensor | None = None):
     """Rows ``[0, tokens)`` of the original layout (group g at ``group_offs[g]``, ``group_lens[g]``
