@@ -582,6 +582,7 @@ def _spin(cases, spec: str, seconds: float) -> None:
         for _ in range(50):
             fn()
         torch.cuda.synchronize()
+        print(f"{spec}: spinning", flush=True)  # a profiler attaching after this line sees only the loop
         calls, end = 0, time.perf_counter() + seconds
         while time.perf_counter() < end:
             for _ in range(100):
