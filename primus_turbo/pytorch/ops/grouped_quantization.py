@@ -18,6 +18,7 @@ scales do not depend on the groups: use :func:`quantize_fp8` for them.
 import torch
 import torch.nn.functional as F
 
+from primus_turbo.pytorch.core import native
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingRecipe
 from primus_turbo.pytorch.ops import quantization as qz
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
@@ -99,6 +100,7 @@ def _col_copy(x, lens, offs, out_dtype, g, block, flags):
     return q, s, plens, poffs
 
 
+@native.raises_python_errors
 def grouped_quantize_fp8(
     x: torch.Tensor,
     out_dtype: torch.dtype,
@@ -129,6 +131,7 @@ def grouped_quantize_fp8(
     return copy(x.contiguous(), lens, offs, out_dtype, g, block, flags)
 
 
+@native.raises_python_errors
 def grouped_quantize_fp8_with_trans(
     x: torch.Tensor,
     out_dtype: torch.dtype,
@@ -164,6 +167,7 @@ def _total_rows(group_offs: torch.Tensor, total_M) -> int:
     return int(group_offs[-1])  # one host read; pass total_M to avoid it
 
 
+@native.raises_python_errors
 def grouped_dequantize_fp8(
     x: torch.Tensor,
     out_dtype: torch.dtype,
@@ -183,14 +187,14 @@ def grouped_dequantize_fp8(
     up to a multiple of 128; slice ``[:, :N]``). ``total_M`` defaults to ``group_offs[-1]``, read
     from the device (pass it to stay free of host synchronization)."""
     op = "grouped_dequantize_fp8"
-    qz._common_args(op, x, qz._FP8_KIND, out_dtype, qz._HP_KIND, granularity, block_size)
+    g, block = qz._common_args(op, x, qz._FP8_KIND, out_dtype, qz._HP_KIND, granularity, block_size)
     if x.dim() != 2:
         raise ValueError(f"{op}: argument 'x' must be 2-D, got shape {tuple(x.shape)}")
     along_n = _direction(op, axis)
     for name, t in (("group_offs", group_offs), ("group_offs_padded", group_offs_padded)):
         if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
             raise TypeError(f"{op}: argument '{name}' must be a 1-D int64 (or int32) tensor")
-        check_cuda_tensors(op, x=x, **{name: t})
+    check_cuda_tensors(op, x=x, group_offs=group_offs, group_offs_padded=group_offs_padded)
     if group_offs.shape != group_offs_padded.shape:
         raise ValueError(
             f"{op}: 'group_offs' has {group_offs.shape[0]} entries but 'group_offs_padded' {group_offs_padded.shape[0]}"
@@ -198,15 +202,20 @@ def grouped_dequantize_fp8(
     if group_offs.shape[0] < 2:
         raise ValueError(f"{op}: argument 'group_offs' needs num_groups + 1 >= 2 entries, got {group_offs.shape[0]}")
     tokens = _total_rows(group_offs, total_M)
-    out = qz.dequantize_fp8_unpadded(x, out_dtype, granularity, block_size=block_size, axis=-1, scale_inv=scale_inv,
-                                     scaling_recipe=scaling_recipe)
-    padded = out if along_n else out.t()
-    if tokens > padded.shape[0]:
+    padded_rows_of_x = x.shape[0] if along_n else x.shape[1]
+    if tokens > padded_rows_of_x:
         raise ValueError(
-            f"{op}: argument 'total_M' (or group_offs[-1]) is {tokens}, more than the {padded.shape[0]} "
+            f"{op}: argument 'total_M' (or group_offs[-1]) is {tokens}, more than the {padded_rows_of_x} "
             "padded rows of x"
         )
-    return gather_groups(padded, group_offs, group_offs_padded, tokens)
+    if isinstance(scale_inv, torch.Tensor) and scale_inv.dim() == 2:  # the layouts grouped_quantize_fp8 writes: one native call, x checked above
+        qz._check_scale_inv(op, x, scale_inv)
+        two_d = qz._fp8_layout(op, g, scaling_recipe, -1, 2)[0]
+        out = qz._dequantize_op(x, scale_inv, out_dtype, g, block, -1, qz._FLAG_2D if two_d else 0)
+    else:
+        out = qz.dequantize_fp8_unpadded(x, out_dtype, granularity, block_size=block_size, axis=-1,
+                                         scale_inv=scale_inv, scaling_recipe=scaling_recipe)
+    return gather_groups(out if along_n else out.t(), group_offs, group_offs_padded, tokens)
 
 
 # ---- FP4 (MXFP4) ----------------------------------------------------------------------------------
@@ -225,6 +234,7 @@ def _check_fp4_grouped(op: str, x, out_dtype, granularity, block_size):
         raise ValueError(f"{op}: argument 'x' must be 2-D [tokens, N], got shape {tuple(x.shape)}")
 
 
+@native.raises_python_errors
 def grouped_quantize_fp4(
     x: torch.Tensor,
     out_dtype: torch.dtype,
@@ -252,6 +262,7 @@ def grouped_quantize_fp4(
     return _fp4_col_copy(x.contiguous(), lens, offs, out_dtype, granularity, block_size, scaling_recipe, seed)
 
 
+@native.raises_python_errors
 def grouped_quantize_fp4_with_trans(
     x: torch.Tensor,
     out_dtype: torch.dtype,
@@ -278,6 +289,7 @@ def grouped_quantize_fp4_with_trans(
     return q_row, s_row, col[0], col[1], *_as_int64(lens, offs), col[2], col[3]
 
 
+@native.raises_python_errors
 def grouped_dequantize_fp4(
     x: torch.Tensor,
     out_dtype: torch.dtype,
