@@ -271,6 +271,9 @@ def _flex_window_sink(case: Case, g: int, device: str = "cuda", compiled: bool =
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
             torch._dynamo.reset()
+            # The backward is timed alone, replayed on one forward graph (retain_graph=True), which
+            # a compiled backward with donated buffers refuses.
+            torch._functorch.config.donated_buffer = False
             state["flex"] = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
             state["mask"] = create_block_mask(visible, None, None, case.seqlen, case.seqlen, device=device)
         state["sink"] = None if x["sink"] is None else x["sink"].detach().float()[None, :, None]
