@@ -4,8 +4,11 @@ composition they replace: bitwise equal rows, padded lens and offsets, every out
 (the allocator is poisoned first), int32 and int64 index tensors, group offsets given or not, empty
 and negative groups, rows of 1-, 4- and 16-byte multiples, CUDA-graph capture, and fake shapes."""
 
+import ctypes
+
 import pytest
 import torch
+from host_check_utils import desc
 from turbo_test_utils import capture_graph, poison_allocator
 
 from primus_turbo.pytorch.ops import _group_padding as gp
@@ -112,3 +115,58 @@ def test_bad_arguments_name_them():
     with pytest.raises((ValueError, TypeError), match="group_offs_padded"):
         gp.gather_groups(x, torch.zeros(3, device="cuda", dtype=torch.int64), torch.zeros(2, device="cuda",
                          dtype=torch.int64), 10)
+
+
+# The core's checks run before any device work: descriptors at a fake address, no GPU.
+BF16, I32, I64, F32 = 2, 7, 8, 0
+
+
+def _core_pad(x, lens, offs, y, lens_out=None, offs_out=None, align=128):
+    from primus_turbo._core.lib import lib
+
+    ref = (lambda d: None if d is None else ctypes.byref(d))
+    return lib.pt_group_pad_rows(ref(x), ref(lens), ref(offs), align, ref(y), ref(lens_out), ref(offs_out), None)
+
+
+@pytest.mark.parametrize("bad,words", [
+    ("lens_dtype", "group_lens' must be int32 or int64"),
+    ("offs_shape", "group_offs' has shape"),
+    ("y_width", "argument 'y' has shape"),
+    ("y_dtype", "argument 'y' has dtype"),
+    ("lens_out_dtype", "lens_out' must be int64"),
+    ("align", "align"),
+    ("groups", "groups; 1 to 1024"),
+])
+def test_core_rejects_bad_pad_arguments(bad, words):
+    from primus_turbo._core.lib import last_error
+
+    x, y = desc([100, 64]), desc([512, 64])
+    lens, offs = desc([4], I64), desc([5], I64)
+    lens_out, offs_out = desc([4], I64), desc([5], I64)
+    align = 128
+    if bad == "lens_dtype":
+        lens = desc([4], F32)
+    elif bad == "offs_shape":
+        offs = desc([4], I64)
+    elif bad == "y_width":
+        y = desc([512, 32])
+    elif bad == "y_dtype":
+        y = desc([512, 64], F32)
+    elif bad == "lens_out_dtype":
+        lens_out = desc([4], I32)
+    elif bad == "align":
+        align = 0
+    elif bad == "groups":
+        lens, offs, lens_out, offs_out = desc([1025], I64), None, None, None
+    assert _core_pad(x, lens, offs, y, lens_out, offs_out, align) != 0
+    assert words in last_error()
+
+
+def test_core_rejects_bad_gather_arguments():
+    from primus_turbo._core.lib import last_error, lib
+
+    x, y = desc([512, 64]), desc([100, 64])
+    offs, poffs = desc([5], I64), desc([4], I64)
+    assert lib.pt_group_gather_rows(ctypes.byref(x), ctypes.byref(offs), ctypes.byref(poffs), None,
+                                    ctypes.byref(y), None) != 0
+    assert "group_offs_padded' has shape" in last_error()

@@ -41,18 +41,23 @@ int32_t check_index(const pt_tensor* t, const char* name, int64_t n, const char*
   return t->dtype == PT_INT64 ? 8 : 4;
 }
 
-// x and y: 2-D, contiguous, the same dtype and width; returns the row size in bytes.
-int64_t check_rows(const pt_tensor* x, const pt_tensor* y, int64_t y_rows, const char* op) {
+// x and y: 2-D, contiguous, the same dtype and width (any row counts); their pointers, row counts
+// and row size in bytes go into p.
+void bind_rows(PtGroupRowsParams& p, const pt_tensor* x, const pt_tensor* y, const char* op) {
   check_contiguous(x, "x");
   check_contiguous(y, "y");
   PT_CHECK_ARG(x->ndim == 2, op, ": argument 'x' must be 2-D, got shape ", shape_string(*x));
-  check_shape(y, "y", {y_rows, x->shape[1]}, str_cat(op, ": ").c_str());
-  PT_CHECK_ARG(y->ndim == 2, op, ": argument 'y' must be 2-D, got shape ", shape_string(*y));
+  PT_CHECK_ARG(y->ndim == 2 && y->shape[1] == x->shape[1], op, ": argument 'y' has shape ", shape_string(*y),
+               "; expected [rows, ", x->shape[1], "]");
   PT_CHECK_ARG(y->dtype == x->dtype, op, ": argument 'y' has dtype ", dtype_name(y->dtype), "; expected x's ",
                dtype_name(x->dtype));
   const int64_t bits = static_cast<int64_t>(x->shape[1]) * dtype_bits(x->dtype);
   PT_CHECK_ARG(bits % 8 == 0, op, ": rows of x must be whole bytes");
-  return bits / 8;
+  p.x = x->data;
+  p.y = y->data;
+  p.x_rows = x->shape[0];
+  p.y_rows = y->shape[0];
+  p.row_bytes = bits / 8;
 }
 
 void launch(PtGroupRowsParams& p, const char* op) {
@@ -81,7 +86,7 @@ pt_status pt_group_pad_rows(const pt_tensor* x, const pt_tensor* group_lens, con
     PtGroupRowsParams p{};
     p.lens_bytes = check_index(group_lens, "group_lens", groups, op);
     if (group_offs) p.offs_bytes = check_index(group_offs, "group_offs", groups + 1, op);
-    p.row_bytes = check_rows(x, y, y->ndim == 2 ? y->shape[0] : -1, op);
+    bind_rows(p, x, y, op);
     for (auto [t, name, n] : {std::tuple<pt_tensor*, const char*, int64_t>{lens_out, "lens_out", groups},
                               {offs_out, "offs_out", groups + 1}}) {
       if (!t) continue;
@@ -89,10 +94,6 @@ pt_status pt_group_pad_rows(const pt_tensor* x, const pt_tensor* group_lens, con
       PT_CHECK_ARG(t->dtype == PT_INT64, op, ": argument '", name, "' must be int64, got ", dtype_name(t->dtype));
       check_shape(t, name, {n}, str_cat(op, ": ").c_str());
     }
-    p.x = x->data;
-    p.y = y->data;
-    p.x_rows = x->shape[0];
-    p.y_rows = y->shape[0];
     p.mode = PT_GROUP_ROWS_PAD;
     p.groups = static_cast<int32_t>(groups);
     p.align = static_cast<int32_t>(align);
@@ -120,11 +121,7 @@ pt_status pt_group_gather_rows(const pt_tensor* x, const pt_tensor* group_offs, 
     p.offs_bytes = check_index(group_offs, "group_offs", groups + 1, op);
     p.offs_padded_bytes = check_index(group_offs_padded, "group_offs_padded", groups + 1, op);
     if (group_lens) p.lens_bytes = check_index(group_lens, "group_lens", groups, op);
-    p.row_bytes = check_rows(x, y, y->ndim == 2 ? y->shape[0] : -1, op);
-    p.x = x->data;
-    p.y = y->data;
-    p.x_rows = x->shape[0];
-    p.y_rows = y->shape[0];
+    bind_rows(p, x, y, op);
     p.mode = PT_GROUP_ROWS_GATHER;
     p.groups = static_cast<int32_t>(groups);
     p.align = 1;
