@@ -282,3 +282,15 @@ def test_num_cu_limits_the_grid_not_the_result():
     out.backward(grad)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     torch.testing.assert_close(a.grad, ref_da, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_forward_without_grad_equals_training_forward(trans_b):
+    """No backward to follow: the native forward alone (no autograd node), the same product bit for bit."""
+    lens = torch.tensor([128, 0, 64, 200], device="cuda")
+    a, b = _inputs(lens, 256, 384, 4, torch.bfloat16, trans_b, seed=7)
+    train = turbo.ops.grouped_gemm_fp4(a.requires_grad_(True), b.requires_grad_(True), lens, trans_b=trans_b,
+                                       config=cfg())
+    with torch.no_grad():
+        infer = turbo.ops.grouped_gemm_fp4(a, b, lens, trans_b=trans_b, config=cfg())
+    assert infer.grad_fn is None and torch.equal(infer, train.detach())

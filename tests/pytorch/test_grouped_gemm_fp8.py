@@ -375,3 +375,21 @@ def test_grouped_linear_fp8_weight_cache_matches_and_refreshes(g, native, monkey
         lambda layer, x: layer(x, lens), calls,
     )
     assert bool(native_calls) == native
+
+
+@pytest.mark.parametrize("trans_b", [True, False])
+@pytest.mark.parametrize("gran", [TW, RW, BW])
+def test_forward_without_grad_equals_training_forward(gran, trans_b):
+    """A call with no backward to follow (no_grad, or inputs without requires_grad) runs the
+    forward op alone (no autograd node, no dgrad copy of the weight) and gives the training
+    forward's product bit for bit."""
+    lens = torch.tensor([128, 0, 64, 200], device="cuda")
+    a, b = _inputs(lens, 256, 384, 4, torch.bfloat16, trans_b)
+    train = turbo.ops.grouped_gemm_fp8(a.requires_grad_(True), b.requires_grad_(True), lens, trans_b=trans_b,
+                                       config=cfg(gran))
+    assert train.grad_fn is not None
+    with torch.no_grad():
+        infer = turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=trans_b, config=cfg(gran))
+    plain = turbo.ops.grouped_gemm_fp8(a.detach(), b.detach(), lens, trans_b=trans_b, config=cfg(gran))
+    assert infer.grad_fn is None and plain.grad_fn is None
+    assert torch.equal(infer, train.detach()) and torch.equal(plain, train.detach())

@@ -269,9 +269,11 @@ def grouped_gemm_fp4(
         b = route_wgrad_to_main_grad(b, fuse_bgrad_accum_pattern)
     if b_t is None and plain_hp_operands(a, b):  # checks, quantization and launches in C++
         r = recipe_of(config)
+        out_dtype = a.dtype if out_dtype is None else out_dtype
+        if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):  # no backward: no Function
+            return _native_fwd(a, b, group_lens, group_offs, trans_b, out_dtype, bool(r.use_2d_block), num_sms)
         return NativeGroupedGemmFp4Function.apply(
-            a, b, group_lens, group_offs, trans_b, a.dtype if out_dtype is None else out_dtype,
-            bool(r.use_2d_block), bool(r.use_sr), num_sms,
+            a, b, group_lens, group_offs, trans_b, out_dtype, bool(r.use_2d_block), bool(r.use_sr), num_sms,
         )
     out_dtype, k, n = check_hp_operands(_OP, a, b, group_lens, group_offs, trans_b, out_dtype, _FP4_BLOCKS)
     quantized = isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor)

@@ -657,6 +657,10 @@ def grouped_gemm_fp8(
             )
         return _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, num_sms)
     if _native_ok(a, b, g):  # checks, quantization and launches in C++
+        if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):  # no backward: the product only
+            out_dt = a.dtype if out_dtype is None else out_dtype
+            return _fwd_op(a, b, group_lens, group_offs, trans_b, out_dt, _dtypes(config.format)[0],
+                           _NATIVE_GRANULARITY[g], num_sms, False)[0]
         if not FP8_WGRAD and native.eager_cpp_autograd():
             fwd_dtype, grad_dtype = _dtypes(config.format)
             return _train_op(a, b, group_lens, group_offs, trans_b, a.dtype if out_dtype is None else out_dtype,
