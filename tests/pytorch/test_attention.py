@@ -10,7 +10,7 @@ library then runs ours); the others run with the backend unset."""
 import pytest
 import torch
 from attention_reference import reference, varlen_reference
-from turbo_test_utils import poison_allocator, snr_db
+from turbo_test_utils import capture_graph, poison_allocator, snr_db
 
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.backend import GlobalBackendManager
@@ -481,15 +481,8 @@ def test_cuda_graph_capture_of_forward_and_backward(backend):
         pgrads = torch.autograd.grad(pout, packed, dout[0])
         return (out, lse, *grads, pout, *pgrads)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up: module loading and allocator growth stay out of the graph
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    # Two warm-up calls on a side stream: module loading and allocator growth stay out of the graph.
+    graph, static = capture_graph(step, warmup=2)
     for seed in range(2):
         torch.manual_seed(100 + seed)
         for t in leaves[:3] + packed + [dout]:

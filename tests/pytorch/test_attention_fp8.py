@@ -10,7 +10,7 @@ import pytest
 import torch
 from attention_reference import reference, varlen_reference
 from test_attention import assert_snr, make, offsets
-from turbo_test_utils import poison_allocator, snr_db
+from turbo_test_utils import capture_graph, poison_allocator, snr_db
 
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
@@ -227,15 +227,7 @@ def test_fp8_cuda_graph_capture():
         pout = turbo.ops.flash_attn_varlen_fp8_func(*packed, cu, cu, 156, 156, window_size=(32, 32))
         return (out, lse, *torch.autograd.grad(out, leaves, dout), pout, *torch.autograd.grad(pout, packed, dout[0]))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    graph, static = capture_graph(step, warmup=2)
     torch.manual_seed(101)
     for t in leaves[:3] + packed + [dout]:
         with torch.no_grad():

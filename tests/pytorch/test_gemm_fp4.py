@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from turbo_test_utils import poison_allocator, snr_db
+from turbo_test_utils import capture_graph, poison_allocator, snr_db
 
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, ScalingGranularity, ScalingRecipe
@@ -204,17 +204,7 @@ def test_cuda_graph_capture_forward_backward():
 
     eager = step().detach().clone()
     eager_dx, eager_dw = x.grad.clone(), w.grad.clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    x.grad = None
-    w.grad = None
-    with torch.cuda.graph(graph):
-        y = turbo.ops.gemm_fp4(x, w, trans_b=True, config=cfg)
-        y.float().square().sum().backward()
+    graph, y = capture_graph(step)  # x.grad, w.grad: the graph's gradients
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(y, eager, rtol=0, atol=0)

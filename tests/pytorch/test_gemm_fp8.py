@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from turbo_test_utils import check_weight_cache_over_microbatches, poison_allocator, snr_db
+from turbo_test_utils import capture_graph, check_weight_cache_over_microbatches, poison_allocator, snr_db
 
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager, PrecisionType
@@ -231,17 +231,7 @@ def test_cuda_graph_capture_forward_backward(g):
 
     eager = step().detach().clone()
     eager_dx, eager_dw = x.grad.clone(), layer.weight.grad.clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()  # warm-up on the side stream
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    layer.weight.grad = None
-    x.grad = None
-    with torch.cuda.graph(graph):
-        y = layer(x)
-        y.sum().backward()
+    graph, y = capture_graph(step)  # warm-up on a side stream; x.grad, layer.weight.grad: the graph's gradients
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(y, eager, rtol=0, atol=0)

@@ -170,3 +170,25 @@ def test_core_rejects_bad_gather_arguments():
     assert lib.pt_group_gather_rows(ctypes.byref(x), ctypes.byref(offs), ctypes.byref(poffs), None,
                                     ctypes.byref(y), None) != 0
     assert "group_offs_padded' has shape" in last_error()
+
+
+@pytest.mark.gpu
+def test_grouped_quantization_compiles_without_graph_breaks():
+    """The public ops built on the padding ops trace with fullgraph=True and match eager."""
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
+
+    x, lens, _ = _inputs("odd", 256, torch.bfloat16, torch.int64)
+    e4m3 = torch.float8_e4m3fn
+
+    def quant_and_back(x, lens):
+        q, s, plens, poffs = turbo.ops.grouped_quantize_fp8(x, e4m3, G.BLOCKWISE, lens, block_size=128, axis=-1)
+        offs = torch.cat([lens.new_zeros(1), torch.cumsum(lens.clamp_min(0), 0)])
+        back = turbo.ops.grouped_dequantize_fp8(q, torch.bfloat16, G.BLOCKWISE, offs, poffs, block_size=128,
+                                                axis=-1, scale_inv=s, total_M=x.shape[0])
+        return q.view(torch.uint8), s, plens, poffs, back
+
+    torch._dynamo.reset()
+    compiled = torch.compile(quant_and_back, fullgraph=True)
+    for got, want in zip(compiled(x, lens), quant_and_back(x, lens)):
+        assert torch.equal(got, want)

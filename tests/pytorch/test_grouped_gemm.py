@@ -5,7 +5,7 @@ import pytest
 import torch
 from grouped_test_utils import group_lens as _lens
 from grouped_test_utils import grouped_inputs as _inputs
-from turbo_test_utils import assert_gate, poison_allocator
+from turbo_test_utils import assert_gate, capture_graph, poison_allocator
 
 import primus_turbo.pytorch as turbo
 
@@ -175,16 +175,7 @@ def test_cuda_graph_replay_with_new_group_sizes():
         out.backward(grad_out)
         return out
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()  # warm up (compiles, plans) outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    a.grad = b.grad = None
-    with torch.cuda.graph(graph):
-        static_out = turbo.ops.grouped_gemm(a, b, lens, trans_b=True)
-        static_out.backward(grad_out)
+    graph, static_out = capture_graph(step)  # warm up (compiles, plans) outside the capture
     for seed in range(3):
         # m tokens over a random subset of experts (the others empty), summing to m exactly.
         gen = torch.Generator().manual_seed(seed)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import quant_reference as R
 import torch
-from turbo_test_utils import poison_allocator
+from turbo_test_utils import capture_graph, poison_allocator
 
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.ops import quantization as QZ
@@ -362,14 +362,7 @@ def test_cuda_graph_capture_and_replay():
         return [*a, *b, *c, *d]
 
     run(x)  # warm up (compiles, allocates)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run(x)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = run(x)
+    graph, outs = capture_graph(lambda: run(x))
     x.copy_(torch.randn_like(x) * 5)
     graph.replay()
     torch.cuda.synchronize()

@@ -45,13 +45,15 @@ def poison_allocator(nbytes: int, device="cuda") -> None:
     del block
 
 
-def capture_graph(fn):
-    """fn() run once on a side stream (warm-up: plans, workspaces), then captured into a CUDA graph.
-    Returns (graph, the outputs of the captured call); replay the graph to recompute them."""
+def capture_graph(fn, warmup: int = 1):
+    """fn() run ``warmup`` times (once by default) on a side stream (warm-up: plans, workspaces),
+    then captured into a CUDA graph. Returns (graph, the outputs of the captured call); replay the
+    graph to recompute them."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        fn()
+        for _ in range(warmup):
+            fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
