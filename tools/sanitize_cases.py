@@ -114,6 +114,13 @@ def quantize():
     turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, G.BLOCKWISE, block_size=128, axis=-1)
     for g in (G.TENSORWISE, G.ROWWISE, G.BLOCKWISE):
         turbo.ops.quantize_fp8_with_trans(x, torch.float8_e4m3fn, g, block_size=128 if g == G.BLOCKWISE else None)
+    # Grouped tokens (an empty and a one-row group, rows of 14 bytes): the native group padding
+    # both ways around the blockwise quantization.
+    x, lens = t(75, 7, grad=False), torch.tensor([3, 0, 71, 1], device=dev)
+    q, s, _, poffs = turbo.ops.grouped_quantize_fp8(x, torch.float8_e4m3fn, G.BLOCKWISE, lens, block_size=128, axis=0)
+    offs = torch.tensor([0, 3, 3, 74, 75], device=dev)
+    turbo.ops.grouped_dequantize_fp8(q, bf16, G.BLOCKWISE, offs, poffs, block_size=128, axis=0, scale_inv=s,
+                                     total_M=75)
 
 
 def attention():
