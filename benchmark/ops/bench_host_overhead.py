@@ -571,44 +571,17 @@ def interleaved_min(ours, theirs, iters: int, warmup: int, rounds: int = 5) -> t
     return best[0], best[1]
 
 
-def _spin(cases, spec: str, seconds: float) -> None:
-    """Calls one case back to back for ``seconds`` (what a native sampling profiler attached to this
-    process should see: the host path of one op and nothing else)."""
-    import time
-
-    name, _, part = spec.partition(":")
-    fn = cases[name][2 if part == "step" else 0]
-    with torch.set_grad_enabled(part == "step"):
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        print(f"{spec}: spinning", flush=True)  # a profiler attaching after this line sees only the loop
-        calls, end = 0, time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            for _ in range(100):
-                fn()
-            calls += 100
-    torch.cuda.synchronize()
-    print(f"{spec}: {calls} calls, {seconds / calls * 1e6:.1f} us per call (profiler overhead included)")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--ops", default=None, help="comma-separated subset of the op names")
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--profile", default=None, help="cProfile the fwd+bwd of this op")
-    p.add_argument("--spin", default=None, metavar="OP[:step]",
-                   help="only call this op's forward (or fwd+bwd with :step) for --seconds, for a sampling profiler")
-    p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--output-dir", default=str(bu.DEFAULT_RESULTS_DIR))
     args = p.parse_args()
 
     import primus_turbo.pytorch as turbo
 
     cases, torch_fp8 = _cases(turbo), _torch_fp8_cases()
-    if args.spin:
-        _spin(cases, args.spin, args.seconds)
-        return
     names = args.ops.split(",") if args.ops else list(cases)
     rows = []
     for name in names:
