@@ -15,7 +15,7 @@ using namespace primus_turbo;
 
 namespace {
 
-constexpr int64_t kMaxGroups = 1024;  // group_rows.cuh's shared tables
+constexpr int64_t kMaxGroups = PT_GROUP_ROWS_MAX_GROUPS;
 
 PtGroupRowsFn load_kernel() {
   static jit::LoadedCache<int, PtGroupRowsFn> loaded;

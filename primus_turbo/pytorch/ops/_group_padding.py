@@ -16,7 +16,7 @@ from primus_turbo.pytorch.core import library, native
 
 __all__ = ["gather_groups", "offsets", "padded_rows", "padded_layout", "pad_groups", "pad_groups_with_layout"]
 
-MAX_NATIVE_GROUPS = 1024  # the kernel's shared group tables (kernels/layout/group_rows.cuh)
+MAX_NATIVE_GROUPS = 1024  # PT_GROUP_ROWS_MAX_GROUPS (kernels/layout/group_rows_abi.h)
 
 
 def _native(x: torch.Tensor, groups: int) -> bool:

@@ -208,13 +208,7 @@ def grouped_dequantize_fp8(
             f"{op}: argument 'total_M' (or group_offs[-1]) is {tokens}, more than the {padded_rows_of_x} "
             "padded rows of x"
         )
-    if isinstance(scale_inv, torch.Tensor) and scale_inv.dim() == 2:  # the layouts grouped_quantize_fp8 writes: one native call, x checked above
-        qz._check_scale_inv(op, x, scale_inv)
-        two_d = qz._fp8_layout(op, g, scaling_recipe, -1, 2)[0]
-        out = qz._dequantize_op(x, scale_inv, out_dtype, g, block, -1, qz._FLAG_2D if two_d else 0)
-    else:
-        out = qz.dequantize_fp8_unpadded(x, out_dtype, granularity, block_size=block_size, axis=-1,
-                                         scale_inv=scale_inv, scaling_recipe=scaling_recipe)
+    out = qz._dequantize_fp8_checked(op, x, out_dtype, g, block, -1, scale_inv, scaling_recipe)  # x checked above
     return gather_groups(out if along_n else out.t(), group_offs, group_offs_padded, tokens)
 
 

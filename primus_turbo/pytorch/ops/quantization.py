@@ -557,6 +557,12 @@ def dequantize_fp8_unpadded(
     with axis 0). Along the last dim, scales with the leading dims flattened are accepted too."""
     op = "dequantize_fp8"
     g, block = _common_args(op, x, _FP8_KIND, out_dtype, _HP_KIND, granularity, block_size)
+    return _dequantize_fp8_checked(op, x, out_dtype, g, block, axis, scale_inv, scaling_recipe)
+
+
+def _dequantize_fp8_checked(op: str, x, out_dtype, g: int, block, axis, scale_inv, scaling_recipe) -> torch.Tensor:
+    """:func:`dequantize_fp8_unpadded` once ``_common_args`` has checked x, the dtypes, the
+    granularity ``g`` and ``block``; ``op`` names the messages (the grouped dequantize calls it too)."""
     _check_scale_inv(op, x, scale_inv)
     two_d, dim = _fp8_layout(op, g, scaling_recipe, axis, x.dim())
     if dim is None or dim == x.dim() - 1:
@@ -576,9 +582,7 @@ def dequantize_fp8_unpadded(
             f"{op}: argument 'scale_inv' has shape {tuple(scale_inv.shape)}; expected x's rank ({x.dim()}) "
             f"with dim {dim} holding the groups along axis {axis}"
         )
-    out = dequantize_fp8_unpadded(
-        x.movedim(dim, -1), out_dtype, granularity, block_size=block_size, axis=-1, scale_inv=scale_inv.movedim(dim, -1)
-    )
+    out = _dequantize_fp8_checked(op, x.movedim(dim, -1), out_dtype, g, block, -1, scale_inv.movedim(dim, -1), None)
     return out.movedim(-1, dim).contiguous()
 
 

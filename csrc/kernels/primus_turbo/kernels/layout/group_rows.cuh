@@ -19,7 +19,7 @@
 namespace primus_turbo::kernels::layout {
 
 constexpr int kGroupRowsThreads = 256;
-constexpr int kMaxGroups = 1024;
+constexpr int kMaxGroups = PT_GROUP_ROWS_MAX_GROUPS;
 constexpr int kItems = kMaxGroups / kGroupRowsThreads;  // table entries a thread scans
 
 __device__ __forceinline__ int64_t load_index(const void* p, int bytes, int64_t i) {
@@ -153,8 +153,8 @@ struct GroupRows {
       return 1;
     }
     // Nothing to copy, but the padded lens / offsets are still reported: one CTA.
-    const int64_t warps_needed = (p->y_rows + 7) / 8;  // 8 warps a CTA, a row a warp
-    const int64_t blocks = p->y_rows == 0 ? 1 : (warps_needed < 2048 ? warps_needed : 2048);
+    const int64_t ctas = (p->y_rows + 7) / 8;  // 8 warps a CTA, a row a warp
+    const int64_t blocks = p->y_rows == 0 ? 1 : (ctas < 2048 ? ctas : 2048);
     auto stream = static_cast<cudaStream_t>(p->stream);
     const auto aligned = [&](int a) {
       return p->row_bytes % a == 0 && reinterpret_cast<uintptr_t>(p->x) % a == 0 &&

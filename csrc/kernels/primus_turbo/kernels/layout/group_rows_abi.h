@@ -8,6 +8,9 @@
 extern "C" {
 #endif
 
+// The most groups a call takes: the kernel holds its group tables in shared memory.
+#define PT_GROUP_ROWS_MAX_GROUPS 1024
+
 // What the group tables are built from (index tensors of 4 or 8 bytes an entry, on the device).
 enum PtGroupRowsMode {
   // Tokens [x_rows] -> padded layout [y_rows]: group g (lens[g] rows at offs[g], or back to back
