@@ -231,7 +231,7 @@ _RMS, _RES, _LN = 0, 1, 2
 # every other 16-byte-aligned size (one runtime-hidden module), 4097 for unaligned rows.
 DEFAULT_HIDDEN = (1000, 2048, 2880, 3584, 4096, 4097, 5120, 6144, 7168, 8192, 16384)
 DEFAULT_FAMILIES = ("norm", "activation", "rope", "attention", "quantization", "moe", "fp8_fusion", "gemm_fp8",
-                    "grouped_gemm", "grouped_gemm_fp8")
+                    "grouped_gemm", "grouped_gemm_fp8", "optim")
 # (head dim of q/k, head dim of v) of the attention modules: the model tables' pairs, and the rest
 # of what the kernel takes.
 ATTENTION_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256))
@@ -276,6 +276,8 @@ def _prepare_jobs(family: str) -> List[Tuple]:
         jobs += [("prepare", f"moe routing dtype {dt}", "pt_moe_routing_prepare", (dt,)) for dt in (-1, _BF16, _F32)]
         jobs += [("prepare", f"moe permute dtype {dt} vec {v}", "pt_moe_permute_prepare", (dt, v))
                  for dt in (_BF16, _F16) for v in (1, 0)]
+    elif family == "optim":
+        jobs.append(("prepare", "fused adamw", "pt_adamw_prepare", ()))
     elif family == "fp8_fusion":
         for g in (1, 2):  # rowwise, 1x128 blocks
             for h in (2048, 4096, 7168, 8192):
@@ -290,7 +292,7 @@ def _prepare_jobs(family: str) -> List[Tuple]:
 def default_jobs(families: Sequence[str] = DEFAULT_FAMILIES) -> List[Tuple]:
     """The modules the ops use without autotune on bf16/fp16 models: norms at the model tables'
     hidden sizes, gated activations, RoPE, quantizers, MoE routing and permutation, the FP8-emitting
-    fusions, the dense FP8 block-scaled GEMMs (E4M3 and HYBRID), and the grouped GEMMs' default
+    fusions, the fused optimizer, the dense FP8 block-scaled GEMMs (E4M3 and HYBRID), and the grouped GEMMs' default
     configs (bf16/fp16, FP8) plus every bf16 grouped autotune candidate. The dense bf16/fp16 GEMM's default, cuBLASLt, needs none."""
     unknown = sorted(set(families) - set(DEFAULT_FAMILIES))
     if unknown:

@@ -213,6 +213,10 @@ def main() -> int:
                    help="forward+backward passes per optimizer step (gradient accumulation); step_ms is per step")
     p.add_argument("--fp8-weight-cache", action="store_true",
                    help="the FP8 variants keep their layers' quantized weights for the step (cache_quantized_weight)")
+    p.add_argument("--optimizer", choices=("torch", "turbo"), default="torch",
+                   help="the turbo variants' optimizer: torch.optim.AdamW (as every variant, the default) or "
+                   "turbo.optim.FusedAdamW (with --fp8-weight-cache it also makes the TENSORWISE layers' FP8 "
+                   "weights from the update's max |weight|)")
     p.add_argument("--attn-backend", choices=("auto", "TURBO", "CUDNN"), default="auto",
                    help="attention backend of the turbo variants (auto: unset, the library's choice)")
     p.add_argument("--autotune", action="store_true",
@@ -257,7 +261,12 @@ def main() -> int:
         try:
             model, step_model = build(variant, base_state, m, args.layers, args.arch, device, dtype,
                                       args.fp8_weight_cache)
-            opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+            if args.optimizer == "turbo" and variant.startswith("turbo"):
+                import primus_turbo.pytorch as turbo
+
+                opt = turbo.optim.FusedAdamW(model.parameters(), lr=args.lr)
+            else:
+                opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
             def fwd_bwd():
                 for _ in range(args.microbatches):  # gradient accumulation: the same batch again
@@ -365,10 +374,13 @@ def main() -> int:
                "gpu_busy_ms", "gpu_busy_share", "shared_kernel_ratio", "sm_clock_mhz", "power_w"] + [f"{n}_ms" for n, _ in FAMILIES] + [
                "other_ms", "out_snr_db", "route_agreement", "out_snr_same_routes_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
     # Accumulation and weight-cache runs are variants of the configuration, kept apart from it.
-    config_tag = (f"_mb{args.microbatches}" if args.microbatches > 1 else "") + ("_wcache" if args.fp8_weight_cache else "")
+    config_tag = ((f"_mb{args.microbatches}" if args.microbatches > 1 else "") + ("_wcache" if args.fp8_weight_cache else "")
+                  + ("_fusedopt" if args.optimizer == "turbo" else ""))
     tag = config_tag + (f"_{args.tag}" if args.tag else "")
-    rows = [{**r, "microbatches": args.microbatches, "fp8_weight_cache": args.fp8_weight_cache} for r in rows]
-    columns[columns.index("step_ms"):columns.index("step_ms")] = ["microbatches", "fp8_weight_cache"]
+    rows = [{**r, "microbatches": args.microbatches, "fp8_weight_cache": args.fp8_weight_cache,
+             "optimizer": "FusedAdamW" if args.optimizer == "turbo" and r["variant"].startswith("turbo") else "AdamW"}
+            for r in rows]
+    columns[columns.index("step_ms"):columns.index("step_ms")] = ["microbatches", "fp8_weight_cache", "optimizer"]
     bu.write_csv(out_dir / f"e2e_{args.arch}{tag}.csv", rows, columns)
     from plot_breakdown import plot
 

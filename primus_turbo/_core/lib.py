@@ -173,6 +173,8 @@ _PROTOTYPES = {
     "pt_group_pad_rows": (_i32, [_T, _T, _T, _i64, _T, _T, _T, _vp]),
     "pt_group_gather_rows": (_i32, [_T, _T, _T, _T, _T, _vp]),
     "pt_group_rows_prepare": (_i32, []),
+    # optim.h (pt_adamw_step is called from the torch binding)
+    "pt_adamw_prepare": (_i32, []),
     "pt_rmsnorm_fwd": (_i32, [_T, _T, _T, _T, _f32, _i32, _vp]),
     "pt_rmsnorm_bwd": (_i32, [_T, _T, _T, _T, _T, _T, _vp, _sz, _i32, _vp]),
     "pt_rmsnorm_bwd_workspace_bytes": (_sz, [_i64, _i64]),

@@ -322,6 +322,12 @@ def test_group_rows_module_compiles_for_sm90a():
     _assert_compiled("group_rows")
 
 
+# The fused AdamW step (turbo.optim.FusedAdamW): one module, every param / moment dtype pair.
+def test_adamw_module_compiles_for_sm90a():
+    check(lib.pt_adamw_prepare())
+    _assert_compiled("adamw")
+
+
 # MX -> 1x128 restatement (MX gemm_fp8, gemm_fp4): one module per input format (E4M3, E5M2, FP4).
 def test_mx_to_blocks_modules_compile_for_sm90a():
     dtypes = (3, 4, 6)  # PT_FLOAT8_E4M3, PT_FLOAT8_E5M2, PT_FLOAT4_E2M1_X2

@@ -55,7 +55,7 @@ def test_default_modules_cover_every_family_and_name_unknown_ones():
     assert {"prepare", "gemm_fp8", "grouped_gemm", "grouped_gemm_fp8"} <= kinds
     labels = " ".join(job[1] for job in jobs if job[0] == "prepare")
     for word in ("rmsnorm", "layernorm", "gated act", "rope", "attention", "quantize", "moe routing", "moe permute",
-                 "rmsnorm_fp8"):
+                 "rmsnorm_fp8", "fused adamw"):
         assert word in labels
     assert len(jobs) == len(set(jobs))
     assert precompile.default_jobs(["rope"]) and all(j[0] == "prepare" for j in precompile.default_jobs(["rope"]))

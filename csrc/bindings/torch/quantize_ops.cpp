@@ -1,7 +1,10 @@
 // primus_turbo::dequantize: FP8 / FP4 back to a 16- or 32-bit float, one native call (argument
-// checks, the output allocation and the launch). The layout routing of turbo.ops.dequantize_fp8 /
+// checks, the output allocation and the launch). primus_turbo::quantize_fp8_with_amax: TENSORWISE
+// FP8 with the amax reduced beforehand by the op that wrote x (e.g. the fused optimizer's). The layout routing of turbo.ops.dequantize_fp8 /
 // dequantize_fp4 (axis, leading dims, the padded MX layouts) stays in Python and hands this op a
 // 2-D q with its scales as the quantizer wrote them; the core checks the scales against q.
+#include <tuple>
+
 #include "bindings/torch/torch_binding.h"
 #include "primus_turbo/quantization.h"
 
@@ -42,14 +45,46 @@ Tensor dequantize(Tensor q_in, Tensor scale_in, ScalarType out_dtype, int64_t gr
   return out;
 }
 
+// (q with x's shape, 0-dim scale_inv): x quantized TENSORWISE with scale = FMT_MAX / amax[0], the
+// same codes as quantizing x with its own amax pass when amax holds max |x|.
+std::tuple<Tensor, Tensor> quantize_fp8_with_amax(Tensor x_in, Tensor amax, ScalarType out_dtype) {
+  constexpr const char* op = "quantize_fp8_with_amax";
+  const int32_t device = check_cuda(op, {{"x", &x_in}, {"amax", &amax}});
+  if (!is_float_dtype(x_in.scalar_type()))
+    fail_with(ErrorKind::Type, op, ": argument 'x' has dtype ", dtype_name(x_in.scalar_type()),
+              "; expected float32, float16 or bfloat16");
+  if (x_in.dim() < 1) fail_with(ErrorKind::Value, op, ": argument 'x' must have at least 1 dimension");
+  if (!is_fp8(out_dtype))
+    fail_with(ErrorKind::Type, op, ": argument 'out_dtype' is ", dtype_name(out_dtype),
+              "; expected float8_e4m3fn or float8_e5m2");
+  if (amax.scalar_type() != ScalarType::Float || amax.numel() != 1)
+    fail_with(ErrorKind::Value, op, ": argument 'amax' must be one float32 value, got ", dtype_name(amax.scalar_type()),
+              " ", shape_string(amax));
+  const Tensor x = as_contiguous(x_in), a = as_contiguous(amax);
+  Tensor q = empty_like(x, out_dtype), s = empty({}, ScalarType::Float, device);
+  if (x.numel() == 0) return {q, s};
+  const pt_tensor px = rows_descriptor(x), pa = to_pt(a);
+  pt_tensor pq = rows_descriptor(q), ps = to_pt(s);
+  const pt_quantize_job job{&px, &pq, &ps, nullptr, nullptr, PT_QUANT_TENSORWISE, 0, 0, 0, &pa};
+  DeviceScope scope(device);
+  const size_t ws_bytes = pt_quantize_jobs_workspace_bytes(&job, 1);
+  const Tensor ws = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
+  check_status(pt_quantize_jobs(&job, 1, ws_bytes ? ws.data_ptr() : nullptr, ws_bytes, current_stream(device)), op);
+  return {q, s};
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
+  m.def("quantize_fp8_with_amax(Tensor x, Tensor amax, ScalarType out_dtype) -> (Tensor, Tensor)");
   m.def("dequantize(Tensor q, Tensor scale_inv, ScalarType out_dtype, int granularity, int block_size, int axis, "
         "int flags) -> Tensor");
 }
 
-static void register_kernels(torch::stable::detail::StableLibrary& m) { m.impl("dequantize", TORCH_BOX(&dequantize)); }
+static void register_kernels(torch::stable::detail::StableLibrary& m) {
+  m.impl("dequantize", TORCH_BOX(&dequantize));
+  m.impl("quantize_fp8_with_amax", TORCH_BOX(&quantize_fp8_with_amax));
+}
 
 PT_REGISTER_CUDA_AND_CPU(register_kernels)
 

@@ -33,7 +33,10 @@ _STEP_HOOK = None
 
 def _drop_weight_caches(*_):
     for layer in list(_CACHING_LAYERS):
-        layer.invalidate_weight_cache()
+        if getattr(layer, "_weight_cache_fresh", False):  # made by the step that just ran (turbo.optim.FusedAdamW)
+            layer._weight_cache_fresh = False
+        else:
+            layer.invalidate_weight_cache()
 
 
 def _track(layer) -> None:
@@ -56,12 +59,14 @@ class QuantizedWeightCache:
     def _init_weight_cache(self, enabled: bool) -> None:
         self.cache_quantized_weight = bool(enabled)
         self._weight_cache = None  # (key, data, data_t)
+        self._weight_cache_fresh = False
         if self.cache_quantized_weight:
             _track(self)
 
     def invalidate_weight_cache(self) -> None:
         """Drops the cached FP8 copies of the weight; the next forward quantizes it again."""
         self._weight_cache = None
+        self._weight_cache_fresh = False
 
     def _apply(self, fn, *args, **kwargs):  # .to() / .cuda() / .half(): the copies would be stale
         self.invalidate_weight_cache()
@@ -70,6 +75,7 @@ class QuantizedWeightCache:
     def __getstate__(self):  # pickling and deepcopy leave the cache behind
         state = self.__dict__.copy()
         state["_weight_cache"] = None
+        state["_weight_cache_fresh"] = False
         return state
 
     def __setstate__(self, state):
@@ -77,17 +83,42 @@ class QuantizedWeightCache:
         if getattr(self, "cache_quantized_weight", False):
             _track(self)
 
+    def _cache_key(self):
+        w = self.weight
+        return (w.data_ptr(), w._version, w.dtype, tuple(w.shape), w.device, self.config)
+
+    def _quantize_weight(self, amax=None):
+        """Fills the cache with the weight's copies (TENSORWISE: scaled by ``amax``, max |weight|
+        reduced elsewhere, when given)."""
+        dtype = torch.float8_e5m2 if self.config.format == Format.E5M2 else torch.float8_e4m3fn
+        with torch.no_grad():
+            data, data_t = create_quantized_weight(self.weight.detach(), dtype, self.config,
+                                                   need_weight_transpose_cache=True, amax=amax)
+        key = self._cache_key()[:-1] + (copy.copy(self.config),)  # an in-place edit of config must not match
+        self._weight_cache = (key, data, data_t)
+
     def _cached_copies(self):
         """(data, data_t): the weight's FP8 copies for this optimizer step, made on first use."""
-        w = self.weight
-        key = (w.data_ptr(), w._version, w.dtype, tuple(w.shape), w.device, self.config)
-        if self._weight_cache is None or self._weight_cache[0] != key:
-            dtype = torch.float8_e5m2 if self.config.format == Format.E5M2 else torch.float8_e4m3fn
-            with torch.no_grad():
-                data, data_t = create_quantized_weight(w.detach(), dtype, self.config, need_weight_transpose_cache=True)
-            key = key[:-1] + (copy.copy(self.config),)  # an in-place edit of config must not match
-            self._weight_cache = (key, data, data_t)
+        if self._weight_cache is None or self._weight_cache[0] != self._cache_key():
+            self._quantize_weight()
         return self._weight_cache[1], self._weight_cache[2]
+
+    def refreshes_from_amax(self) -> bool:
+        """Whether an optimizer that reduces max |weight| in its update (turbo.optim.FusedAdamW)
+        should hand it to :meth:`refresh_weight_cache`: a TENSORWISE config with the cache on and a
+        plain weight."""
+        from primus_turbo.pytorch.core.low_precision import ScalingGranularity
+
+        return (getattr(self, "cache_quantized_weight", False) and self.config is not None
+                and self.config.granularity == ScalingGranularity.TENSORWISE
+                and not isinstance(self.weight, QuantizedTensor))
+
+    def refresh_weight_cache(self, amax: torch.Tensor) -> None:
+        """Quantizes the just-updated weight into the cache with ``amax`` (float32 [1] on its
+        device: max |weight| as the optimizer stored it) instead of an amax pass over the weight;
+        the optimizer step's hook keeps this copy."""
+        self._quantize_weight(amax)
+        self._weight_cache_fresh = True
 
     def _cached_weight(self) -> QuantizedTensorPair:
         w = self.weight

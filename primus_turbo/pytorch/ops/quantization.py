@@ -431,6 +431,28 @@ def quantize_fp8_row_and_transposed(x: torch.Tensor, out_dtype, granularity, blo
     return _quantize_op(_as_2d(x), out_dtype, g, block, True, True, True, _FLAG_2D if two_d else 0, 0)
 
 
+def _quantize_fp8_with_amax_fake(x, amax, out_dtype):
+    if out_dtype not in _FP8_DTYPES:
+        raise TypeError(f"quantize_fp8_with_amax: argument 'out_dtype' is {out_dtype}; expected float8_e4m3fn or "
+                        "float8_e5m2")
+    if amax.dtype != torch.float32 or amax.numel() != 1:
+        raise ValueError(f"quantize_fp8_with_amax: argument 'amax' must be one float32 value, got {amax.dtype} "
+                         f"{tuple(amax.shape)}")
+    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((), dtype=torch.float32)
+
+
+library.register_fake("quantize_fp8_with_amax", _quantize_fp8_with_amax_fake)
+_native_quantize_with_amax = native.ops.quantize_fp8_with_amax.default
+
+
+@native.raises_python_errors
+def quantize_fp8_with_amax(x: torch.Tensor, out_dtype: torch.dtype, amax: torch.Tensor):
+    """TENSORWISE :func:`quantize_fp8_unpadded` with max |x| given (float32, one value on x's
+    device, reduced by the op that wrote x): ``(q, scale_inv)``, q with x's shape, scale_inv 0-dim;
+    the same codes as the quantizer's own amax pass gives when ``amax`` holds max |x|."""
+    return _native_quantize_with_amax(x, amax, out_dtype)
+
+
 def quantize_fp8_transposed(x: torch.Tensor, out_dtype, granularity, block_size=None):
     """Only the transposed copy of :func:`quantize_fp8_row_and_transposed`: x ``[M, K]`` (leading
     dims flattened) quantized along M and stored ``[K, M]``, scales ``[K, 1]`` (ROWWISE),

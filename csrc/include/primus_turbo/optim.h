@@ -1,0 +1,35 @@
+/* Optimizer steps fused into one pass over each parameter's tensors. */
+#pragma once
+
+#include "primus_turbo/primus_turbo.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One step of AdamW with decoupled weight decay, as torch.optim.AdamW (amsgrad and maximize off):
+     p = p * (1 - lr * weight_decay)
+     m = m + (g - m) * (1 - beta1);  v = v * beta2 + (1 - beta2) * g^2
+     p = p - lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+   for `count` parameters at the same step (>= 1, the step after this update's increment). params,
+   grads, exp_avgs, exp_avg_sqs: arrays of `count` contiguous tensors, each param's four the same
+   shape; every param float32, float16 or bfloat16 (all the same), its grad the same dtype, the
+   moments all of one dtype: the params' or float32. Updated in place, float32 arithmetic, one
+   rounding per stored value. amax: null, or `count` floats on the device that receive max |param|
+   after the update (the value as stored; the call zeroes them first), e.g. for a tensorwise FP8
+   quantization of the new weight without another read of it. One launch per 32 tensors; no host
+   synchronization. */
+typedef struct pt_adamw_config {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;
+} pt_adamw_config;
+
+PT_API pt_status pt_adamw_step(const pt_tensor* params, const pt_tensor* grads, const pt_tensor* exp_avgs,
+                               const pt_tensor* exp_avg_sqs, int32_t count, const pt_adamw_config* config,
+                               float* amax, void* stream);
+/* Compiles (or loads from the cache) the fused AdamW module without running it. Needs no GPU. */
+PT_API pt_status pt_adamw_prepare(void);
+
+#ifdef __cplusplus
+}
+#endif

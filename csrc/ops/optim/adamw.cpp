@@ -1,0 +1,134 @@
+// Fused AdamW (pt_adamw_step): argument checks, the tensor tables, the JIT module, the launches.
+// See kernels/optim/adamw.cuh and primus_turbo/optim.h.
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "primus_turbo/kernels/optim/adamw_abi.h"
+#include "primus_turbo/optim.h"
+#include "runtime/device.h"
+#include "runtime/jit_runtime.h"
+
+using namespace primus_turbo;
+
+namespace {
+
+constexpr const char* kOp = "adamw";
+
+PtAdamWFn load_kernel() {
+  static jit::LoadedCache<int, PtAdamWFn> loaded;
+  return loaded.get(0, [&] {
+    jit::ModuleRequest r;
+    r.name = "adamw";
+    r.needs_cutlass = false;
+    r.source =
+        "#include \"primus_turbo/kernels/optim/adamw.cuh\"\n"
+        "PT_JIT_EXPORT_ADAMW(primus_turbo::kernels::optim::AdamW)\n";
+    auto module = jit::get_module(r);  // may compile: outside the cache's lock
+    return module->function<PtAdamWFn>("pt_adamw_run");
+  });
+}
+
+void check_hyper(const pt_adamw_config& c) {
+  const auto finite_in = [](double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v < hi; };
+  PT_CHECK_ARG(std::isfinite(c.lr) && c.lr >= 0, kOp, ": 'lr' must be a finite number >= 0, got ", c.lr);
+  PT_CHECK_ARG(finite_in(c.beta1, 0, 1), kOp, ": 'beta1' must be in [0, 1), got ", c.beta1);
+  PT_CHECK_ARG(finite_in(c.beta2, 0, 1), kOp, ": 'beta2' must be in [0, 1), got ", c.beta2);
+  PT_CHECK_ARG(std::isfinite(c.eps) && c.eps >= 0, kOp, ": 'eps' must be a finite number >= 0, got ", c.eps);
+  PT_CHECK_ARG(std::isfinite(c.weight_decay) && c.weight_decay >= 0, kOp,
+               ": 'weight_decay' must be a finite number >= 0, got ", c.weight_decay);
+  PT_CHECK_ARG(c.step >= 1, kOp, ": 'step' must be >= 1 (the step count after this update), got ", c.step);
+}
+
+// Checks parameter i's four tensors against the call's dtypes.
+void check_param(const pt_tensor* params, const pt_tensor* grads, const pt_tensor* exp_avgs,
+                    const pt_tensor* exp_avg_sqs, int32_t i, int32_t state_dtype) {
+  const pt_tensor& p = params[i];
+  check_contiguous(&p, "params");
+  PT_CHECK_ARG(is_float_dtype(p.dtype), kOp, ": params[", i, "] has dtype ", dtype_name(p.dtype),
+               "; expected float32, float16 or bfloat16");
+  PT_CHECK_ARG(p.dtype == params[0].dtype, kOp, ": params[", i, "] has dtype ", dtype_name(p.dtype),
+               "; every param of a call must have params[0]'s (", dtype_name(params[0].dtype), ")");
+  check_like(&grads[i], "grads", p, "params");
+  for (const auto& [t, name] : {std::pair{&exp_avgs[i], "exp_avgs"}, std::pair{&exp_avg_sqs[i], "exp_avg_sqs"}}) {
+    check_contiguous(t, name);
+    check_same_shape(t, name, p, "params");
+    PT_CHECK_ARG(t->dtype == state_dtype, kOp, ": ", name, "[", i, "] has dtype ", dtype_name(t->dtype),
+                 "; expected ", dtype_name(state_dtype), " (the params' dtype or float32, one for every moment)");
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+pt_status pt_adamw_step(const pt_tensor* params, const pt_tensor* grads, const pt_tensor* exp_avgs,
+                        const pt_tensor* exp_avg_sqs, int32_t count, const pt_adamw_config* config, float* amax,
+                        void* stream) {
+  return api_guard([&] {
+    PT_CHECK_ARG(count >= 0, kOp, ": 'count' must be >= 0, got ", count);
+    PT_CHECK_ARG(config != nullptr, kOp, ": 'config' is required");
+    check_hyper(*config);
+    if (count == 0) return;
+    PT_CHECK_ARG(params && grads && exp_avgs && exp_avg_sqs, kOp,
+                 ": params, grads, exp_avgs and exp_avg_sqs are required");
+    const int32_t state_dtype = exp_avgs[0].dtype;
+    PT_CHECK_ARG(state_dtype == PT_FLOAT32 || state_dtype == params[0].dtype, kOp, ": exp_avgs[0] has dtype ",
+                 dtype_name(state_dtype), "; expected float32 or the params' dtype ", dtype_name(params[0].dtype));
+    for (int32_t i = 0; i < count; ++i) check_param(params, grads, exp_avgs, exp_avg_sqs, i, state_dtype);
+
+    const int device = current_device();
+    bind_device_context(device);
+    const PtAdamWFn run = load_kernel();
+    auto s = static_cast<cudaStream_t>(stream);
+    if (amax) {
+      const cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float) * count, s);
+      if (e != cudaSuccess) PT_THROW(PT_ERROR_CUDA, kOp, ": zeroing amax failed: ", cudaGetErrorString(e));
+    }
+    const pt_adamw_config& c = *config;
+    PtAdamWParams p{};
+    p.param_dtype = params[0].dtype;
+    p.state_dtype = state_dtype;
+    // Host-side scalars in double, as torch computes them, then float32 for the kernel.
+    p.decay = static_cast<float>(1.0 - c.lr * c.weight_decay);
+    p.step_size = static_cast<float>(c.lr / (1.0 - std::pow(c.beta1, static_cast<double>(c.step))));
+    p.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(c.beta2, static_cast<double>(c.step))));
+    p.beta1 = static_cast<float>(c.beta1);
+    p.beta2 = static_cast<float>(c.beta2);
+    p.eps = static_cast<float>(c.eps);
+    p.stream = stream;
+    const auto flush = [&] {
+      if (p.count == 0) return;
+      char err[512] = {0};
+      if (run(&p, err, sizeof(err)) != 0) PT_THROW(PT_ERROR_CUDA, kOp, " failed: ", err);
+      p.count = 0;
+      p.blocks = 0;
+    };
+    for (int32_t i = 0; i < count; ++i) {
+      const int64_t n = numel(params[i]);
+      if (n == 0) continue;
+      const int64_t blocks = (n + PT_ADAMW_BLOCK_ELEMS - 1) / PT_ADAMW_BLOCK_ELEMS;
+      if (p.count == PT_ADAMW_MAX_TENSORS || p.blocks + blocks > 0x7fffffff) flush();
+      PtAdamWTensor& t = p.tensors[p.count++];
+      t.param = params[i].data;
+      t.grad = grads[i].data;
+      t.exp_avg = exp_avgs[i].data;
+      t.exp_avg_sq = exp_avg_sqs[i].data;
+      t.amax = amax ? amax + i : nullptr;
+      t.numel = n;
+      t.first_block = p.blocks;
+      t.vec = aligned16(t.param) && aligned16(t.grad) && aligned16(t.exp_avg) && aligned16(t.exp_avg_sq);
+      p.blocks += blocks;
+    }
+    flush();
+  });
+}
+
+pt_status pt_adamw_prepare(void) {
+  return api_guard([&] { load_kernel(); });
+}
+
+}  // extern "C"

@@ -1,0 +1,165 @@
+"""turbo.optim.FusedAdamW: torch.optim.AdamW's update in one pass over each parameter's tensors,
+one native call per step for all parameters of a group (csrc/bindings/torch/optim_ops.cpp,
+kernels/optim/adamw.cuh).
+
+torch's default AdamW (``foreach``) runs about ten elementwise passes over the parameters, the
+moments and the gradients; this reads each of them once and writes the parameter and the moments
+once, in float32 arithmetic with one rounding per stored value. Its state (``step``, ``exp_avg``,
+``exp_avg_sq``) and param-group keys are torch.optim.AdamW's, so state dicts load either way.
+
+FP8 layers: a TENSORWISE :class:`~primus_turbo.pytorch.modules.Float8Linear` or
+:class:`~primus_turbo.pytorch.modules.GroupedLinear` built with ``cache_quantized_weight=True``
+gets its weight's FP8 copy from the step itself: the update reports max |weight| as it stores the
+weight, and the quantization takes that maximum instead of reading the weight again for it. The
+layer then reuses the copy until the next step.
+"""
+
+from typing import Dict, List, Optional
+
+import torch
+
+from primus_turbo.pytorch.core import library, native
+
+__all__ = ["FusedAdamW"]
+
+
+def _fused_adamw_fake(params, grads, exp_avgs, exp_avg_sqs, amax, lr, beta1, beta2, eps, weight_decay, step):
+    return None
+
+
+library.register_fake("fused_adamw_", _fused_adamw_fake)
+_native_step = native.ops.fused_adamw_.default
+
+_UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable")
+
+
+def adamw_reference(p, g, m, v, step: int, lr, beta1, beta2, eps, weight_decay) -> None:
+    """The update in torch ops, float32 arithmetic, in place (CPU tensors, and the tests' reference)."""
+    pf, gf, mf, vf = p.float(), g.float(), m.float(), v.float()
+    pf.mul_(1 - lr * weight_decay)
+    mf.lerp_(gf, 1 - beta1)
+    vf.mul_(beta2).addcmul_(gf, gf, value=1 - beta2)
+    bias_correction1 = 1 - beta1**step
+    bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+    denom = (vf.sqrt() / bias_correction2_sqrt).add_(eps)
+    pf.addcdiv_(mf, denom, value=-lr / bias_correction1)
+    for dst, src in ((p, pf), (m, mf), (v, vf)):
+        if dst is not src:
+            dst.copy_(src)
+
+
+class FusedAdamW(torch.optim.Optimizer):
+    """AdamW (decoupled weight decay, as :class:`torch.optim.AdamW`) fused into one pass a parameter.
+
+    Args:
+        params, lr, betas, eps, weight_decay: as :class:`torch.optim.AdamW` (``lr`` a float).
+        amsgrad, maximize, capturable, differentiable: only False (``NotImplementedError`` otherwise).
+        foreach, fused: accepted for drop-in use and ignored (this is the fused implementation).
+        fp8_weights: give the TENSORWISE FP8 layers with a weight cache their weight's FP8 copy from
+            the step (module docstring). Default True.
+
+    Parameters of any float dtype (float32, float16, bfloat16; the gradient in the parameter's
+    dtype), the moments in the parameter's dtype as torch keeps them (or float32 when loaded so).
+    CUDA parameters take the fused kernel; others the same arithmetic in torch ops. Sparse
+    gradients raise.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        amsgrad: bool = False,
+        maximize: bool = False,
+        foreach: Optional[bool] = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: Optional[bool] = None,
+        fp8_weights: bool = True,
+    ):
+        if isinstance(lr, torch.Tensor):
+            raise TypeError("FusedAdamW: 'lr' must be a float (a tensor lr is for capturable optimizers)")
+        lr, eps, weight_decay = float(lr), float(eps), float(weight_decay)
+        if not lr >= 0.0:
+            raise ValueError(f"FusedAdamW: invalid learning rate {lr}")
+        if not eps >= 0.0:
+            raise ValueError(f"FusedAdamW: invalid epsilon {eps}")
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+            raise ValueError(f"FusedAdamW: 'betas' must be a pair, got {betas!r}")
+        for i, b in enumerate(betas):
+            if not 0.0 <= float(b) < 1.0:
+                raise ValueError(f"FusedAdamW: invalid beta parameter at index {i}: {b}")
+        if not weight_decay >= 0.0:
+            raise ValueError(f"FusedAdamW: invalid weight_decay value {weight_decay}")
+        flags = dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable, differentiable=differentiable)
+        for name, value in flags.items():
+            if value:
+                raise NotImplementedError(f"FusedAdamW: {name}=True is not supported")
+        defaults = dict(lr=lr, betas=(float(betas[0]), float(betas[1])), eps=eps, weight_decay=weight_decay,
+                        foreach=foreach, fused=fused, **flags)
+        super().__init__(params, defaults)
+        self.fp8_weights = bool(fp8_weights)
+
+    def _fp8_layers(self) -> Dict[int, torch.nn.Module]:
+        """id(weight) -> the TENSORWISE FP8 layer with a weight cache that owns it."""
+        if not self.fp8_weights:
+            return {}
+        from primus_turbo.pytorch.modules import _weight_cache
+
+        return {id(layer.weight): layer for layer in list(_weight_cache._CACHING_LAYERS)
+                if layer.refreshes_from_amax()}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        fp8_layers = self._fp8_layers()
+        for group in self.param_groups:
+            for name in _UNSUPPORTED:  # a group loaded from another optimizer's state dict
+                if group.get(name, False):
+                    raise NotImplementedError(f"FusedAdamW: {name}=True is not supported")
+            batches: Dict[tuple, List[list]] = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                if g.is_sparse:
+                    raise RuntimeError("FusedAdamW does not support sparse gradients")
+                if g.dtype != p.dtype:
+                    raise TypeError(f"FusedAdamW: a gradient has dtype {g.dtype}; expected its parameter's {p.dtype}")
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                elif state["step"].device.type != "cpu":  # loaded from a capturable optimizer
+                    state["step"] = state["step"].cpu()
+                state["step"] += 1
+                step = int(state["step"].item())  # a CPU tensor: no device sync
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                key = (p.device, p.dtype, m.dtype, step)
+                batches.setdefault(key, [[], [], [], [], []])
+                lists = batches[key]
+                for lst, t in zip(lists, (p, g, m, v, fp8_layers.get(id(p)))):
+                    lst.append(t)
+            beta1, beta2 = group["betas"]
+            hyper = (group["lr"], beta1, beta2, group["eps"], group["weight_decay"])
+            for (device, _, _, step), (ps, gs, ms, vs, layers) in batches.items():
+                if device.type != "cuda":
+                    for p, g, m, v in zip(ps, gs, ms, vs):
+                        adamw_reference(p, g, m, v, step, *hyper)
+                    continue
+                amax = torch.empty(len(ps), dtype=torch.float32, device=device) if any(layers) else None
+                try:
+                    _native_step(ps, gs, ms, vs, amax, *map(float, hyper), step)
+                except RuntimeError as e:
+                    raise native.translate(e) from None
+                for i, layer in enumerate(layers):
+                    if layer is not None:
+                        layer.refresh_weight_cache(amax[i : i + 1])
+        return loss
