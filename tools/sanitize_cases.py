@@ -5,7 +5,7 @@
 Each case runs once and checks nothing but that it completes: memcheck reports any out-of-bounds or
 misaligned access, racecheck (--tool racecheck) shared-memory races. Families: gemm, norm, rope,
 grouped, gemm_fp8, grouped_fp8, fp4, activation, quantize, moe, attention, attention_turbo,
-attention_fp8.
+attention_fp8, optim.
 """
 
 import sys
@@ -193,10 +193,30 @@ def moe():
     step((back, up), x, p)
 
 
+def optim():
+    # FusedAdamW over odd sizes, a misaligned view (scalar path), float32 moments beside bf16
+    # params, and the max |param| a TENSORWISE FP8 layer's weight copy is made from.
+    buf = torch.randn(3 * 1001 + 1, device=dev, dtype=bf16)
+    params = [torch.nn.Parameter(buf[1:1002]), torch.nn.Parameter(t(2049, grad=False)),
+              torch.nn.Parameter(t(7, 5, dtype=torch.float32, grad=False))]
+    cfg = Float8QuantConfig(format=Format.HYBRID, granularity=ScalingGranularity.TENSORWISE)
+    layer = turbo.modules.Float8Linear(48, 32, bias=False, config=cfg, device=dev, dtype=bf16,
+                                       cache_quantized_weight=True)
+    opt = turbo.optim.FusedAdamW(params + list(layer.parameters()))
+    for p in params:
+        p.grad = torch.randn_like(p)
+    layer(t(16, 48)).float().sum().backward()
+    opt.step()
+    opt.step()
+    state = opt.state[params[1]]
+    state["exp_avg"], state["exp_avg_sq"] = state["exp_avg"].float(), state["exp_avg_sq"].float()
+    opt.step()
+
+
 CASES = {
     f.__name__: f
     for f in (gemm, norm, rope, grouped, gemm_fp8, grouped_fp8, fp4, activation, quantize, moe, attention,
-              attention_turbo, attention_fp8)
+              attention_turbo, attention_fp8, optim)
 }
 
 if __name__ == "__main__":
