@@ -195,14 +195,19 @@ def moe():
 
 def optim():
     # FusedAdamW over odd sizes, a misaligned view (scalar path), float32 moments beside bf16
-    # params, and the max |param| a TENSORWISE FP8 layer's weight copy is made from.
+    # params, the max |param| a TENSORWISE FP8 layer's weight copy is made from, and a BLOCKWISE
+    # layer's copy written by the update.
     buf = torch.randn(3 * 1001 + 1, device=dev, dtype=bf16)
     params = [torch.nn.Parameter(buf[1:1002]), torch.nn.Parameter(t(2049, grad=False)),
               torch.nn.Parameter(t(7, 5, dtype=torch.float32, grad=False))]
     cfg = Float8QuantConfig(format=Format.HYBRID, granularity=ScalingGranularity.TENSORWISE)
     layer = turbo.modules.Float8Linear(48, 32, bias=False, config=cfg, device=dev, dtype=bf16,
                                        cache_quantized_weight=True)
-    opt = turbo.optim.FusedAdamW(params + list(layer.parameters()))
+    blocks = Float8QuantConfig(format=Format.HYBRID, granularity=ScalingGranularity.BLOCKWISE, block_size=128)
+    block_layer = turbo.modules.Float8Linear(136, 200, bias=False, config=blocks, device=dev, dtype=bf16,
+                                             cache_quantized_weight=True)  # partial tiles at both edges
+    opt = turbo.optim.FusedAdamW(params + list(layer.parameters()) + list(block_layer.parameters()))
+    block_layer(t(16, 136)).float().sum().backward()
     for p in params:
         p.grad = torch.randn_like(p)
     layer(t(16, 48)).float().sum().backward()

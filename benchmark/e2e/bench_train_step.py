@@ -371,7 +371,7 @@ def main() -> int:
     out_dir = bu.results_dir_for(args.output_dir, gpu)
     rows = [{**bu.run_stamp(gpu), **r} for r in rows]
     columns = ["gpu", "date", "commit", "variant", "attn_backend", "model", "layers", "batch", "seq", "step_ms", "optimizer_ms", "tflops", "speedup_vs_torch_eager",
-               "gpu_busy_ms", "gpu_busy_share", "shared_kernel_ratio", "sm_clock_mhz", "power_w"] + [f"{n}_ms" for n, _ in FAMILIES] + [
+               "gpu_busy_ms", "gpu_busy_share", "shared_kernel_ratio", "sm_clock_mhz", "power_w"] + list(dict.fromkeys(f"{n}_ms" for n, _ in FAMILIES)) + [
                "other_ms", "out_snr_db", "route_agreement", "out_snr_same_routes_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
     # Accumulation and weight-cache runs are variants of the configuration, kept apart from it.
     config_tag = ((f"_mb{args.microbatches}" if args.microbatches > 1 else "") + ("_wcache" if args.fp8_weight_cache else "")

@@ -15,8 +15,9 @@ Per model:
 
 The metric is effective bandwidth: the parameter, both moments read and written, the gradient read
 (7 x 2 bytes a bf16 parameter), over the median step time, and that as a fraction of the measured
-copy bandwidth. ``turbo+amax`` also reduces max |param| per tensor (what a TENSORWISE FP8 layer's
-weight quantization takes). Writes <output-dir>/<gpu>/optimizer[_<tag>].csv and the summary.json
+copy bandwidth (the FP8 copy's extra byte a parameter not counted). ``turbo+amax`` also reduces
+max |param| per tensor (what a TENSORWISE FP8 layer's weight quantization takes); ``turbo+fp8_blocks``
+also writes every parameter's E4M3 copy in 128 x 128 blocks (what a BLOCKWISE FP8 layer reads). Writes <output-dir>/<gpu>/optimizer[_<tag>].csv and the summary.json
 entries optim_adamw (against torch's fused=True) and optim_adamw_vs_foreach.
 """
 
@@ -101,6 +102,18 @@ def _time(impl: str, params, iters: int) -> float:
         def step(ps=copies):
             torch.ops.primus_turbo.fused_adamw_(ps, gs, ms_, vs_, amax, HYPER["lr"], *HYPER["betas"],
                                                 HYPER["eps"], HYPER["weight_decay"], 2)
+    elif impl == "turbo+fp8_blocks":  # every param also written as an E4M3 copy in 128 x 128 blocks
+        opt.step()
+        st = [opt.state[p] for p in copies]
+        ms_, vs_ = [s["exp_avg"] for s in st], [s["exp_avg_sq"] for s in st]
+        gs = [p.grad for p in copies]
+        qs = [torch.empty_like(p, dtype=torch.float8_e4m3fn) for p in copies]
+        scales = [torch.empty(-(-(p.numel() // p.shape[-1]) // 128), -(-p.shape[-1] // 128), device="cuda")
+                  for p in copies]
+
+        def step(ps=copies):
+            torch.ops.primus_turbo.fused_adamw_fp8_blocks_(ps, gs, ms_, vs_, qs, scales, HYPER["lr"], *HYPER["betas"],
+                                                           HYPER["eps"], HYPER["weight_decay"], 2)
     return bu.time_cuda(step, warmup=3, iters=iters)
 
 
@@ -126,7 +139,7 @@ def main() -> int:
         print(f"[optimizer] {name} x{args.layers}: {len(params)} tensors, {n / 1e6:.0f} M params; check "
               f"{'PASS' if ok else 'FAIL'} ({note})")
         times = {}
-        for impl in ("torch_foreach", "torch_fused", "turbo", "turbo+amax"):
+        for impl in ("torch_foreach", "torch_fused", "turbo", "turbo+amax", "turbo+fp8_blocks"):
             times[impl] = _time(impl, params, args.iters)
             torch.cuda.empty_cache()  # the copies of one implementation go before the next
         for impl, ms in times.items():

@@ -134,6 +134,75 @@ def test_tensorwise_fp8_weight_copy_comes_from_the_step():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("dtype,state_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
+                                               (torch.float32, torch.float32)], ids=str)
+def test_fp8_blocks_step_writes_the_quantizers_copy(dtype, state_dtype, fmt):
+    """fused_adamw_fp8_blocks_: the same update as fused_adamw_ (bit for bit), and each param's FP8
+    copy in 128 x 128 blocks bit for bit the quantizer's of the updated param: full tiles, partial
+    tiles at both edges, columns not a multiple of 8 (the scalar path), a 3-D stack, a misaligned
+    view."""
+    from primus_turbo.pytorch.core.low_precision import ScalingRecipe
+    from primus_turbo.pytorch.ops.quantization import quantize_fp8_unpadded
+
+    torch.manual_seed(5)
+    buf = torch.randn(200 * 136 + 1, device="cuda", dtype=dtype)
+    params = [torch.randn(s, device="cuda", dtype=dtype) for s in [(384, 256), (200, 136), (130, 100), (3, 128, 64)]]
+    params.append(buf[1:].view(200, 136))
+    grads = [torch.randn_like(p) for p in params]
+    ms = [torch.randn_like(p, dtype=state_dtype) * 0.1 for p in params]
+    vs = [torch.rand_like(p, dtype=state_dtype) * 0.01 for p in params]
+    ref = [t.clone() for t in params], [t.clone() for t in ms], [t.clone() for t in vs]
+    qs = [torch.empty_like(p, dtype=fmt) for p in params]
+    scales = [torch.empty(-(-(p.numel() // p.shape[-1]) // 128), -(-p.shape[-1] // 128), device="cuda")
+              for p in params]
+    args = (1e-3, 0.9, 0.95, 1e-8, 0.1, 3)
+    torch.ops.primus_turbo.fused_adamw_fp8_blocks_(params, grads, ms, vs, qs, scales, *args)
+    torch.ops.primus_turbo.fused_adamw_(ref[0], grads, ref[1], ref[2], None, *args)
+    recipe = ScalingRecipe(use_2d_block=True)
+    for i, p in enumerate(params):
+        for got, want in zip((p, ms[i], vs[i]), (ref[0][i], ref[1][i], ref[2][i])):
+            assert torch.equal(got, want), f"param {i}: the update differs from fused_adamw_"
+        q, sc = quantize_fp8_unpadded(p, fmt, ScalingGranularity.BLOCKWISE, block_size=128, axis=-1,
+                                      scaling_recipe=recipe)
+        assert torch.equal(qs[i].view(torch.uint8), q.view(torch.uint8)), f"param {i}: FP8 codes differ"
+        assert torch.equal(scales[i], sc.view(scales[i].shape)), f"param {i}: scales differ"
+
+
+@pytest.mark.gpu
+def test_blockwise_fp8_layers_take_their_copy_from_the_step():
+    """A BLOCKWISE Float8Linear and GroupedLinear with the weight cache: after a FusedAdamW step
+    the cache holds the step's copy (bitwise create_quantized_weight's of the new weight), the
+    step's hook keeps it, and the forward equals an uncached layer's with the same weight."""
+    torch.manual_seed(6)
+    cfg = Float8QuantConfig(format=Format.HYBRID, granularity=ScalingGranularity.BLOCKWISE, block_size=128)
+    lin = turbo.modules.Float8Linear(256, 384, bias=False, config=cfg, device="cuda", dtype=torch.bfloat16,
+                                     cache_quantized_weight=True)
+    grp = turbo.modules.GroupedLinear(4, 256, 128, device="cuda", dtype=torch.bfloat16, config=cfg,
+                                      cache_quantized_weight=True)
+    opt = turbo.optim.FusedAdamW(list(lin.parameters()) + list(grp.parameters()), **HYPER)
+    x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    lens = torch.tensor([128, 0, 256, 128], device="cuda")
+    (lin(x).float().square().mean() + grp(x, lens).float().square().mean()).backward()
+    opt.step()
+    for layer in (lin, grp):
+        assert layer._weight_cache is not None, "the step's copy was dropped"
+        want, _ = create_quantized_weight(layer.weight.detach(), torch.float8_e4m3fn, cfg, True)
+        got = layer._weight_cache[1]
+        assert torch.equal(got.qdata.view(torch.uint8), want.qdata.view(torch.uint8))
+        assert torch.equal(got.scale_inv, want.scale_inv) and got.shape == want.shape
+    cached = lin._weight_cache, grp._weight_cache
+    y_lin, y_grp = lin(x), grp(x, lens)
+    assert (lin._weight_cache, grp._weight_cache) == cached  # the forwards read the step's copies
+    plain_lin = turbo.modules.Float8Linear(256, 384, bias=False, config=cfg, device="cuda", dtype=torch.bfloat16)
+    plain_grp = turbo.modules.GroupedLinear(4, 256, 128, device="cuda", dtype=torch.bfloat16, config=cfg)
+    with torch.no_grad():
+        plain_lin.weight.copy_(lin.weight)
+        plain_grp.weight.copy_(grp.weight)
+    assert torch.equal(y_lin, plain_lin(x)) and torch.equal(y_grp, plain_grp(x, lens))
+
+
+@pytest.mark.gpu
 def test_amax_output_and_fake_call():
     p = torch.randn(3000, device="cuda", dtype=torch.bfloat16)
     g, m, v = torch.randn_like(p), torch.zeros_like(p), torch.zeros_like(p)

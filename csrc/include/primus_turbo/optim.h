@@ -27,6 +27,14 @@ typedef struct pt_adamw_config {
 PT_API pt_status pt_adamw_step(const pt_tensor* params, const pt_tensor* grads, const pt_tensor* exp_avgs,
                                const pt_tensor* exp_avg_sqs, int32_t count, const pt_adamw_config* config,
                                float* amax, void* stream);
+/* pt_adamw_step (no amax) that also writes each updated param's FP8 copy in 128 x 128 blocks: the
+   param seen as [rows, cols] (cols its last dim), qdata[i] the param's shape in float8_e4m3fn or
+   float8_e5m2 (every qdata the same), scale_inv[i] float32 with ceil(rows/128) * ceil(cols/128)
+   elements, row-major: the copy pt_quantize makes of the updated param with PT_QUANT_2D_BLOCK (the
+   same codes and scales, bit for bit), from the values in registers instead of another read. */
+PT_API pt_status pt_adamw_step_fp8_blocks(const pt_tensor* params, const pt_tensor* grads, const pt_tensor* exp_avgs,
+                                          const pt_tensor* exp_avg_sqs, int32_t count, const pt_adamw_config* config,
+                                          pt_tensor* qdata, pt_tensor* scale_inv, void* stream);
 /* Compiles (or loads from the cache) the fused AdamW module without running it. Needs no GPU. */
 PT_API pt_status pt_adamw_prepare(void);
 

@@ -61,6 +61,71 @@ void check_param(const pt_tensor* params, const pt_tensor* grads, const pt_tenso
   }
 }
 
+// The launch's scalars from the hyper-parameters: host-side in double, as torch computes them,
+// then float32 for the kernel.
+PtAdamWParams make_params(const pt_adamw_config& c, int32_t param_dtype, int32_t state_dtype, int32_t fp8_dtype,
+                          void* stream) {
+  PtAdamWParams p{};
+  p.param_dtype = param_dtype;
+  p.state_dtype = state_dtype;
+  p.fp8_dtype = fp8_dtype;
+  p.decay = static_cast<float>(1.0 - c.lr * c.weight_decay);
+  p.step_size = static_cast<float>(c.lr / (1.0 - std::pow(c.beta1, static_cast<double>(c.step))));
+  p.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(c.beta2, static_cast<double>(c.step))));
+  p.beta1 = static_cast<float>(c.beta1);
+  p.beta2 = static_cast<float>(c.beta2);
+  p.eps = static_cast<float>(c.eps);
+  p.stream = stream;
+  return p;
+}
+
+// Checks the call's common arguments and every param's four tensors; returns the moments' dtype.
+int32_t check_call(const pt_tensor* params, const pt_tensor* grads, const pt_tensor* exp_avgs,
+                   const pt_tensor* exp_avg_sqs, int32_t count) {
+  PT_CHECK_ARG(params && grads && exp_avgs && exp_avg_sqs, kOp,
+               ": params, grads, exp_avgs and exp_avg_sqs are required");
+  const int32_t state_dtype = exp_avgs[0].dtype;
+  PT_CHECK_ARG(state_dtype == PT_FLOAT32 || state_dtype == params[0].dtype, kOp, ": exp_avgs[0] has dtype ",
+               dtype_name(state_dtype), "; expected float32 or the params' dtype ", dtype_name(params[0].dtype));
+  for (int32_t i = 0; i < count; ++i) check_param(params, grads, exp_avgs, exp_avg_sqs, i, state_dtype);
+  return state_dtype;
+}
+
+// Launches p's tensors as they are added: add(i, blocks) fills the next table entry for param i and
+// its CTA count; a full table (or CTA count) launches first.
+class Launcher {
+ public:
+  explicit Launcher(const PtAdamWParams& p) : p_(p), run_(load_kernel()) {}
+  PtAdamWTensor& add(int64_t blocks) {
+    if (p_.count == PT_ADAMW_MAX_TENSORS || p_.blocks + blocks > 0x7fffffff) flush();
+    PtAdamWTensor& t = p_.tensors[p_.count++];
+    t = PtAdamWTensor{};
+    t.first_block = p_.blocks;
+    p_.blocks += blocks;
+    return t;
+  }
+  void flush() {
+    if (p_.count == 0) return;
+    char err[512] = {0};
+    if (run_(&p_, err, sizeof(err)) != 0) PT_THROW(PT_ERROR_CUDA, kOp, " failed: ", err);
+    p_.count = 0;
+    p_.blocks = 0;
+  }
+
+ private:
+  PtAdamWParams p_;
+  PtAdamWFn run_;
+};
+
+void bind_moments(PtAdamWTensor& t, const pt_tensor& p, const pt_tensor& g, const pt_tensor& m, const pt_tensor& v) {
+  t.param = p.data;
+  t.grad = g.data;
+  t.exp_avg = m.data;
+  t.exp_avg_sq = v.data;
+  t.numel = numel(p);
+  t.vec = aligned16(t.param) && aligned16(t.grad) && aligned16(t.exp_avg) && aligned16(t.exp_avg_sq);
+}
+
 }  // namespace
 
 extern "C" {
@@ -73,57 +138,69 @@ pt_status pt_adamw_step(const pt_tensor* params, const pt_tensor* grads, const p
     PT_CHECK_ARG(config != nullptr, kOp, ": 'config' is required");
     check_hyper(*config);
     if (count == 0) return;
-    PT_CHECK_ARG(params && grads && exp_avgs && exp_avg_sqs, kOp,
-                 ": params, grads, exp_avgs and exp_avg_sqs are required");
-    const int32_t state_dtype = exp_avgs[0].dtype;
-    PT_CHECK_ARG(state_dtype == PT_FLOAT32 || state_dtype == params[0].dtype, kOp, ": exp_avgs[0] has dtype ",
-                 dtype_name(state_dtype), "; expected float32 or the params' dtype ", dtype_name(params[0].dtype));
-    for (int32_t i = 0; i < count; ++i) check_param(params, grads, exp_avgs, exp_avg_sqs, i, state_dtype);
-
-    const int device = current_device();
-    bind_device_context(device);
-    const PtAdamWFn run = load_kernel();
+    const int32_t state_dtype = check_call(params, grads, exp_avgs, exp_avg_sqs, count);
+    bind_device_context(current_device());
     auto s = static_cast<cudaStream_t>(stream);
     if (amax) {
       const cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float) * count, s);
       if (e != cudaSuccess) PT_THROW(PT_ERROR_CUDA, kOp, ": zeroing amax failed: ", cudaGetErrorString(e));
     }
-    const pt_adamw_config& c = *config;
-    PtAdamWParams p{};
-    p.param_dtype = params[0].dtype;
-    p.state_dtype = state_dtype;
-    // Host-side scalars in double, as torch computes them, then float32 for the kernel.
-    p.decay = static_cast<float>(1.0 - c.lr * c.weight_decay);
-    p.step_size = static_cast<float>(c.lr / (1.0 - std::pow(c.beta1, static_cast<double>(c.step))));
-    p.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(c.beta2, static_cast<double>(c.step))));
-    p.beta1 = static_cast<float>(c.beta1);
-    p.beta2 = static_cast<float>(c.beta2);
-    p.eps = static_cast<float>(c.eps);
-    p.stream = stream;
-    const auto flush = [&] {
-      if (p.count == 0) return;
-      char err[512] = {0};
-      if (run(&p, err, sizeof(err)) != 0) PT_THROW(PT_ERROR_CUDA, kOp, " failed: ", err);
-      p.count = 0;
-      p.blocks = 0;
-    };
+    Launcher launcher(make_params(*config, params[0].dtype, state_dtype, 0, stream));
     for (int32_t i = 0; i < count; ++i) {
       const int64_t n = numel(params[i]);
       if (n == 0) continue;
-      const int64_t blocks = (n + PT_ADAMW_BLOCK_ELEMS - 1) / PT_ADAMW_BLOCK_ELEMS;
-      if (p.count == PT_ADAMW_MAX_TENSORS || p.blocks + blocks > 0x7fffffff) flush();
-      PtAdamWTensor& t = p.tensors[p.count++];
-      t.param = params[i].data;
-      t.grad = grads[i].data;
-      t.exp_avg = exp_avgs[i].data;
-      t.exp_avg_sq = exp_avg_sqs[i].data;
+      PtAdamWTensor& t = launcher.add((n + PT_ADAMW_BLOCK_ELEMS - 1) / PT_ADAMW_BLOCK_ELEMS);
+      bind_moments(t, params[i], grads[i], exp_avgs[i], exp_avg_sqs[i]);
       t.amax = amax ? amax + i : nullptr;
-      t.numel = n;
-      t.first_block = p.blocks;
-      t.vec = aligned16(t.param) && aligned16(t.grad) && aligned16(t.exp_avg) && aligned16(t.exp_avg_sq);
-      p.blocks += blocks;
     }
-    flush();
+    launcher.flush();
+  });
+}
+
+pt_status pt_adamw_step_fp8_blocks(const pt_tensor* params, const pt_tensor* grads, const pt_tensor* exp_avgs,
+                                   const pt_tensor* exp_avg_sqs, int32_t count, const pt_adamw_config* config,
+                                   pt_tensor* qdata, pt_tensor* scale_inv, void* stream) {
+  return api_guard([&] {
+    PT_CHECK_ARG(count >= 0, kOp, ": 'count' must be >= 0, got ", count);
+    PT_CHECK_ARG(config != nullptr, kOp, ": 'config' is required");
+    check_hyper(*config);
+    if (count == 0) return;
+    const int32_t state_dtype = check_call(params, grads, exp_avgs, exp_avg_sqs, count);
+    PT_CHECK_ARG(qdata && scale_inv, kOp, ": qdata and scale_inv are required");
+    const int32_t fp8 = qdata[0].dtype;
+    PT_CHECK_ARG(fp8 == PT_FLOAT8_E4M3 || fp8 == PT_FLOAT8_E5M2, kOp, ": qdata[0] has dtype ", dtype_name(fp8),
+                 "; expected float8_e4m3fn or float8_e5m2");
+    constexpr int64_t kTile = PT_ADAMW_FP8_TILE;
+    for (int32_t i = 0; i < count; ++i) {
+      const pt_tensor& p = params[i];
+      PT_CHECK_ARG(p.ndim >= 1, kOp, ": params[", i, "] must have at least 1 dimension");
+      check_contiguous(&qdata[i], "qdata");
+      check_same_shape(&qdata[i], "qdata", p, "params");
+      PT_CHECK_ARG(qdata[i].dtype == fp8, kOp, ": qdata[", i, "] has dtype ", dtype_name(qdata[i].dtype),
+                   "; expected ", dtype_name(fp8), " (every qdata the same)");
+      const int64_t cols = p.shape[p.ndim - 1], rows = cols ? numel(p) / cols : 0;
+      check_contiguous(&scale_inv[i], "scale_inv");
+      PT_CHECK_ARG(scale_inv[i].dtype == PT_FLOAT32, kOp, ": scale_inv[", i, "] must be float32, got ",
+                   dtype_name(scale_inv[i].dtype));
+      PT_CHECK_ARG(numel(scale_inv[i]) == ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile), kOp,
+                   ": scale_inv[", i, "] has shape ", shape_string(scale_inv[i]), "; expected [", (rows + kTile - 1) / kTile,
+                   ", ", (cols + kTile - 1) / kTile, "] (128 x 128 blocks of params[", i, "] as [", rows, ", ", cols, "])");
+    }
+    bind_device_context(current_device());
+    Launcher launcher(make_params(*config, params[0].dtype, state_dtype, fp8, stream));
+    for (int32_t i = 0; i < count; ++i) {
+      const pt_tensor& p = params[i];
+      const int64_t cols = p.ndim ? p.shape[p.ndim - 1] : 1, rows = cols ? numel(p) / cols : 0;
+      if (rows == 0 || cols == 0) continue;
+      PtAdamWTensor& t = launcher.add(((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile));
+      bind_moments(t, params[i], grads[i], exp_avgs[i], exp_avg_sqs[i]);
+      t.q = qdata[i].data;
+      t.scale_inv = static_cast<float*>(scale_inv[i].data);
+      t.rows = rows;
+      t.cols = cols;
+      t.vec = t.vec && aligned16(t.q) && cols % 8 == 0;  // every row's 8-element chunks aligned
+    }
+    launcher.flush();
   });
 }
 

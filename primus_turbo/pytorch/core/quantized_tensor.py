@@ -154,6 +154,7 @@ class QuantizedTensor(torch.Tensor):
         block_size: Optional[int] = None,
         scaling_recipe: Optional[ScalingRecipe] = None,
         amax: Optional[torch.Tensor] = None,
+        quantized: Optional[tuple] = None,
     ) -> "QuantizedTensor":
         """``hp_tensor`` (2-D or 3-D) quantized to ``dest_dtype`` (E4M3, E5M2 or packed E2M1) along
         ``axis`` (required unless TENSORWISE or 2-D blocks). ``group_lens``: a 2-D ``[tokens, N]``
@@ -197,7 +198,11 @@ class QuantizedTensor(torch.Tensor):
             lens, offs = gq._as_int64(*gq._check_groups("QuantizedTensor.quantize", hp_tensor, group_lens, None))
             return cls(q, s, **meta, group_lens=lens_p, group_offs=offs_p, orig_group_lens=lens, orig_group_offs=offs,
                        is_grouped_tensor=True, requires_grad=hp_tensor.requires_grad)
-        if amax is not None:
+        if quantized is not None:  # (q, scale_inv) made elsewhere as the quantizer would (the optimizer's)
+            if fp4 or group_lens is not None:
+                raise ValueError("QuantizedTensor.quantize: 'quantized' takes FP8 of an ungrouped tensor")
+            q, s = quantized
+        elif amax is not None:
             if granularity != ScalingGranularity.TENSORWISE or fp4 or group_lens is not None:
                 raise ValueError("QuantizedTensor.quantize: 'amax' is for TENSORWISE FP8 of an ungrouped tensor")
             q, s = qz.quantize_fp8_with_amax(hp_tensor, dest_dtype, amax)
@@ -488,6 +493,7 @@ def create_quantized_weight(
     quant_config,
     need_weight_transpose_cache: bool = False,
     amax: Optional[torch.Tensor] = None,
+    quantized: Optional[tuple] = None,
 ) -> tuple[QuantizedTensor, Optional[QuantizedTensor]]:
     """A weight ``[N, K]`` (or ``[G, N, K]`` per expert) quantized once for a step:
     ``(w, w_t)`` with ``w`` along K (axis -1; the forward of ``x @ w.T``) and, with
@@ -495,7 +501,10 @@ def create_quantized_weight(
     2-D blocks the same data, since their scales serve both orientations). Pass
     ``QuantizedTensorPair(w, w_t)`` as the op's weight with ``trans_b=True``. ``amax`` (TENSORWISE
     FP8 only): max |weight| as float32 ``[1]`` on its device, reduced elsewhere (e.g. by the
-    optimizer's update), so the quantization skips its own amax pass; the result is the same."""
+    optimizer's update), so the quantization skips its own amax pass; the result is the same.
+    ``quantized``: ``(q, scale_inv)`` already made from ``weight`` exactly as this function's
+    quantization along K would make them (e.g. by ``turbo.optim.FusedAdamW`` from its update): only
+    wrapped."""
     if not isinstance(quant_config, (Float8QuantConfig, Float4QuantConfig)):
         raise TypeError(f"create_quantized_weight: quant_config must be a Float8QuantConfig or Float4QuantConfig, "
                         f"got {type(quant_config).__name__}")
@@ -511,7 +520,7 @@ def create_quantized_weight(
     recipe = weight_scaling_recipe(quant_config)
     g = quant_config.granularity
     w = QuantizedTensor.quantize(weight, dest_dtype, g, axis=-1, block_size=quant_config.block_size, scaling_recipe=recipe,
-                                 amax=amax)
+                                 amax=amax, quantized=quantized)
     if not need_weight_transpose_cache:
         return w, None
     if g == ScalingGranularity.TENSORWISE or (_two_d(g, recipe) and not _is_fp4(dest_dtype)):

@@ -4,6 +4,7 @@ recomputation quantize it once per optimizer step instead of once per forward.""
 
 import copy
 import weakref
+from typing import Optional
 
 import torch
 
@@ -87,13 +88,16 @@ class QuantizedWeightCache:
         w = self.weight
         return (w.data_ptr(), w._version, w.dtype, tuple(w.shape), w.device, self.config)
 
-    def _quantize_weight(self, amax=None):
-        """Fills the cache with the weight's copies (TENSORWISE: scaled by ``amax``, max |weight|
-        reduced elsewhere, when given)."""
-        dtype = torch.float8_e5m2 if self.config.format == Format.E5M2 else torch.float8_e4m3fn
+    def _fp8_dtype(self) -> torch.dtype:
+        return torch.float8_e5m2 if self.config.format == Format.E5M2 else torch.float8_e4m3fn
+
+    def _quantize_weight(self, amax=None, quantized=None):
+        """Fills the cache with the weight's copies: quantized here (TENSORWISE: scaled by ``amax``,
+        max |weight| reduced elsewhere, when given), or ``quantized`` = (q, scale_inv) made
+        elsewhere along K exactly as here."""
         with torch.no_grad():
-            data, data_t = create_quantized_weight(self.weight.detach(), dtype, self.config,
-                                                   need_weight_transpose_cache=True, amax=amax)
+            data, data_t = create_quantized_weight(self.weight.detach(), self._fp8_dtype(), self.config,
+                                                   need_weight_transpose_cache=True, amax=amax, quantized=quantized)
         key = self._cache_key()[:-1] + (copy.copy(self.config),)  # an in-place edit of config must not match
         self._weight_cache = (key, data, data_t)
 
@@ -103,21 +107,37 @@ class QuantizedWeightCache:
             self._quantize_weight()
         return self._weight_cache[1], self._weight_cache[2]
 
-    def refreshes_from_amax(self) -> bool:
-        """Whether an optimizer that reduces max |weight| in its update (turbo.optim.FusedAdamW)
-        should hand it to :meth:`refresh_weight_cache`: a TENSORWISE config with the cache on and a
-        plain weight."""
+    def step_refresh(self) -> Optional[str]:
+        """How an optimizer that knows this protocol (turbo.optim.FusedAdamW) makes the weight's FP8
+        copy in its update, with the cache on and a plain weight: ``"amax"`` (TENSORWISE: it reports
+        max |weight| for :meth:`refresh_weight_cache`), ``"blocks"`` (BLOCKWISE 128 x 128 weight
+        blocks: it writes the copy itself, :meth:`refresh_weight_cache_blocks`), else None."""
         from primus_turbo.pytorch.core.low_precision import ScalingGranularity
 
-        return (getattr(self, "cache_quantized_weight", False) and self.config is not None
-                and self.config.granularity == ScalingGranularity.TENSORWISE
-                and not isinstance(self.weight, QuantizedTensor))
+        if not getattr(self, "cache_quantized_weight", False) or self.config is None:
+            return None
+        if isinstance(self.weight, QuantizedTensor) or self.weight.dim() < 1:
+            return None
+        g = self.config.granularity
+        if g == ScalingGranularity.TENSORWISE:
+            return "amax"
+        if g == ScalingGranularity.BLOCKWISE and self.config.block_size == 128:
+            return "blocks"
+        return None
 
     def refresh_weight_cache(self, amax: torch.Tensor) -> None:
         """Quantizes the just-updated weight into the cache with ``amax`` (float32 [1] on its
         device: max |weight| as the optimizer stored it) instead of an amax pass over the weight;
         the optimizer step's hook keeps this copy."""
-        self._quantize_weight(amax)
+        self._quantize_weight(amax=amax)
+        self._weight_cache_fresh = True
+
+    def refresh_weight_cache_blocks(self, qdata: torch.Tensor, scale_inv: torch.Tensor) -> None:
+        """Takes the just-updated weight's FP8 copy in 128 x 128 blocks, written by the optimizer
+        from its update (``qdata`` the weight's shape, ``scale_inv`` ``[ceil(rows/128),
+        ceil(cols/128)]`` of the weight seen as ``[rows, cols]``), as the cache's copy; the
+        optimizer step's hook keeps it."""
+        self._quantize_weight(quantized=(qdata, scale_inv))
         self._weight_cache_fresh = True
 
     def _cached_weight(self) -> QuantizedTensorPair:

@@ -7,11 +7,14 @@ moments and the gradients; this reads each of them once and writes the parameter
 once, in float32 arithmetic with one rounding per stored value. Its state (``step``, ``exp_avg``,
 ``exp_avg_sq``) and param-group keys are torch.optim.AdamW's, so state dicts load either way.
 
-FP8 layers: a TENSORWISE :class:`~primus_turbo.pytorch.modules.Float8Linear` or
+FP8 layers: a :class:`~primus_turbo.pytorch.modules.Float8Linear` or
 :class:`~primus_turbo.pytorch.modules.GroupedLinear` built with ``cache_quantized_weight=True``
-gets its weight's FP8 copy from the step itself: the update reports max |weight| as it stores the
-weight, and the quantization takes that maximum instead of reading the weight again for it. The
-layer then reuses the copy until the next step.
+gets its weight's FP8 copy from the step itself, and reuses it until the next step:
+- BLOCKWISE (128 x 128 weight blocks): the update writes the copy from the values it holds (one
+  scale per tile of the pass), bit for bit the quantizer's, so the weight is not read again;
+- TENSORWISE: the update reports max |weight| as it stores the weight, and the quantization takes
+  that maximum instead of an amax pass over the weight.
+Other granularities keep quantizing the weight at its first use in the step.
 """
 
 from typing import Dict, List, Optional
@@ -29,6 +32,15 @@ def _fused_adamw_fake(params, grads, exp_avgs, exp_avg_sqs, amax, lr, beta1, bet
 
 library.register_fake("fused_adamw_", _fused_adamw_fake)
 _native_step = native.ops.fused_adamw_.default
+
+
+def _fused_adamw_fp8_blocks_fake(params, grads, exp_avgs, exp_avg_sqs, qdata, scale_inv, lr, beta1, beta2, eps,
+                                 weight_decay, step):
+    return None
+
+
+library.register_fake("fused_adamw_fp8_blocks_", _fused_adamw_fp8_blocks_fake)
+_native_step_fp8_blocks = native.ops.fused_adamw_fp8_blocks_.default
 
 _UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable")
 
@@ -48,6 +60,14 @@ def adamw_reference(p, g, m, v, step: int, lr, beta1, beta2, eps, weight_decay) 
             dst.copy_(src)
 
 
+def _block_scale_shape(p: torch.Tensor) -> tuple:
+    """The 128 x 128 block scales of p seen as [rows, cols] (cols its last dim), as the quantizer's
+    2-D blocks lay them out."""
+    cols = p.shape[-1]
+    rows = p.numel() // cols if cols else 0
+    return (-(-rows // 128), -(-cols // 128))
+
+
 class FusedAdamW(torch.optim.Optimizer):
     """AdamW (decoupled weight decay, as :class:`torch.optim.AdamW`) fused into one pass a parameter.
 
@@ -55,8 +75,8 @@ class FusedAdamW(torch.optim.Optimizer):
         params, lr, betas, eps, weight_decay: as :class:`torch.optim.AdamW` (``lr`` a float).
         amsgrad, maximize, capturable, differentiable: only False (``NotImplementedError`` otherwise).
         foreach, fused: accepted for drop-in use and ignored (this is the fused implementation).
-        fp8_weights: give the TENSORWISE FP8 layers with a weight cache their weight's FP8 copy from
-            the step (module docstring). Default True.
+        fp8_weights: give the FP8 layers with a weight cache (BLOCKWISE, TENSORWISE) their
+            weight's FP8 copy from the step (module docstring). Default True.
 
     Parameters of any float dtype (float32, float16, bfloat16; the gradient in the parameter's
     dtype), the moments in the parameter's dtype as torch keeps them (or float32 when loaded so).
@@ -103,14 +123,18 @@ class FusedAdamW(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.fp8_weights = bool(fp8_weights)
 
-    def _fp8_layers(self) -> Dict[int, torch.nn.Module]:
-        """id(weight) -> the TENSORWISE FP8 layer with a weight cache that owns it."""
+    def _fp8_layers(self) -> Dict[int, tuple]:
+        """id(weight) -> (FP8 layer with a weight cache that owns it, its step_refresh kind)."""
         if not self.fp8_weights:
             return {}
         from primus_turbo.pytorch.modules import _weight_cache
 
-        return {id(layer.weight): layer for layer in list(_weight_cache._CACHING_LAYERS)
-                if layer.refreshes_from_amax()}
+        found = {}
+        for layer in list(_weight_cache._CACHING_LAYERS):
+            kind = layer.step_refresh()
+            if kind is not None:
+                found[id(layer.weight)] = (layer, kind)
+        return found
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -142,24 +166,37 @@ class FusedAdamW(torch.optim.Optimizer):
                 state["step"] += 1
                 step = int(state["step"].item())  # a CPU tensor: no device sync
                 m, v = state["exp_avg"], state["exp_avg_sq"]
-                key = (p.device, p.dtype, m.dtype, step)
-                batches.setdefault(key, [[], [], [], [], []])
-                lists = batches[key]
-                for lst, t in zip(lists, (p, g, m, v, fp8_layers.get(id(p)))):
+                layer, kind = fp8_layers.get(id(p), (None, None))
+                if p.device.type != "cuda":
+                    kind = None
+                # Block-quantized weights take their own launches (one FP8 format each).
+                fmt = layer._fp8_dtype() if kind == "blocks" else None
+                key = (p.device, p.dtype, m.dtype, step, fmt)
+                lists = batches.setdefault(key, [[], [], [], [], []])
+                for lst, t in zip(lists, (p, g, m, v, (layer, kind))):
                     lst.append(t)
             beta1, beta2 = group["betas"]
-            hyper = (group["lr"], beta1, beta2, group["eps"], group["weight_decay"])
-            for (device, _, _, step), (ps, gs, ms, vs, layers) in batches.items():
+            hyper = tuple(map(float, (group["lr"], beta1, beta2, group["eps"], group["weight_decay"])))
+            for (device, _, _, step, fmt), (ps, gs, ms, vs, layers) in batches.items():
                 if device.type != "cuda":
                     for p, g, m, v in zip(ps, gs, ms, vs):
                         adamw_reference(p, g, m, v, step, *hyper)
                     continue
-                amax = torch.empty(len(ps), dtype=torch.float32, device=device) if any(layers) else None
                 try:
-                    _native_step(ps, gs, ms, vs, amax, *map(float, hyper), step)
+                    if fmt is not None:
+                        qs = [torch.empty_like(p, dtype=fmt) for p in ps]
+                        scales = [p.new_empty(_block_scale_shape(p), dtype=torch.float32) for p in ps]
+                        _native_step_fp8_blocks(ps, gs, ms, vs, qs, scales, *hyper, step)
+                        for (layer, _), q, sc in zip(layers, qs, scales):
+                            layer.refresh_weight_cache_blocks(q, sc)
+                        continue
+                    amax = None
+                    if any(kind == "amax" for _, kind in layers):
+                        amax = torch.empty(len(ps), dtype=torch.float32, device=device)
+                    _native_step(ps, gs, ms, vs, amax, *hyper, step)
                 except RuntimeError as e:
                     raise native.translate(e) from None
-                for i, layer in enumerate(layers):
-                    if layer is not None:
+                for i, (layer, kind) in enumerate(layers):
+                    if kind == "amax":
                         layer.refresh_weight_cache(amax[i : i + 1])
         return loss

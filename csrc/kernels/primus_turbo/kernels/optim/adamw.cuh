@@ -6,6 +6,12 @@
 //
 // With an amax slot, the CTA also reduces max |param| over the values it stored, one atomic a CTA:
 // the FP8 layers' tensorwise weight quantization takes it instead of reading the weight again.
+//
+// With an FP8 dtype (adamw_fp8_blocks_kernel), a CTA updates one 128 x 128 tile of the param seen
+// as [rows, cols], each thread an 8 x 8 block held in registers, and writes the tile's FP8 copy
+// with one scale for the tile: the quantizer's 2-D blocks (quantize_tile_regs.cuh), the same
+// arithmetic on the same stored values, so the copy is bit for bit the one quantizing the updated
+// weight would give, without reading it again.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,6 +24,7 @@
 #include "primus_turbo/kernels/common/warp.cuh"
 #include "primus_turbo/kernels/jit_export.cuh"
 #include "primus_turbo/kernels/optim/adamw_abi.h"
+#include "primus_turbo/kernels/quantization/quant_formats.cuh"
 
 namespace primus_turbo::kernels::optim {
 
@@ -57,18 +64,53 @@ __device__ __forceinline__ void load_vec(const void* p, int64_t i, float (&v)[kI
   }
 }
 
+// kItems values rounded to T, as the 16-byte words that store them (one word of a 16-bit T, two of
+// float32).
 template <class T>
-__device__ __forceinline__ void store_vec(void* p, int64_t i, const float (&v)[kItems]) {
+struct Packed {
+  uint4 w[kItems * sizeof(T) / 16];
+};
+
+template <class T>
+__device__ __forceinline__ Packed<T> pack(const float (&v)[kItems]) {
   constexpr int kPer = 16 / sizeof(T);
-  uint4* dst = reinterpret_cast<uint4*>(static_cast<T*>(p) + i);
+  Packed<T> out;
 #pragma unroll
   for (int w = 0; w < kItems / kPer; ++w) {
-    uint4 word;
-    T* e = reinterpret_cast<T*>(&word);
+    T* e = reinterpret_cast<T*>(&out.w[w]);
 #pragma unroll
     for (int j = 0; j < kPer; ++j) e[j] = from_float<T>(v[w * kPer + j]);
-    dst[w] = word;
   }
+  return out;
+}
+
+// Value j of a Packed, as a float (exact).
+template <class T>
+__device__ __forceinline__ float unpack(const Packed<T>& p, int j) {
+  const uint4& word = p.w[j * sizeof(T) / 16];
+  const int in_word = j % (16 / sizeof(T));
+  const uint32_t lane32 = in_word * sizeof(T) / 4 == 0   ? word.x
+                          : in_word * sizeof(T) / 4 == 1 ? word.y
+                          : in_word * sizeof(T) / 4 == 2 ? word.z
+                                                          : word.w;
+  if constexpr (sizeof(T) == 4) {
+    return __uint_as_float(lane32);
+  } else {
+    const uint16_t bits = static_cast<uint16_t>(in_word % 2 ? lane32 >> 16 : lane32 & 0xffffu);
+    return to_float(*reinterpret_cast<const T*>(&bits));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void store_packed(void* p, int64_t i, const Packed<T>& v) {
+  uint4* dst = reinterpret_cast<uint4*>(static_cast<T*>(p) + i);
+#pragma unroll
+  for (int w = 0; w < kItems * static_cast<int>(sizeof(T)) / 16; ++w) dst[w] = v.w[w];
+}
+
+template <class T>
+__device__ __forceinline__ void store_vec(void* p, int64_t i, const float (&v)[kItems]) {
+  store_packed<T>(p, i, pack<T>(v));
 }
 
 struct Step {
@@ -139,10 +181,99 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
   }
 }
 
+// Thread (tr, tc) of the 16 x 16 grid owns rows 8 tr.. and columns 8 tc.. of the tile; the 16
+// threads of a half warp cover 128 consecutive columns of a row (coalesced).
+template <class TP, class TS, class F>
+__global__ void __launch_bounds__(kThreads, 2) adamw_fp8_blocks_kernel(const __grid_constant__ PtAdamWParams p) {
+  constexpr int kTile = PT_ADAMW_FP8_TILE, kSide = kItems;
+  const int64_t b = blockIdx.x;
+  const PtAdamWTensor& t = p.tensors[tensor_of(p, b)];
+  const Step s{p.decay, p.step_size, 1.0f - p.beta1, p.beta2, 1.0f - p.beta2, p.bias_correction2_sqrt, p.eps};
+  const int64_t tiles_per_row = (t.cols + kTile - 1) / kTile, tile = b - t.first_block;
+  const int64_t r0 = (tile / tiles_per_row) * kTile, c0 = (tile % tiles_per_row) * kTile;
+  const int tr = threadIdx.x / 16, tc = threadIdx.x % 16;
+  const int64_t col = c0 + kSide * tc;
+  const bool full_cols = t.vec && col + kSide <= t.cols;
+  // The updated param as stored, packed as in memory (16-bit: 32 registers for the 8 x 8 block);
+  // zeros outside the tensor.
+  Packed<TP> stored[kSide];
+  float amax = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kSide; ++r) {
+    const int64_t row = r0 + kSide * tr + r;
+    float pv[kSide], gv[kSide], mv[kSide], vv[kSide];
+#pragma unroll
+    for (int j = 0; j < kSide; ++j) pv[j] = 0.0f;
+    if (row < t.rows) {
+      const int64_t at = row * t.cols + col;
+      if (full_cols) {
+        load_vec<TP>(t.param, at, pv);
+        load_vec<TP>(t.grad, at, gv);
+        load_vec<TS>(t.exp_avg, at, mv);
+        load_vec<TS>(t.exp_avg_sq, at, vv);
+#pragma unroll
+        for (int j = 0; j < kSide; ++j) update<TP>(pv[j], gv[j], mv[j], vv[j], s);
+        store_vec<TS>(t.exp_avg, at, mv);
+        store_vec<TS>(t.exp_avg_sq, at, vv);
+      } else {
+        TP* param = static_cast<TP*>(t.param);
+        const TP* grad = static_cast<const TP*>(t.grad);
+        TS* exp_avg = static_cast<TS*>(t.exp_avg);
+        TS* exp_avg_sq = static_cast<TS*>(t.exp_avg_sq);
+#pragma unroll
+        for (int j = 0; j < kSide; ++j) {
+          if (col + j >= t.cols) continue;
+          float m = to_float(exp_avg[at + j]), v = to_float(exp_avg_sq[at + j]);
+          pv[j] = to_float(param[at + j]);
+          update<TP>(pv[j], to_float(grad[at + j]), m, v, s);
+          param[at + j] = from_float<TP>(pv[j]);
+          exp_avg[at + j] = from_float<TS>(m);
+          exp_avg_sq[at + j] = from_float<TS>(v);
+        }
+      }
+    }
+    stored[r] = pack<TP>(pv);
+    if (full_cols && row < t.rows) store_packed<TP>(t.param, row * t.cols + col, stored[r]);
+#pragma unroll
+    for (int j = 0; j < kSide; ++j) amax = fmaxf(amax, fabsf(unpack<TP>(stored[r], j)));
+  }
+  __shared__ float warp_amax[kThreads / 32];
+  amax = warp_max(amax);
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = warp_amax[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
+  const quant::Scale sc = quant::make_scale<F>(amax, false);
+  if (threadIdx.x == 0) t.scale_inv[(r0 / kTile) * tiles_per_row + c0 / kTile] = sc.inv;
+  uint8_t* q = static_cast<uint8_t*>(t.q);
+#pragma unroll
+  for (int r = 0; r < kSide; ++r) {
+    const int64_t row = r0 + kSide * tr + r;
+    if (row >= t.rows) continue;
+    const int64_t at = row * t.cols + col;
+    const auto v = [&](int j) { return unpack<TP>(stored[r], j); };
+    if (full_cols) {
+      const uint2 codes = make_uint2(quant::encode4<F>(v(0), v(1), v(2), v(3), sc.mult),
+                                     quant::encode4<F>(v(4), v(5), v(6), v(7), sc.mult));
+      *reinterpret_cast<uint2*>(q + at) = codes;  // 8-byte aligned: cols % 8 == 0 (vec)
+    } else {
+      for (int j = 0; j < kSide && col + j < t.cols; ++j) q[at + j] = F::encode(v(j) * sc.mult);
+    }
+  }
+}
+
 struct AdamW {
   template <class TP, class TS>
   static void launch(const PtAdamWParams& p, cudaStream_t stream) {
-    adamw_kernel<TP, TS><<<static_cast<unsigned>(p.blocks), kThreads, 0, stream>>>(p);
+    const unsigned grid = static_cast<unsigned>(p.blocks);
+    if (p.fp8_dtype == 3) {  // PT_FLOAT8_E4M3
+      adamw_fp8_blocks_kernel<TP, TS, quant::E4M3><<<grid, kThreads, 0, stream>>>(p);
+    } else if (p.fp8_dtype == 4) {  // PT_FLOAT8_E5M2
+      adamw_fp8_blocks_kernel<TP, TS, quant::E5M2><<<grid, kThreads, 0, stream>>>(p);
+    } else {
+      adamw_kernel<TP, TS><<<grid, kThreads, 0, stream>>>(p);
+    }
   }
 
   template <class TP>
@@ -159,7 +290,8 @@ struct AdamW {
   }
 
   static int run(const PtAdamWParams* p, char* err, size_t err_len) {
-    if (p->count < 1 || p->count > PT_ADAMW_MAX_TENSORS || p->blocks < 1 || p->blocks > 0x7fffffff) {
+    if (p->count < 1 || p->count > PT_ADAMW_MAX_TENSORS || p->blocks < 1 || p->blocks > 0x7fffffff ||
+        (p->fp8_dtype != 0 && p->fp8_dtype != 3 && p->fp8_dtype != 4)) {
       std::snprintf(err, err_len, "adamw: %d tensors in %lld CTAs", p->count, static_cast<long long>(p->blocks));
       return 1;
     }

@@ -13,6 +13,8 @@ extern "C" {
 #define PT_ADAMW_MAX_TENSORS 32
 // Elements a CTA updates (256 threads, 8 each).
 #define PT_ADAMW_BLOCK_ELEMS 2048
+// The FP8 weight copy's scale blocks (fp8_dtype set): a CTA updates one 128 x 128 tile.
+#define PT_ADAMW_FP8_TILE 128
 
 typedef struct PtAdamWTensor {
   void* param;
@@ -23,6 +25,12 @@ typedef struct PtAdamWTensor {
   int64_t numel;
   int64_t first_block;  // CTAs of the launch before this tensor's
   int32_t vec;          // every pointer 16-byte aligned: 8 elements a thread in vector accesses
+  // fp8_dtype set: the param seen as [rows, cols] (its last dim cols), and its FP8 copy written from
+  // the updated values, q [rows, cols] with scale_inv [ceil(rows/128), ceil(cols/128)] (row-major),
+  // one scale per 128 x 128 block, as the quantizer's 2-D blocks (pt_quantize, PT_QUANT_2D_BLOCK).
+  void* q;
+  float* scale_inv;
+  int64_t rows, cols;
 } PtAdamWTensor;
 
 // AdamW (decoupled weight decay) as torch.optim.AdamW computes it, in float32, one rounding to
@@ -35,6 +43,7 @@ typedef struct PtAdamWParams {
   int32_t count;
   int32_t param_dtype;  // pt_dtype: float32, float16 or bfloat16 (grads the same)
   int32_t state_dtype;  // the param's dtype or float32
+  int32_t fp8_dtype;    // 0, or pt_dtype PT_FLOAT8_E4M3 / PT_FLOAT8_E5M2: every tensor gets its FP8 copy
   int64_t blocks;       // CTAs of the launch
   float decay, step_size, beta1, beta2, bias_correction2_sqrt, eps;
   void* stream;  // cudaStream_t
