@@ -204,14 +204,21 @@ def optim():
     layer = turbo.modules.Float8Linear(48, 32, bias=False, config=cfg, device=dev, dtype=bf16,
                                        cache_quantized_weight=True)
     blocks = Float8QuantConfig(format=Format.HYBRID, granularity=ScalingGranularity.BLOCKWISE, block_size=128)
-    block_layer = turbo.modules.Float8Linear(136, 200, bias=False, config=blocks, device=dev, dtype=bf16,
+    block_layer = turbo.modules.Float8Linear(272, 208, bias=False, config=blocks, device=dev, dtype=bf16,
                                              cache_quantized_weight=True)  # partial tiles at both edges
-    opt = turbo.optim.FusedAdamW(params + list(layer.parameters()) + list(block_layer.parameters()))
-    block_layer(t(16, 136)).float().sum().backward()
+    experts = turbo.modules.GroupedLinear(2, 64, 128, device=dev, dtype=bf16, config=blocks,
+                                          cache_quantized_weight=True)  # each expert's transposed copy too
+    lens = torch.tensor([48, 16], device=dev)
+    opt = turbo.optim.FusedAdamW(params + list(layer.parameters()) + list(block_layer.parameters())
+                                 + list(experts.parameters()))
+    block_layer(t(16, 272)).float().sum().backward()
+    experts(t(64, 64), lens).float().sum().backward()
     for p in params:
         p.grad = torch.randn_like(p)
     layer(t(16, 48)).float().sum().backward()
     opt.step()
+    block_layer(t(16, 272)).float().sum().backward()  # the forward reads the step's FP8 copy
+    experts(t(64, 64), lens).float().sum().backward()  # and the grouped dgrad its transposed one
     opt.step()
     state = opt.state[params[1]]
     state["exp_avg"], state["exp_avg_sq"] = state["exp_avg"].float(), state["exp_avg_sq"].float()

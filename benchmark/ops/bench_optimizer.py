@@ -17,7 +17,8 @@ The metric is effective bandwidth: the parameter, both moments read and written,
 (7 x 2 bytes a bf16 parameter), over the median step time, and that as a fraction of the measured
 copy bandwidth (the FP8 copy's extra byte a parameter not counted). ``turbo+amax`` also reduces
 max |param| per tensor (what a TENSORWISE FP8 layer's weight quantization takes); ``turbo+fp8_blocks``
-also writes every parameter's E4M3 copy in 128 x 128 blocks (what a BLOCKWISE FP8 layer reads). Writes <output-dir>/<gpu>/optimizer[_<tag>].csv and the summary.json
+also writes every parameter's E4M3 copy in 128 x 128 blocks (what a BLOCKWISE FP8 layer reads), and
+each expert's transposed copy for the expert stacks. Writes <output-dir>/<gpu>/optimizer[_<tag>].csv and the summary.json
 entries optim_adamw (against torch's fused=True) and optim_adamw_vs_foreach.
 """
 
@@ -111,9 +112,14 @@ def _time(impl: str, params, iters: int) -> float:
         scales = [torch.empty(-(-(p.numel() // p.shape[-1]) // 128), -(-p.shape[-1] // 128), device="cuda")
                   for p in copies]
 
+        # Expert stacks also get each expert's transposed copy (GroupedLinear's dgrad operand).
+        qts = [torch.empty(p.shape[0], p.shape[2], p.shape[1], device="cuda", dtype=torch.float8_e4m3fn)
+               if p.dim() == 3 and p.shape[1] % 128 == 0 else torch.empty(0, device="cuda", dtype=torch.float8_e4m3fn)
+               for p in copies]
+
         def step(ps=copies):
-            torch.ops.primus_turbo.fused_adamw_fp8_blocks_(ps, gs, ms_, vs_, qs, scales, HYPER["lr"], *HYPER["betas"],
-                                                           HYPER["eps"], HYPER["weight_decay"], 2)
+            torch.ops.primus_turbo.fused_adamw_fp8_blocks_(ps, gs, ms_, vs_, qs, scales, qts, HYPER["lr"],
+                                                           *HYPER["betas"], HYPER["eps"], HYPER["weight_decay"], 2)
     return bu.time_cuda(step, warmup=3, iters=iters)
 
 

@@ -141,7 +141,7 @@ def test_fp8_blocks_step_writes_the_quantizers_copy(dtype, state_dtype, fmt):
     """fused_adamw_fp8_blocks_: the same update as fused_adamw_ (bit for bit), and each param's FP8
     copy in 128 x 128 blocks bit for bit the quantizer's of the updated param: full tiles, partial
     tiles at both edges, columns not a multiple of 8 (the scalar path), a 3-D stack, a misaligned
-    view."""
+    view; each matrix's transposed copy where asked for."""
     from primus_turbo.pytorch.core.low_precision import ScalingRecipe
     from primus_turbo.pytorch.ops.quantization import quantize_fp8_unpadded
 
@@ -156,8 +156,11 @@ def test_fp8_blocks_step_writes_the_quantizers_copy(dtype, state_dtype, fmt):
     qs = [torch.empty_like(p, dtype=fmt) for p in params]
     scales = [torch.empty(-(-(p.numel() // p.shape[-1]) // 128), -(-p.shape[-1] // 128), device="cuda")
               for p in params]
+    # Transposed copies for the 2-D params and the 3-D stack of 128-row matrices; none for the view.
+    qts = [torch.empty(*p.shape[:-2], p.shape[-1], p.shape[-2], device="cuda", dtype=fmt) for p in params[:4]]
+    qts.append(torch.empty(0, device="cuda", dtype=fmt))
     args = (1e-3, 0.9, 0.95, 1e-8, 0.1, 3)
-    torch.ops.primus_turbo.fused_adamw_fp8_blocks_(params, grads, ms, vs, qs, scales, *args)
+    torch.ops.primus_turbo.fused_adamw_fp8_blocks_(params, grads, ms, vs, qs, scales, qts, *args)
     torch.ops.primus_turbo.fused_adamw_(ref[0], grads, ref[1], ref[2], None, *args)
     recipe = ScalingRecipe(use_2d_block=True)
     for i, p in enumerate(params):
@@ -167,6 +170,9 @@ def test_fp8_blocks_step_writes_the_quantizers_copy(dtype, state_dtype, fmt):
                                       scaling_recipe=recipe)
         assert torch.equal(qs[i].view(torch.uint8), q.view(torch.uint8)), f"param {i}: FP8 codes differ"
         assert torch.equal(scales[i], sc.view(scales[i].shape)), f"param {i}: scales differ"
+        if qts[i].numel():
+            want_t = q.view(torch.uint8).transpose(-1, -2)
+            assert torch.equal(qts[i].view(torch.uint8), want_t), f"param {i}: transposed FP8 codes differ"
 
 
 @pytest.mark.gpu
@@ -191,6 +197,10 @@ def test_blockwise_fp8_layers_take_their_copy_from_the_step():
         got = layer._weight_cache[1]
         assert torch.equal(got.qdata.view(torch.uint8), want.qdata.view(torch.uint8))
         assert torch.equal(got.scale_inv, want.scale_inv) and got.shape == want.shape
+    memo_t = grp._weight_cache[2].memoized(("grouped_weight", 1), lambda: None)
+    want_t = create_quantized_weight(grp.weight.detach(), torch.float8_e4m3fn, cfg, True)[1]
+    assert memo_t is not None and torch.equal(memo_t[0].view(torch.uint8),
+                                              want_t.qdata.view(torch.uint8).transpose(1, 2))
     cached = lin._weight_cache, grp._weight_cache
     y_lin, y_grp = lin(x), grp(x, lens)
     assert (lin._weight_cache, grp._weight_cache) == cached  # the forwards read the step's copies
@@ -200,6 +210,9 @@ def test_blockwise_fp8_layers_take_their_copy_from_the_step():
         plain_lin.weight.copy_(lin.weight)
         plain_grp.weight.copy_(grp.weight)
     assert torch.equal(y_lin, plain_lin(x)) and torch.equal(y_grp, plain_grp(x, lens))
+    dx = torch.autograd.grad(grp(x, lens).float().sum(), x)[0]  # the dgrad reads the step's transposed copy
+    x2 = x.detach().clone().requires_grad_()
+    assert torch.equal(dx, torch.autograd.grad(plain_grp(x2, lens).float().sum(), x2)[0])
 
 
 @pytest.mark.gpu

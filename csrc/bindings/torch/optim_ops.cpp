@@ -88,24 +88,28 @@ void fused_adamw(std::vector<Tensor> params, std::vector<Tensor> grads, std::vec
 }
 
 // fused_adamw with each param's FP8 copy in 128 x 128 blocks written from the update (qdata: the
-// params' shapes, FP8; scale_inv: float32, ceil(rows/128) x ceil(cols/128) each).
+// params' shapes, FP8; scale_inv: float32, ceil(rows/128) x ceil(cols/128) each; qdata_t: each
+// matrix's transposed copy, or an empty tensor for none).
 void fused_adamw_fp8_blocks(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> exp_avgs,
                             std::vector<Tensor> exp_avg_sqs, std::vector<Tensor> qdata, std::vector<Tensor> scale_inv,
-                            double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+                            std::vector<Tensor> qdata_t, double lr, double beta1, double beta2, double eps,
+                            double weight_decay, int64_t step) {
   const size_t n = params.size();
   Lists l;
-  const int32_t device =
-      bind_lists(params, grads, exp_avgs, exp_avg_sqs, {{&qdata, "qdata"}, {&scale_inv, "scale_inv"}}, std::nullopt, l);
+  const int32_t device = bind_lists(params, grads, exp_avgs, exp_avg_sqs,
+                                    {{&qdata, "qdata"}, {&scale_inv, "scale_inv"}, {&qdata_t, "qdata_t"}},
+                                    std::nullopt, l);
   if (n == 0) return;
-  std::vector<pt_tensor> pq, ps;
+  std::vector<pt_tensor> pq, ps, pqt;
   for (size_t i = 0; i < n; ++i) {
     pq.push_back(to_pt(qdata[i]));
     ps.push_back(to_pt(scale_inv[i]));
+    pqt.push_back(qdata_t[i].numel() ? to_pt(qdata_t[i]) : pt_tensor{});  // empty: no transposed copy
   }
   const pt_adamw_config config{lr, beta1, beta2, eps, weight_decay, step};
   DeviceScope scope(device);
   check_status(pt_adamw_step_fp8_blocks(l.p.data(), l.g.data(), l.m.data(), l.v.data(), static_cast<int32_t>(n),
-                                        &config, pq.data(), ps.data(), current_stream(device)),
+                                        &config, pq.data(), ps.data(), pqt.data(), current_stream(device)),
                kOp);
 }
 
@@ -115,7 +119,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("fused_adamw_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
         "Tensor(d!)? amax, float lr, float beta1, float beta2, float eps, float weight_decay, int step) -> ()");
   m.def("fused_adamw_fp8_blocks_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
-        "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] qdata, Tensor(e!)[] scale_inv, float lr, float beta1, float beta2, "
+        "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] qdata, Tensor(e!)[] scale_inv, Tensor(f!)[] qdata_t, float lr, "
+        "float beta1, float beta2, "
         "float eps, float weight_decay, int step) -> ()");
 }
 

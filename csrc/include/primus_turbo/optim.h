@@ -31,10 +31,14 @@ PT_API pt_status pt_adamw_step(const pt_tensor* params, const pt_tensor* grads, 
    param seen as [rows, cols] (cols its last dim), qdata[i] the param's shape in float8_e4m3fn or
    float8_e5m2 (every qdata the same), scale_inv[i] float32 with ceil(rows/128) * ceil(cols/128)
    elements, row-major: the copy pt_quantize makes of the updated param with PT_QUANT_2D_BLOCK (the
-   same codes and scales, bit for bit), from the values in registers instead of another read. */
+   same codes and scales, bit for bit), from the values the update holds instead of another read.
+   qdata_t: null, or an array whose entry i (data null: none) receives each matrix's transposed
+   copy: params[i] seen as [..., rows, cols] (2-D or more; the matrix's rows one, or a multiple of
+   128), qdata_t[i] [..., cols, rows] in the same FP8 dtype, read with the same block scales
+   transposed (what a backward GEMM reducing over the rows reads). */
 PT_API pt_status pt_adamw_step_fp8_blocks(const pt_tensor* params, const pt_tensor* grads, const pt_tensor* exp_avgs,
                                           const pt_tensor* exp_avg_sqs, int32_t count, const pt_adamw_config* config,
-                                          pt_tensor* qdata, pt_tensor* scale_inv, void* stream);
+                                          pt_tensor* qdata, pt_tensor* scale_inv, pt_tensor* qdata_t, void* stream);
 /* Compiles (or loads from the cache) the fused AdamW module without running it. Needs no GPU. */
 PT_API pt_status pt_adamw_prepare(void);
 

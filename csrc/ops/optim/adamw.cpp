@@ -159,7 +159,7 @@ pt_status pt_adamw_step(const pt_tensor* params, const pt_tensor* grads, const p
 
 pt_status pt_adamw_step_fp8_blocks(const pt_tensor* params, const pt_tensor* grads, const pt_tensor* exp_avgs,
                                    const pt_tensor* exp_avg_sqs, int32_t count, const pt_adamw_config* config,
-                                   pt_tensor* qdata, pt_tensor* scale_inv, void* stream) {
+                                   pt_tensor* qdata, pt_tensor* scale_inv, pt_tensor* qdata_t, void* stream) {
   return api_guard([&] {
     PT_CHECK_ARG(count >= 0, kOp, ": 'count' must be >= 0, got ", count);
     PT_CHECK_ARG(config != nullptr, kOp, ": 'config' is required");
@@ -185,6 +185,19 @@ pt_status pt_adamw_step_fp8_blocks(const pt_tensor* params, const pt_tensor* gra
       PT_CHECK_ARG(numel(scale_inv[i]) == ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile), kOp,
                    ": scale_inv[", i, "] has shape ", shape_string(scale_inv[i]), "; expected [", (rows + kTile - 1) / kTile,
                    ", ", (cols + kTile - 1) / kTile, "] (128 x 128 blocks of params[", i, "] as [", rows, ", ", cols, "])");
+      if (qdata_t && qdata_t[i].data) {  // each matrix's transposed copy: the last two dims swapped
+        const pt_tensor& qt = qdata_t[i];
+        check_contiguous(&qt, "qdata_t");
+        bool swapped = p.ndim >= 2 && qt.ndim == p.ndim && qt.dtype == fp8;
+        for (int d = 0; swapped && d < p.ndim - 2; ++d) swapped = qt.shape[d] == p.shape[d];
+        swapped = swapped && qt.shape[p.ndim - 1] == p.shape[p.ndim - 2] && qt.shape[p.ndim - 2] == p.shape[p.ndim - 1];
+        PT_CHECK_ARG(swapped, kOp, ": qdata_t[", i, "] is ", dtype_name(qt.dtype), " ", shape_string(qt),
+                     "; expected ", dtype_name(fp8), " with the last two dims of params[", i, "] ", shape_string(p),
+                     " swapped");
+        const int64_t mrows = p.shape[p.ndim - 2];
+        PT_CHECK_ARG(mrows == rows || mrows % kTile == 0, kOp, ": params[", i, "] ", shape_string(p),
+                     ": a transposed copy per matrix needs 128-row matrices (or one matrix)");
+      }
     }
     bind_device_context(current_device());
     Launcher launcher(make_params(*config, params[0].dtype, state_dtype, fp8, stream));
@@ -198,6 +211,10 @@ pt_status pt_adamw_step_fp8_blocks(const pt_tensor* params, const pt_tensor* gra
       t.scale_inv = static_cast<float*>(scale_inv[i].data);
       t.rows = rows;
       t.cols = cols;
+      if (qdata_t && qdata_t[i].data) {
+        t.qt = qdata_t[i].data;
+        t.matrix_rows = p.shape[p.ndim - 2];
+      }
       t.vec = t.vec && aligned16(t.q) && cols % 8 == 0;  // every row's 8-element chunks aligned
     }
     launcher.flush();

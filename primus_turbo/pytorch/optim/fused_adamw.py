@@ -11,7 +11,8 @@ FP8 layers: a :class:`~primus_turbo.pytorch.modules.Float8Linear` or
 :class:`~primus_turbo.pytorch.modules.GroupedLinear` built with ``cache_quantized_weight=True``
 gets its weight's FP8 copy from the step itself, and reuses it until the next step:
 - BLOCKWISE (128 x 128 weight blocks): the update writes the copy from the values it holds (one
-  scale per tile of the pass), bit for bit the quantizer's, so the weight is not read again;
+  scale per tile of the pass), bit for bit the quantizer's, so the weight is not read again; for an
+  expert stack (GroupedLinear) also each expert's transposed copy, which the grouped dgrad reads;
 - TENSORWISE: the update reports max |weight| as it stores the weight, and the quantization takes
   that maximum instead of an amax pass over the weight.
 Other granularities keep quantizing the weight at its first use in the step.
@@ -34,8 +35,8 @@ library.register_fake("fused_adamw_", _fused_adamw_fake)
 _native_step = native.ops.fused_adamw_.default
 
 
-def _fused_adamw_fp8_blocks_fake(params, grads, exp_avgs, exp_avg_sqs, qdata, scale_inv, lr, beta1, beta2, eps,
-                                 weight_decay, step):
+def _fused_adamw_fp8_blocks_fake(params, grads, exp_avgs, exp_avg_sqs, qdata, scale_inv, qdata_t, lr, beta1, beta2,
+                                 eps, weight_decay, step):
     return None
 
 
@@ -66,6 +67,14 @@ def _block_scale_shape(p: torch.Tensor) -> tuple:
     cols = p.shape[-1]
     rows = p.numel() // cols if cols else 0
     return (-(-rows // 128), -(-cols // 128))
+
+
+def _transposed_target(p: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
+    """Where the step writes an expert weight stack's transposed FP8 copy (``[G, N, K]`` ->
+    ``[G, K, N]``, N a multiple of 128: the grouped dgrad's operand), else an empty tensor (none)."""
+    if p.dim() == 3 and p.shape[1] % 128 == 0:
+        return p.new_empty((p.shape[0], p.shape[2], p.shape[1]), dtype=fmt)
+    return p.new_empty((0,), dtype=fmt)
 
 
 class FusedAdamW(torch.optim.Optimizer):
@@ -186,9 +195,10 @@ class FusedAdamW(torch.optim.Optimizer):
                     if fmt is not None:
                         qs = [torch.empty_like(p, dtype=fmt) for p in ps]
                         scales = [p.new_empty(_block_scale_shape(p), dtype=torch.float32) for p in ps]
-                        _native_step_fp8_blocks(ps, gs, ms, vs, qs, scales, *hyper, step)
-                        for (layer, _), q, sc in zip(layers, qs, scales):
-                            layer.refresh_weight_cache_blocks(q, sc)
+                        qts = [_transposed_target(p, fmt) for p in ps]
+                        _native_step_fp8_blocks(ps, gs, ms, vs, qs, scales, qts, *hyper, step)
+                        for (layer, _), q, sc, qt in zip(layers, qs, scales, qts):
+                            layer.refresh_weight_cache_blocks(q, sc, qt)
                         continue
                     amax = None
                     if any(kind == "amax" for _, kind in layers):

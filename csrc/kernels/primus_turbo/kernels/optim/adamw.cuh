@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "primus_turbo/kernels/common/smem_opt_in.cuh"
 #include "primus_turbo/kernels/common/warp.cuh"
 #include "primus_turbo/kernels/jit_export.cuh"
 #include "primus_turbo/kernels/optim/adamw_abi.h"
@@ -117,14 +118,16 @@ struct Step {
   float decay, step_size, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps;
 };
 
-// One element's update; returns the parameter as stored (rounded to TP), as a float.
+// One element's update; returns the parameter as stored (rounded to TP), as a float. Every operation
+// is an explicit round-to-nearest intrinsic, so no code path (vector, scalar, the FP8 tile kernel)
+// contracts differently from another: the same inputs give the same bits everywhere.
 template <class TP>
 __device__ __forceinline__ float update(float& p, float g, float& m, float& v, const Step& s) {
-  p *= s.decay;
-  m = m + (g - m) * s.one_minus_beta1;  // torch's lerp for a weight below 0.5
-  v = v * s.beta2 + s.one_minus_beta2 * g * g;
-  const float denom = sqrtf(v) / s.bias_correction2_sqrt + s.eps;
-  p = p + -s.step_size * (m / denom);
+  p = __fmul_rn(p, s.decay);
+  m = __fmaf_rn(s.one_minus_beta1, __fsub_rn(g, m), m);  // torch's lerp for a weight below 0.5
+  v = __fmaf_rn(__fmul_rn(s.one_minus_beta2, g), g, __fmul_rn(v, s.beta2));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bias_correction2_sqrt), s.eps);
+  p = __fmaf_rn(-s.step_size, __fdiv_rn(m, denom), p);
   return to_float(from_float<TP>(p));
 }
 
@@ -182,10 +185,21 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
 }
 
 // Thread (tr, tc) of the 16 x 16 grid owns rows 8 tr.. and columns 8 tc.. of the tile; the 16
-// threads of a half warp cover 128 consecutive columns of a row (coalesced).
+// threads of a half warp cover 128 consecutive columns of a row (coalesced). The updated tile waits
+// in shared memory, as stored, for the tile's scale (a register copy would cost the occupancy that
+// keeps enough loads in flight); the transposed copy's codes are staged there too, in 8-byte
+// chunks swizzled by the thread's column group, so both outputs leave in full 128-byte lines.
+template <class TP>
+constexpr int fp8_tile_smem_bytes() {
+  return PT_ADAMW_FP8_TILE * PT_ADAMW_FP8_TILE * (static_cast<int>(sizeof(TP)) + 1);
+}
+
 template <class TP, class TS, class F>
-__global__ void __launch_bounds__(kThreads, 2) adamw_fp8_blocks_kernel(const __grid_constant__ PtAdamWParams p) {
-  constexpr int kTile = PT_ADAMW_FP8_TILE, kSide = kItems;
+__global__ void __launch_bounds__(kThreads) adamw_fp8_blocks_kernel(const __grid_constant__ PtAdamWParams p) {
+  constexpr int kTile = PT_ADAMW_FP8_TILE, kSide = kItems, kWords = kItems * sizeof(TP) / 16;
+  extern __shared__ uint4 smem[];
+  Packed<TP>* stash = reinterpret_cast<Packed<TP>*>(smem);  // [128 rows][16 column groups]
+  uint2* codes_t = reinterpret_cast<uint2*>(smem + kTile * 16 * kWords);  // [128 columns][16 chunks]
   const int64_t b = blockIdx.x;
   const PtAdamWTensor& t = p.tensors[tensor_of(p, b)];
   const Step s{p.decay, p.step_size, 1.0f - p.beta1, p.beta2, 1.0f - p.beta2, p.bias_correction2_sqrt, p.eps};
@@ -194,16 +208,13 @@ __global__ void __launch_bounds__(kThreads, 2) adamw_fp8_blocks_kernel(const __g
   const int tr = threadIdx.x / 16, tc = threadIdx.x % 16;
   const int64_t col = c0 + kSide * tc;
   const bool full_cols = t.vec && col + kSide <= t.cols;
-  // The updated param as stored, packed as in memory (16-bit: 32 registers for the 8 x 8 block);
-  // zeros outside the tensor.
-  Packed<TP> stored[kSide];
   float amax = 0.0f;
-#pragma unroll
+#pragma unroll 2
   for (int r = 0; r < kSide; ++r) {
     const int64_t row = r0 + kSide * tr + r;
     float pv[kSide], gv[kSide], mv[kSide], vv[kSide];
 #pragma unroll
-    for (int j = 0; j < kSide; ++j) pv[j] = 0.0f;
+    for (int j = 0; j < kSide; ++j) pv[j] = 0.0f;  // zeros outside the tensor
     if (row < t.rows) {
       const int64_t at = row * t.cols + col;
       if (full_cols) {
@@ -232,10 +243,11 @@ __global__ void __launch_bounds__(kThreads, 2) adamw_fp8_blocks_kernel(const __g
         }
       }
     }
-    stored[r] = pack<TP>(pv);
-    if (full_cols && row < t.rows) store_packed<TP>(t.param, row * t.cols + col, stored[r]);
+    const Packed<TP> stored = pack<TP>(pv);
+    if (full_cols && row < t.rows) store_packed<TP>(t.param, row * t.cols + col, stored);
+    stash[(kSide * tr + r) * 16 + tc] = stored;
 #pragma unroll
-    for (int j = 0; j < kSide; ++j) amax = fmaxf(amax, fabsf(unpack<TP>(stored[r], j)));
+    for (int j = 0; j < kSide; ++j) amax = fmaxf(amax, fabsf(unpack<TP>(stored, j)));
   }
   __shared__ float warp_amax[kThreads / 32];
   amax = warp_max(amax);
@@ -247,30 +259,68 @@ __global__ void __launch_bounds__(kThreads, 2) adamw_fp8_blocks_kernel(const __g
   const quant::Scale sc = quant::make_scale<F>(amax, false);
   if (threadIdx.x == 0) t.scale_inv[(r0 / kTile) * tiles_per_row + c0 / kTile] = sc.inv;
   uint8_t* q = static_cast<uint8_t*>(t.q);
+  uint8_t col_codes[kSide][kSide];  // [j][r]: the transposed block's codes
 #pragma unroll
   for (int r = 0; r < kSide; ++r) {
     const int64_t row = r0 + kSide * tr + r;
+    const Packed<TP> stored = stash[(kSide * tr + r) * 16 + tc];
+    const auto v = [&](int j) { return unpack<TP>(stored, j); };
+    const uint2 codes = make_uint2(quant::encode4<F>(v(0), v(1), v(2), v(3), sc.mult),
+                                   quant::encode4<F>(v(4), v(5), v(6), v(7), sc.mult));
+#pragma unroll
+    for (int j = 0; j < kSide; ++j) col_codes[j][r] = static_cast<uint8_t>((j < 4 ? codes.x : codes.y) >> (8 * (j % 4)));
     if (row >= t.rows) continue;
     const int64_t at = row * t.cols + col;
-    const auto v = [&](int j) { return unpack<TP>(stored[r], j); };
     if (full_cols) {
-      const uint2 codes = make_uint2(quant::encode4<F>(v(0), v(1), v(2), v(3), sc.mult),
-                                     quant::encode4<F>(v(4), v(5), v(6), v(7), sc.mult));
       *reinterpret_cast<uint2*>(q + at) = codes;  // 8-byte aligned: cols % 8 == 0 (vec)
     } else {
-      for (int j = 0; j < kSide && col + j < t.cols; ++j) q[at + j] = F::encode(v(j) * sc.mult);
+      for (int j = 0; j < kSide && col + j < t.cols; ++j) q[at + j] = col_codes[j][r];
+    }
+  }
+  if (t.qt == nullptr) return;  // uniform over the CTA
+  // Column c of the tile is row c of the transposed tile; its chunk of rows 8 tr.. goes to slot
+  // tr ^ tc (tc = c / 8), so a half warp's stores hit 16 different banks.
+#pragma unroll
+  for (int j = 0; j < kSide; ++j) {
+    uint2 w;
+    w.x = col_codes[j][0] | (col_codes[j][1] << 8) | (col_codes[j][2] << 16) | (uint32_t{col_codes[j][3]} << 24);
+    w.y = col_codes[j][4] | (col_codes[j][5] << 8) | (col_codes[j][6] << 16) | (uint32_t{col_codes[j][7]} << 24);
+    codes_t[(kSide * tc + j) * 16 + (tr ^ tc)] = w;
+  }
+  __syncthreads();
+  // qt: matrix m = r0 / matrix_rows (a tile never spans two), [cols, matrix_rows] each.
+  const int64_t mrows = t.matrix_rows, m = r0 / mrows, n0 = r0 % mrows;
+  uint8_t* qt = static_cast<uint8_t*>(t.qt) + m * mrows * t.cols;
+  const bool vec_t = mrows % 8 == 0 && (reinterpret_cast<uintptr_t>(t.qt) % 8) == 0;
+  for (int i = threadIdx.x; i < kTile * 16; i += kThreads) {
+    const int c = i / 16, chunk = i % 16;  // transposed row c (a column of the tile), rows 8 chunk..
+    const int64_t k = c0 + c, n = n0 + kSide * chunk;
+    if (k >= t.cols || n >= mrows) continue;
+    const uint2 w = codes_t[c * 16 + (chunk ^ (c / kSide))];
+    uint8_t* dst = qt + k * mrows + n;
+    if (vec_t && n + kSide <= mrows) {
+      *reinterpret_cast<uint2*>(dst) = w;
+    } else {
+      for (int e = 0; e < kSide && n + e < mrows; ++e) dst[e] = static_cast<uint8_t>((e < 4 ? w.x : w.y) >> (8 * (e % 4)));
     }
   }
 }
 
 struct AdamW {
+  template <class TP, class TS, class F>
+  static void launch_fp8(const PtAdamWParams& p, unsigned grid, cudaStream_t stream) {
+    constexpr int bytes = fp8_tile_smem_bytes<TP>();
+    opt_in_smem(adamw_fp8_blocks_kernel<TP, TS, F>, bytes);  // above 48 KiB for float32 params
+    adamw_fp8_blocks_kernel<TP, TS, F><<<grid, kThreads, bytes, stream>>>(p);
+  }
+
   template <class TP, class TS>
   static void launch(const PtAdamWParams& p, cudaStream_t stream) {
     const unsigned grid = static_cast<unsigned>(p.blocks);
     if (p.fp8_dtype == 3) {  // PT_FLOAT8_E4M3
-      adamw_fp8_blocks_kernel<TP, TS, quant::E4M3><<<grid, kThreads, 0, stream>>>(p);
+      launch_fp8<TP, TS, quant::E4M3>(p, grid, stream);
     } else if (p.fp8_dtype == 4) {  // PT_FLOAT8_E5M2
-      adamw_fp8_blocks_kernel<TP, TS, quant::E5M2><<<grid, kThreads, 0, stream>>>(p);
+      launch_fp8<TP, TS, quant::E5M2>(p, grid, stream);
     } else {
       adamw_kernel<TP, TS><<<grid, kThreads, 0, stream>>>(p);
     }

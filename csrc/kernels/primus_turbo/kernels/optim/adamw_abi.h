@@ -31,6 +31,11 @@ typedef struct PtAdamWTensor {
   void* q;
   float* scale_inv;
   int64_t rows, cols;
+  // Optional: each matrix's transposed copy, the param seen as [rows / matrix_rows, matrix_rows,
+  // cols] and qt [rows / matrix_rows, cols, matrix_rows] (the same block scales serve it), for a
+  // backward GEMM that reduces over the rows. matrix_rows: rows, or a multiple of 128.
+  void* qt;
+  int64_t matrix_rows;
 } PtAdamWTensor;
 
 // AdamW (decoupled weight decay) as torch.optim.AdamW computes it, in float32, one rounding to
