@@ -93,7 +93,11 @@ def fp8_granularity(variant: str) -> str | None:
     return variant.split("_fp8_")[1].split("_")[0] if "_fp8_" in variant else None
 
 
-def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dtype, weight_cache: bool = False):
+def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dtype, weight_cache=None):
+    """weight_cache: None, "all" (every FP8 layer keeps its quantized weight for the step) or
+    "experts" (the MoE expert stacks only; the other Linear layers quantize per call on the native
+    path: a Float8Linear with a cached weight takes the Python-composed quantized-operand path, about
+    1.3 ms of host time a call)."""
     import primus_turbo.pytorch as turbo
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 
@@ -117,8 +121,8 @@ def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dty
                                     block_size=128 if gran == ScalingGranularity.BLOCKWISE else None)
         # The router stays in bf16 (a tiny GEMM whose rounding would move tokens between experts).
         turbo.convert_model(model, fp8_config=fp8, module_filter_fn=lambda mod, fqn: not fqn.endswith("router"))
-        cache = weight_cache and fp8 is not None
-        if cache:  # FP8 weights quantized once per optimizer step, reused by every micro-batch
+        cache = bool(weight_cache) and fp8 is not None
+        if cache and weight_cache == "all":  # FP8 weights quantized once per optimizer step, reused by every micro-batch
             for mod in model.modules():
                 if isinstance(mod, turbo.modules.Float8Linear):
                     mod._init_weight_cache(True)
@@ -211,8 +215,9 @@ def main() -> int:
     p.add_argument("--top-kernels", type=int, default=0, help="print each variant's N most expensive kernels")
     p.add_argument("--microbatches", type=int, default=1,
                    help="forward+backward passes per optimizer step (gradient accumulation); step_ms is per step")
-    p.add_argument("--fp8-weight-cache", action="store_true",
-                   help="the FP8 variants keep their layers' quantized weights for the step (cache_quantized_weight)")
+    p.add_argument("--fp8-weight-cache", nargs="?", const="all", default=None, choices=("all", "experts"),
+                   help="the FP8 variants keep their layers' quantized weights for the step (cache_quantized_weight): "
+                   "every FP8 layer (all, the default when given) or the MoE expert stacks only (experts)")
     p.add_argument("--optimizer", choices=("torch", "turbo"), default="torch",
                    help="the turbo variants' optimizer: torch.optim.AdamW (as every variant, the default) or "
                    "turbo.optim.FusedAdamW (with --fp8-weight-cache it also makes the TENSORWISE layers' FP8 "
@@ -374,10 +379,10 @@ def main() -> int:
                "gpu_busy_ms", "gpu_busy_share", "shared_kernel_ratio", "sm_clock_mhz", "power_w"] + list(dict.fromkeys(f"{n}_ms" for n, _ in FAMILIES)) + [
                "other_ms", "out_snr_db", "route_agreement", "out_snr_same_routes_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
     # Accumulation and weight-cache runs are variants of the configuration, kept apart from it.
-    config_tag = ((f"_mb{args.microbatches}" if args.microbatches > 1 else "") + ("_wcache" if args.fp8_weight_cache else "")
+    config_tag = ((f"_mb{args.microbatches}" if args.microbatches > 1 else "") + ({"all": "_wcache", "experts": "_wcache_experts"}.get(args.fp8_weight_cache, ""))
                   + ("_fusedopt" if args.optimizer == "turbo" else ""))
     tag = config_tag + (f"_{args.tag}" if args.tag else "")
-    rows = [{**r, "microbatches": args.microbatches, "fp8_weight_cache": args.fp8_weight_cache,
+    rows = [{**r, "microbatches": args.microbatches, "fp8_weight_cache": args.fp8_weight_cache or False,
              "optimizer": "FusedAdamW" if args.optimizer == "turbo" and r["variant"].startswith("turbo") else "AdamW"}
             for r in rows]
     columns[columns.index("step_ms"):columns.index("step_ms")] = ["microbatches", "fp8_weight_cache", "optimizer"]
