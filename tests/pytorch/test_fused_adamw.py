@@ -64,18 +64,25 @@ def test_each_step_matches_float64_update(dtype, state_fp32):
             assert int(st["step"].item()) == step
 
 
-@pytest.mark.gpu
-def test_float32_matches_torch_adamw_over_steps():
-    torch.manual_seed(1)
-    ours = [torch.randn(s, device="cuda", requires_grad=True) for s in SIZES]
+def _steps_beside_torch(ours, steps: int):
+    """(FusedAdamW, torch.optim.AdamW, torch's params): both stepped ``steps`` times on copies of
+    ``ours`` with the same random gradients."""
     ref = [p.detach().clone().requires_grad_() for p in ours]
     o1, o2 = turbo.optim.FusedAdamW(ours, **HYPER), torch.optim.AdamW(ref, **HYPER)
-    for _ in range(6):
+    for _ in range(steps):
         for a, b in zip(ours, ref):
             g = torch.randn_like(a)
             a.grad, b.grad = g.clone(), g.clone()
         o1.step()
         o2.step()
+    return o1, o2, ref
+
+
+@pytest.mark.gpu
+def test_float32_matches_torch_adamw_over_steps():
+    torch.manual_seed(1)
+    ours = [torch.randn(s, device="cuda", requires_grad=True) for s in SIZES]
+    o1, o2, ref = _steps_beside_torch(ours, 6)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(o1.state[a]["exp_avg_sq"], o2.state[b]["exp_avg_sq"], rtol=1e-5, atol=1e-9)
@@ -230,14 +237,7 @@ def test_amax_output_and_fake_call():
 def test_cpu_params_match_torch_adamw_and_share_state_dicts():
     torch.manual_seed(4)
     ours = [torch.randn(s, requires_grad=True) for s in [(5, 3), (17,)]]
-    ref = [p.detach().clone().requires_grad_() for p in ours]
-    o1, o2 = turbo.optim.FusedAdamW(ours, **HYPER), torch.optim.AdamW(ref, **HYPER)
-    for _ in range(3):
-        for a, b in zip(ours, ref):
-            g = torch.randn_like(a)
-            a.grad, b.grad = g.clone(), g.clone()
-        o1.step()
-        o2.step()
+    o1, o2, ref = _steps_beside_torch(ours, 3)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     o3 = turbo.optim.FusedAdamW(ref, **HYPER)

@@ -79,7 +79,16 @@ PtAdamWParams make_params(const pt_adamw_config& c, int32_t param_dtype, int32_t
   return p;
 }
 
-// Checks the call's common arguments and every param's four tensors; returns the moments' dtype.
+// Checks the count and the hyper-parameters; false when there is nothing to update.
+bool check_config(int32_t count, const pt_adamw_config* config) {
+  PT_CHECK_ARG(count >= 0, kOp, ": 'count' must be >= 0, got ", count);
+  PT_CHECK_ARG(config != nullptr, kOp, ": 'config' is required");
+  check_hyper(*config);
+  return count > 0;
+}
+
+// Checks the call's common arguments (count > 0) and every param's four tensors; returns the
+// moments' dtype.
 int32_t check_call(const pt_tensor* params, const pt_tensor* grads, const pt_tensor* exp_avgs,
                    const pt_tensor* exp_avg_sqs, int32_t count) {
   PT_CHECK_ARG(params && grads && exp_avgs && exp_avg_sqs, kOp,
@@ -134,10 +143,7 @@ pt_status pt_adamw_step(const pt_tensor* params, const pt_tensor* grads, const p
                         const pt_tensor* exp_avg_sqs, int32_t count, const pt_adamw_config* config, float* amax,
                         void* stream) {
   return api_guard([&] {
-    PT_CHECK_ARG(count >= 0, kOp, ": 'count' must be >= 0, got ", count);
-    PT_CHECK_ARG(config != nullptr, kOp, ": 'config' is required");
-    check_hyper(*config);
-    if (count == 0) return;
+    if (!check_config(count, config)) return;  // nothing to update
     const int32_t state_dtype = check_call(params, grads, exp_avgs, exp_avg_sqs, count);
     bind_device_context(current_device());
     auto s = static_cast<cudaStream_t>(stream);
@@ -161,10 +167,7 @@ pt_status pt_adamw_step_fp8_blocks(const pt_tensor* params, const pt_tensor* gra
                                    const pt_tensor* exp_avg_sqs, int32_t count, const pt_adamw_config* config,
                                    pt_tensor* qdata, pt_tensor* scale_inv, pt_tensor* qdata_t, void* stream) {
   return api_guard([&] {
-    PT_CHECK_ARG(count >= 0, kOp, ": 'count' must be >= 0, got ", count);
-    PT_CHECK_ARG(config != nullptr, kOp, ": 'config' is required");
-    check_hyper(*config);
-    if (count == 0) return;
+    if (!check_config(count, config)) return;  // nothing to update
     const int32_t state_dtype = check_call(params, grads, exp_avgs, exp_avg_sqs, count);
     PT_CHECK_ARG(qdata && scale_inv, kOp, ": qdata and scale_inv are required");
     const int32_t fp8 = qdata[0].dtype;
