@@ -110,6 +110,22 @@ def test_many_tensors_and_misaligned_views_and_params_without_grad():
 
 
 @pytest.mark.gpu
+def test_strided_params_take_torch_ops():
+    """A parameter that is a strided view (not contiguous) is updated by the same arithmetic in
+    torch ops, in place."""
+    torch.manual_seed(7)
+    base = torch.randn(64, 48, device="cuda")
+    p = torch.nn.Parameter(base.t())  # [48, 64], strided
+    ref = p.detach().clone().double()
+    opt = turbo.optim.FusedAdamW([p], **HYPER)
+    p.grad = torch.randn(48, 64, device="cuda")
+    opt.step()
+    want = _expected64(ref, p.grad.double(), torch.zeros_like(ref), torch.zeros_like(ref), 1, **HYPER)[0]
+    _close("param", p.detach(), want, torch.float32)
+    assert not p.is_contiguous()
+
+
+@pytest.mark.gpu
 def test_tensorwise_fp8_weight_copy_comes_from_the_step():
     """A TENSORWISE Float8Linear with the weight cache: the step's max |weight| quantizes the new
     weight (no amax pass), bitwise the quantizer's own copy, kept through the step's hook and used

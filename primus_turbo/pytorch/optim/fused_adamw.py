@@ -89,8 +89,8 @@ class FusedAdamW(torch.optim.Optimizer):
 
     Parameters of any float dtype (float32, float16, bfloat16; the gradient in the parameter's
     dtype), the moments in the parameter's dtype as torch keeps them (or float32 when loaded so).
-    CUDA parameters take the fused kernel; others the same arithmetic in torch ops. Sparse
-    gradients raise.
+    Contiguous CUDA parameters take the fused kernel; others (CPU, strided views) the same
+    arithmetic in torch ops. Sparse gradients raise.
     """
 
     def __init__(
@@ -176,18 +176,20 @@ class FusedAdamW(torch.optim.Optimizer):
                 step = int(state["step"].item())  # a CPU tensor: no device sync
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 layer, kind = fp8_layers.get(id(p), (None, None))
-                if p.device.type != "cuda":
+                # The kernel updates contiguous tensors in place; anything else takes torch ops.
+                native_ok = p.is_cuda and p.is_contiguous() and m.is_contiguous() and v.is_contiguous()
+                if not native_ok:
                     kind = None
                 # Block-quantized weights take their own launches (one FP8 format each).
                 fmt = layer._fp8_dtype() if kind == "blocks" else None
-                key = (p.device, p.dtype, m.dtype, step, fmt)
+                key = (p.device if native_ok else None, p.dtype, m.dtype, step, fmt)
                 lists = batches.setdefault(key, [[], [], [], [], []])
                 for lst, t in zip(lists, (p, g, m, v, (layer, kind))):
                     lst.append(t)
             beta1, beta2 = group["betas"]
             hyper = tuple(map(float, (group["lr"], beta1, beta2, group["eps"], group["weight_decay"])))
             for (device, _, _, step, fmt), (ps, gs, ms, vs, layers) in batches.items():
-                if device.type != "cuda":
+                if device is None:  # CPU, or not contiguous
                     for p, g, m, v in zip(ps, gs, ms, vs):
                         adamw_reference(p, g, m, v, step, *hyper)
                     continue
