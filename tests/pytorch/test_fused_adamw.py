@@ -233,9 +233,14 @@ def test_blockwise_fp8_layers_take_their_copy_from_the_step():
         plain_lin.weight.copy_(lin.weight)
         plain_grp.weight.copy_(grp.weight)
     assert torch.equal(y_lin, plain_lin(x)) and torch.equal(y_grp, plain_grp(x, lens))
-    dx = torch.autograd.grad(grp(x, lens).float().sum(), x)[0]  # the dgrad reads the step's transposed copy
-    x2 = x.detach().clone().requires_grad_()
-    assert torch.equal(dx, torch.autograd.grad(plain_grp(x2, lens).float().sum(), x2)[0])
+    # The dgrads read the step's transposed copies (memoized with the cache's pair).
+    memo_lin = lin._weight_cache[2].memoized(("fp8_matrix", 0), lambda: None)
+    assert memo_lin is not None and torch.equal(memo_lin[0].view(torch.uint8),
+                                                lin._weight_cache[1].qdata.view(torch.uint8).t())
+    for layer, plain, extra in ((grp, plain_grp, (lens,)), (lin, plain_lin, ())):
+        dx = torch.autograd.grad(layer(x, *extra).float().sum(), x)[0]
+        x2 = x.detach().clone().requires_grad_()
+        assert torch.equal(dx, torch.autograd.grad(plain(x2, *extra).float().sum(), x2)[0])
 
 
 @pytest.mark.gpu

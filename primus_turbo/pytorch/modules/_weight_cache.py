@@ -137,17 +137,24 @@ class QuantizedWeightCache:
         """Takes the just-updated weight's FP8 copy in 128 x 128 blocks, written by the optimizer
         from its update (``qdata`` the weight's shape, ``scale_inv`` ``[ceil(rows/128),
         ceil(cols/128)]`` of the weight seen as ``[rows, cols]``), as the cache's copy; the
-        optimizer step's hook keeps it. ``qdata_t`` (a ``[G, N, K]`` weight's ``[G, K, N]``, N a
-        multiple of 128): each expert's transposed copy, kept as the grouped dgrad's operand so no
-        transpose of the FP8 weight runs in the step."""
+        optimizer step's hook keeps it. ``qdata_t``: the transposed copy (a ``[G, N, K]`` weight's
+        ``[G, K, N]`` per expert, N a multiple of 128; an ``[N, K]`` weight's ``[K, N]``), kept as
+        the dgrad's operand so no transpose of the FP8 weight runs in the step."""
         self._quantize_weight(quantized=(qdata, scale_inv))
         self._weight_cache_fresh = True
-        if qdata_t is not None and qdata_t.numel():
+        if qdata_t is None or not qdata_t.numel():
+            return
+        # The dgrad reads the pair's copy along N through these memos (_quantized_operands:
+        # grouped_weight, fp8_matrix), which would otherwise transpose the FP8 data.
+        data_t = self._weight_cache[2]
+        if self.weight.dim() == 3:
             g, n, k = self.weight.shape
             s_t = scale_inv.float().reshape(g, n // 128, -(-k // 128)).transpose(1, 2).contiguous()
-            # The grouped dgrad reads the pair's copy along N (k_dim 1) through this memo
-            # (_quantized_operands.grouped_weight), which would otherwise transpose the data.
-            self._weight_cache[2].memoized(("grouped_weight", 1), lambda: (qdata_t, s_t, 128))
+            data_t.memoized(("grouped_weight", 1), lambda: (qdata_t, s_t, 128))
+        else:
+            from primus_turbo.pytorch.ops._quantized_operands import BLOCK_128x128
+
+            data_t.memoized(("fp8_matrix", 0), lambda: (qdata_t, scale_inv.t().contiguous().float(), BLOCK_128x128))
 
     def _cached_weight(self) -> QuantizedTensorPair:
         w = self.weight

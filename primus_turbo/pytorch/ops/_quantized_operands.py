@@ -101,11 +101,16 @@ def _restated_mx(q: torch.Tensor, s: torch.Tensor, two_d: bool, rows: int):
 def fp8_matrix(op: str, name: str, x: QuantizedTensor, reduce_dim: int):
     """``(q, scale_inv, scaling code)`` of a 2-D FP8 QuantizedTensor as a GEMM operand whose
     reduction runs over ``reduce_dim`` (0 or 1) of x, or None when x is quantized along the other
-    dim (the caller re-quantizes or refuses)."""
+    dim (the caller re-quantizes or refuses). Kept with x (``QuantizedTensor.memoized``): a weight
+    quantized once a step is transposed for its dgrad once, not per call."""
     if _is_fp4(x.real_dtype) or x.qdata.dim() != 2:
         raise TypeError(f"{op}: argument '{name}' must be a 2-D FP8 QuantizedTensor, got {x!r}")
     if x.is_grouped_tensor and x.granularity in (ScalingGranularity.BLOCKWISE, ScalingGranularity.MX_BLOCKWISE):
         raise ValueError(f"{op}: argument '{name}' is a grouped (padded) QuantizedTensor; pass it to grouped_gemm_fp8")
+    return x.memoized(("fp8_matrix", reduce_dim), lambda: _fp8_matrix(op, name, x, reduce_dim))
+
+
+def _fp8_matrix(op: str, name: str, x: QuantizedTensor, reduce_dim: int):
     g, two_d = x.granularity, _two_d(x.granularity, x.scaling_recipe)
     any_axis = g == ScalingGranularity.TENSORWISE or two_d
     if not any_axis and x.quantized_axis != reduce_dim:

@@ -11,8 +11,8 @@ FP8 layers: a :class:`~primus_turbo.pytorch.modules.Float8Linear` or
 :class:`~primus_turbo.pytorch.modules.GroupedLinear` built with ``cache_quantized_weight=True``
 gets its weight's FP8 copy from the step itself, and reuses it until the next step:
 - BLOCKWISE (128 x 128 weight blocks): the update writes the copy from the values it holds (one
-  scale per tile of the pass), bit for bit the quantizer's, so the weight is not read again; for an
-  expert stack (GroupedLinear) also each expert's transposed copy, which the grouped dgrad reads;
+  scale per tile of the pass), bit for bit the quantizer's, so the weight is not read again, and
+  its transposed copy (each expert's for a GroupedLinear stack), which the dgrad reads;
 - TENSORWISE: the update reports max |weight| as it stores the weight, and the quantization takes
   that maximum instead of an amax pass over the weight.
 Other granularities keep quantizing the weight at its first use in the step.
@@ -70,10 +70,11 @@ def _block_scale_shape(p: torch.Tensor) -> tuple:
 
 
 def _transposed_target(p: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
-    """Where the step writes an expert weight stack's transposed FP8 copy (``[G, N, K]`` ->
-    ``[G, K, N]``, N a multiple of 128: the grouped dgrad's operand), else an empty tensor (none)."""
-    if p.dim() == 3 and p.shape[1] % 128 == 0:
-        return p.new_empty((p.shape[0], p.shape[2], p.shape[1]), dtype=fmt)
+    """Where the step writes a weight's transposed FP8 copy, the dgrad's operand: ``[N, K]`` ->
+    ``[K, N]``, or per expert ``[G, N, K]`` -> ``[G, K, N]`` (N a multiple of 128); else an empty
+    tensor (none)."""
+    if p.dim() == 2 or (p.dim() == 3 and p.shape[1] % 128 == 0):
+        return p.new_empty((*p.shape[:-2], p.shape[-1], p.shape[-2]), dtype=fmt)
     return p.new_empty((0,), dtype=fmt)
 
 
