@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(kThreads) adamw_fp8_blocks_kernel(const __grid
   const quant::Scale sc = quant::make_scale<F>(amax, false);
   if (threadIdx.x == 0) t.scale_inv[(r0 / kTile) * tiles_per_row + c0 / kTile] = sc.inv;
   uint8_t* q = static_cast<uint8_t*>(t.q);
-  uint8_t col_codes[kSide][kSide];  // [j][r]: the transposed block's codes
+  uint2 col_codes[kSide] = {};  // column j's codes of the thread's 8 rows, row r in byte r
 #pragma unroll
   for (int r = 0; r < kSide; ++r) {
     const int64_t row = r0 + kSide * tr + r;
@@ -268,25 +268,25 @@ __global__ void __launch_bounds__(kThreads) adamw_fp8_blocks_kernel(const __grid
     const uint2 codes = make_uint2(quant::encode4<F>(v(0), v(1), v(2), v(3), sc.mult),
                                    quant::encode4<F>(v(4), v(5), v(6), v(7), sc.mult));
 #pragma unroll
-    for (int j = 0; j < kSide; ++j) col_codes[j][r] = static_cast<uint8_t>((j < 4 ? codes.x : codes.y) >> (8 * (j % 4)));
+    for (int j = 0; j < kSide; ++j) {
+      const uint32_t byte = ((j < 4 ? codes.x : codes.y) >> (8 * (j % 4))) & 0xffu;
+      (r < 4 ? col_codes[j].x : col_codes[j].y) |= byte << (8 * (r % 4));
+    }
     if (row >= t.rows) continue;
     const int64_t at = row * t.cols + col;
     if (full_cols) {
       *reinterpret_cast<uint2*>(q + at) = codes;  // 8-byte aligned: cols % 8 == 0 (vec)
     } else {
-      for (int j = 0; j < kSide && col + j < t.cols; ++j) q[at + j] = col_codes[j][r];
+      for (int j = 0; j < kSide && col + j < t.cols; ++j) {
+        q[at + j] = static_cast<uint8_t>((j < 4 ? codes.x : codes.y) >> (8 * (j % 4)));
+      }
     }
   }
   if (t.qt == nullptr) return;  // uniform over the CTA
   // Column c of the tile is row c of the transposed tile; its chunk of rows 8 tr.. goes to slot
   // tr ^ tc (tc = c / 8), so a half warp's stores hit 16 different banks.
 #pragma unroll
-  for (int j = 0; j < kSide; ++j) {
-    uint2 w;
-    w.x = col_codes[j][0] | (col_codes[j][1] << 8) | (col_codes[j][2] << 16) | (uint32_t{col_codes[j][3]} << 24);
-    w.y = col_codes[j][4] | (col_codes[j][5] << 8) | (col_codes[j][6] << 16) | (uint32_t{col_codes[j][7]} << 24);
-    codes_t[(kSide * tc + j) * 16 + (tr ^ tc)] = w;
-  }
+  for (int j = 0; j < kSide; ++j) codes_t[(kSide * tc + j) * 16 + (tr ^ tc)] = col_codes[j];
   __syncthreads();
   // qt: matrix m = r0 / matrix_rows (a tile never spans two), [cols, matrix_rows] each.
   const int64_t mrows = t.matrix_rows, m = r0 / mrows, n0 = r0 % mrows;
