@@ -8,10 +8,11 @@
 // the FP8 layers' tensorwise weight quantization takes it instead of reading the weight again.
 //
 // With an FP8 dtype (adamw_fp8_blocks_kernel), a CTA updates one 128 x 128 tile of the param seen
-// as [rows, cols], each thread an 8 x 8 block held in registers, and writes the tile's FP8 copy
-// with one scale for the tile: the quantizer's 2-D blocks (quantize_tile_regs.cuh), the same
-// arithmetic on the same stored values, so the copy is bit for bit the one quantizing the updated
-// weight would give, without reading it again.
+// as [rows, cols], each thread an 8 x 8 block, keeps the stored tile in shared memory until the
+// tile's amax is known, and writes the tile's FP8 copy with one scale for the tile (and, when asked,
+// its transposed copy): the quantizer's 2-D blocks (quantize_tile_regs.cuh), the same arithmetic on
+// the same stored values, so the copy is bit for bit the one quantizing the updated weight would
+// give, without reading it again.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "primus_turbo/kernels/common/convert.cuh"
 #include "primus_turbo/kernels/common/smem_opt_in.cuh"
 #include "primus_turbo/kernels/common/warp.cuh"
 #include "primus_turbo/kernels/jit_export.cuh"
@@ -32,24 +34,6 @@ namespace primus_turbo::kernels::optim {
 constexpr int kThreads = 256;
 constexpr int kItems = PT_ADAMW_BLOCK_ELEMS / kThreads;  // elements a thread updates
 static_assert(kItems == 8, "a thread's elements are one 16-byte access of a 16-bit dtype");
-
-template <class T>
-__device__ __forceinline__ float to_float(T v);
-template <>
-__device__ __forceinline__ float to_float(float v) { return v; }
-template <>
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-template <>
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <class T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 
 // kItems consecutive values at element i of p (16-byte aligned there) in 16-byte accesses.
 template <class T>
