@@ -1,10 +1,14 @@
 // primus_turbo::dequantize: FP8 / FP4 back to a 16- or 32-bit float, one native call (argument
-// checks, the output allocation and the launch). primus_turbo::quantize_fp8_with_amax: TENSORWISE
-// FP8 with the amax reduced beforehand by the op that wrote x (e.g. the fused optimizer's). The layout routing of turbo.ops.dequantize_fp8 /
+// checks, the output allocation and the launch). The layout routing of turbo.ops.dequantize_fp8 /
 // dequantize_fp4 (axis, leading dims, the padded MX layouts) stays in Python and hands this op a
 // 2-D q with its scales as the quantizer wrote them; the core checks the scales against q.
+// primus_turbo::quantize_fp8_with_amax: TENSORWISE FP8 with the amax reduced beforehand by the op
+// that wrote x (e.g. the fused optimizer's update).
 #include <tuple>
 
+#include <torch/csrc/stable/ops.h>
+
+#include "bindings/torch/fp8_quantize.h"
 #include "bindings/torch/torch_binding.h"
 #include "primus_turbo/quantization.h"
 
@@ -60,17 +64,17 @@ std::tuple<Tensor, Tensor> quantize_fp8_with_amax(Tensor x_in, Tensor amax, Scal
   if (amax.scalar_type() != ScalarType::Float || amax.numel() != 1)
     fail_with(ErrorKind::Value, op, ": argument 'amax' must be one float32 value, got ", dtype_name(amax.scalar_type()),
               " ", shape_string(amax));
+  if (x_in.numel() == 0)
+    fail_with(ErrorKind::Value, op, ": argument 'x' is empty (the Python layer quantizes empty tensors)");
   const Tensor x = as_contiguous(x_in), a = as_contiguous(amax);
-  Tensor q = empty_like(x, out_dtype), s = empty({}, ScalarType::Float, device);
-  if (x.numel() == 0) return {q, s};
-  const pt_tensor px = rows_descriptor(x), pa = to_pt(a);
-  pt_tensor pq = rows_descriptor(q), ps = to_pt(s);
-  const pt_quantize_job job{&px, &pq, &ps, nullptr, nullptr, PT_QUANT_TENSORWISE, 0, 0, 0, &pa};
+  const int64_t cols = x.sizes()[x.dim() - 1];
+  const Tensor rows = torch::stable::view(x, {x.numel() / cols, cols});
+  QuantRequest request{&rows, QuantSpec{out_dtype, PT_QUANT_TENSORWISE}, true, false};
+  request.amax = &a;
   DeviceScope scope(device);
-  const size_t ws_bytes = pt_quantize_jobs_workspace_bytes(&job, 1);
-  const Tensor ws = empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, device);
-  check_status(pt_quantize_jobs(&job, 1, ws_bytes ? ws.data_ptr() : nullptr, ws_bytes, current_stream(device)), op);
-  return {q, s};
+  const auto q = quantize_fp8_jobs({request}, device, current_stream(device), op);
+  const Quantized& row = *q[0].first;
+  return {torch::stable::view(row.q, x.sizes()), row.s};
 }
 
 }  // namespace

@@ -450,6 +450,8 @@ def quantize_fp8_with_amax(x: torch.Tensor, out_dtype: torch.dtype, amax: torch.
     """TENSORWISE :func:`quantize_fp8_unpadded` with max |x| given (float32, one value on x's
     device, reduced by the op that wrote x): ``(q, scale_inv)``, q with x's shape, scale_inv 0-dim;
     the same codes as the quantizer's own amax pass gives when ``amax`` holds max |x|."""
+    if isinstance(x, torch.Tensor) and x.numel() == 0:  # nothing to scale: the empty tensor's own result
+        return quantize_fp8_unpadded(x, out_dtype, ScalingGranularity.TENSORWISE)
     return _native_quantize_with_amax(x, amax, out_dtype)
 
 
