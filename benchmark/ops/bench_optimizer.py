@@ -82,6 +82,7 @@ def _check(params) -> tuple[bool, str]:
 
 def _time(impl: str, params, iters: int) -> float:
     import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.optim.fused_adamw import _block_scale_shape
 
     copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
     for c, p in zip(copies, params):
@@ -109,8 +110,7 @@ def _time(impl: str, params, iters: int) -> float:
         ms_, vs_ = [s["exp_avg"] for s in st], [s["exp_avg_sq"] for s in st]
         gs = [p.grad for p in copies]
         qs = [torch.empty_like(p, dtype=torch.float8_e4m3fn) for p in copies]
-        scales = [torch.empty(-(-(p.numel() // p.shape[-1]) // 128), -(-p.shape[-1] // 128), device="cuda")
-                  for p in copies]
+        scales = [p.new_empty(_block_scale_shape(p), dtype=torch.float32) for p in copies]
 
         # Expert stacks also get each expert's transposed copy (GroupedLinear's dgrad operand).
         qts = [torch.empty(p.shape[0], p.shape[2], p.shape[1], device="cuda", dtype=torch.float8_e4m3fn)

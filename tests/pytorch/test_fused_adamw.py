@@ -220,10 +220,14 @@ def test_blockwise_fp8_layers_take_their_copy_from_the_step():
         got = layer._weight_cache[1]
         assert torch.equal(got.qdata.view(torch.uint8), want.qdata.view(torch.uint8))
         assert torch.equal(got.scale_inv, want.scale_inv) and got.shape == want.shape
-    memo_t = grp._weight_cache[2].memoized(("grouped_weight", 1), lambda: None)
+    # The pairs keep the step's transposed copies (before any forward: the dgrad's restatement
+    # would transpose the data itself otherwise), which the dgrads below read.
+    memo_t = grp._weight_cache[2].memoized(("transposed_qdata",), lambda: None)
     want_t = create_quantized_weight(grp.weight.detach(), torch.float8_e4m3fn, cfg, True)[1]
-    assert memo_t is not None and torch.equal(memo_t[0].view(torch.uint8),
-                                              want_t.qdata.view(torch.uint8).transpose(1, 2))
+    assert memo_t is not None and torch.equal(memo_t.view(torch.uint8), want_t.qdata.view(torch.uint8).transpose(1, 2))
+    memo_lin = lin._weight_cache[2].memoized(("transposed_qdata",), lambda: None)
+    assert memo_lin is not None and torch.equal(memo_lin.view(torch.uint8),
+                                                lin._weight_cache[1].qdata.view(torch.uint8).t())
     cached = lin._weight_cache, grp._weight_cache
     y_lin, y_grp = lin(x), grp(x, lens)
     assert (lin._weight_cache, grp._weight_cache) == cached  # the forwards read the step's copies
@@ -233,10 +237,6 @@ def test_blockwise_fp8_layers_take_their_copy_from_the_step():
         plain_lin.weight.copy_(lin.weight)
         plain_grp.weight.copy_(grp.weight)
     assert torch.equal(y_lin, plain_lin(x)) and torch.equal(y_grp, plain_grp(x, lens))
-    # The dgrads read the step's transposed copies (memoized with the cache's pair).
-    memo_lin = lin._weight_cache[2].memoized(("fp8_matrix", 0), lambda: None)
-    assert memo_lin is not None and torch.equal(memo_lin[0].view(torch.uint8),
-                                                lin._weight_cache[1].qdata.view(torch.uint8).t())
     for layer, plain, extra in ((grp, plain_grp, (lens,)), (lin, plain_lin, ())):
         dx = torch.autograd.grad(layer(x, *extra).float().sum(), x)[0]
         x2 = x.detach().clone().requires_grad_()

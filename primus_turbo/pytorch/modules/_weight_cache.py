@@ -142,19 +142,11 @@ class QuantizedWeightCache:
         the dgrad's operand so no transpose of the FP8 weight runs in the step."""
         self._quantize_weight(quantized=(qdata, scale_inv))
         self._weight_cache_fresh = True
-        if qdata_t is None or not qdata_t.numel():
-            return
-        # The dgrad reads the pair's copy along N through these memos (_quantized_operands:
-        # grouped_weight, fp8_matrix), which would otherwise transpose the FP8 data.
-        data_t = self._weight_cache[2]
-        if self.weight.dim() == 3:
-            g, n, k = self.weight.shape
-            s_t = scale_inv.float().reshape(g, n // 128, -(-k // 128)).transpose(1, 2).contiguous()
-            data_t.memoized(("grouped_weight", 1), lambda: (qdata_t, s_t, 128))
-        else:
-            from primus_turbo.pytorch.ops._quantized_operands import BLOCK_128x128
+        if qdata_t is not None and qdata_t.numel():
+            # The dgrad's restatement of the pair's copy along N reads it instead of transposing.
+            from primus_turbo.pytorch.ops._quantized_operands import keep_transposed_qdata
 
-            data_t.memoized(("fp8_matrix", 0), lambda: (qdata_t, scale_inv.t().contiguous().float(), BLOCK_128x128))
+            keep_transposed_qdata(self._weight_cache[2], qdata_t)
 
     def _cached_weight(self) -> QuantizedTensorPair:
         w = self.weight

@@ -98,6 +98,19 @@ def _restated_mx(q: torch.Tensor, s: torch.Tensor, two_d: bool, rows: int):
     return q, s, BLOCK_1x128
 
 
+def transposed_qdata(x: QuantizedTensor) -> torch.Tensor:
+    """x's FP8 data with its last two dims swapped (per matrix of a stack), made once per
+    QuantizedTensor, or the copy the op that quantized x wrote beside it (``keep_transposed_qdata``)."""
+    return x.memoized(("transposed_qdata",), lambda: transpose_last2(x.qdata))
+
+
+def keep_transposed_qdata(x: QuantizedTensor, q_t: torch.Tensor) -> None:
+    """Records ``q_t`` (x's data with its last two dims swapped, e.g. written by the optimizer
+    step with the copy) as x's transposed data: the restatements below read it instead of
+    transposing."""
+    x.memoized(("transposed_qdata",), lambda: q_t)
+
+
 def fp8_matrix(op: str, name: str, x: QuantizedTensor, reduce_dim: int):
     """``(q, scale_inv, scaling code)`` of a 2-D FP8 QuantizedTensor as a GEMM operand whose
     reduction runs over ``reduce_dim`` (0 or 1) of x, or None when x is quantized along the other
@@ -117,7 +130,7 @@ def _fp8_matrix(op: str, name: str, x: QuantizedTensor, reduce_dim: int):
         return None
     q, s = x.qdata, x.scale_inv
     if reduce_dim == 0:
-        q = transpose_last2(q)
+        q = transposed_qdata(x)
         s = s if s.dim() < 2 else s.t().contiguous()
     rows = q.shape[0]
     if g == ScalingGranularity.TENSORWISE:
@@ -150,7 +163,7 @@ def _grouped_weight(op: str, name: str, x: QuantizedTensor, k_dim: int):
     g, two_d = x.granularity, _two_d(x.granularity, x.scaling_recipe)
     groups, dx, dy = x.qdata.shape
     transpose = k_dim == 1
-    q = transpose_last2(x.qdata) if transpose else x.qdata
+    q = transposed_qdata(x) if transpose else x.qdata
     n, k = q.shape[1], q.shape[2]
     kb = -(-k // 128)
     s = x.scale_inv

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 import torch
 
 from primus_turbo.pytorch.core import library, native
+from primus_turbo.pytorch.ops import quantization as _quant
 
 __all__ = ["FusedAdamW"]
 
@@ -46,6 +47,14 @@ _native_step_fp8_blocks = native.ops.fused_adamw_fp8_blocks_.default
 _UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable")
 
 
+def _refuse_unsupported(options: dict) -> None:
+    """NotImplementedError for an option of torch's AdamW this one does not implement, set True in
+    ``options`` (the constructor's arguments, or a param group loaded from another optimizer)."""
+    for name in _UNSUPPORTED:
+        if options.get(name, False):
+            raise NotImplementedError(f"FusedAdamW: {name}=True is not supported")
+
+
 def adamw_reference(p, g, m, v, step: int, lr, beta1, beta2, eps, weight_decay) -> None:
     """The update in torch ops, float32 arithmetic, in place (CPU tensors, and the tests' reference)."""
     pf, gf, mf, vf = p.float(), g.float(), m.float(), v.float()
@@ -66,7 +75,7 @@ def _block_scale_shape(p: torch.Tensor) -> tuple:
     2-D blocks lay them out."""
     cols = p.shape[-1]
     rows = p.numel() // cols if cols else 0
-    return (-(-rows // 128), -(-cols // 128))
+    return _quant._scale_shape(_quant._BLOCKWISE, 128, rows, cols, True, False, True)
 
 
 def _transposed_target(p: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
@@ -125,9 +134,7 @@ class FusedAdamW(torch.optim.Optimizer):
         if not weight_decay >= 0.0:
             raise ValueError(f"FusedAdamW: invalid weight_decay value {weight_decay}")
         flags = dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable, differentiable=differentiable)
-        for name, value in flags.items():
-            if value:
-                raise NotImplementedError(f"FusedAdamW: {name}=True is not supported")
+        _refuse_unsupported(flags)
         defaults = dict(lr=lr, betas=(float(betas[0]), float(betas[1])), eps=eps, weight_decay=weight_decay,
                         foreach=foreach, fused=fused, **flags)
         super().__init__(params, defaults)
@@ -154,9 +161,7 @@ class FusedAdamW(torch.optim.Optimizer):
                 loss = closure()
         fp8_layers = self._fp8_layers()
         for group in self.param_groups:
-            for name in _UNSUPPORTED:  # a group loaded from another optimizer's state dict
-                if group.get(name, False):
-                    raise NotImplementedError(f"FusedAdamW: {name}=True is not supported")
+            _refuse_unsupported(group)  # a group loaded from another optimizer's state dict
             batches: Dict[tuple, List[list]] = {}
             for p in group["params"]:
                 if p.grad is None:
