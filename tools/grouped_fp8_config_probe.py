@@ -12,6 +12,7 @@ judged here before it reaches the end-to-end step.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import sys
 
@@ -38,15 +39,15 @@ def main(argv=None) -> int:
     from primus_turbo.pytorch.core import autotune
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 
-    names = {}
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import GroupedGemmFp8Problem
 
     def config_name(problem, backend, config):
-        key = (backend, config)
-        if key not in names:
-            buf = __import__("ctypes").create_string_buffer(256)
-            lib.pt_grouped_gemm_fp8_config_name(problem.ref, backend.value, config, buf, 256)
-            names[key] = buf.value.decode()
-        return names[key]
+        """The FP8 kernel's or (the bf16 wgrad) the bf16 grouped kernel's name of a candidate."""
+        fp8 = isinstance(problem, GroupedGemmFp8Problem)
+        name_fn = lib.pt_grouped_gemm_fp8_config_name if fp8 else lib.pt_grouped_gemm_config_name
+        buf = ctypes.create_string_buffer(256)
+        name_fn(problem.ref, backend.value, config, buf, 256)
+        return buf.value.decode()
 
     profile = autotune._profile
 

@@ -256,7 +256,7 @@ def test_problem_key_and_configs():
     assert _key(_core_args(rows=128)).endswith("|sfb128|align16")
     assert _key(_core_args(sms=66)).endswith("|align16|sms66")
     n = lib.pt_grouped_gemm_fp8_num_configs(precompile.BACKEND_CUTLASS)
-    assert 1 <= n <= 4  # each config is a multi-minute compile per dtype pair
+    assert 1 <= n <= 3  # each config is a multi-minute compile per dtype pair
     assert lib.pt_grouped_gemm_fp8_num_configs(1) == -1
     with pytest.raises(ValueError, match="out of range"):
         check(lib.pt_grouped_gemm_fp8_prepare(_E4M3, _E4M3, _BF16, 1, n))

@@ -295,17 +295,15 @@ def test_fp8_fusion_modules_compile_for_sm90a():
                      "gated_gelu_f16_vec_fp8blk128_e5m2")
 # FP8 grouped GEMM (CUTLASS ptr-array, block-scaled): the forward point of BLOCKWISE (1x128 x
 # 128x128, 1x2 cluster) and the HYBRID dgrad point of ROWWISE (E5M2 x E4M3, 1x128 x 1x128, 1x1
-# cluster) and the pingpong schedule's (64x128 tiles) BLOCKWISE point. Codes: pt_dtype; the fourth
-# field is b_scale_rows.
+# cluster). Codes: pt_dtype; the fourth field is b_scale_rows.
 def _grouped_fp8_jobs():
-    return [(_E4M3, _E4M3, _BF16, 128, 0), (_E5M2, _E4M3, _BF16, 1, 1), (_E4M3, _E4M3, _BF16, 128, 2)]
+    return [(_E4M3, _E4M3, _BF16, 128, 0), (_E5M2, _E4M3, _BF16, 1, 1)]
 
 
 def test_cutlass_grouped_gemm_fp8_compiles_for_sm90a_with_fp8_wgmma():
     _prepare_all(_grouped_fp8_jobs(), lambda job: check(lib.pt_grouped_gemm_fp8_prepare(*job)), "grouped_gemm_fp8")
-    _assert_sass_contains("QGMMA", "grouped_gemm_fp8_cutlass_*", min_modules=3, every_module=True)
+    _assert_sass_contains("QGMMA", "grouped_gemm_fp8_cutlass_*", min_modules=2, every_module=True)
     _assert_no_register_spills("grouped_gemm_fp8_cutlass_*_128x128x128_*")
-    _assert_no_register_spills("grouped_gemm_fp8_cutlass_*_64x128x128_*_pp")
 
 
 def test_cutlass_grouped_gemm_fp8_wgrad_compiles_for_sm90a_with_fp8_wgmma():

@@ -22,13 +22,8 @@ namespace {
 
 struct Config {
   int tile_m, tile_n, cluster_m, cluster_n;
-  bool pingpong = false;
   std::string name() const {
-    return str_cat(tile_m, "x", tile_n, "x128_c", cluster_m, "x", cluster_n, pingpong ? "_pp" : "_coop");
-  }
-  const char* schedule() const {
-    return pingpong ? "primus_turbo::kernels::grouped_fp8::Fp8Pingpong"
-                    : "primus_turbo::kernels::grouped_fp8::Fp8Cooperative";
+    return str_cat(tile_m, "x", tile_n, "x128_c", cluster_m, "x", cluster_n, "_coop");
   }
 };
 
@@ -36,13 +31,11 @@ struct Config {
 // The tile's N side is 128 because a 128x128-scaled B needs exactly one scale per tile side. The
 // tile is 128x128: the block-scaled mainloop keeps two accumulators (one K block's and the
 // promoted sum), so a 256-row tile (128x128 per consumer warpgroup) spills registers and runs at
-// half the speed of the bf16 kernel. The pingpong tiles are 64x128, one per consumer warpgroup.
+// half the speed of the bf16 kernel.
 const std::vector<Config>& candidates() {
   static const std::vector<Config> configs = {
       {128, 128, 1, 2},
       {128, 128, 1, 1},
-      {64, 128, 1, 2, true},
-      {64, 128, 1, 1, true},
   };
   return configs;
 }
@@ -243,8 +236,7 @@ jit::ModuleRequest module_request(const KernelKey& k) {
       "using Kernel = primus_turbo::kernels::grouped_fp8::CutlassGroupedGemmFp8Sm90<\n    ",
       cutlass_type(k.a_dtype), ", ", cutlass_type(k.b_dtype), ", ", cutlass_type(k.d_dtype),
       ",\n    ", k.b_scale_rows, ", ", c.tile_m, ", ", c.tile_n, ", ", c.cluster_m, ", ",
-      c.cluster_n, ", ", k.wgrad ? "true" : "false", ", ", c.schedule(),
-      ">;\nPT_JIT_EXPORT_GROUPED_GEMM_FP8(Kernel)\n");
+      c.cluster_n, k.wgrad ? ", true" : "", ">;\nPT_JIT_EXPORT_GROUPED_GEMM_FP8(Kernel)\n");
   return r;
 }
 

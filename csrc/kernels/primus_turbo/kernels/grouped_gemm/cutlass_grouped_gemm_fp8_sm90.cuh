@@ -7,7 +7,7 @@
 // rewrite below and the zeroing of uncovered rows), since each launch costs the host ~5 us. The
 // mainloop is CUTLASS's FP8 block-scaled ptr-array collective: TMA loads, FP8 WGMMA (QGMMA)
 // accumulating one 128-deep K block, promoted into FP32 registers times that block's A and B
-// scales; persistent cooperative or pingpong schedule; D = acc in bf16/fp16/fp32.
+// scales; persistent cooperative schedule; D = acc in bf16/fp16/fp32.
 //
 // Both operands are K-major (what FP8 WGMMA reads): A = a [rows, k], B = b[g] [n, k]. The caller's
 // scales are K-major too: A one per row and K block (1x128) [rows, kb]; B per expert, 1x128
@@ -125,30 +125,13 @@ __global__ void __launch_bounds__(kSetupThreads)
   }
 }
 
-// The two persistent schedules of the block-scaled mainloop. Cooperative: both consumer
-// warpgroups split one tile (64 rows each), then store it together. Pingpong: each consumer
-// warpgroup owns a whole tile (kTileM = 64) and stores it while the other one computes, which
-// hides the epilogue behind the tensor cores when K is short (MoE experts: K = 768..2048, a
-// handful of K blocks per tile); 64-row tiles also waste less of a group whose length is not a
-// multiple of 128.
-struct Fp8Cooperative {
-  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
-struct Fp8Pingpong {
-  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-};
-
 // kWgrad: the reduction split above, both operands' scales 1x128 along the tokens (MN-major, so a
 // group's slice of them is a valid layout whatever its length); kScaleRowsB must be 1.
 template <class ElementA_, class ElementB_, class ElementD_, int kScaleRowsB, int kTileM,
-          int kTileN, int kClusterM, int kClusterN, bool kWgrad = false,
-          class Schedule = Fp8Cooperative>
+          int kTileN, int kClusterM, int kClusterN, bool kWgrad = false>
 struct CutlassGroupedGemmFp8Sm90
     : grouped::GroupedRunner<CutlassGroupedGemmFp8Sm90<ElementA_, ElementB_, ElementD_, kScaleRowsB,
-                                                       kTileM, kTileN, kClusterM, kClusterN, kWgrad,
-                                                       Schedule>,
+                                                       kTileM, kTileN, kClusterM, kClusterN, kWgrad>,
                              PtGroupedGemmFp8Params> {
   static constexpr const char* kName = "FP8 grouped";
   static_assert(!kWgrad || kScaleRowsB == 1, "wgrad takes 1x128 scales on both operands");
@@ -181,7 +164,7 @@ struct CutlassGroupedGemmFp8Sm90
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator,
       void, LayoutD*, kAlignD, ElementD, LayoutD*, kAlignD,
-      typename Schedule::Epilogue>::CollectiveOp;
+      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
@@ -189,7 +172,7 @@ struct CutlassGroupedGemmFp8Sm90
       kAlignAB, ElementAccumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      typename Schedule::Kernel>::CollectiveOp;
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
 
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;

@@ -1,0 +1,324 @@
+"""``turbo.ops.flash_attn_usp_func``: context-parallel attention over a 2-D mesh of ranks, Ulysses
+(all-to-all over heads) times ring (K/V passed around), exact (blocks merged by log-sum-exp).
+
+Each rank holds a shard of the sequence, ``[B, S, H, D]``. The global sequence is the ranks' shards
+in the order (ring rank, Ulysses rank): the shard of the rank at ring position ``r`` and Ulysses
+position ``u`` holds tokens ``[(r * U + u) * S, (r * U + u + 1) * S)``, as a mesh built
+``init_device_mesh(.., (ring, ulysses))`` numbers them.
+
+Forward on each rank:
+  1. Ulysses: one all-to-all over the Ulysses group (q, k and v in one buffer) trades heads for
+     sequence: ``[B, S, H, D]`` -> ``[B, U * S, H / U, D]``, the ring position's chunk of the sequence.
+  2. Ring: R steps. At step j the rank holds the K/V chunk of ring position ``r - j`` and runs the
+     attention kernel (``flash_attn_func``'s native op, our kernels or cuDNN) of its queries against
+     it, while the next chunk is already on its way (NCCL send/receive on their own stream). With
+     ``causal``, chunks from later positions are skipped and the rank's own chunk is causal; earlier
+     ones are seen whole. Partial results are merged in float32 by their log-sum-exp.
+  3. Ulysses again: the output back to ``[B, S, H, Dv]``.
+The backward mirrors it: the output gradient takes the forward's all-to-all, every step runs the
+attention backward of its block against the merged output and log-sum-exp (so each block's share is
+exact), dQ is summed locally in float32, and each chunk's dK/dV sum travels with it around the ring
+and one more hop home; a last all-to-all returns the gradients to the caller's layout.
+
+Contiguous chunks leave causal work unbalanced over the ring (position 0 computes one block, the
+last R); a load-balanced (zigzag) order is not implemented. Sliding windows and sinks are taken when
+the ring has one rank (Ulysses only), where the whole sequence is in one call.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from primus_turbo.pytorch.core import native
+from primus_turbo.pytorch.ops.attention import _bwd_op, _common_args, _fwd_op, backend_code
+
+__all__ = ["flash_attn_usp_func"]
+
+_OP = "flash_attn_usp_func"
+
+
+# ---- the two exchanges --------------------------------------------------------------------------
+
+
+def _group_size(group) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def _all_to_all(send: torch.Tensor, group) -> torch.Tensor:
+    """send ``[n, L]``: row i goes to the group's rank i; returns the rows received, by sender."""
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv
+
+
+def seq_to_heads(tensors, group):
+    """Ulysses' forward exchange of ``[B, S, H_i, D_i]`` shards (one all-to-all for all of them):
+    ``[B, U * S, H_i / U, D_i]``, the Ulysses ranks' shards in rank order, head group ``u`` of each."""
+    u = _group_size(group)
+    if u == 1:
+        return list(tensors)
+    parts = [t.reshape(t.shape[0], t.shape[1], u, t.shape[2] // u, t.shape[3]).permute(2, 0, 1, 3, 4).reshape(u, -1)
+             for t in tensors]
+    recv = _all_to_all(torch.cat(parts, dim=1), group)
+    out, at = [], 0
+    for t in tensors:
+        b, s, h, d = t.shape
+        n = b * s * (h // u) * d
+        out.append(recv[:, at:at + n].reshape(u, b, s, h // u, d).permute(1, 0, 2, 3, 4).reshape(b, u * s, h // u, d))
+        at += n
+    return out
+
+
+def heads_to_seq(tensors, group):
+    """The inverse of :func:`seq_to_heads`: ``[B, U * S, H_i / U, D_i]`` -> ``[B, S, H_i, D_i]``."""
+    u = _group_size(group)
+    if u == 1:
+        return list(tensors)
+    parts = [t.reshape(t.shape[0], u, t.shape[1] // u, t.shape[2], t.shape[3]).permute(1, 0, 2, 3, 4).reshape(u, -1)
+             for t in tensors]
+    recv = _all_to_all(torch.cat(parts, dim=1), group)
+    out, at = [], 0
+    for t in tensors:
+        b, us, hl, d = t.shape
+        s = us // u
+        n = b * s * hl * d
+        out.append(recv[:, at:at + n].reshape(u, b, s, hl, d).permute(1, 2, 0, 3, 4).reshape(b, s, u * hl, d))
+        at += n
+    return out
+
+
+def lse_heads_to_seq(lse: torch.Tensor, group) -> torch.Tensor:
+    """The log-sum-exp ``[B, H / U, U * S]`` of the local heads -> the caller's ``[B, H, S]``."""
+    u = _group_size(group)
+    if u == 1:
+        return lse
+    b, hl, us = lse.shape
+    s = us // u
+    recv = _all_to_all(lse.reshape(b, hl, u, s).permute(2, 0, 1, 3).reshape(u, -1), group)
+    return recv.reshape(u, b, hl, s).permute(1, 0, 2, 3).reshape(b, u * hl, s)
+
+
+class _Ring:
+    """A rank's place in the ring group and the one exchange it does: send a buffer to the next
+    position while receiving the previous position's."""
+
+    def __init__(self, group):
+        self.group, self.size = group, _group_size(group)
+        self.rank = 0 if group is None else dist.get_rank(group)
+        if self.size > 1:
+            self.next = dist.get_global_rank(group, (self.rank + 1) % self.size)
+            self.prev = dist.get_global_rank(group, (self.rank - 1) % self.size)
+
+    def shift(self, buf: torch.Tensor):
+        recv = torch.empty_like(buf)
+        ops = [dist.P2POp(dist.isend, buf, self.next, self.group), dist.P2POp(dist.irecv, recv, self.prev, self.group)]
+        return recv, dist.batch_isend_irecv(ops)
+
+    def visible(self, step: int, causal: bool):
+        """(whether the chunk held at step is seen, the window's right side for it)."""
+        src = (self.rank - step) % self.size
+        if not causal:
+            return True, -1
+        return src <= self.rank, (0 if src == self.rank else -1)
+
+
+def _wait(requests) -> None:
+    for r in requests:
+        r.wait()
+
+
+def _pack(tensors, dtype=None) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) if dtype is None else t.reshape(-1).to(dtype) for t in tensors])
+
+
+def _unpack(buf: torch.Tensor, likes):
+    out, at = [], 0
+    for t in likes:
+        out.append(buf[at:at + t.numel()].view(t.shape))
+        at += t.numel()
+    return out
+
+
+# ---- one block: the single-device kernels (replaced by a float reference in the CPU tests) ------
+
+
+def block_forward(q, k, v, scale, wl, wr, code):
+    """(out, lse [B, H, Sq] float32) of q against one K/V chunk."""
+    return _fwd_op(q, k, v, None, None, None, q.shape[1], k.shape[1], scale, wl, wr, code)
+
+
+def block_backward(dout, q, k, v, out, lse, scale, wl, wr, code, deterministic):
+    """(dq, dk, dv) of one block given the merged out and lse."""
+    dq, dk, dv, _ = _bwd_op(dout, q, k, v, out, lse, None, None, None, q.shape[1], k.shape[1], scale, wl, wr, code,
+                            deterministic)
+    return dq, dk, dv
+
+
+# ---- the ring ----------------------------------------------------------------------------------
+
+
+def _acc_dtype(t: torch.Tensor) -> torch.dtype:
+    """Sums run in float32 (float64 for float64 tensors, which the CPU tests' reference blocks use)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def _merge(acc, lse_acc, out, lse):
+    """Float32 running output and log-sum-exp with one more block's."""
+    if acc is None:
+        return out.to(_acc_dtype(out)), lse.clone()
+    new = torch.logaddexp(lse_acc, lse)
+    keep = torch.exp(lse_acc - new).transpose(1, 2).unsqueeze(-1)  # [B, S, H, 1]
+    add = torch.exp(lse - new).transpose(1, 2).unsqueeze(-1)
+    return acc * keep + out.to(acc.dtype) * add, new
+
+
+def ring_forward(ring: _Ring, q, k, v, scale, causal, window, code):
+    if ring.size == 1:
+        return block_forward(q, k, v, scale, window[0], window[1], code)
+    acc = lse_acc = None
+    kv = _pack((k, v))
+    for step in range(ring.size):
+        last = step + 1 == ring.size
+        if not last:
+            kv_next, pending = ring.shift(kv)
+        seen, wr = ring.visible(step, causal)
+        if seen:
+            kk, vv = _unpack(kv, (k, v))
+            acc, lse_acc = _merge(acc, lse_acc, *block_forward(q, kk, vv, scale, -1, wr, code))
+        if not last:
+            _wait(pending)
+            kv = kv_next
+    return acc.to(q.dtype), lse_acc
+
+
+def ring_backward(ring: _Ring, dout, q, k, v, out, lse, scale, causal, window, code, deterministic):
+    if ring.size == 1:
+        return block_backward(dout, q, k, v, out, lse, scale, window[0], window[1], code, deterministic)
+    acc_dtype = _acc_dtype(q)
+    dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
+    kv = _pack((k, v))
+    dkv_like = (k, v)
+    acc_recv = acc_pending = None
+    for step in range(ring.size):
+        last = step + 1 == ring.size
+        if not last:
+            kv_next, kv_pending = ring.shift(kv)
+        seen, wr = ring.visible(step, causal)
+        share = None
+        if seen:
+            kk, vv = _unpack(kv, (k, v))
+            dq_j, dk_j, dv_j = block_backward(dout, q, kk, vv, out, lse, scale, -1, wr, code, deterministic)
+            dq += dq_j
+            share = _pack((dk_j, dv_j), acc_dtype)
+        # The running dK/dV of the chunk held now: from the previous position (started empty at step 0).
+        if acc_pending is not None:
+            _wait(acc_pending)
+            acc = acc_recv if share is None else acc_recv + share
+        else:
+            acc = share if share is not None else torch.zeros(kv.numel(), dtype=acc_dtype, device=kv.device)
+        acc_recv, acc_pending = ring.shift(acc)  # after the last step: one hop home
+        if not last:
+            _wait(kv_pending)
+            kv = kv_next
+    _wait(acc_pending)
+    dk, dv = (t.to(like.dtype) for t, like in zip(_unpack(acc_recv, dkv_like), dkv_like))
+    return dq.to(q.dtype), dk, dv
+
+
+# ---- autograd and the entry point ----------------------------------------------------------------
+
+
+class UspAttnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, window, deterministic, ulysses_group, ring_group):
+        code = backend_code()
+        ql, kl, vl = seq_to_heads((q, k, v), ulysses_group)
+        ring = _Ring(ring_group)
+        out_l, lse_l = ring_forward(ring, ql, kl, vl, scale, causal, window, code)
+        (out,) = heads_to_seq((out_l,), ulysses_group)
+        ctx.save_for_backward(ql, kl, vl, out_l, lse_l)
+        ctx.args = (scale, causal, window, code, deterministic, ulysses_group, ring)
+        lse = lse_heads_to_seq(lse_l, ulysses_group)
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        if dout is None:
+            return (None,) * 9
+        ql, kl, vl, out_l, lse_l = ctx.saved_tensors
+        scale, causal, window, code, deterministic, ulysses_group, ring = ctx.args
+        (dout_l,) = seq_to_heads((dout.contiguous(),), ulysses_group)
+        dq, dk, dv = ring_backward(ring, dout_l, ql, kl, vl, out_l, lse_l, scale, causal, window, code, deterministic)
+        dq, dk, dv = heads_to_seq((dq, dk, dv), ulysses_group)
+        return dq, dk, dv, *(None,) * 6
+
+
+def _check(q, k, v, ulysses_group, ring_group, window, causal):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{_OP}: argument '{name}' must be a 4-D tensor [B, S, H, D] (this rank's shard)")
+    if k.shape[:2] != q.shape[:2] or v.shape[:3] != k.shape[:3]:
+        raise ValueError(
+            f"{_OP}: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must share B and S (each rank "
+            "holds the same tokens of q, k and v), and k and v their heads"
+        )
+    for name, group in (("ulysses_group", ulysses_group), ("ring_group", ring_group)):
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"{_OP}: argument '{name}' must be a torch.distributed ProcessGroup or None")
+        if group is not None and not dist.is_initialized():
+            raise RuntimeError(f"{_OP}: argument '{name}' given but torch.distributed is not initialized")
+    u = _group_size(ulysses_group)
+    for name, h in (("q", q.shape[2]), ("k", k.shape[2])):
+        if h % u:
+            raise ValueError(f"{_OP}: argument '{name}' has {h} heads, not a multiple of the Ulysses group's {u} ranks")
+    if _group_size(ring_group) > 1 and window != (-1, 0 if causal else -1):
+        raise NotImplementedError(
+            f"{_OP}: argument 'window_size' is not supported with more than one ring rank (use Ulysses alone)"
+        )
+
+
+@native.raises_python_errors
+def flash_attn_usp_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    bias=None,
+    alibi_slopes=None,
+    deterministic=False,
+    return_lse=False,
+    return_attn_probs=False,
+    ulysses_group=None,
+    ring_group=None,
+):
+    """Attention over a sequence sharded across ranks (module docstring): Ulysses over
+    ``ulysses_group`` (all-to-all of heads), ring over ``ring_group`` (K/V passed around), the
+    exact result of :func:`flash_attn_func` on the whole sequence, for this rank's shard.
+
+    Args:
+        q, k, v: this rank's shard ``[B, S, H, D]`` (``[B, S, Hkv, Dv]`` for v), every rank the same
+            shape. ``H`` and ``Hkv`` multiples of the Ulysses group's size. Head dims and dtypes as
+            :func:`flash_attn_func`.
+        causal: causal over the global sequence (shard order in the module docstring).
+        window_size: only with a ring of one rank (NotImplementedError otherwise).
+        deterministic: each block's backward is; the ring sums in a fixed order, so the whole is.
+        return_lse: also the float32 log-sum-exp ``[B, H, S]`` of this rank's queries.
+        ulysses_group, ring_group: process groups (None: one rank on that axis); with both None
+            this is :func:`flash_attn_func`.
+        dropout_p, bias, alibi_slopes, return_attn_probs: not supported, as in
+            :func:`flash_attn_func`.
+
+    Returns ``out`` ``[B, S, H, Dv]`` (or ``(out, lse)``), differentiable in q, k and v.
+    """
+    scale, wl, wr, _ = _common_args(_OP, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes,
+                                    return_attn_probs, None)
+    _check(q, k, v, ulysses_group, ring_group, (wl, wr), bool(causal))
+    out, lse = UspAttnFunction.apply(q, k, v, scale, bool(causal), (wl, wr), bool(deterministic), ulysses_group,
+                                     ring_group)
+    return (out, lse) if return_lse else out

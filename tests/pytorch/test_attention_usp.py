@@ -1,0 +1,179 @@
+"""turbo.ops.flash_attn_usp_func: context-parallel attention over a (ring x Ulysses) mesh.
+
+Every rank's output, log-sum-exp and q/k/v gradients are checked against the float64 attention of
+the whole sequence (computed in every process from the same seed) at the rank's slice of it.
+- On the CPU (CI): gloo process groups, the per-block kernels replaced by a float64 reference, so
+  the exchanges, the ring schedule (causal skips, the dK/dV sums travelling home) and the merge are
+  checked to 1e-9. Meshes 2x2, 4x1 and 1x4; causal and not; GQA.
+- On GPUs (2 or more): NCCL, our kernels, the bf16 gate (40 dB).
+"""
+
+import os
+import socket
+
+import pytest
+import torch
+
+from primus_turbo.pytorch.ops import attention_usp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _visible(sq, sk, wl, wr, device):
+    i = torch.arange(sq, device=device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=device)[None, :]
+    ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if wl >= 0:
+        ok &= j >= i - wl
+    if wr >= 0:
+        ok &= j <= i + wr
+    return ok
+
+
+def _scores(q, k, scale, wl, wr):
+    rep = q.shape[2] // k.shape[2]
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double().repeat_interleave(rep, 2)) * scale
+    return s.masked_fill(~_visible(q.shape[1], k.shape[1], wl, wr, q.device), float("-inf"))
+
+
+def ref_block_forward(q, k, v, scale, wl, wr, code):
+    s = _scores(q, k, scale, wl, wr)
+    lse = torch.logsumexp(s, -1)
+    out = torch.einsum("bhqk,bkhd->bqhd", torch.exp(s - lse[..., None]),
+                       v.double().repeat_interleave(q.shape[2] // k.shape[2], 2))
+    return out.to(q.dtype), lse.to(torch.float32 if q.dtype != torch.float64 else q.dtype)
+
+
+def ref_block_backward(dout, q, k, v, out, lse, scale, wl, wr, code, deterministic):
+    rep = q.shape[2] // k.shape[2]
+    b, sk, hkv, d = k.shape
+    p = torch.exp(_scores(q, k, scale, wl, wr) - lse.double()[..., None])
+    dout, out = dout.double(), out.double()
+    kk, vv = k.double().repeat_interleave(rep, 2), v.double().repeat_interleave(rep, 2)
+    dv = torch.einsum("bhqk,bqhd->bkhd", p, dout)
+    dp = torch.einsum("bqhd,bkhd->bhqk", dout, vv)
+    ds = p * (dp - (dout * out).sum(-1).transpose(1, 2)[..., None])
+    dq = torch.einsum("bhqk,bkhd->bqhd", ds, kk) * scale
+    dk = torch.einsum("bhqk,bqhd->bkhd", ds, q.double()) * scale
+    dk = dk.view(b, sk, hkv, rep, d).sum(3)
+    dv = dv.view(b, sk, hkv, rep, v.shape[-1]).sum(3)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _full_reference(q, k, v, dout, causal, scale):
+    q, k, v = (t.double().detach().requires_grad_() for t in (q, k, v))
+    s = _scores(q, k, scale, -1, 0 if causal else -1)
+    lse = torch.logsumexp(s, -1)
+    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), v.repeat_interleave(q.shape[2] // k.shape[2], 2))
+    out.backward(dout.double())
+    return out.detach(), lse.detach(), q.grad, k.grad, v.grad
+
+
+def _mesh_groups(dist, ring, ulysses, rank):
+    """New groups for a (ring x Ulysses) mesh, global rank = r * ulysses + u; every rank creates
+    every group, in the same order."""
+    mine = {}
+    for r in range(ring):
+        g = dist.new_group([r * ulysses + u for u in range(ulysses)])
+        if rank // ulysses == r:
+            mine["ulysses"] = g
+    for u in range(ulysses):
+        g = dist.new_group([r * ulysses + u for r in range(ring)])
+        if rank % ulysses == u:
+            mine["ring"] = g
+    return mine["ulysses"], mine["ring"]
+
+
+def _run_cases(rank, world, ring, ulysses, device, dtype, cases, check):
+    import torch.distributed as dist
+
+    ug, rg = _mesh_groups(dist, ring, ulysses, rank)
+    for causal, hq, hkv, s_local in cases:
+        gen = torch.Generator().manual_seed(1000 + 10 * hq + hkv + int(causal))
+        b, d, total = 2, 64 if device.type == "cuda" else 8, s_local * world
+        q, k, v, dout = (torch.randn(b, total, h, d, generator=gen) for h in (hq, hkv, hkv, hq))
+        scale = d ** -0.5
+        out_ref, lse_ref, dq_ref, dk_ref, dv_ref = _full_reference(q, k, v, dout, causal, scale)
+        mine = slice(rank * s_local, (rank + 1) * s_local)
+        ql, kl, vl = (t[:, mine].to(device, dtype).requires_grad_() for t in (q, k, v))
+        out, lse = attention_usp.flash_attn_usp_func(ql, kl, vl, causal=causal, return_lse=True,
+                                                     ulysses_group=ug, ring_group=rg)
+        out.backward(dout[:, mine].to(device, dtype))
+        what = f"rank {rank} mesh {ring}x{ulysses} causal={causal} heads {hq}/{hkv}"
+        check(out, out_ref[:, mine], f"out, {what}")
+        check(lse.transpose(1, 2), lse_ref[:, :, mine].transpose(1, 2), f"lse, {what}")
+        for name, got, ref in (("dq", ql.grad, dq_ref), ("dk", kl.grad, dk_ref), ("dv", vl.grad, dv_ref)):
+            check(got, ref[:, mine], f"{name}, {what}")
+
+
+def _cpu_worker(rank, world, port, ring, ulysses):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch.distributed as dist
+
+    attention_usp.block_forward = ref_block_forward  # the exchanges and the ring, not the kernels
+    attention_usp.block_backward = ref_block_backward
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        def check(got, ref, what):
+            torch.testing.assert_close(got.double(), ref.double(), rtol=1e-9, atol=1e-9, msg=what)
+
+        cases = [(False, 8, 8, 6), (True, 8, 4, 5), (True, 16, 4, 3)]
+        _run_cases(rank, world, ring, ulysses, torch.device("cpu"), torch.float64, cases, check)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("ring,ulysses", [(2, 2), (4, 1), (1, 4)])
+def test_usp_exchanges_and_ring_on_cpu(ring, ulysses):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_cpu_worker, args=(ring * ulysses, _free_port(), ring, ulysses), nprocs=ring * ulysses, join=True)
+
+
+def _gpu_worker(rank, world, port, ring, ulysses):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch.distributed as dist
+
+    from turbo_test_utils import snr_db
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    try:
+        def check(got, ref, what):
+            assert snr_db(got.float().cpu(), ref) >= 40.0, what
+
+        cases = [(False, 8, 8, 256), (True, 8, 2, 384), (True, 16, 4, 128)]
+        _run_cases(rank, world, ring, ulysses, torch.device("cuda", rank), torch.bfloat16, cases, check)
+    finally:
+        dist.destroy_process_group()
+
+
+def _gpu_meshes():
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    meshes = [(2, 1), (1, 2)] if n >= 2 else []
+    return meshes + ([(2, 2), (4, 1)] if n >= 4 else [])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_meshes(), reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("ring,ulysses", _gpu_meshes() or [(2, 1)])
+def test_usp_on_gpus(ring, ulysses):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_gpu_worker, args=(ring * ulysses, _free_port(), ring, ulysses), nprocs=ring * ulysses, join=True)
+
+
+def test_bad_arguments_name_what_is_wrong():
+    q = torch.randn(1, 8, 4, 8)
+    with pytest.raises(ValueError, match="'k'"):
+        attention_usp.flash_attn_usp_func(q, torch.randn(8, 4, 8), q)
+    with pytest.raises(ValueError, match="share B and S"):
+        attention_usp.flash_attn_usp_func(q, torch.randn(1, 9, 4, 8), torch.randn(1, 9, 4, 8))
+    with pytest.raises(TypeError, match="ulysses_group"):
+        attention_usp.flash_attn_usp_func(q, q, q, ulysses_group="world")
+    with pytest.raises(NotImplementedError, match="dropout"):
+        attention_usp.flash_attn_usp_func(q, q, q, dropout_p=0.1)
