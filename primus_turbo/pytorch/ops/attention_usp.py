@@ -1,4 +1,4 @@
-"""``turbo.ops.flash_attn_usp_func``: context-parallel attention over a 2-D mesh of ranks, Ulysses
+"""``turbo.ops.flash_attn_usp_func`` / ``flash_attn_fp8_usp_func``: context-parallel attention over a 2-D mesh of ranks, Ulysses
 (all-to-all over heads) times ring (K/V passed around), exact (blocks merged by log-sum-exp).
 
 Each rank holds a shard of the sequence, ``[B, S, H, D]``. The global sequence is the ranks' shards
@@ -15,10 +15,12 @@ Forward on each rank:
      ``causal``, chunks from later positions are skipped and the rank's own chunk is causal; earlier
      ones are seen whole. Partial results are merged in float32 by their log-sum-exp.
   3. Ulysses again: the output back to ``[B, S, H, Dv]``.
-The backward mirrors it: the output gradient takes the forward's all-to-all, every step runs the
-attention backward of its block against the merged output and log-sum-exp (so each block's share is
-exact), dQ is summed locally in float32, and each chunk's dK/dV sum travels with it around the ring
-and one more hop home; a last all-to-all returns the gradients to the caller's layout.
+The backward mirrors it: the Ulysses exchanges are differentiable steps whose backward is the
+inverse exchange, and the ring's backward runs, at every step, the attention backward of its block
+against the merged output and log-sum-exp (so each block's share is exact); dQ is summed locally in
+float32, and each chunk's dK/dV sum travels with it around the ring and one more hop home.
+With a ring of one rank the local call is ``flash_attn_func`` itself (or ``flash_attn_fp8_func``:
+``flash_attn_fp8_usp_func``), with everything it takes.
 
 Contiguous chunks leave causal work unbalanced over the ring (position 0 computes one block, the
 last R); a load-balanced (zigzag) order is not implemented. Sliding windows and sinks are taken when
@@ -31,9 +33,10 @@ import torch
 import torch.distributed as dist
 
 from primus_turbo.pytorch.core import native
-from primus_turbo.pytorch.ops.attention import _bwd_op, _common_args, _fwd_op, backend_code
+from primus_turbo.pytorch.ops.attention import _bwd_op, _common_args, _fwd_op, backend_code, flash_attn_func
+from primus_turbo.pytorch.ops.attention_fp8 import flash_attn_fp8_func
 
-__all__ = ["flash_attn_usp_func"]
+__all__ = ["flash_attn_usp_func", "flash_attn_fp8_usp_func"]
 
 _OP = "flash_attn_usp_func"
 
@@ -140,12 +143,19 @@ def _unpack(buf: torch.Tensor, likes):
     return out
 
 
-# ---- one block: the single-device kernels (replaced by a float reference in the CPU tests) ------
+# ---- the single-device kernels (replaced by a float reference in the CPU tests) -----------------
 
 
 def block_forward(q, k, v, scale, wl, wr, code):
     """(out, lse [B, H, Sq] float32) of q against one K/V chunk."""
     return _fwd_op(q, k, v, None, None, None, q.shape[1], k.shape[1], scale, wl, wr, code)
+
+
+def local_attention(q, k, v, scale, wl, wr, deterministic):
+    """(out, lse) of the whole (Ulysses-gathered) sequence when the ring has one rank: the
+    differentiable flash_attn_func."""
+    return flash_attn_func(q, k, v, softmax_scale=scale, window_size=(wl, wr), deterministic=deterministic,
+                           return_lse=True)
 
 
 def block_backward(dout, q, k, v, out, lse, scale, wl, wr, code, deterministic):
@@ -226,20 +236,51 @@ def ring_backward(ring: _Ring, dout, q, k, v, out, lse, scale, causal, window, c
     return dq.to(q.dtype), dk, dv
 
 
-# ---- autograd and the entry point ----------------------------------------------------------------
+# ---- autograd and the entry points ---------------------------------------------------------------
 
 
-class UspAttnFunction(torch.autograd.Function):
+class _SeqToHeads(torch.autograd.Function):
+    """:func:`seq_to_heads` as a differentiable step: its backward is the inverse exchange."""
+
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, window, deterministic, ulysses_group, ring_group):
+    def forward(ctx, group, *tensors):
+        ctx.group, ctx.likes = group, [(t.shape, t.dtype, t.device) for t in tensors]
+        return tuple(seq_to_heads(tensors, group))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                 for g, (shape, dtype, device) in zip(grads, _local_shapes(ctx))]
+        return None, *heads_to_seq(grads, ctx.group)
+
+
+def _local_shapes(ctx):
+    u = _group_size(ctx.group)
+    return [((b, s * u, h // u, d), dtype, device) for (b, s, h, d), dtype, device in ctx.likes]
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    """:func:`heads_to_seq` of one tensor as a differentiable step."""
+
+    @staticmethod
+    def forward(ctx, group, t):
+        ctx.group = group
+        return heads_to_seq((t,), group)[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, seq_to_heads((grad.contiguous(),), ctx.group)[0]
+
+
+class RingAttnFunction(torch.autograd.Function):
+    """The ring steps over the Ulysses-local tensors ``[B, U * S, H / U, D]``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, deterministic, ring):
         code = backend_code()
-        ql, kl, vl = seq_to_heads((q, k, v), ulysses_group)
-        ring = _Ring(ring_group)
-        out_l, lse_l = ring_forward(ring, ql, kl, vl, scale, causal, window, code)
-        (out,) = heads_to_seq((out_l,), ulysses_group)
-        ctx.save_for_backward(ql, kl, vl, out_l, lse_l)
-        ctx.args = (scale, causal, window, code, deterministic, ulysses_group, ring)
-        lse = lse_heads_to_seq(lse_l, ulysses_group)
+        out, lse = ring_forward(ring, q, k, v, scale, causal, (-1, 0 if causal else -1), code)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (scale, causal, code, deterministic, ring)
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)
         return out, lse
@@ -247,36 +288,46 @@ class UspAttnFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         if dout is None:
-            return (None,) * 9
-        ql, kl, vl, out_l, lse_l = ctx.saved_tensors
-        scale, causal, window, code, deterministic, ulysses_group, ring = ctx.args
-        (dout_l,) = seq_to_heads((dout.contiguous(),), ulysses_group)
-        dq, dk, dv = ring_backward(ring, dout_l, ql, kl, vl, out_l, lse_l, scale, causal, window, code, deterministic)
-        dq, dk, dv = heads_to_seq((dq, dk, dv), ulysses_group)
-        return dq, dk, dv, *(None,) * 6
+            return (None,) * 7
+        q, k, v, out, lse = ctx.saved_tensors
+        scale, causal, code, deterministic, ring = ctx.args
+        window = (-1, 0 if causal else -1)
+        dq, dk, dv = ring_backward(ring, dout.contiguous(), q, k, v, out, lse, scale, causal, window, code,
+                                   deterministic)
+        return dq, dk, dv, *(None,) * 4
 
 
-def _check(q, k, v, ulysses_group, ring_group, window, causal):
+def _usp(attention, q, k, v, return_lse, ulysses_group):
+    """Ulysses around ``attention(q, k, v) -> (out, lse)`` of the local heads."""
+    ql, kl, vl = _SeqToHeads.apply(ulysses_group, q, k, v) if _group_size(ulysses_group) > 1 else (q, k, v)
+    out, lse = attention(ql, kl, vl)
+    if _group_size(ulysses_group) > 1:
+        out = _HeadsToSeq.apply(ulysses_group, out)
+        lse = lse_heads_to_seq(lse.detach(), ulysses_group) if return_lse else None
+    return (out, lse) if return_lse else out
+
+
+def _check(op, q, k, v, ulysses_group, ring_group, window, causal):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{_OP}: argument '{name}' must be a 4-D tensor [B, S, H, D] (this rank's shard)")
+            raise ValueError(f"{op}: argument '{name}' must be a 4-D tensor [B, S, H, D] (this rank's shard)")
     if k.shape[:2] != q.shape[:2] or v.shape[:3] != k.shape[:3]:
         raise ValueError(
-            f"{_OP}: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must share B and S (each rank "
+            f"{op}: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must share B and S (each rank "
             "holds the same tokens of q, k and v), and k and v their heads"
         )
     for name, group in (("ulysses_group", ulysses_group), ("ring_group", ring_group)):
         if group is not None and not isinstance(group, dist.ProcessGroup):
-            raise TypeError(f"{_OP}: argument '{name}' must be a torch.distributed ProcessGroup or None")
+            raise TypeError(f"{op}: argument '{name}' must be a torch.distributed ProcessGroup or None")
         if group is not None and not dist.is_initialized():
-            raise RuntimeError(f"{_OP}: argument '{name}' given but torch.distributed is not initialized")
+            raise RuntimeError(f"{op}: argument '{name}' given but torch.distributed is not initialized")
     u = _group_size(ulysses_group)
     for name, h in (("q", q.shape[2]), ("k", k.shape[2])):
         if h % u:
-            raise ValueError(f"{_OP}: argument '{name}' has {h} heads, not a multiple of the Ulysses group's {u} ranks")
+            raise ValueError(f"{op}: argument '{name}' has {h} heads, not a multiple of the Ulysses group's {u} ranks")
     if _group_size(ring_group) > 1 and window != (-1, 0 if causal else -1):
         raise NotImplementedError(
-            f"{_OP}: argument 'window_size' is not supported with more than one ring rank (use Ulysses alone)"
+            f"{op}: argument 'window_size' is not supported with more than one ring rank (use Ulysses alone)"
         )
 
 
@@ -318,7 +369,49 @@ def flash_attn_usp_func(
     """
     scale, wl, wr, _ = _common_args(_OP, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes,
                                     return_attn_probs, None)
-    _check(q, k, v, ulysses_group, ring_group, (wl, wr), bool(causal))
-    out, lse = UspAttnFunction.apply(q, k, v, scale, bool(causal), (wl, wr), bool(deterministic), ulysses_group,
-                                     ring_group)
-    return (out, lse) if return_lse else out
+    _check(_OP, q, k, v, ulysses_group, ring_group, (wl, wr), bool(causal))
+    ring = _Ring(ring_group)
+    if ring.size == 1:  # Ulysses alone: the whole sequence in one flash_attn_func call (windows too)
+        def attention(ql, kl, vl):
+            return local_attention(ql, kl, vl, scale, wl, wr, deterministic)
+    else:
+        def attention(ql, kl, vl):
+            return RingAttnFunction.apply(ql, kl, vl, scale, bool(causal), bool(deterministic), ring)
+    return _usp(attention, q, k, v, return_lse, ulysses_group)
+
+
+@native.raises_python_errors
+def flash_attn_fp8_usp_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    bias=None,
+    alibi_slopes=None,
+    deterministic=False,
+    return_lse=False,
+    return_attn_probs=False,
+    fp8_config=None,
+    ulysses_group=None,
+    ring_group=None,
+):
+    """:func:`flash_attn_usp_func` on :func:`flash_attn_fp8_func` (q, k and v quantized to FP8
+    blockwise after the Ulysses exchange; ``fp8_config`` as there). Ulysses only: a ring group of
+    more than one rank raises NotImplementedError (the FP8 kernel's blocks are not merged across
+    ring steps yet)."""
+    op = "flash_attn_fp8_usp_func"
+    scale, wl, wr, _ = _common_args(op, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes,
+                                    return_attn_probs, None)
+    _check(op, q, k, v, ulysses_group, ring_group, (wl, wr), bool(causal))
+    if _group_size(ring_group) > 1:
+        raise NotImplementedError(f"{op}: argument 'ring_group' must have one rank (FP8 attention over a ring is "
+                                  "not implemented; use ulysses_group, or flash_attn_usp_func)")
+
+    def attention(ql, kl, vl):
+        return flash_attn_fp8_func(ql, kl, vl, softmax_scale=scale, window_size=(wl, wr), deterministic=deterministic,
+                                   return_lse=True, fp8_config=fp8_config)
+
+    return _usp(attention, q, k, v, return_lse, ulysses_group)
