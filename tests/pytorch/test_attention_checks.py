@@ -289,7 +289,9 @@ def test_module_keeps_the_original_positional_arguments():
     with pytest.raises(TypeError, match="fp8_config"):
         turbo.modules.TurboAttention(fp8_config=object())
     with pytest.raises(NotImplementedError, match="context parallelism"):
-        turbo.modules.TurboAttention(ulysses_group=object())
+        turbo.modules.TurboAttention(ulysses_group=object(), layout="thd")
+    with pytest.raises(TypeError, match="ulysses_group"):
+        turbo.modules.TurboAttention(ulysses_group=object())(q, q, q)
     with pytest.raises(ValueError, match="argument 'layout'"):
         turbo.modules.TurboAttention(layout="bsd")
     with pytest.raises(ValueError, match="num_heads"):

@@ -111,6 +111,21 @@ def _run_cases(rank, world, ring, ulysses, device, dtype, cases, check, fn=None)
             check(got, ref[:, mine], f"{name}, {what}")
 
 
+def _module_matches_the_function(rank, ring, ulysses):
+    """TurboAttention with the groups (Megatron's [S, B, H, D] layout) is flash_attn_usp_func."""
+    import torch.distributed as dist
+
+    from primus_turbo.pytorch.modules import TurboAttention
+
+    ug, rg = _mesh_groups(dist, ring, ulysses, rank)
+    gen = torch.Generator().manual_seed(7 + rank)
+    q, k, v = (torch.randn(4, 2, 8, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = TurboAttention(causal=True, ulysses_group=ug, ring_group=rg, layout="sbhd")(q, k, v)
+    ref = attention_usp.flash_attn_usp_func(*(t.transpose(0, 1) for t in (q, k, v)), causal=True,
+                                            ulysses_group=ug, ring_group=rg).transpose(0, 1)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
 def _cpu_worker(rank, world, port, ring, ulysses):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch.distributed as dist
@@ -125,6 +140,7 @@ def _cpu_worker(rank, world, port, ring, ulysses):
 
         cases = [(False, 8, 8, 6), (True, 8, 4, 5), (True, 16, 4, 3)]
         _run_cases(rank, world, ring, ulysses, torch.device("cpu"), torch.float64, cases, check)
+        _module_matches_the_function(rank, ring, ulysses)
     finally:
         dist.destroy_process_group()
 

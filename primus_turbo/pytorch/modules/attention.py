@@ -6,6 +6,7 @@ from torch import nn
 
 from primus_turbo.pytorch.ops.attention import flash_attn_func, flash_attn_varlen_func
 from primus_turbo.pytorch.ops.attention_fp8 import block_rows, flash_attn_fp8_func, flash_attn_varlen_fp8_func
+from primus_turbo.pytorch.ops.attention_usp import flash_attn_fp8_usp_func, flash_attn_usp_func
 
 __all__ = ["TurboAttention"]
 
@@ -21,9 +22,11 @@ class TurboAttention(nn.Module):
     ``causal``, ``window_size``, ``alibi_slopes``, ``deterministic``, ``return_lse``,
     ``return_attn_probs``, ``fp8_config``, ``ulysses_group``, ``ring_group``). ``fp8_config``
     (a BLOCKWISE ``Float8QuantConfig``) runs ``flash_attn_fp8_func``: q, k, v quantized to FP8
-    blockwise in the forward. Dropout (in training mode), ALiBi, attention probabilities and context
-    parallelism are not implemented here and raise ``NotImplementedError`` when asked for; in eval
-    mode ``dropout_p`` is ignored, as ``nn.Dropout`` does.
+    blockwise in the forward. ``ulysses_group`` / ``ring_group`` make it context-parallel
+    (:func:`flash_attn_usp_func`, or :func:`flash_attn_fp8_usp_func` with ``fp8_config``): q, k, v
+    are this rank's shard of the sequence; not with layout ``"thd"`` or sinks. Dropout (in training
+    mode), ALiBi and attention probabilities are not implemented and raise ``NotImplementedError``
+    when asked for; in eval mode ``dropout_p`` is ignored, as ``nn.Dropout`` does.
 
     Keyword-only:
         layout: ``"bshd"`` (default), ``"sbhd"`` (Megatron), ``"bhsd"`` (Hugging Face) or ``"thd"``
@@ -58,12 +61,14 @@ class TurboAttention(nn.Module):
         if fp8_config is not None:
             block_rows("TurboAttention", fp8_config)  # refuses what FP8 attention does not take, here
         self.fp8_config = fp8_config
-        if ulysses_group is not None or ring_group is not None:
-            raise NotImplementedError(
-                "TurboAttention: context parallelism (arguments 'ulysses_group', 'ring_group') is not implemented yet"
-            )
         if layout not in _TRANSPOSE:
             raise ValueError(f"TurboAttention: argument 'layout' is {layout!r}; expected one of {sorted(_TRANSPOSE)}")
+        self.ulysses_group, self.ring_group = ulysses_group, ring_group
+        if self._context_parallel() and (layout == "thd" or learnable_sink):
+            raise NotImplementedError(
+                "TurboAttention: context parallelism (arguments 'ulysses_group', 'ring_group') is not implemented for "
+                "packed sequences (layout 'thd') or attention sinks"
+            )
         self.dropout_p = dropout_p
         self.softmax_scale = softmax_scale
         self.causal = causal
@@ -91,6 +96,9 @@ class TurboAttention(nn.Module):
         else:
             self.register_parameter("sinks", None)
         self.reset_parameters()
+
+    def _context_parallel(self) -> bool:
+        return self.ulysses_group is not None or self.ring_group is not None
 
     def reset_parameters(self) -> None:
         if self.sinks is not None:
@@ -150,7 +158,15 @@ class TurboAttention(nn.Module):
                         f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
                     )
             q, k, v = q.transpose(*dims), k.transpose(*dims), v.transpose(*dims)
-        if self.fp8_config is not None:
+        if self._context_parallel():
+            if kwargs.pop("sink") is not None:
+                raise NotImplementedError("TurboAttention: argument 'sink' is not supported with context parallelism")
+            groups = {"ulysses_group": self.ulysses_group, "ring_group": self.ring_group}
+            if self.fp8_config is not None:
+                result = flash_attn_fp8_usp_func(q, k, v, fp8_config=self.fp8_config, **kwargs, **groups)
+            else:
+                result = flash_attn_usp_func(q, k, v, **kwargs, **groups)
+        elif self.fp8_config is not None:
             result = flash_attn_fp8_func(q, k, v, fp8_config=self.fp8_config, **kwargs)
         else:
             result = flash_attn_func(q, k, v, **kwargs)
