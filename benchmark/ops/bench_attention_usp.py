@@ -4,6 +4,7 @@ mesh of the ranks, against one GPU running the whole sequence with flash_attn_fu
     torchrun --nproc_per_node 4 benchmark/ops/bench_attention_usp.py
     torchrun --nproc_per_node 2 benchmark/ops/bench_attention_usp.py --seqlens 32768 --heads 32 8
 
+Ring meshes run with contiguous shards and with the load-balanced zigzag order (seq_layout).
 Per mesh and case: forward and forward+backward milliseconds (CUDA events, median, the slowest
 rank), and the scaling efficiency ``t_single / (N * t_cp)``: 1.0 means the N GPUs split the single
 GPU's time perfectly. The single-GPU time is measured on rank 0 alone with the whole sequence.
@@ -29,11 +30,12 @@ else:
 
 
 def _meshes(world: int):
-    """(ring, ulysses) pairs with ring * ulysses == world."""
-    return [(world // u, u) for u in range(1, world + 1) if world % u == 0]
+    """(ring, ulysses, seq_layout) with ring * ulysses == world; zigzag where there is a ring."""
+    pairs = [(world // u, u) for u in range(1, world + 1) if world % u == 0]
+    return [(r, u, lay) for r, u in pairs for lay in (("contiguous", "zigzag") if r > 1 else ("contiguous",))]
 
 
-def _groups(ring: int, ulysses: int, rank: int):
+def _groups(ring: int, ulysses: int, _layout: str, rank: int):
     mine = {}
     for r in range(ring):
         g = dist.new_group([r * ulysses + u for u in range(ulysses)])
@@ -70,6 +72,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.ops.attention_usp import shard_positions
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(rank)
@@ -94,14 +97,14 @@ def main(argv=None) -> int:
             else:
                 ref = torch.empty_like(q)
             dist.broadcast(ref, 0)
-            s = seqlen // world
-            mine = slice(rank * s, (rank + 1) * s)
-            for (ring, ulysses), (ug, rg) in meshes:
+            for (ring, ulysses, layout), (ug, rg) in meshes:
+                mine = shard_positions(seqlen, ring, rank // ulysses, ulysses, rank % ulysses, layout).to(device)
                 ql, kl, vl = (t[:, mine].contiguous().requires_grad_() for t in (q, k, v))
                 dl = dout[:, mine].contiguous()
 
                 def fwd():
-                    return turbo.ops.flash_attn_usp_func(ql, kl, vl, causal=causal, ulysses_group=ug, ring_group=rg)
+                    return turbo.ops.flash_attn_usp_func(ql, kl, vl, causal=causal, ulysses_group=ug, ring_group=rg,
+                                                         seq_layout=layout)
 
                 out = fwd()
                 snr = bu.snr_db(out.float(), ref[:, mine].float())
@@ -112,7 +115,8 @@ def main(argv=None) -> int:
                 t_fwd, t_step, snr = t[0].item(), t[1].item(), -t[2].item()
                 if rank == 0:
                     row = {
-                        "mesh": f"{ring}x{ulysses}", "ring": ring, "ulysses": ulysses, "seqlen": seqlen,
+                        "mesh": f"{ring}x{ulysses}", "ring": ring, "ulysses": ulysses, "seq_layout": layout,
+                        "seqlen": seqlen,
                         "causal": causal, "heads": f"{hq}/{hkv}", "head_dim": d, "batch": b,
                         "check": "PASS" if snr >= 40.0 else "FAIL", "out_snr_db": snr,
                         "cp_fwd_ms": t_fwd, "cp_step_ms": t_step,
@@ -121,7 +125,7 @@ def main(argv=None) -> int:
                         "step_efficiency": single["step"] / (world * t_step),
                     }
                     rows.append(row)
-                    print(f"{row['mesh']:>5} S={seqlen:<6} causal={causal!s:<5} {row['check']} {snr:5.1f} dB  "
+                    print(f"{row['mesh']:>5} {layout:<10} S={seqlen:<6} causal={causal!s:<5} {row['check']} {snr:5.1f} dB  "
                           f"fwd {t_fwd:7.3f} ms ({row['fwd_efficiency']:.2f})  step {t_step:7.3f} ms "
                           f"({row['step_efficiency']:.2f})  single {single['fwd']:.3f} / {single['step']:.3f} ms",
                           flush=True)

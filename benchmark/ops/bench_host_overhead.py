@@ -116,6 +116,19 @@ def _cases(turbo, dev="cuda"):
         step(lambda: turbo.ops.flash_attn_fp8_func(aq, ak, av, causal=True), (aq, ak, av), ag),
         step(sdpa, (aq, ak, av), ag),
     )  # fmt: skip
+    # Context-parallel attention with no groups (one rank): the wrapper's own host cost over the
+    # flash_attn call it makes (the exchanges' cost is the communication's, measured by
+    # bench_attention_usp.py).
+    cases["flash_attn_usp"] = (
+        lambda: turbo.ops.flash_attn_usp_func(aq, ak, av, causal=True), sdpa,
+        step(lambda: turbo.ops.flash_attn_usp_func(aq, ak, av, causal=True), (aq, ak, av), ag),
+        step(sdpa, (aq, ak, av), ag),
+    )  # fmt: skip
+    cases["flash_attn_fp8_usp"] = (
+        lambda: turbo.ops.flash_attn_fp8_usp_func(aq, ak, av, causal=True), sdpa,
+        step(lambda: turbo.ops.flash_attn_fp8_usp_func(aq, ak, av, causal=True), (aq, ak, av), ag),
+        step(sdpa, (aq, ak, av), ag),
+    )  # fmt: skip
     # Quantization (no backward): ours against torch's two-op rowwise cast.
     xq = t(256, 1024, grad=False)
 

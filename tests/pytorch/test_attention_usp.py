@@ -4,7 +4,7 @@ Every rank's output, log-sum-exp and q/k/v gradients are checked against the flo
 the whole sequence (computed in every process from the same seed) at the rank's slice of it.
 - On the CPU (CI): gloo process groups, the per-block kernels replaced by a float64 reference, so
   the exchanges, the ring schedule (causal skips, the dK/dV sums travelling home) and the merge are
-  checked to 1e-9. Meshes 2x2, 4x1 and 1x4; causal and not; GQA.
+  checked to 1e-9. Meshes 2x2, 4x1 and 1x4; contiguous and zigzag shards; causal and not; GQA.
 - On GPUs (2 or more): NCCL, our kernels, the bf16 gate (40 dB); flash_attn_fp8_usp_func over
   Ulysses at the FP8 gate (20 dB).
 """
@@ -89,22 +89,23 @@ def _mesh_groups(dist, ring, ulysses, rank):
     return mine["ulysses"], mine["ring"]
 
 
-def _run_cases(rank, world, ring, ulysses, device, dtype, cases, check, fn=None):
+def _run_cases(rank, world, ring, ulysses, device, dtype, cases, check, fn=None, layouts=("contiguous", "zigzag")):
     import torch.distributed as dist
 
     ug, rg = _mesh_groups(dist, ring, ulysses, rank)
-    for causal, hq, hkv, s_local in cases:
+    for (causal, hq, hkv, s_local), layout in ((c, lay) for c in cases for lay in layouts):
         gen = torch.Generator().manual_seed(1000 + 10 * hq + hkv + int(causal))
         b, d, total = 2, 64 if device.type == "cuda" else 8, s_local * world
         q, k, v, dout = (torch.randn(b, total, h, d, generator=gen) for h in (hq, hkv, hkv, hq))
         scale = d ** -0.5
         out_ref, lse_ref, dq_ref, dk_ref, dv_ref = _full_reference(q, k, v, dout, causal, scale)
-        mine = slice(rank * s_local, (rank + 1) * s_local)
+        mine = attention_usp.shard_positions(total, ring, rank // ulysses, ulysses, rank % ulysses, layout)
         ql, kl, vl = (t[:, mine].to(device, dtype).requires_grad_() for t in (q, k, v))
+        kwargs = {"seq_layout": layout} if fn is None else {}
         out, lse = (fn or attention_usp.flash_attn_usp_func)(ql, kl, vl, causal=causal, return_lse=True,
-                                                             ulysses_group=ug, ring_group=rg)
+                                                             ulysses_group=ug, ring_group=rg, **kwargs)
         out.backward(dout[:, mine].to(device, dtype))
-        what = f"rank {rank} mesh {ring}x{ulysses} causal={causal} heads {hq}/{hkv}"
+        what = f"rank {rank} mesh {ring}x{ulysses} {layout} causal={causal} heads {hq}/{hkv}"
         check(out, out_ref[:, mine], f"out, {what}")
         check(lse.transpose(1, 2), lse_ref[:, :, mine].transpose(1, 2), f"lse, {what}")
         for name, got, ref in (("dq", ql.grad, dq_ref), ("dk", kl.grad, dk_ref), ("dv", vl.grad, dv_ref)):
@@ -138,7 +139,7 @@ def _cpu_worker(rank, world, port, ring, ulysses):
         def check(got, ref, what):
             torch.testing.assert_close(got.double(), ref.double(), rtol=1e-9, atol=1e-9, msg=what)
 
-        cases = [(False, 8, 8, 6), (True, 8, 4, 5), (True, 16, 4, 3)]
+        cases = [(False, 8, 8, 6), (True, 8, 4, 10), (True, 16, 4, 4)]
         _run_cases(rank, world, ring, ulysses, torch.device("cpu"), torch.float64, cases, check)
         _module_matches_the_function(rank, ring, ulysses)
     finally:
@@ -169,7 +170,8 @@ def _gpu_worker(rank, world, port, ring, ulysses, fp8=False):
 
         cases = [(False, 8, 8, 256), (True, 8, 2, 384), (True, 16, 4, 128)]
         fn = attention_usp.flash_attn_fp8_usp_func if fp8 else None
-        _run_cases(rank, world, ring, ulysses, torch.device("cuda", rank), torch.bfloat16, cases, check, fn)
+        layouts = ("contiguous",) if fp8 else ("contiguous", "zigzag")
+        _run_cases(rank, world, ring, ulysses, torch.device("cuda", rank), torch.bfloat16, cases, check, fn, layouts)
     finally:
         dist.destroy_process_group()
 
@@ -209,3 +211,18 @@ def test_bad_arguments_name_what_is_wrong():
         attention_usp.flash_attn_usp_func(q, q, q, dropout_p=0.1)
     with pytest.raises(NotImplementedError, match="dropout"):
         attention_usp.flash_attn_fp8_usp_func(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match="seq_layout"):
+        attention_usp.flash_attn_usp_func(q, q, q, seq_layout="striped")
+
+
+def test_shard_positions_cover_the_sequence_once():
+    for ring, ulysses, layout in ((1, 4, "zigzag"), (2, 2, "zigzag"), (4, 1, "zigzag"), (2, 2, "contiguous")):
+        shards = [attention_usp.shard_positions(48, ring, r, ulysses, u, layout)
+                  for r in range(ring) for u in range(ulysses)]
+        assert all(len(p) == 48 // (ring * ulysses) for p in shards)
+        assert torch.equal(torch.sort(torch.cat(shards)).values, torch.arange(48))
+    # zigzag, ring of 2: position 0 holds chunks 0 and 3 of 4, position 1 chunks 1 and 2
+    assert attention_usp.shard_positions(8, 2, 0, seq_layout="zigzag").tolist() == [0, 1, 6, 7]
+    assert attention_usp.shard_positions(8, 2, 1, 2, 1, "zigzag").tolist() == [4, 5]
+    with pytest.raises(ValueError, match="equal parts"):
+        attention_usp.shard_positions(20, 4, 0, seq_layout="zigzag")

@@ -35,6 +35,8 @@ class TurboAttention(nn.Module):
             op's contiguous ``[B, S, H, Dv]`` result (``.reshape`` it to merge heads).
         learnable_sink, num_heads: a learnable per-head attention-sink logit (GPT-OSS), the
             float32 parameter ``sinks`` of shape ``[num_heads]`` (the heads of q), zero-initialized.
+        seq_layout: with a ring group, which tokens each rank holds (``"contiguous"`` or the
+            load-balanced ``"zigzag"``; :func:`flash_attn_usp_func`).
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class TurboAttention(nn.Module):
         layout: str = "bshd",
         learnable_sink: bool = False,
         num_heads: int | None = None,
+        seq_layout: str = "contiguous",
         device=None,
         dtype=None,
     ):
@@ -63,7 +66,7 @@ class TurboAttention(nn.Module):
         self.fp8_config = fp8_config
         if layout not in _TRANSPOSE:
             raise ValueError(f"TurboAttention: argument 'layout' is {layout!r}; expected one of {sorted(_TRANSPOSE)}")
-        self.ulysses_group, self.ring_group = ulysses_group, ring_group
+        self.ulysses_group, self.ring_group, self.seq_layout = ulysses_group, ring_group, seq_layout
         if self._context_parallel() and (layout == "thd" or learnable_sink):
             raise NotImplementedError(
                 "TurboAttention: context parallelism (arguments 'ulysses_group', 'ring_group') is not implemented for "
@@ -165,7 +168,7 @@ class TurboAttention(nn.Module):
             if self.fp8_config is not None:
                 result = flash_attn_fp8_usp_func(q, k, v, fp8_config=self.fp8_config, **kwargs, **groups)
             else:
-                result = flash_attn_usp_func(q, k, v, **kwargs, **groups)
+                result = flash_attn_usp_func(q, k, v, **kwargs, **groups, seq_layout=self.seq_layout)
         elif self.fp8_config is not None:
             result = flash_attn_fp8_func(q, k, v, fp8_config=self.fp8_config, **kwargs)
         else:

@@ -1,10 +1,11 @@
 """``turbo.ops.flash_attn_usp_func`` / ``flash_attn_fp8_usp_func``: context-parallel attention over a 2-D mesh of ranks, Ulysses
 (all-to-all over heads) times ring (K/V passed around), exact (blocks merged by log-sum-exp).
 
-Each rank holds a shard of the sequence, ``[B, S, H, D]``. The global sequence is the ranks' shards
-in the order (ring rank, Ulysses rank): the shard of the rank at ring position ``r`` and Ulysses
-position ``u`` holds tokens ``[(r * U + u) * S, (r * U + u + 1) * S)``, as a mesh built
-``init_device_mesh(.., (ring, ulysses))`` numbers them.
+Each rank holds a shard of the sequence, ``[B, S, H, D]``. By default the global sequence is the
+ranks' shards in the order (ring rank, Ulysses rank): the shard of the rank at ring position ``r``
+and Ulysses position ``u`` holds tokens ``[(r * U + u) * S, (r * U + u + 1) * S)``, as a mesh built
+``init_device_mesh(.., (ring, ulysses))`` numbers them (:func:`shard_positions` gives any rank's
+positions, for either order).
 
 Forward on each rank:
   1. Ulysses: one all-to-all over the Ulysses group (q, k and v in one buffer) trades heads for
@@ -23,8 +24,10 @@ With a ring of one rank the local call is ``flash_attn_func`` itself (or ``flash
 ``flash_attn_fp8_usp_func``), with everything it takes.
 
 Contiguous chunks leave causal work unbalanced over the ring (position 0 computes one block, the
-last R); a load-balanced (zigzag) order is not implemented. Sliding windows and sinks are taken when
-the ring has one rank (Ulysses only), where the whole sequence is in one call.
+last R). ``seq_layout="zigzag"`` takes shards in the load-balanced order instead (each ring position
+holds chunk r and chunk 2R-1-r of 2R; :func:`shard_positions`): every step then computes half a
+block on every rank. Sliding windows are taken when the ring has one rank (Ulysses only), where the
+whole sequence is in one call.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from primus_turbo.pytorch.core import native
 from primus_turbo.pytorch.ops.attention import _bwd_op, _common_args, _fwd_op, backend_code, flash_attn_func
 from primus_turbo.pytorch.ops.attention_fp8 import flash_attn_fp8_func
 
-__all__ = ["flash_attn_usp_func", "flash_attn_fp8_usp_func"]
+__all__ = ["flash_attn_usp_func", "flash_attn_fp8_usp_func", "shard_positions"]
 
 _OP = "flash_attn_usp_func"
+_LAYOUTS = ("contiguous", "zigzag")
 
 
 # ---- the two exchanges --------------------------------------------------------------------------
@@ -118,12 +122,23 @@ class _Ring:
         ops = [dist.P2POp(dist.isend, buf, self.next, self.group), dist.P2POp(dist.irecv, recv, self.prev, self.group)]
         return recv, dist.batch_isend_irecv(ops)
 
-    def visible(self, step: int, causal: bool):
-        """(whether the chunk held at step is seen, the window's right side for it)."""
+    def block(self, step: int, causal: bool, zigzag: bool, seq: int):
+        """What step computes: None (nothing of the chunk held is visible), or (the query rows,
+        the key rows, the window's right side) of the local [B, seq, ..] tensors. Contiguous
+        shards: earlier chunks whole, the own chunk causal, later ones skipped. Zigzag (the local
+        sequence is chunk r then chunk 2R-1-r, both halves of seq): the own pair causal; an
+        earlier position's pair, its first half seen by every query; a later one's, whole but
+        seen by the second half of the queries only. Either way half a block each step."""
         src = (self.rank - step) % self.size
+        every = slice(None)
         if not causal:
-            return True, -1
-        return src <= self.rank, (0 if src == self.rank else -1)
+            return every, every, -1
+        if src == self.rank:
+            return every, every, 0
+        if not zigzag:
+            return (every, every, -1) if src < self.rank else None
+        half = seq // 2
+        return (every, slice(0, half), -1) if src < self.rank else (slice(half, None), every, -1)
 
 
 def _wait(requests) -> None:
@@ -175,52 +190,57 @@ def _acc_dtype(t: torch.Tensor) -> torch.dtype:
 
 def _merge(acc, lse_acc, out, lse):
     """Float32 running output and log-sum-exp with one more block's."""
-    if acc is None:
-        return out.to(_acc_dtype(out)), lse.clone()
     new = torch.logaddexp(lse_acc, lse)
     keep = torch.exp(lse_acc - new).transpose(1, 2).unsqueeze(-1)  # [B, S, H, 1]
     add = torch.exp(lse - new).transpose(1, 2).unsqueeze(-1)
     return acc * keep + out.to(acc.dtype) * add, new
 
 
-def ring_forward(ring: _Ring, q, k, v, scale, causal, window, code):
-    if ring.size == 1:
-        return block_forward(q, k, v, scale, window[0], window[1], code)
+def ring_forward(ring: _Ring, q, k, v, scale, causal, zigzag, code):
     acc = lse_acc = None
     kv = _pack((k, v))
     for step in range(ring.size):
         last = step + 1 == ring.size
         if not last:
             kv_next, pending = ring.shift(kv)
-        seen, wr = ring.visible(step, causal)
-        if seen:
+        plan = ring.block(step, causal, zigzag, q.shape[1])
+        if plan is not None:
+            rows, keys, wr = plan
             kk, vv = _unpack(kv, (k, v))
-            acc, lse_acc = _merge(acc, lse_acc, *block_forward(q, kk, vv, scale, -1, wr, code))
+            out, lse = block_forward(q[:, rows], kk[:, keys], vv[:, keys], scale, -1, wr, code)
+            if acc is None:  # step 0: the own chunk, every row
+                acc, lse_acc = out.to(_acc_dtype(out)), lse.clone()
+            else:
+                acc[:, rows], lse_acc[:, :, rows] = _merge(acc[:, rows], lse_acc[:, :, rows], out, lse)
         if not last:
             _wait(pending)
             kv = kv_next
     return acc.to(q.dtype), lse_acc
 
 
-def ring_backward(ring: _Ring, dout, q, k, v, out, lse, scale, causal, window, code, deterministic):
-    if ring.size == 1:
-        return block_backward(dout, q, k, v, out, lse, scale, window[0], window[1], code, deterministic)
+def ring_backward(ring: _Ring, dout, q, k, v, out, lse, scale, causal, zigzag, code, deterministic):
     acc_dtype = _acc_dtype(q)
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     kv = _pack((k, v))
-    dkv_like = (k, v)
     acc_recv = acc_pending = None
     for step in range(ring.size):
         last = step + 1 == ring.size
         if not last:
             kv_next, kv_pending = ring.shift(kv)
-        seen, wr = ring.visible(step, causal)
+        plan = ring.block(step, causal, zigzag, q.shape[1])
         share = None
-        if seen:
+        if plan is not None:
+            rows, keys, wr = plan
             kk, vv = _unpack(kv, (k, v))
-            dq_j, dk_j, dv_j = block_backward(dout, q, kk, vv, out, lse, scale, -1, wr, code, deterministic)
-            dq += dq_j
-            share = _pack((dk_j, dv_j), acc_dtype)
+            dq_j, dk_j, dv_j = block_backward(dout[:, rows], q[:, rows], kk[:, keys], vv[:, keys], out[:, rows],
+                                              lse[:, :, rows].contiguous(), scale, -1, wr, code, deterministic)
+            dq[:, rows] += dq_j
+            if keys == slice(None):
+                share = _pack((dk_j, dv_j), acc_dtype)
+            else:  # a part of the chunk's keys: zeros for the rest
+                share = torch.zeros(kv.numel(), dtype=acc_dtype, device=kv.device)
+                dk_s, dv_s = _unpack(share, (k, v))
+                dk_s[:, keys], dv_s[:, keys] = dk_j, dv_j
         # The running dK/dV of the chunk held now: from the previous position (started empty at step 0).
         if acc_pending is not None:
             _wait(acc_pending)
@@ -232,7 +252,7 @@ def ring_backward(ring: _Ring, dout, q, k, v, out, lse, scale, causal, window, c
             _wait(kv_pending)
             kv = kv_next
     _wait(acc_pending)
-    dk, dv = (t.to(like.dtype) for t, like in zip(_unpack(acc_recv, dkv_like), dkv_like))
+    dk, dv = (t.to(like.dtype) for t, like in zip(_unpack(acc_recv, (k, v)), (k, v)))
     return dq.to(q.dtype), dk, dv
 
 
@@ -276,11 +296,11 @@ class RingAttnFunction(torch.autograd.Function):
     """The ring steps over the Ulysses-local tensors ``[B, U * S, H / U, D]``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, deterministic, ring):
+    def forward(ctx, q, k, v, scale, causal, zigzag, deterministic, ring):
         code = backend_code()
-        out, lse = ring_forward(ring, q, k, v, scale, causal, (-1, 0 if causal else -1), code)
+        out, lse = ring_forward(ring, q, k, v, scale, causal, zigzag, code)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (scale, causal, code, deterministic, ring)
+        ctx.args = (scale, causal, zigzag, code, deterministic, ring)
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)
         return out, lse
@@ -288,13 +308,12 @@ class RingAttnFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         if dout is None:
-            return (None,) * 7
+            return (None,) * 8
         q, k, v, out, lse = ctx.saved_tensors
-        scale, causal, code, deterministic, ring = ctx.args
-        window = (-1, 0 if causal else -1)
-        dq, dk, dv = ring_backward(ring, dout.contiguous(), q, k, v, out, lse, scale, causal, window, code,
+        scale, causal, zigzag, code, deterministic, ring = ctx.args
+        dq, dk, dv = ring_backward(ring, dout.contiguous(), q, k, v, out, lse, scale, causal, zigzag, code,
                                    deterministic)
-        return dq, dk, dv, *(None,) * 4
+        return dq, dk, dv, *(None,) * 5
 
 
 def _usp(attention, q, k, v, return_lse, ulysses_group):
@@ -331,6 +350,41 @@ def _check(op, q, k, v, ulysses_group, ring_group, window, causal):
         )
 
 
+def _zigzag(op, seq_layout, q, ulysses_group, ring_group) -> bool:
+    if seq_layout not in _LAYOUTS:
+        raise ValueError(f"{op}: argument 'seq_layout' is {seq_layout!r}; expected one of {_LAYOUTS}")
+    zigzag = seq_layout == "zigzag" and _group_size(ring_group) > 1
+    if zigzag and (q.shape[1] * _group_size(ulysses_group)) % 2:
+        raise ValueError(f"{op}: seq_layout 'zigzag' needs an even number of tokens per ring position (q has "
+                         f"{q.shape[1]} a rank, {_group_size(ulysses_group)} Ulysses ranks)")
+    return zigzag
+
+
+def shard_positions(seqlen: int, ring_size: int, ring_rank: int, ulysses_size: int = 1, ulysses_rank: int = 0,
+                    seq_layout: str = "contiguous") -> torch.Tensor:
+    """The global token positions (int64, ascending within each chunk) that the rank at
+    (``ring_rank``, ``ulysses_rank``) holds for :func:`flash_attn_usp_func` over a sequence of
+    ``seqlen`` tokens: ``x[:, shard_positions(...)]`` is its shard. ``"contiguous"``: block
+    ``ring_rank * ulysses_size + ulysses_rank`` of ``ring_size * ulysses_size`` equal blocks.
+    ``"zigzag"``: the sequence cut into ``2 * ring_size`` chunks; ring position r holds chunk r
+    followed by chunk ``2 * ring_size - 1 - r``, split in order over its Ulysses ranks."""
+    if seq_layout not in _LAYOUTS:
+        raise ValueError(f"shard_positions: argument 'seq_layout' is {seq_layout!r}; expected one of {_LAYOUTS}")
+    parts = (2 if seq_layout == "zigzag" and ring_size > 1 else 1) * ring_size * ulysses_size
+    if seqlen % parts:
+        raise ValueError(f"shard_positions: seqlen {seqlen} does not split into {parts} equal parts ({seq_layout}, "
+                         f"ring {ring_size} x Ulysses {ulysses_size})")
+    per_ring = seqlen // ring_size
+    shard = per_ring // ulysses_size
+    if seq_layout == "zigzag" and ring_size > 1:
+        c = seqlen // (2 * ring_size)
+        pair = torch.cat([torch.arange(ring_rank * c, (ring_rank + 1) * c),
+                          torch.arange((2 * ring_size - 1 - ring_rank) * c, (2 * ring_size - ring_rank) * c)])
+    else:
+        pair = torch.arange(ring_rank * per_ring, (ring_rank + 1) * per_ring)
+    return pair[ulysses_rank * shard:(ulysses_rank + 1) * shard]
+
+
 @native.raises_python_errors
 def flash_attn_usp_func(
     q,
@@ -347,6 +401,8 @@ def flash_attn_usp_func(
     return_attn_probs=False,
     ulysses_group=None,
     ring_group=None,
+    *,
+    seq_layout: str = "contiguous",
 ):
     """Attention over a sequence sharded across ranks (module docstring): Ulysses over
     ``ulysses_group`` (all-to-all of heads), ring over ``ring_group`` (K/V passed around), the
@@ -362,6 +418,10 @@ def flash_attn_usp_func(
         return_lse: also the float32 log-sum-exp ``[B, H, S]`` of this rank's queries.
         ulysses_group, ring_group: process groups (None: one rank on that axis); with both None
             this is :func:`flash_attn_func`.
+        seq_layout: which tokens each rank holds (:func:`shard_positions`): ``"contiguous"``
+            (default, the original library's order) or ``"zigzag"`` (the ring's 2R chunks paired
+            first with last, as Megatron-LM shards for context parallelism), which balances causal
+            work over the ring.
         dropout_p, bias, alibi_slopes, return_attn_probs: not supported, as in
             :func:`flash_attn_func`.
 
@@ -370,13 +430,14 @@ def flash_attn_usp_func(
     scale, wl, wr, _ = _common_args(_OP, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes,
                                     return_attn_probs, None)
     _check(_OP, q, k, v, ulysses_group, ring_group, (wl, wr), bool(causal))
+    zigzag = _zigzag(_OP, seq_layout, q, ulysses_group, ring_group)
     ring = _Ring(ring_group)
     if ring.size == 1:  # Ulysses alone: the whole sequence in one flash_attn_func call (windows too)
         def attention(ql, kl, vl):
             return local_attention(ql, kl, vl, scale, wl, wr, deterministic)
     else:
         def attention(ql, kl, vl):
-            return RingAttnFunction.apply(ql, kl, vl, scale, bool(causal), bool(deterministic), ring)
+            return RingAttnFunction.apply(ql, kl, vl, scale, bool(causal), zigzag, bool(deterministic), ring)
     return _usp(attention, q, k, v, return_lse, ulysses_group)
 
 
