@@ -35,19 +35,6 @@ def _meshes(world: int):
     return [(r, u, lay) for r, u in pairs for lay in (("contiguous", "zigzag") if r > 1 else ("contiguous",))]
 
 
-def _groups(ring: int, ulysses: int, _layout: str, rank: int):
-    mine = {}
-    for r in range(ring):
-        g = dist.new_group([r * ulysses + u for u in range(ulysses)])
-        if rank // ulysses == r:
-            mine["u"] = g
-    for u in range(ulysses):
-        g = dist.new_group([r * ulysses + u for r in range(ring)])
-        if rank % ulysses == u:
-            mine["r"] = g
-    return mine["u"], mine["r"]
-
-
 def _time(fn, warmup: int = 3, iters: int = 20) -> float:
     """Median ms per call with CUDA events; a fixed number of calls on every rank (the collectives
     inside must line up, so no adaptive warm-up)."""
@@ -72,7 +59,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import primus_turbo.pytorch as turbo
-    from primus_turbo.pytorch.ops.attention_usp import shard_positions
+    from primus_turbo.pytorch.ops.attention_usp import mesh_groups, shard_positions
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(rank)
@@ -80,7 +67,7 @@ def main(argv=None) -> int:
     dist.init_process_group("nccl", device_id=device)
     hq, hkv, d, b = *args.heads, args.head_dim, args.batch
     rows = []
-    meshes = [(m, _groups(*m, rank)) for m in _meshes(world)]  # every rank creates every group, in order
+    meshes = [(m, mesh_groups(*m[:2])) for m in _meshes(world)]  # every rank creates every group, in order
     for seqlen in args.seqlens:
         for causal in (True, False):
             gen = torch.Generator(device=device).manual_seed(seqlen + causal)

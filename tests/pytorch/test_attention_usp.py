@@ -74,25 +74,8 @@ def _full_reference(q, k, v, dout, causal, scale):
     return out.detach(), lse.detach(), q.grad, k.grad, v.grad
 
 
-def _mesh_groups(dist, ring, ulysses, rank):
-    """New groups for a (ring x Ulysses) mesh, global rank = r * ulysses + u; every rank creates
-    every group, in the same order."""
-    mine = {}
-    for r in range(ring):
-        g = dist.new_group([r * ulysses + u for u in range(ulysses)])
-        if rank // ulysses == r:
-            mine["ulysses"] = g
-    for u in range(ulysses):
-        g = dist.new_group([r * ulysses + u for r in range(ring)])
-        if rank % ulysses == u:
-            mine["ring"] = g
-    return mine["ulysses"], mine["ring"]
-
-
 def _run_cases(rank, world, ring, ulysses, device, dtype, cases, check, fn=None, layouts=("contiguous", "zigzag")):
-    import torch.distributed as dist
-
-    ug, rg = _mesh_groups(dist, ring, ulysses, rank)
+    ug, rg = attention_usp.mesh_groups(ring, ulysses)
     for (causal, hq, hkv, s_local), layout in ((c, lay) for c in cases for lay in layouts):
         gen = torch.Generator().manual_seed(1000 + 10 * hq + hkv + int(causal))
         b, d, total = 2, 64 if device.type == "cuda" else 8, s_local * world
@@ -114,11 +97,9 @@ def _run_cases(rank, world, ring, ulysses, device, dtype, cases, check, fn=None,
 
 def _module_matches_the_function(rank, ring, ulysses):
     """TurboAttention with the groups (Megatron's [S, B, H, D] layout) is flash_attn_usp_func."""
-    import torch.distributed as dist
-
     from primus_turbo.pytorch.modules import TurboAttention
 
-    ug, rg = _mesh_groups(dist, ring, ulysses, rank)
+    ug, rg = attention_usp.mesh_groups(ring, ulysses)
     gen = torch.Generator().manual_seed(7 + rank)
     q, k, v = (torch.randn(4, 2, 8, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
     out = TurboAttention(causal=True, ulysses_group=ug, ring_group=rg, layout="sbhd")(q, k, v)

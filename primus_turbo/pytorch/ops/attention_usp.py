@@ -39,7 +39,7 @@ from primus_turbo.pytorch.core import native
 from primus_turbo.pytorch.ops.attention import _bwd_op, _common_args, _fwd_op, backend_code, flash_attn_func
 from primus_turbo.pytorch.ops.attention_fp8 import flash_attn_fp8_func
 
-__all__ = ["flash_attn_usp_func", "flash_attn_fp8_usp_func", "shard_positions"]
+__all__ = ["flash_attn_usp_func", "flash_attn_fp8_usp_func", "mesh_groups", "shard_positions"]
 
 _OP = "flash_attn_usp_func"
 _LAYOUTS = ("contiguous", "zigzag")
@@ -358,6 +358,23 @@ def _zigzag(op, seq_layout, q, ulysses_group, ring_group) -> bool:
         raise ValueError(f"{op}: seq_layout 'zigzag' needs an even number of tokens per ring position (q has "
                          f"{q.shape[1]} a rank, {_group_size(ulysses_group)} Ulysses ranks)")
     return zigzag
+
+
+def mesh_groups(ring_size: int, ulysses_size: int):
+    """This rank's (ulysses_group, ring_group) of a (ring x Ulysses) mesh over the default process
+    group, global rank = ring position * ulysses_size + Ulysses position (the order of
+    :func:`shard_positions`). Every rank must call it (it creates every group, in one order)."""
+    rank = dist.get_rank()
+    mine = {}
+    for r in range(ring_size):
+        group = dist.new_group([r * ulysses_size + u for u in range(ulysses_size)])
+        if rank // ulysses_size == r:
+            mine["ulysses"] = group
+    for u in range(ulysses_size):
+        group = dist.new_group([r * ulysses_size + u for r in range(ring_size)])
+        if rank % ulysses_size == u:
+            mine["ring"] = group
+    return mine["ulysses"], mine["ring"]
 
 
 def shard_positions(seqlen: int, ring_size: int, ring_rank: int, ulysses_size: int = 1, ulysses_rank: int = 0,
