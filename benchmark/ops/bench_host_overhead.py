@@ -405,6 +405,13 @@ def _more_cases(turbo, cases, t, step, dev):
     cases["flash_attn_varlen_fp8"] = (
         ours_varlen_fp8, sdpa_batched, step(ours_varlen_fp8, (vq, vk, vv), vg), step(sdpa_batched, (vq, vk, vv), vg),
     )
+
+    def ours_varlen_usp():  # one rank: the wrapper's host cost over the varlen call
+        return turbo.ops.flash_attn_varlen_usp_func(vq, vk, vv, cu, cu, 64, 64, causal=True)
+
+    cases["flash_attn_varlen_usp"] = (
+        ours_varlen_usp, sdpa_batched, step(ours_varlen_usp, (vq, vk, vv), vg), step(sdpa_batched, (vq, vk, vv), vg),
+    )
     _fusion_cases(turbo, cases, t, step, dev)
     _grouped_and_fp4_quantization_cases(turbo, cases, t, dev)
 

@@ -7,6 +7,7 @@ the whole sequence (computed in every process from the same seed) at the rank's 
   checked to 1e-9. Meshes 2x2, 4x1 and 1x4; contiguous and zigzag shards; causal and not; GQA.
 - On GPUs (2 or more): NCCL, our kernels, the bf16 gate (40 dB); flash_attn_fp8_usp_func over
   Ulysses at the FP8 gate (20 dB).
+- flash_attn_varlen_usp_func over Ulysses: packed documents crossing the ranks' shares, both ways.
 """
 
 import os
@@ -134,7 +135,67 @@ def test_usp_exchanges_and_ring_on_cpu(ring, ulysses):
     mp.spawn(_cpu_worker, args=(ring * ulysses, _free_port(), ring, ulysses), nprocs=ring * ulysses, join=True)
 
 
-def _gpu_worker(rank, world, port, ring, ulysses, fp8=False):
+def ref_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, wl, wr, deterministic):
+    """Per-sequence float64 reference of a packed batch: (out [T, H, Dv], lse [H, T])."""
+    outs, lses = [], []
+    for i in range(len(cu_q) - 1):
+        (a, b), (c, d) = cu_q[i:i + 2].tolist(), cu_k[i:i + 2].tolist()
+        o, lse = ref_block_forward(q[None, a:b], k[None, c:d], v[None, c:d], scale, wl, wr, 0)
+        outs.append(o[0])
+        lses.append(lse[0])
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+def _run_varlen(rank, ulysses, device, dtype, check, total, lens, hq, hkv, d):
+    """Packed documents crossing the ranks' shares, causal, GQA: out, lse and grads of this rank's
+    tokens against the whole batch's reference."""
+    ug, rg = attention_usp.mesh_groups(1, ulysses)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    assert cu[-1] == total
+    gen = torch.Generator().manual_seed(99)
+    q, k, v, dout = (torch.randn(total, h, d, generator=gen, dtype=torch.float64) for h in (hq, hkv, hkv, hq))
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    out_ref, lse_ref = ref_varlen(*full, cu, cu, max(lens), max(lens), d ** -0.5, -1, 0, False)
+    out_ref.backward(dout)
+    t_local = total // ulysses
+    mine = slice(rank * t_local, (rank + 1) * t_local)
+    ql, kl, vl = (t[mine].to(device, dtype).requires_grad_() for t in (q, k, v))
+    cu_dev = cu.to(device)
+    out, lse = attention_usp.flash_attn_varlen_usp_func(ql, kl, vl, cu_dev, cu_dev, max(lens), max(lens), causal=True,
+                                                        return_lse=True, ulysses_group=ug, ring_group=rg)
+    out.backward(dout[mine].to(device, dtype))
+    what = f"varlen rank {rank} of {ulysses}"
+    check(out, out_ref.detach()[mine], f"out, {what}")
+    check(lse, lse_ref.detach()[:, mine], f"lse, {what}")
+    for name, got, ref in (("dq", ql.grad, full[0].grad), ("dk", kl.grad, full[1].grad), ("dv", vl.grad, full[2].grad)):
+        check(got, ref[mine], f"{name}, {what}")
+
+
+def _varlen_cpu_worker(rank, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch.distributed as dist
+
+    def reference(q, k, v, cu_q, cu_k, max_q, max_k, scale, wl, wr, det):
+        return ref_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, wl, wr, det)
+
+    attention_usp.local_varlen_attention = reference
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        def check(got, ref, what):
+            torch.testing.assert_close(got.double(), ref.double(), rtol=1e-9, atol=1e-9, msg=what)
+
+        _run_varlen(rank, world, torch.device("cpu"), torch.float64, check, 40, [5, 12, 13, 10], 8, 4, 8)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_varlen_usp_over_ulysses_on_cpu():
+    import torch.multiprocessing as mp
+
+    mp.spawn(_varlen_cpu_worker, args=(4, _free_port()), nprocs=4, join=True)
+
+
+def _gpu_worker(rank, world, port, ring, ulysses, fp8=False, varlen=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch.distributed as dist
 
@@ -149,6 +210,10 @@ def _gpu_worker(rank, world, port, ring, ulysses, fp8=False):
             db = snr_db(got.float().cpu(), ref)
             assert db >= gate, f"{what}: {db:.1f} dB"
 
+        if varlen:
+            _run_varlen(rank, world, torch.device("cuda", rank), torch.bfloat16, check, 1024, [100, 257, 243, 424],
+                        8, 2, 64)
+            return
         cases = [(False, 8, 8, 256), (True, 8, 2, 384), (True, 16, 4, 128)]
         fn = attention_usp.flash_attn_fp8_usp_func if fp8 else None
         layouts = ("contiguous",) if fp8 else ("contiguous", "zigzag")
@@ -180,6 +245,14 @@ def test_fp8_usp_over_ulysses_on_gpus():
     mp.spawn(_gpu_worker, args=(2, _free_port(), 1, 2, True), nprocs=2, join=True)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_meshes(), reason="needs 2 CUDA GPUs")
+def test_varlen_usp_over_ulysses_on_gpus():
+    import torch.multiprocessing as mp
+
+    mp.spawn(_gpu_worker, args=(2, _free_port(), 1, 2, False, True), nprocs=2, join=True)
+
+
 def test_bad_arguments_name_what_is_wrong():
     q = torch.randn(1, 8, 4, 8)
     with pytest.raises(ValueError, match="'k'"):
@@ -194,6 +267,9 @@ def test_bad_arguments_name_what_is_wrong():
         attention_usp.flash_attn_fp8_usp_func(q, q, q, dropout_p=0.1)
     with pytest.raises(ValueError, match="seq_layout"):
         attention_usp.flash_attn_usp_func(q, q, q, seq_layout="striped")
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="3-D"):
+        attention_usp.flash_attn_varlen_usp_func(q, q, q, cu, cu, 8, 8)
 
 
 def test_shard_positions_cover_the_sequence_once():

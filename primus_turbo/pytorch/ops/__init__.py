@@ -3,7 +3,11 @@
 from primus_turbo.pytorch.ops.activation import geglu, geglu_with_probs, swiglu, swiglu_with_probs  # noqa: F401
 from primus_turbo.pytorch.ops.attention import flash_attn_func, flash_attn_varlen_func  # noqa: F401
 from primus_turbo.pytorch.ops.attention_fp8 import flash_attn_fp8_func, flash_attn_varlen_fp8_func  # noqa: F401
-from primus_turbo.pytorch.ops.attention_usp import flash_attn_fp8_usp_func, flash_attn_usp_func  # noqa: F401
+from primus_turbo.pytorch.ops.attention_usp import (  # noqa: F401
+    flash_attn_fp8_usp_func,
+    flash_attn_usp_func,
+    flash_attn_varlen_usp_func,
+)
 from primus_turbo.pytorch.ops.gemm import gemm  # noqa: F401
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm  # noqa: F401
 from primus_turbo.pytorch.ops.moe_permute import (  # noqa: F401
@@ -47,6 +51,7 @@ __all__ = [
     "flash_attn_fp8_func",
     "flash_attn_usp_func",
     "flash_attn_fp8_usp_func",
+    "flash_attn_varlen_usp_func",
     "flash_attn_varlen_fp8_func",
     "flash_attn_varlen_func",
     "gemm",

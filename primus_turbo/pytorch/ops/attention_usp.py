@@ -36,10 +36,18 @@ import torch
 import torch.distributed as dist
 
 from primus_turbo.pytorch.core import native
-from primus_turbo.pytorch.ops.attention import _bwd_op, _common_args, _fwd_op, backend_code, flash_attn_func
+from primus_turbo.pytorch.ops.attention import (
+    _bwd_op,
+    _common_args,
+    _fwd_op,
+    backend_code,
+    flash_attn_func,
+    flash_attn_varlen_func,
+)
 from primus_turbo.pytorch.ops.attention_fp8 import flash_attn_fp8_func
 
-__all__ = ["flash_attn_usp_func", "flash_attn_fp8_usp_func", "mesh_groups", "shard_positions"]
+__all__ = ["flash_attn_usp_func", "flash_attn_fp8_usp_func", "flash_attn_varlen_usp_func", "mesh_groups",
+           "shard_positions"]
 
 _OP = "flash_attn_usp_func"
 _LAYOUTS = ("contiguous", "zigzag")
@@ -171,6 +179,13 @@ def local_attention(q, k, v, scale, wl, wr, deterministic):
     differentiable flash_attn_func."""
     return flash_attn_func(q, k, v, softmax_scale=scale, window_size=(wl, wr), deterministic=deterministic,
                            return_lse=True)
+
+
+def local_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale, wl, wr, deterministic):
+    """(out [T, H, Dv], lse [H, T]) of the whole packed batch: the differentiable
+    flash_attn_varlen_func."""
+    return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, window_size=(wl, wr),
+                                  deterministic=deterministic, return_lse=True)
 
 
 def block_backward(dout, q, k, v, out, lse, scale, wl, wr, code, deterministic):
@@ -326,11 +341,11 @@ def _usp(attention, q, k, v, return_lse, ulysses_group):
     return (out, lse) if return_lse else out
 
 
-def _check(op, q, k, v, ulysses_group, ring_group, window, causal):
+def _check(op, q, k, v, ulysses_group, ring_group, window, causal, same_tokens=True):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{op}: argument '{name}' must be a 4-D tensor [B, S, H, D] (this rank's shard)")
-    if k.shape[:2] != q.shape[:2] or v.shape[:3] != k.shape[:3]:
+    if (same_tokens and k.shape[:2] != q.shape[:2]) or v.shape[:3] != k.shape[:3]:
         raise ValueError(
             f"{op}: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must share B and S (each rank "
             "holds the same tokens of q, k and v), and k and v their heads"
@@ -493,3 +508,53 @@ def flash_attn_fp8_usp_func(
                                    return_lse=True, fp8_config=fp8_config)
 
     return _usp(attention, q, k, v, return_lse, ulysses_group)
+
+
+@native.raises_python_errors
+def flash_attn_varlen_usp_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    bias=None,
+    alibi_slopes=None,
+    deterministic=False,
+    return_lse=False,
+    return_attn_probs=False,
+    ulysses_group=None,
+    ring_group=None,
+):
+    """:func:`flash_attn_varlen_func` over packed sequences sharded across the Ulysses group: q
+    ``[Tq, Hq, D]``, k and v ``[Tk, Hkv, D]`` are this rank's contiguous share of the packed tokens
+    (the ranks' shares in Ulysses-rank order make the batch; every rank the same count), and
+    ``cu_seqlens_q/k`` / ``max_seqlen_q/k`` describe the whole batch (the same on every rank).
+    After one all-to-all every rank holds every token of ``H / U`` heads and runs one varlen call.
+    A ring group of more than one rank raises NotImplementedError (documents crossing ring
+    chunks are not split yet). Returns ``out`` ``[Tq, Hq, Dv]`` (and ``lse`` ``[Hq, Tq]``)."""
+    op = "flash_attn_varlen_usp_func"
+    scale, wl, wr, _ = _common_args(op, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes,
+                                    return_attn_probs, None)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{op}: argument '{name}' must be a 3-D tensor [T, H, D] (this rank's packed tokens)")
+    _check(op, q[None], k[None], v[None], ulysses_group, ring_group, (wl, wr), bool(causal), same_tokens=False)
+    if _group_size(ring_group) > 1:
+        raise NotImplementedError(f"{op}: argument 'ring_group' must have one rank (packed sequences over a ring are "
+                                  "not implemented; use ulysses_group)")
+
+    def attention(ql, kl, vl):
+        out, lse = local_varlen_attention(ql[0], kl[0], vl[0], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                          scale, wl, wr, deterministic)
+        return out[None], lse[None]
+
+    result = _usp(attention, q[None], k[None], v[None], return_lse, ulysses_group)
+    if return_lse:
+        return result[0][0], result[1][0]
+    return result[0]
