@@ -18,7 +18,7 @@ The metric is effective bandwidth: the parameter, both moments read and written,
 copy bandwidth (the FP8 copy's extra byte a parameter not counted). ``turbo+amax`` also reduces
 max |param| per tensor (what a TENSORWISE FP8 layer's weight quantization takes); ``turbo+fp8_blocks``
 also writes every parameter's E4M3 copy in 128 x 128 blocks (what a BLOCKWISE FP8 layer reads), and
-each expert's transposed copy for the expert stacks. Writes <output-dir>/<gpu>/optimizer[_<tag>].csv and the summary.json
+the transposed copy the dgrad reads (2-D weights; each expert's for the expert stacks). Writes <output-dir>/<gpu>/optimizer[_<tag>].csv and the summary.json
 entries optim_adamw (against torch's fused=True) and optim_adamw_vs_foreach.
 """
 
@@ -82,7 +82,7 @@ def _check(params) -> tuple[bool, str]:
 
 def _time(impl: str, params, iters: int) -> float:
     import primus_turbo.pytorch as turbo
-    from primus_turbo.pytorch.optim.fused_adamw import _block_scale_shape
+    from primus_turbo.pytorch.optim.fused_adamw import _block_scale_shape, _transposed_target
 
     copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
     for c, p in zip(copies, params):
@@ -112,10 +112,8 @@ def _time(impl: str, params, iters: int) -> float:
         qs = [torch.empty_like(p, dtype=torch.float8_e4m3fn) for p in copies]
         scales = [p.new_empty(_block_scale_shape(p), dtype=torch.float32) for p in copies]
 
-        # Expert stacks also get each expert's transposed copy (GroupedLinear's dgrad operand).
-        qts = [torch.empty(p.shape[0], p.shape[2], p.shape[1], device="cuda", dtype=torch.float8_e4m3fn)
-               if p.dim() == 3 and p.shape[1] % 128 == 0 else torch.empty(0, device="cuda", dtype=torch.float8_e4m3fn)
-               for p in copies]
+        # And the transposed copy the optimizer writes for the dgrad (2-D weights, expert stacks).
+        qts = [_transposed_target(p, torch.float8_e4m3fn) for p in copies]
 
         def step(ps=copies):
             torch.ops.primus_turbo.fused_adamw_fp8_blocks_(ps, gs, ms_, vs_, qs, scales, qts, HYPER["lr"],
