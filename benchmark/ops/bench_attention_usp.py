@@ -62,8 +62,8 @@ def main(argv=None) -> int:
     from primus_turbo.pytorch.ops.attention_usp import mesh_groups, shard_positions
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
     hq, hkv, d, b = *args.heads, args.head_dim, args.batch
     rows = []

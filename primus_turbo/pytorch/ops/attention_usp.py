@@ -32,6 +32,8 @@ whole sequence is in one call.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -250,18 +252,18 @@ def ring_backward(ring: _Ring, dout, q, k, v, out, lse, scale, causal, zigzag, c
             dq_j, dk_j, dv_j = block_backward(dout[:, rows], q[:, rows], kk[:, keys], vv[:, keys], out[:, rows],
                                               lse[:, :, rows].contiguous(), scale, -1, wr, code, deterministic)
             dq[:, rows] += dq_j
-            if keys == slice(None):
-                share = _pack((dk_j, dv_j), acc_dtype)
-            else:  # a part of the chunk's keys: zeros for the rest
-                share = torch.zeros(kv.numel(), dtype=acc_dtype, device=kv.device)
-                dk_s, dv_s = _unpack(share, (k, v))
-                dk_s[:, keys], dv_s[:, keys] = dk_j, dv_j
+            share = (dk_j, dv_j, keys)
         # The running dK/dV of the chunk held now: from the previous position (started empty at step 0).
         if acc_pending is not None:
             _wait(acc_pending)
-            acc = acc_recv if share is None else acc_recv + share
+            acc = acc_recv
         else:
-            acc = share if share is not None else torch.zeros(kv.numel(), dtype=acc_dtype, device=kv.device)
+            acc = torch.zeros(kv.numel(), dtype=acc_dtype, device=kv.device)
+        if share is not None:  # this rank's share, into the keys it covered
+            dk_j, dv_j, keys = share
+            dk_acc, dv_acc = _unpack(acc, (k, v))
+            dk_acc[:, keys] += dk_j
+            dv_acc[:, keys] += dv_j
         acc_recv, acc_pending = ring.shift(acc)  # after the last step: one hop home
         if not last:
             _wait(kv_pending)
@@ -350,11 +352,17 @@ def _check(op, q, k, v, ulysses_group, ring_group, window, causal, same_tokens=T
             f"{op}: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must share B and S (each rank "
             "holds the same tokens of q, k and v), and k and v their heads"
         )
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype or t.device != q.device:
+            raise TypeError(f"{op}: argument '{name}' is {t.dtype} on {t.device}; q is {q.dtype} on {q.device} (the "
+                            "exchanges send q, k and v as one buffer)")
     for name, group in (("ulysses_group", ulysses_group), ("ring_group", ring_group)):
         if group is not None and not isinstance(group, dist.ProcessGroup):
             raise TypeError(f"{op}: argument '{name}' must be a torch.distributed ProcessGroup or None")
         if group is not None and not dist.is_initialized():
             raise RuntimeError(f"{op}: argument '{name}' given but torch.distributed is not initialized")
+        if group is not None and dist.get_rank(group) < 0:
+            raise ValueError(f"{op}: this rank is not a member of argument '{name}'")
     u = _group_size(ulysses_group)
     for name, h in (("q", q.shape[2]), ("k", k.shape[2])):
         if h % u:
@@ -363,6 +371,23 @@ def _check(op, q, k, v, ulysses_group, ring_group, window, causal, same_tokens=T
         raise NotImplementedError(
             f"{op}: argument 'window_size' is not supported with more than one ring rank (use Ulysses alone)"
         )
+    if os.environ.get("PRIMUS_TURBO_CHECK_USP_SHAPES", "0") not in ("", "0"):
+        _check_same_on_every_rank(op, (q, k, v), ulysses_group, ring_group)
+
+
+def _check_same_on_every_rank(op, tensors, *groups) -> None:
+    """With PRIMUS_TURBO_CHECK_USP_SHAPES=1: every rank of both groups passed the same shapes and
+    dtypes (the exchanges assume it; a rank that differs would otherwise hang the collective or
+    corrupt the result). Costs a gather and a host synchronization per call; debug only."""
+    mine = tuple((tuple(t.shape), str(t.dtype)) for t in tensors)
+    for group in groups:
+        if _group_size(group) == 1:
+            continue
+        seen = [None] * _group_size(group)
+        dist.all_gather_object(seen, mine, group=group)
+        if any(other != mine for other in seen):
+            raise ValueError(f"{op}: the ranks passed different q, k, v shapes or dtypes (every rank must pass the "
+                             f"same): {seen}")
 
 
 def _zigzag(op, seq_layout, q, ulysses_group, ring_group) -> bool:
@@ -379,6 +404,13 @@ def mesh_groups(ring_size: int, ulysses_size: int):
     """This rank's (ulysses_group, ring_group) of a (ring x Ulysses) mesh over the default process
     group, global rank = ring position * ulysses_size + Ulysses position (the order of
     :func:`shard_positions`). Every rank must call it (it creates every group, in one order)."""
+    world = dist.get_world_size()
+    for name, n in (("ring_size", ring_size), ("ulysses_size", ulysses_size)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"mesh_groups: argument '{name}' must be a positive int, got {n!r}")
+    if ring_size * ulysses_size != world:
+        raise ValueError(f"mesh_groups: ring_size x ulysses_size = {ring_size} x {ulysses_size} must equal the "
+                         f"world size {world}")
     rank = dist.get_rank()
     mine = {}
     for r in range(ring_size):
@@ -402,6 +434,9 @@ def shard_positions(seqlen: int, ring_size: int, ring_rank: int, ulysses_size: i
     followed by chunk ``2 * ring_size - 1 - r``, split in order over its Ulysses ranks."""
     if seq_layout not in _LAYOUTS:
         raise ValueError(f"shard_positions: argument 'seq_layout' is {seq_layout!r}; expected one of {_LAYOUTS}")
+    if not (0 <= ring_rank < ring_size and 0 <= ulysses_rank < ulysses_size):
+        raise ValueError(f"shard_positions: ring_rank {ring_rank} / ulysses_rank {ulysses_rank} out of range for a "
+                         f"ring of {ring_size} x Ulysses {ulysses_size}")
     parts = (2 if seq_layout == "zigzag" and ring_size > 1 else 1) * ring_size * ulysses_size
     if seqlen % parts:
         raise ValueError(f"shard_positions: seqlen {seqlen} does not split into {parts} equal parts ({seq_layout}, "
