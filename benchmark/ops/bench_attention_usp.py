@@ -112,8 +112,8 @@ def main(argv=None) -> int:
                         "step_efficiency": single["step"] / (world * t_step),
                     }
                     rows.append(row)
-                    print(f"{row['mesh']:>5} {layout:<10} S={seqlen:<6} causal={causal!s:<5} {row['check']} {snr:5.1f} dB  "
-                          f"fwd {t_fwd:7.3f} ms ({row['fwd_efficiency']:.2f})  step {t_step:7.3f} ms "
+                    print(f"{row['mesh']:>5} {layout:<10} S={seqlen:<6} causal={causal!s:<5} {row['check']} "
+                          f"{snr:5.1f} dB  fwd {t_fwd:7.3f} ms ({row['fwd_efficiency']:.2f})  step {t_step:7.3f} ms "
                           f"({row['step_efficiency']:.2f})  single {single['fwd']:.3f} / {single['step']:.3f} ms",
                           flush=True)
     if rank == 0 and rows:

@@ -1,5 +1,6 @@
-"""``turbo.ops.flash_attn_usp_func`` / ``flash_attn_fp8_usp_func``: context-parallel attention over a 2-D mesh of ranks, Ulysses
-(all-to-all over heads) times ring (K/V passed around), exact (blocks merged by log-sum-exp).
+"""``turbo.ops.flash_attn_usp_func`` (and its FP8 and varlen forms): context-parallel attention
+over a 2-D mesh of ranks, Ulysses (all-to-all over heads) times ring (K/V passed around), exact
+(blocks merged by log-sum-exp).
 
 Each rank holds a shard of the sequence, ``[B, S, H, D]``. By default the global sequence is the
 ranks' shards in the order (ring rank, Ulysses rank): the shard of the rank at ring position ``r``
@@ -20,8 +21,9 @@ The backward mirrors it: the Ulysses exchanges are differentiable steps whose ba
 inverse exchange, and the ring's backward runs, at every step, the attention backward of its block
 against the merged output and log-sum-exp (so each block's share is exact); dQ is summed locally in
 float32, and each chunk's dK/dV sum travels with it around the ring and one more hop home.
-With a ring of one rank the local call is ``flash_attn_func`` itself (or ``flash_attn_fp8_func``:
-``flash_attn_fp8_usp_func``), with everything it takes.
+With a ring of one rank the local call is ``flash_attn_func`` itself (``flash_attn_fp8_func`` for
+``flash_attn_fp8_usp_func``, ``flash_attn_varlen_func`` for ``flash_attn_varlen_usp_func``), with
+everything it takes.
 
 Contiguous chunks leave causal work unbalanced over the ring (position 0 computes one block, the
 last R). ``seq_layout="zigzag"`` takes shards in the load-balanced order instead (each ring position
