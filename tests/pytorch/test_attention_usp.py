@@ -231,6 +231,42 @@ def test_varlen_usp_over_ulysses_on_cpu():
     mp.spawn(_varlen_cpu_worker, args=(4, _free_port()), nprocs=4, join=True)
 
 
+def _compile_cpu_worker(rank, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch.distributed as dist
+
+    attention_usp.block_forward = ref_block_forward
+    attention_usp.block_backward = ref_block_backward
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        ug, rg = attention_usp.mesh_groups(world, 1)
+        gen = torch.Generator().manual_seed(rank)
+        q, k, v = (torch.randn(1, 4, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
+
+        def f(q, k, v):
+            return attention_usp.flash_attn_usp_func(q, k, v, causal=True, ulysses_group=ug, ring_group=rg) * 2
+
+        eager = f(q, k, v)
+        eager.sum().backward()
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        compiled = torch.compile(f)(q, k, v)
+        compiled.sum().backward()
+        torch.testing.assert_close(compiled, eager, rtol=1e-12, atol=1e-12)
+        for got, t in zip(grads, (q, k, v)):
+            torch.testing.assert_close(t.grad, got, rtol=1e-12, atol=1e-12)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_usp_under_torch_compile_on_cpu():
+    """torch.compile of a function calling it (graph breaks at the exchanges): eager's result."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_compile_cpu_worker, args=(2, _free_port()), nprocs=2, join=True)
+
+
 def _gpu_worker(rank, world, port, ring, ulysses, fp8=False, varlen=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch.distributed as dist
