@@ -4,7 +4,8 @@ Every rank's output, log-sum-exp and q/k/v gradients are checked against the flo
 the whole sequence (computed in every process from the same seed) at the rank's slice of it.
 - On the CPU (CI): gloo process groups, the per-block kernels replaced by a float64 reference, so
   the exchanges, the ring schedule (causal skips, the dK/dV sums travelling home) and the merge are
-  checked to 1e-9. Meshes 2x2, 4x1 and 1x4; contiguous and zigzag shards; causal and not; GQA.
+  checked to 1e-9. Meshes 2x2, 4x1 and 1x4; contiguous and zigzag shards; causal and not; GQA,
+  MQA and fewer K/V heads than Ulysses ranks.
 - On GPUs (2 or more): NCCL, our kernels, the bf16 gate (40 dB); flash_attn_fp8_usp_func over
   Ulysses at the FP8 gate (20 dB).
 - flash_attn_varlen_usp_func over Ulysses: packed documents crossing the ranks' shares, both ways.
@@ -156,7 +157,8 @@ def _cpu_worker(rank, world, port, ring, ulysses):
         def check(got, ref, what):
             torch.testing.assert_close(got.double(), ref.double(), rtol=1e-9, atol=1e-9, msg=what)
 
-        cases = [(False, 8, 8, 6), (True, 8, 4, 10), (True, 16, 4, 4)]
+        # GQA, and fewer K/V heads than Ulysses ranks (MQA; 2 heads over 4 ranks): repeated first.
+        cases = [(False, 8, 8, 6), (True, 8, 4, 10), (True, 16, 4, 4), (True, 8, 1, 4), (False, 8, 2, 2)]
         _run_cases(rank, world, ring, ulysses, torch.device("cpu"), torch.float64, cases, check)
         _module_matches_the_function(rank, ring, ulysses)
         _errors_that_need_groups(ring, ulysses)

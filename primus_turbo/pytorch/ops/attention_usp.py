@@ -336,13 +336,23 @@ class RingAttnFunction(torch.autograd.Function):
 
 
 def _usp(attention, q, k, v, return_lse, ulysses_group):
-    """Ulysses around ``attention(q, k, v) -> (out, lse)`` of the local heads."""
-    ql, kl, vl = _SeqToHeads.apply(ulysses_group, q, k, v) if _group_size(ulysses_group) > 1 else (q, k, v)
+    """Ulysses around ``attention(q, k, v) -> (out, lse)`` of the local heads. Fewer K/V heads than
+    Ulysses ranks (MQA, narrow GQA): each K/V head is repeated to one a rank first (rank u's query
+    heads all read repeated head u, which is their own K/V head); autograd sums the repeats'
+    gradients."""
+    u = _group_size(ulysses_group)
+    if u == 1:
+        return _finish(attention(q, k, v), return_lse)
+    if k.shape[2] < u:
+        k, v = (t.repeat_interleave(u // k.shape[2], dim=2) for t in (k, v))
+    ql, kl, vl = _SeqToHeads.apply(ulysses_group, q, k, v)
     out, lse = attention(ql, kl, vl)
-    if _group_size(ulysses_group) > 1:
-        out = _HeadsToSeq.apply(ulysses_group, out)
-        lse = lse_heads_to_seq(lse.detach(), ulysses_group) if return_lse else None
-    return (out, lse) if return_lse else out
+    out = _HeadsToSeq.apply(ulysses_group, out)
+    return _finish((out, lse_heads_to_seq(lse.detach(), ulysses_group) if return_lse else None), return_lse)
+
+
+def _finish(result, return_lse):
+    return result if return_lse else result[0]
 
 
 def _check(op, q, k, v, ulysses_group, ring_group, window, causal, same_tokens=True):
@@ -366,9 +376,12 @@ def _check(op, q, k, v, ulysses_group, ring_group, window, causal, same_tokens=T
         if group is not None and dist.get_rank(group) < 0:
             raise ValueError(f"{op}: this rank is not a member of argument '{name}'")
     u = _group_size(ulysses_group)
-    for name, h in (("q", q.shape[2]), ("k", k.shape[2])):
-        if h % u:
-            raise ValueError(f"{op}: argument '{name}' has {h} heads, not a multiple of the Ulysses group's {u} ranks")
+    if q.shape[2] % u:
+        raise ValueError(f"{op}: argument 'q' has {q.shape[2]} heads, not a multiple of the Ulysses group's {u} ranks")
+    hkv = k.shape[2]
+    if (hkv % u if hkv >= u else u % hkv) or q.shape[2] % hkv:
+        raise ValueError(f"{op}: argument 'k' has {hkv} heads; with {q.shape[2]} query heads and {u} Ulysses ranks "
+                         "they must divide the query heads and be a multiple or a divisor of the Ulysses size")
     if _group_size(ring_group) > 1 and window != (-1, 0 if causal else -1):
         raise NotImplementedError(
             f"{op}: argument 'window_size' is not supported with more than one ring rank (use Ulysses alone)"
@@ -479,8 +492,9 @@ def flash_attn_usp_func(
 
     Args:
         q, k, v: this rank's shard ``[B, S, H, D]`` (``[B, S, Hkv, Dv]`` for v), every rank the same
-            shape. ``H`` and ``Hkv`` multiples of the Ulysses group's size. Head dims and dtypes as
-            :func:`flash_attn_func`.
+            shape. ``H`` a multiple of the Ulysses group's size; ``Hkv`` a multiple or a divisor
+            of it (fewer K/V heads than Ulysses ranks are repeated to one a rank before the
+            exchange). Head dims and dtypes as :func:`flash_attn_func`.
         causal: causal over the global sequence (shard order in the module docstring).
         window_size: only with a ring of one rank (NotImplementedError otherwise).
         deterministic: each block's backward is; the ring sums in a fixed order, so the whole is.
