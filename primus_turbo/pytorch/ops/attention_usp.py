@@ -405,6 +405,19 @@ def _check_same_on_every_rank(op, tensors, *groups) -> None:
                              f"same): {seen}")
 
 
+def _entry(op, q, k, v, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes, return_attn_probs,
+           ulysses_group, ring_group, ulysses_only: str = "", same_tokens: bool = True):
+    """The entry points' shared checks: (softmax scale, window left, window right). ulysses_only
+    names what a ring of more than one rank does not take yet (NotImplementedError)."""
+    scale, wl, wr, _ = _common_args(op, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes,
+                                    return_attn_probs, None)
+    _check(op, q, k, v, ulysses_group, ring_group, (wl, wr), bool(causal), same_tokens)
+    if ulysses_only and _group_size(ring_group) > 1:
+        raise NotImplementedError(f"{op}: argument 'ring_group' must have one rank ({ulysses_only} over a ring is not "
+                                  "implemented; use ulysses_group)")
+    return scale, wl, wr
+
+
 def _zigzag(op, seq_layout, q, ulysses_group, ring_group) -> bool:
     if seq_layout not in _LAYOUTS:
         raise ValueError(f"{op}: argument 'seq_layout' is {seq_layout!r}; expected one of {_LAYOUTS}")
@@ -510,9 +523,8 @@ def flash_attn_usp_func(
 
     Returns ``out`` ``[B, S, H, Dv]`` (or ``(out, lse)``), differentiable in q, k and v.
     """
-    scale, wl, wr, _ = _common_args(_OP, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes,
-                                    return_attn_probs, None)
-    _check(_OP, q, k, v, ulysses_group, ring_group, (wl, wr), bool(causal))
+    scale, wl, wr = _entry(_OP, q, k, v, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes,
+                           return_attn_probs, ulysses_group, ring_group)
     zigzag = _zigzag(_OP, seq_layout, q, ulysses_group, ring_group)
     ring = _Ring(ring_group)
     if ring.size == 1:  # Ulysses alone: the whole sequence in one flash_attn_func call (windows too)
@@ -546,13 +558,8 @@ def flash_attn_fp8_usp_func(
     blockwise after the Ulysses exchange; ``fp8_config`` as there). Ulysses only: a ring group of
     more than one rank raises NotImplementedError (the FP8 kernel's blocks are not merged across
     ring steps yet)."""
-    op = "flash_attn_fp8_usp_func"
-    scale, wl, wr, _ = _common_args(op, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes,
-                                    return_attn_probs, None)
-    _check(op, q, k, v, ulysses_group, ring_group, (wl, wr), bool(causal))
-    if _group_size(ring_group) > 1:
-        raise NotImplementedError(f"{op}: argument 'ring_group' must have one rank (FP8 attention over a ring is "
-                                  "not implemented; use ulysses_group, or flash_attn_usp_func)")
+    scale, wl, wr = _entry("flash_attn_fp8_usp_func", q, k, v, dropout_p, softmax_scale, causal, window_size, bias,
+                           alibi_slopes, return_attn_probs, ulysses_group, ring_group, ulysses_only="FP8 attention")
 
     def attention(ql, kl, vl):
         return flash_attn_fp8_func(ql, kl, vl, softmax_scale=scale, window_size=(wl, wr), deterministic=deterministic,
@@ -590,15 +597,12 @@ def flash_attn_varlen_usp_func(
     A ring group of more than one rank raises NotImplementedError (documents crossing ring
     chunks are not split yet). Returns ``out`` ``[Tq, Hq, Dv]`` (and ``lse`` ``[Hq, Tq]``)."""
     op = "flash_attn_varlen_usp_func"
-    scale, wl, wr, _ = _common_args(op, q, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes,
-                                    return_attn_probs, None)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{op}: argument '{name}' must be a 3-D tensor [T, H, D] (this rank's packed tokens)")
-    _check(op, q[None], k[None], v[None], ulysses_group, ring_group, (wl, wr), bool(causal), same_tokens=False)
-    if _group_size(ring_group) > 1:
-        raise NotImplementedError(f"{op}: argument 'ring_group' must have one rank (packed sequences over a ring are "
-                                  "not implemented; use ulysses_group)")
+    scale, wl, wr = _entry(op, q[None], k[None], v[None], dropout_p, softmax_scale, causal, window_size, bias,
+                           alibi_slopes, return_attn_probs, ulysses_group, ring_group,
+                           ulysses_only="attention of packed sequences", same_tokens=False)
 
     def attention(ql, kl, vl):
         out, lse = local_varlen_attention(ql[0], kl[0], vl[0], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
