@@ -71,51 +71,67 @@ def _all_to_all(send: torch.Tensor, group) -> torch.Tensor:
     return recv
 
 
+def _exchange(tensors, group, to_rows, from_rows):
+    """One all-to-all over ``group`` for several tensors: ``to_rows(t)`` lays each out as ``[U, n]``
+    (row i goes to the group's rank i), the rows are sent side by side in one buffer, and
+    ``from_rows(rows, t)`` turns each tensor's ``[U, n]`` received rows (by sender) into its result."""
+    u = _group_size(group)
+    recv = _all_to_all(torch.cat([to_rows(t, u) for t in tensors], dim=1), group)
+    out, at = [], 0
+    for t in tensors:
+        n = t.numel() // u
+        out.append(from_rows(recv[:, at:at + n], t, u))
+        at += n
+    return out
+
+
 def seq_to_heads(tensors, group):
     """Ulysses' forward exchange of ``[B, S, H_i, D_i]`` shards (one all-to-all for all of them):
     ``[B, U * S, H_i / U, D_i]``, the Ulysses ranks' shards in rank order, head group ``u`` of each."""
-    u = _group_size(group)
-    if u == 1:
+    if _group_size(group) == 1:
         return list(tensors)
-    parts = [t.reshape(t.shape[0], t.shape[1], u, t.shape[2] // u, t.shape[3]).permute(2, 0, 1, 3, 4).reshape(u, -1)
-             for t in tensors]
-    recv = _all_to_all(torch.cat(parts, dim=1), group)
-    out, at = [], 0
-    for t in tensors:
+
+    def to_rows(t, u):
         b, s, h, d = t.shape
-        n = b * s * (h // u) * d
-        out.append(recv[:, at:at + n].reshape(u, b, s, h // u, d).permute(1, 0, 2, 3, 4).reshape(b, u * s, h // u, d))
-        at += n
-    return out
+        return t.reshape(b, s, u, h // u, d).permute(2, 0, 1, 3, 4).reshape(u, -1)
+
+    def from_rows(rows, t, u):
+        b, s, h, d = t.shape
+        return rows.reshape(u, b, s, h // u, d).permute(1, 0, 2, 3, 4).reshape(b, u * s, h // u, d)
+
+    return _exchange(tensors, group, to_rows, from_rows)
 
 
 def heads_to_seq(tensors, group):
     """The inverse of :func:`seq_to_heads`: ``[B, U * S, H_i / U, D_i]`` -> ``[B, S, H_i, D_i]``."""
-    u = _group_size(group)
-    if u == 1:
+    if _group_size(group) == 1:
         return list(tensors)
-    parts = [t.reshape(t.shape[0], u, t.shape[1] // u, t.shape[2], t.shape[3]).permute(1, 0, 2, 3, 4).reshape(u, -1)
-             for t in tensors]
-    recv = _all_to_all(torch.cat(parts, dim=1), group)
-    out, at = [], 0
-    for t in tensors:
+
+    def to_rows(t, u):
         b, us, hl, d = t.shape
-        s = us // u
-        n = b * s * hl * d
-        out.append(recv[:, at:at + n].reshape(u, b, s, hl, d).permute(1, 2, 0, 3, 4).reshape(b, s, u * hl, d))
-        at += n
-    return out
+        return t.reshape(b, u, us // u, hl, d).permute(1, 0, 2, 3, 4).reshape(u, -1)
+
+    def from_rows(rows, t, u):
+        b, us, hl, d = t.shape
+        return rows.reshape(u, b, us // u, hl, d).permute(1, 2, 0, 3, 4).reshape(b, us // u, u * hl, d)
+
+    return _exchange(tensors, group, to_rows, from_rows)
 
 
 def lse_heads_to_seq(lse: torch.Tensor, group) -> torch.Tensor:
     """The log-sum-exp ``[B, H / U, U * S]`` of the local heads -> the caller's ``[B, H, S]``."""
-    u = _group_size(group)
-    if u == 1:
+    if _group_size(group) == 1:
         return lse
-    b, hl, us = lse.shape
-    s = us // u
-    recv = _all_to_all(lse.reshape(b, hl, u, s).permute(2, 0, 1, 3).reshape(u, -1), group)
-    return recv.reshape(u, b, hl, s).permute(1, 0, 2, 3).reshape(b, u * hl, s)
+
+    def to_rows(t, u):
+        b, hl, us = t.shape
+        return t.reshape(b, hl, u, us // u).permute(2, 0, 1, 3).reshape(u, -1)
+
+    def from_rows(rows, t, u):
+        b, hl, us = t.shape
+        return rows.reshape(u, b, hl, us // u).permute(1, 0, 2, 3).reshape(b, u * hl, us // u)
+
+    return _exchange((lse,), group, to_rows, from_rows)[0]
 
 
 class _Ring:
@@ -156,6 +172,19 @@ class _Ring:
 def _wait(requests) -> None:
     for r in requests:
         r.wait()
+
+
+def _held_chunks(ring: _Ring, kv: torch.Tensor):
+    """Yields (step, the packed K/V chunk held at that step), R steps; the next step's chunk is
+    already on its way while the caller works on this one."""
+    for step in range(ring.size):
+        last = step + 1 == ring.size
+        if not last:
+            kv_next, pending = ring.shift(kv)
+        yield step, kv
+        if not last:
+            _wait(pending)
+            kv = kv_next
 
 
 def _pack(tensors, dtype=None) -> torch.Tensor:
@@ -217,35 +246,25 @@ def _merge(acc, lse_acc, out, lse):
 
 def ring_forward(ring: _Ring, q, k, v, scale, causal, zigzag, code):
     acc = lse_acc = None
-    kv = _pack((k, v))
-    for step in range(ring.size):
-        last = step + 1 == ring.size
-        if not last:
-            kv_next, pending = ring.shift(kv)
+    for step, kv in _held_chunks(ring, _pack((k, v))):
         plan = ring.block(step, causal, zigzag, q.shape[1])
-        if plan is not None:
-            rows, keys, wr = plan
-            kk, vv = _unpack(kv, (k, v))
-            out, lse = block_forward(q[:, rows], kk[:, keys], vv[:, keys], scale, -1, wr, code)
-            if acc is None:  # step 0: the own chunk, every row
-                acc, lse_acc = out.to(_acc_dtype(out)), lse.clone()
-            else:
-                acc[:, rows], lse_acc[:, :, rows] = _merge(acc[:, rows], lse_acc[:, :, rows], out, lse)
-        if not last:
-            _wait(pending)
-            kv = kv_next
+        if plan is None:
+            continue
+        rows, keys, wr = plan
+        kk, vv = _unpack(kv, (k, v))
+        out, lse = block_forward(q[:, rows], kk[:, keys], vv[:, keys], scale, -1, wr, code)
+        if acc is None:  # step 0: the own chunk, every row
+            acc, lse_acc = out.to(_acc_dtype(out)), lse.clone()
+        else:
+            acc[:, rows], lse_acc[:, :, rows] = _merge(acc[:, rows], lse_acc[:, :, rows], out, lse)
     return acc.to(q.dtype), lse_acc
 
 
 def ring_backward(ring: _Ring, dout, q, k, v, out, lse, scale, causal, zigzag, code, deterministic):
     acc_dtype = _acc_dtype(q)
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
-    kv = _pack((k, v))
     acc_recv = acc_pending = None
-    for step in range(ring.size):
-        last = step + 1 == ring.size
-        if not last:
-            kv_next, kv_pending = ring.shift(kv)
+    for step, kv in _held_chunks(ring, _pack((k, v))):
         plan = ring.block(step, causal, zigzag, q.shape[1])
         share = None
         if plan is not None:
@@ -267,9 +286,6 @@ def ring_backward(ring: _Ring, dout, q, k, v, out, lse, scale, causal, zigzag, c
             dk_acc[:, keys] += dk_j
             dv_acc[:, keys] += dv_j
         acc_recv, acc_pending = ring.shift(acc)  # after the last step: one hop home
-        if not last:
-            _wait(kv_pending)
-            kv = kv_next
     _wait(acc_pending)
     dk, dv = (t.to(like.dtype) for t, like in zip(_unpack(acc_recv, (k, v)), (k, v)))
     return dq.to(q.dtype), dk, dv
@@ -283,19 +299,12 @@ class _SeqToHeads(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, group, *tensors):
-        ctx.group, ctx.likes = group, [(t.shape, t.dtype, t.device) for t in tensors]
+        ctx.group = group  # gradients of unused outputs come as zeros (materialized by autograd)
         return tuple(seq_to_heads(tensors, group))
 
     @staticmethod
     def backward(ctx, *grads):
-        grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
-                 for g, (shape, dtype, device) in zip(grads, _local_shapes(ctx))]
         return None, *heads_to_seq(grads, ctx.group)
-
-
-def _local_shapes(ctx):
-    u = _group_size(ctx.group)
-    return [((b, s * u, h // u, d), dtype, device) for (b, s, h, d), dtype, device in ctx.likes]
 
 
 class _HeadsToSeq(torch.autograd.Function):
@@ -418,9 +427,13 @@ def _entry(op, q, k, v, dropout_p, softmax_scale, causal, window_size, bias, ali
     return scale, wl, wr
 
 
-def _zigzag(op, seq_layout, q, ulysses_group, ring_group) -> bool:
+def _check_layout(op, seq_layout) -> None:
     if seq_layout not in _LAYOUTS:
         raise ValueError(f"{op}: argument 'seq_layout' is {seq_layout!r}; expected one of {_LAYOUTS}")
+
+
+def _zigzag(op, seq_layout, q, ulysses_group, ring_group) -> bool:
+    _check_layout(op, seq_layout)
     zigzag = seq_layout == "zigzag" and _group_size(ring_group) > 1
     if zigzag and (q.shape[1] * _group_size(ulysses_group)) % 2:
         raise ValueError(f"{op}: seq_layout 'zigzag' needs an even number of tokens per ring position (q has "
@@ -460,8 +473,7 @@ def shard_positions(seqlen: int, ring_size: int, ring_rank: int, ulysses_size: i
     ``ring_rank * ulysses_size + ulysses_rank`` of ``ring_size * ulysses_size`` equal blocks.
     ``"zigzag"``: the sequence cut into ``2 * ring_size`` chunks; ring position r holds chunk r
     followed by chunk ``2 * ring_size - 1 - r``, split in order over its Ulysses ranks."""
-    if seq_layout not in _LAYOUTS:
-        raise ValueError(f"shard_positions: argument 'seq_layout' is {seq_layout!r}; expected one of {_LAYOUTS}")
+    _check_layout("shard_positions", seq_layout)
     if not (0 <= ring_rank < ring_size and 0 <= ulysses_rank < ulysses_size):
         raise ValueError(f"shard_positions: ring_rank {ring_rank} / ulysses_rank {ulysses_rank} out of range for a "
                          f"ring of {ring_size} x Ulysses {ulysses_size}")
