@@ -11,6 +11,7 @@ the whole sequence (computed in every process from the same seed) at the rank's 
 - flash_attn_varlen_usp_func over Ulysses: packed documents crossing the ranks' shares, both ways.
 """
 
+import contextlib
 import os
 import socket
 
@@ -145,25 +146,44 @@ def _errors_that_need_groups(ring, ulysses):
         attention_usp.mesh_groups(ring * ulysses, 2)
 
 
-def _cpu_worker(rank, world, port, ring, ulysses):
+@contextlib.contextmanager
+def _process_group(rank, world, port, backend="gloo"):
+    """This spawned process as rank ``rank`` of a new default group (NCCL: on GPU ``rank``)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch.distributed as dist
 
-    attention_usp.block_forward = ref_block_forward  # the exchanges and the ring, not the kernels
-    attention_usp.block_backward = ref_block_backward
-    attention_usp.local_attention = lambda q, k, v, scale, wl, wr, det: ref_block_forward(q, k, v, scale, wl, wr, 0)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    kwargs = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        kwargs["device_id"] = torch.device("cuda", rank)
+    dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
     try:
-        def check(got, ref, what):
-            torch.testing.assert_close(got.double(), ref.double(), rtol=1e-9, atol=1e-9, msg=what)
-
-        # GQA, and fewer K/V heads than Ulysses ranks (MQA; 2 heads over 4 ranks): repeated first.
-        cases = [(False, 8, 8, 6), (True, 8, 4, 10), (True, 16, 4, 4), (True, 8, 1, 4), (False, 8, 2, 2)]
-        _run_cases(rank, world, ring, ulysses, torch.device("cpu"), torch.float64, cases, check)
-        _module_matches_the_function(rank, ring, ulysses)
-        _errors_that_need_groups(ring, ulysses)
+        yield
     finally:
         dist.destroy_process_group()
+
+
+def _use_reference_blocks():
+    """The single-device calls replaced by the float64 reference: the CPU tests check the exchanges
+    and the ring, not the kernels."""
+    attention_usp.block_forward = ref_block_forward
+    attention_usp.block_backward = ref_block_backward
+    attention_usp.local_attention = lambda q, k, v, scale, wl, wr, det: ref_block_forward(q, k, v, scale, wl, wr, 0)
+    attention_usp.local_varlen_attention = ref_varlen
+
+
+def _exact(got, ref, what):
+    torch.testing.assert_close(got.double(), ref.double(), rtol=1e-9, atol=1e-9, msg=what)
+
+
+def _cpu_worker(rank, world, port, ring, ulysses):
+    _use_reference_blocks()
+    with _process_group(rank, world, port):
+        # GQA, and fewer K/V heads than Ulysses ranks (MQA; 2 heads over 4 ranks): repeated first.
+        cases = [(False, 8, 8, 6), (True, 8, 4, 10), (True, 16, 4, 4), (True, 8, 1, 4), (False, 8, 2, 2)]
+        _run_cases(rank, world, ring, ulysses, torch.device("cpu"), torch.float64, cases, _exact)
+        _module_matches_the_function(rank, ring, ulysses)
+        _errors_that_need_groups(ring, ulysses)
 
 
 @pytest.mark.parametrize("ring,ulysses", [(2, 2), (4, 1), (1, 4)])
@@ -210,21 +230,9 @@ def _run_varlen(rank, ulysses, device, dtype, check, total, lens, hq, hkv, d):
 
 
 def _varlen_cpu_worker(rank, world, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import torch.distributed as dist
-
-    def reference(q, k, v, cu_q, cu_k, max_q, max_k, scale, wl, wr, det):
-        return ref_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, wl, wr, det)
-
-    attention_usp.local_varlen_attention = reference
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        def check(got, ref, what):
-            torch.testing.assert_close(got.double(), ref.double(), rtol=1e-9, atol=1e-9, msg=what)
-
-        _run_varlen(rank, world, torch.device("cpu"), torch.float64, check, 40, [5, 12, 13, 10], 8, 4, 8)
-    finally:
-        dist.destroy_process_group()
+    _use_reference_blocks()
+    with _process_group(rank, world, port):
+        _run_varlen(rank, world, torch.device("cpu"), torch.float64, _exact, 40, [5, 12, 13, 10], 8, 4, 8)
 
 
 def test_varlen_usp_over_ulysses_on_cpu():
@@ -234,13 +242,8 @@ def test_varlen_usp_over_ulysses_on_cpu():
 
 
 def _compile_cpu_worker(rank, world, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import torch.distributed as dist
-
-    attention_usp.block_forward = ref_block_forward
-    attention_usp.block_backward = ref_block_backward
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    _use_reference_blocks()
+    with _process_group(rank, world, port):
         ug, rg = attention_usp.mesh_groups(world, 1)
         gen = torch.Generator().manual_seed(rank)
         q, k, v = (torch.randn(1, 4, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -258,8 +261,6 @@ def _compile_cpu_worker(rank, world, port):
         torch.testing.assert_close(compiled, eager, rtol=1e-12, atol=1e-12)
         for got, t in zip(grads, (q, k, v)):
             torch.testing.assert_close(t.grad, got, rtol=1e-12, atol=1e-12)
-    finally:
-        dist.destroy_process_group()
 
 
 def test_usp_under_torch_compile_on_cpu():
@@ -270,14 +271,9 @@ def test_usp_under_torch_compile_on_cpu():
 
 
 def _gpu_worker(rank, world, port, ring, ulysses, fp8=False, varlen=False):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import torch.distributed as dist
-
     from turbo_test_utils import snr_db
 
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
-    try:
+    with _process_group(rank, world, port, "nccl"):
         gate = 20.0 if fp8 else 40.0  # ACCURACY.md: FP8 attention 20 dB, bf16 40 dB
 
         def check(got, ref, what):
@@ -288,7 +284,8 @@ def _gpu_worker(rank, world, port, ring, ulysses, fp8=False, varlen=False):
             _run_varlen(rank, world, torch.device("cuda", rank), torch.bfloat16, check, 1024, [100, 257, 243, 424],
                         8, 2, 64)
             return
-        cases = [(False, 8, 8, 256), (True, 8, 2, 384), (True, 16, 4, 128)]
+        cases = [(False, 8, 8, 256), (True, 8, 2, 384), (True, 16, 4, 128), (True, 8, 1, 128)]
+
         def check_lse(got, ref, what):  # a large, nearly constant offset: an SNR would flatter it
             torch.testing.assert_close(got.double().cpu(), ref, rtol=0, atol=0.25 if fp8 else 0.02, msg=what)
 
@@ -296,8 +293,6 @@ def _gpu_worker(rank, world, port, ring, ulysses, fp8=False, varlen=False):
         layouts = ("contiguous",) if fp8 else ("contiguous", "zigzag")
         _run_cases(rank, world, ring, ulysses, torch.device("cuda", rank), torch.bfloat16, cases, check, fn, layouts,
                    check_lse)
-    finally:
-        dist.destroy_process_group()
 
 
 def _gpu_meshes():
