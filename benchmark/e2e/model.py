@@ -83,7 +83,7 @@ class DenseMLP(nn.Module):
     def forward(self, x):
         fused = self._fused_fp8_config()
         if fused is not None:  # one op: the SwiGLU kernels hand their amaxes to the quantizations
-            return self.turbo.ops.swiglu_mlp_fp8(x, self.gate_up.weight, self.down.weight, fused)
+            return self.turbo.ops.swiglu_mlp_fp8(x, self.gate_up.weight_operand(), self.down.weight_operand(), fused)
         h = self.gate_up(x)
         if self.turbo is not None:
             h = self.turbo.ops.swiglu(h)
@@ -93,14 +93,13 @@ class DenseMLP(nn.Module):
         return self.down(h)
 
     def _fused_fp8_config(self):
-        """The FP8 config when both projections are TENSORWISE Float8Linear layers without bias or
-        weight cache (turbo path; turbo.ops.swiglu_mlp_fp8 then runs the MLP, quantizing the weights
-        each call), else None."""
+        """The FP8 config when both projections are TENSORWISE Float8Linear layers without bias (turbo
+        path; turbo.ops.swiglu_mlp_fp8 then runs the MLP, quantizing the weights each call or reading
+        the layers' per-step weight caches), else None."""
         if self.turbo is None:
             return None
         layers = (self.gate_up, self.down)
-        if not all(isinstance(layer, self.turbo.modules.Float8Linear) and layer.bias is None
-                   and not getattr(layer, "cache_quantized_weight", False) for layer in layers):
+        if not all(isinstance(layer, self.turbo.modules.Float8Linear) and layer.bias is None for layer in layers):
             return None
         config = self.gate_up.config
         tensorwise = config.granularity == self.turbo.core.low_precision.ScalingGranularity.TENSORWISE

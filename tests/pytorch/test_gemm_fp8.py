@@ -285,6 +285,36 @@ def test_float8_linear_weight_cache_matches_and_refreshes(g, monkeypatch):
     )
 
 
+@pytest.mark.parametrize("g", [G.TENSORWISE, G.ROWWISE, G.BLOCKWISE], ids=lambda v: v.name)
+@pytest.mark.parametrize("frozen_input", [False, True])
+def test_float8_linear_cached_weight_takes_one_native_call_equal_to_the_uncached_layer(g, frozen_input, monkeypatch):
+    # The cached layer's forward is one native training call reading the step's weight copies
+    # (gemm_fp8_train with b_q / d_q); output, input and weight gradients are the uncached layer's
+    # bit for bit (the same quantizers wrote the same copies, the same GEMMs read them).
+    import primus_turbo.pytorch.ops.gemm_fp8 as mod
+
+    given = []
+    real = mod._native_train
+    monkeypatch.setattr(mod, "_native_train", lambda *a: given.append(len(a) > 8 and a[8] is not None) or real(*a))
+    torch.manual_seed(3)
+    cfg = config_for(Format.HYBRID, g)
+    ref = turbo.modules.Float8Linear(384, 256, bias=True, config=cfg, device="cuda", dtype=torch.bfloat16)
+    cached = turbo.modules.Float8Linear(384, 256, bias=True, config=cfg, device="cuda", dtype=torch.bfloat16,
+                                        cache_quantized_weight=True)
+    cached.load_state_dict(ref.state_dict())
+    x = torch.randn(4, 32, 384, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(4, 32, 256, device="cuda", dtype=torch.bfloat16)
+    results = []
+    for layer in (ref, cached):
+        xi = x.clone().requires_grad_(not frozen_input)
+        y = layer(xi)
+        y.backward(dy)
+        results.append((y.detach(), xi.grad, layer.weight.grad, layer.bias.grad))
+    assert given == [False, True]
+    for name, a, b in zip(("out", "dx", "dw", "dbias"), *results):
+        assert (a is None and b is None) or torch.equal(a, b), f"{name} differs from the uncached layer"
+
+
 def test_backend_selection_for_fp8_precision():
     a = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)

@@ -38,6 +38,9 @@ NATIVE_OPS = {
     "moe_token_unpermute": "moe_token_unpermute(Tensor input, Tensor row_id_map, Tensor? merging_probs",
     "gemm_fp8_fwd": "gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype",
     "gemm_fp8_bwd": "gemm_fp8_bwd(Tensor grad_out, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd",
+    "gemm_fp8_fwd_qb": "gemm_fp8_fwd_qb(Tensor a, Tensor b_q, Tensor b_scale_inv, int b_scaling, bool trans_a",
+    "swiglu_mlp_fp8_fwd_qw": "swiglu_mlp_fp8_fwd_qw(Tensor x, Tensor wgu_q, Tensor wgu_s, Tensor wd_q, Tensor wd_s",
+    "quantize_fp8_with_amax": "quantize_fp8_with_amax(Tensor x, Tensor amax, ScalarType out_dtype, bool transposed=False)",
     "moe_index_permute": "moe_index_permute(Tensor tokens, Tensor expert_map, Tensor? probs, Tensor? scaling_factor",
     "gemm_fp4_fwd": "gemm_fp4_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, bool two_d",
     "gemm_fp4_bwd": "gemm_fp4_bwd(Tensor grad_out, Tensor qbn, Tensor sbn, Tensor qam, Tensor sam, bool trans_a",
@@ -119,6 +122,47 @@ def test_native_checks_raise_the_fake_implementations_classes():
             torch.ops.primus_turbo.gemm_fp8_fwd,
             _cpu(16, 8), _cpu(16, 8), False, True, torch.bfloat16, torch.float8_e4m3fn, 1, False,
         )
+
+
+E4M3 = torch.float8_e4m3fn
+
+
+def _fwd_qb(a, b_q, b_s, b_scaling=0, granularity=0):
+    return _direct(torch.ops.primus_turbo.gemm_fp8_fwd_qb, a, b_q, b_s, b_scaling, False, torch.bfloat16, E4M3,
+                   granularity, True)
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda: _fwd_qb(_cpu(32, 64), _cpu(48, 64).to(torch.float8_e5m2), _cpu(1, dtype=torch.float32)), TypeError,
+         "argument 'b_q' has dtype torch.float8_e5m2; expected torch.float8_e4m3fn"),
+        (lambda: _fwd_qb(_cpu(32, 64), _cpu(48, 32).to(E4M3), _cpu(1, dtype=torch.float32)), ValueError,
+         r"argument 'b_q' must be \[N, K=64\]"),
+        (lambda: _fwd_qb(_cpu(32, 64), _cpu(64, 48).to(E4M3).t(), _cpu(1, dtype=torch.float32)), ValueError,
+         "argument 'b_q' must be contiguous"),
+        (lambda: _fwd_qb(_cpu(32, 64), _cpu(48, 64).to(E4M3), _cpu(1, dtype=torch.float32), 3, 0), ValueError,
+         "argument 'b_q' has scaling code 3; granularity code 0 reads weights with code 0"),
+        (lambda: _fwd_qb(_cpu(32, 64), _cpu(48, 64).to(E4M3), _cpu(47, dtype=torch.float32), 1, 1), ValueError,
+         "argument 'b_scale_inv'"),
+        (lambda: _fwd_qb(_cpu(32, 256), _cpu(256, 256).to(E4M3), _cpu(2, 3, dtype=torch.float32), 3, 2), ValueError,
+         "argument 'b_scale_inv'"),
+        (lambda: _fwd_qb(_cpu(30, 64), _cpu(48, 64).to(E4M3), _cpu(1, dtype=torch.float32)), ValueError,
+         "the backward needs M=30 and N=48 to be multiples of 16"),
+        (lambda: _fwd_qb(_cpu(32, 64), _cpu(48, 64).to(E4M3), _cpu(1, dtype=torch.float32)), ValueError,
+         "gemm_fp8: argument 'a' is on cpu"),
+        (lambda: _direct(torch.ops.primus_turbo.swiglu_mlp_fp8_fwd_qw, _cpu(32, 64), _cpu(96, 64).to(E4M3),
+                         _cpu(1, dtype=torch.float32), _cpu(64, 32).to(E4M3), _cpu(1, dtype=torch.float32), E4M3),
+         ValueError, r"swiglu_mlp_fp8: expected x \[M, H\], w_gate_up \[2I, H\] and w_down \[H, I\]"),
+        (lambda: _direct(torch.ops.primus_turbo.quantize_fp8_with_amax, _cpu(2, 16, 32), _cpu(1, dtype=torch.float32),
+                         E4M3, True), ValueError, "a transposed copy needs a 2-D 'x'"),
+    ],
+)
+def test_prequantized_weight_arguments_are_checked_before_launch(call, error, match):
+    # A weight's FP8 copy comes from outside the op (a layer's per-step cache): its dtype, shape,
+    # layout and scales are checked, on any device, before the device check.
+    with pytest.raises(error, match=match):
+        call()
 
 
 def test_argument_types_the_dispatcher_refuses_become_type_errors_naming_them():
@@ -398,6 +442,31 @@ def test_gemm_fp8_train_cpp_autograd_on_meta(code, trans_a, trans_b):
     assert y.shape == (m, n) and type(y.grad_fn).__name__ == "CppFunction"
     ga, gb = torch.autograd.grad(y, (a, b), torch.empty_like(y))
     assert ga.shape == a.shape and gb.shape == b.shape
+
+
+@pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
+@pytest.mark.parametrize("code,scaling", [(0, 0), (1, 1), (2, 3)])
+@pytest.mark.parametrize("need_a", [True, False])
+def test_gemm_fp8_train_with_given_weight_copies_on_meta(code, scaling, need_a):
+    # A layer's per-step cache passes the weight's copies along K and N; the weight itself still
+    # gets the gradient, and without a dgrad (frozen input) no copy along N is needed.
+    m, k, n = 64, 256, 384
+    a = torch.empty(m, k, device="meta", dtype=torch.bfloat16, requires_grad=need_a)
+    b = torch.empty(n, k, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    s_fwd = {0: (), 1: (n, 1), 2: (n // 128, k // 128)}[code]
+    s_bwd = {0: (), 1: (k, 1), 2: (k // 128, n // 128)}[code]
+    b_q, b_s = torch.empty(n, k, device="meta", dtype=E4M3), torch.empty(s_fwd, device="meta")
+    d_q, d_s = (torch.empty(k, n, device="meta", dtype=E4M3), torch.empty(s_bwd, device="meta")) if need_a else (None,
+                                                                                                               None)
+    y = native.ops.gemm_fp8_train.default(a, b, False, True, torch.bfloat16, E4M3, torch.float8_e5m2, code, b_q, b_s,
+                                          scaling, d_q, d_s)
+    assert y.shape == (m, n) and type(y.grad_fn).__name__ == "CppFunction"
+    inputs = (a, b) if need_a else (b,)
+    grads = torch.autograd.grad(y, inputs, torch.empty_like(y))
+    assert all(g.shape == t.shape for g, t in zip(grads, inputs))
+    with pytest.raises(ValueError, match="b_q with b_s"):
+        native.ops.gemm_fp8_train.default(a, b, False, True, torch.bfloat16, E4M3, torch.float8_e5m2, code, b_q, None,
+                                          scaling, None, None)
 
 
 @pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")

@@ -109,6 +109,36 @@ def test_gemm_fp8_with_a_quantized_weight_trains(name, with_t):
 
 
 @pytest.mark.parametrize("name", ["tensor", "row", "block"])
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_gemm_fp8_with_a_quantized_weight_native_path_equals_the_composite(name, trans_b, monkeypatch):
+    """A high-precision a with a QuantizedTensorPair weight takes the native forward (a quantized
+    alone) and gemm_fp8_bwd; forward, dgrad and wgrad equal the composite path's bit for bit."""
+    import primus_turbo.pytorch.ops.gemm_fp8 as mod
+
+    config = CONFIGS[name]
+    m, k, n = 256, 384, 512
+    x, w, grad = randn(m, k), randn(n, k), randn(m, n)
+    results = []
+    for native_path in (True, False):
+        if not native_path:
+            monkeypatch.setattr(mod, "native_weight_copies", lambda *a, **kw: None)
+        if trans_b:  # b [N, K], the layers' layout
+            qw, qw_t = create_quantized_weight(w, E4M3, config, need_weight_transpose_cache=True)
+        else:  # b [K, N]: its copy along K is along dim 0
+            block, recipe = (128 if name == "block" else None), ScalingRecipe(use_2d_block=name == "block")
+            qw, qw_t = (QuantizedTensor.quantize(w.t().contiguous(), E4M3, config.granularity, axis=axis,
+                                                 block_size=block, scaling_recipe=recipe) for axis in (0, 1))
+        qw.requires_grad_(True)
+        xi = x.clone().requires_grad_(True)
+        out = turbo.ops.gemm_fp8(xi, QuantizedTensorPair(qw, qw_t), trans_b=trans_b, config=config)
+        out.backward(grad)
+        results.append((out.detach(), xi.grad, qw.grad))
+    for what, a, b in zip(("out", "dx", "dw"), *results):
+        assert torch.equal(a, b), f"{what} differs from the composite path"
+    assert snr_db(results[0][0], _reference(x, w, False, True)) >= FP8_MIN_SNR
+
+
+@pytest.mark.parametrize("name", ["tensor", "row", "block"])
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False)])
 def test_gemm_fp8_with_a_quantized_activation(name, trans_a, trans_b):
     config = CONFIGS[name]

@@ -63,6 +63,41 @@ def test_fused_matches_the_unfused_chain_bitwise_and_float64(config, m, hidden, 
         assert snr_db(a.double(), r) >= FP8_SNR, f"{name}: {snr_db(a.double(), r):.1f} dB"
 
 
+@pytest.mark.parametrize("config", TENSORWISE, ids=["e4m3", "hybrid"])
+@pytest.mark.parametrize("amax_from_optimizer", [False, True])
+def test_layers_cached_weights_match_the_plain_call_bitwise(config, amax_from_optimizer, monkeypatch):
+    # Float8Linear's per-step copies (quantized by the layer, or from an amax the optimizer
+    # reported: the copy along K and the transposed one in one pass) feed the fused path, which
+    # then quantizes only x and the SwiGLU output; the result is the plain call's bit for bit.
+    import primus_turbo.pytorch.ops.swiglu_mlp_fp8 as mod
+
+    m, hidden, inter = 256, 512, 768
+    x, wgu, wd = make(m, hidden, inter)
+    layers = []
+    for w in (wgu, wd):
+        layer = turbo.modules.Float8Linear(w.shape[1], w.shape[0], bias=False, config=config, device="cuda",
+                                           dtype=w.dtype, cache_quantized_weight=True)
+        with torch.no_grad():
+            layer.weight.copy_(w)
+        if amax_from_optimizer:
+            layer.refresh_weight_cache(layer.weight.detach().abs().amax().float().reshape(1))
+        layers.append(layer)
+    gate_up, down = layers
+    calls = []
+    real = mod._native_fwd_qw
+    monkeypatch.setattr(mod, "_native_fwd_qw", lambda *a: calls.append(1) or real(*a))
+    dy = torch.randn(m, hidden, device="cuda").to(x.dtype)
+    cached = run(lambda x_, *_: turbo.ops.swiglu_mlp_fp8(x_, gate_up.weight_operand(), down.weight_operand(),
+                                                         config=config), x, gate_up.weight, down.weight, dy)
+    plain = run(lambda *a: turbo.ops.swiglu_mlp_fp8(*a, config=config), x, wgu, wd, dy)
+    assert calls == [1]
+    for name, a, b in zip(("out", "dx", "dw_gate_up", "dw_down"), cached, plain):
+        assert torch.equal(a, b), f"{name} differs from the plain call"
+    data, data_t = down._cached_copies()  # the transposed copy was written with the copy, not transposed after
+    kept = data_t.memoized(("transposed_qdata",), lambda: None)
+    assert kept is not None and torch.equal(kept.view(torch.uint8), data.qdata.t().contiguous().view(torch.uint8))
+
+
 # (rows, cols): 12 takes the scalar (unvectorized) kernel, 9000 rows more than one grid's worth of
 # warps (the grid-stride loop repeats).
 @pytest.mark.parametrize("rows,cols", [(1, 8), (37, 1416), (700, 14336), (5, 12), (9000, 64)])

@@ -94,34 +94,91 @@ const Tensor* checked_amax(const Tensor* amax, int64_t granularity, const char* 
   return amax;
 }
 
+// b given quantized (a layer's per-step weight copy): its copy along K, [N, K] row-major, in the
+// scaling the granularity's weights take, on a's device. Checked here since no quantizer wrote it.
+void check_prequantized_b(const Quantized& b, int64_t k, ScalarType fwd_dtype, int64_t granularity) {
+  const Tensor &q = b.q, &s = b.s;
+  if (q.dim() != 2 || q.sizes()[1] != k)
+    fail_with(ErrorKind::Value, kOp, ": argument 'b_q' must be [N, K=", k, "] (quantized along K), got ",
+              shape_string(q));
+  if (q.scalar_type() != fwd_dtype)
+    fail_with(ErrorKind::Type, kOp, ": argument 'b_q' has dtype ", dtype_name(q.scalar_type()), "; expected ",
+              dtype_name(fwd_dtype), " (the config's forward format)");
+  if (!q.is_contiguous()) fail_with(ErrorKind::Value, kOp, ": argument 'b_q' must be contiguous");
+  const int32_t wgt = fp8_scalings(granularity, kOp).second;
+  if (b.scaling != wgt)
+    fail_with(ErrorKind::Value, kOp, ": argument 'b_q' has scaling code ", b.scaling, "; granularity code ",
+              granularity, " reads weights with code ", wgt);
+  const int64_t n = q.sizes()[0], kb = cdiv(k, 128), nb = cdiv(n, 128);
+  const bool ok = s.scalar_type() == ScalarType::Float && s.is_contiguous() &&
+                  (wgt == PT_FP8_SCALING_TENSOR  ? s.numel() == 1
+                   : wgt == PT_FP8_SCALING_ROW   ? s.numel() == n
+                                                 : s.dim() == 2 && s.sizes()[0] == nb &&
+                                                     (s.sizes()[1] == kb || s.sizes()[1] == kb + (4 - kb % 4) % 4));
+  if (!ok)
+    fail_with(ErrorKind::Value, kOp, ": argument 'b_scale_inv' ", shape_string(s), " (", dtype_name(s.scalar_type()),
+              ") does not fit b_q ", shape_string(q), " with scaling code ", wgt,
+              ": expected contiguous float32, one value / one per row / [ceil(N/128), ceil(K/128)]");
+}
+
+// The forward product; b is quantized here with a (b_pre null) or given as its copy along K
+// (b_pre: b is then not read). With for_backward, also the copies the backward reads: a along M
+// and, when b was quantized here, b along N (as the quantizer wrote them).
 Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b, ScalarType out_dtype,
-                ScalarType fwd_dtype, int64_t granularity, bool for_backward, const Tensor* a_amax = nullptr) {
-  const auto [m, k, n] = check_dense_operands(kOp, a_in, b_in, trans_a, trans_b, out_dtype, for_backward,
-                                              "FP8 GEMM operands are read in 16-byte rows",
-                                              "its transposed FP8 operands have rows of length M and N");
-  NamedTensors inputs{{"a", &a_in}, {"b", &b_in}};
+                ScalarType fwd_dtype, int64_t granularity, bool for_backward, const Tensor* a_amax = nullptr,
+                const Quantized* b_pre = nullptr) {
+  int64_t m, k, n;
+  if (b_pre) {
+    // b's role is played by b_pre->q [N, K]; check a as the hp operand against itself read as b.
+    std::tie(m, k, std::ignore) = check_dense_operands(kOp, a_in, a_in, trans_a, !trans_a, out_dtype, false,
+                                                       "FP8 GEMM operands are read in 16-byte rows", "");
+    check_prequantized_b(*b_pre, k, fwd_dtype, granularity);
+    n = b_pre->q.sizes()[0];
+    if (for_backward && (m % 16 || n % 16))
+      fail_with(ErrorKind::Value, kOp, ": the backward needs M=", m, " and N=", n,
+                " to be multiples of 16 (its transposed FP8 operands have rows of length M and N)");
+  } else {
+    std::tie(m, k, n) = check_dense_operands(kOp, a_in, b_in, trans_a, trans_b, out_dtype, for_backward,
+                                             "FP8 GEMM operands are read in 16-byte rows",
+                                             "its transposed FP8 operands have rows of length M and N");
+  }
+  NamedTensors inputs{{"a", &a_in}};
+  if (b_pre) {
+    inputs.push_back({"b_q", &b_pre->q});
+    inputs.push_back({"b_scale_inv", &b_pre->s});
+  } else {
+    inputs.push_back({"b", &b_in});
+  }
   if (a_amax) inputs.push_back({"a_amax", a_amax});
   const int32_t device = check_cuda(kOp, inputs);
   if (m == 0 || n == 0 || k == 0)
     fail_with(ErrorKind::Value, kOp, ": empty problems take the composite path");  // the Python layer's job
   DeviceScope scope(device);
   void* stream = current_stream(device);
-  const Tensor a = as_contiguous(a_in), b = as_contiguous(b_in);
+  const Tensor a = as_contiguous(a_in);
   // a's copy along K feeds the forward, the one along M the wgrad; b's along K the forward, along
   // N the dgrad. Which of a quantizer's two outputs is which depends on the transposes.
   const bool a_row = !trans_a || for_backward, a_col = trans_a || for_backward;
-  const bool b_row = trans_b || for_backward, b_col = !trans_b || for_backward;
-  // Both operands in one call (small ones in one launch, their amax reductions included).
   // The copies the forward reads are transient; the ones the backward reads are returned.
   const bool keep = for_backward;
   QuantRequest qa = request(a, fwd_dtype, granularity, false, a_row, a_col, keep && trans_a, keep && !trans_a);
   qa.amax = checked_amax(a_amax, granularity, "a_amax");
+  Forward f{empty({m, n}, out_dtype, device), std::nullopt, std::nullopt};
+  if (b_pre) {
+    auto q = quantize_fp8_jobs({qa}, device, stream, "gemm_fp8 quantize");
+    auto& [qa_row, qa_col] = q[0];
+    fp8_mm(trans_a ? *qa_col : *qa_row, *b_pre, f.out, 0.0f, device, stream);
+    if (for_backward) f.a_bwd = trans_a ? qa_row : qa_col;
+    return f;
+  }
+  const Tensor b = as_contiguous(b_in);
+  const bool b_row = trans_b || for_backward, b_col = !trans_b || for_backward;
+  // Both operands in one call (small ones in one launch, their amax reductions included).
   auto q = quantize_fp8_jobs(
       {qa, request(b, fwd_dtype, granularity, true, b_row, b_col, keep && !trans_b, keep && trans_b)}, device, stream,
       "gemm_fp8 quantize");
   auto& [qa_row, qa_col] = q[0];
   auto& [qb_row, qb_col] = q[1];
-  Forward f{empty({m, n}, out_dtype, device), std::nullopt, std::nullopt};
   fp8_mm(trans_a ? *qa_col : *qa_row, trans_b ? *qb_row : *qb_col, f.out, 0.0f, device, stream);
   if (for_backward) {
     f.a_bwd = trans_a ? qa_row : qa_col;
@@ -133,19 +190,21 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
 }  // namespace
 
 Tensor gemm_fp8_inference(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, ScalarType out_dtype,
-                          ScalarType fwd_dtype, int64_t granularity, const Tensor* a_amax) {
-  return forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, false, a_amax).out;
+                          ScalarType fwd_dtype, int64_t granularity, const Tensor* a_amax, const Quantized* b_pre) {
+  return forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, false, a_amax, b_pre).out;
 }
 
 Fp8ForwardResult gemm_fp8_training_forward(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                                            ScalarType out_dtype, ScalarType fwd_dtype, int64_t granularity,
-                                           bool for_backward, const Tensor* a_amax) {
-  Forward f = forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, a_amax);
-  if (!for_backward) {
-    const int32_t device = f.out.get_device();
-    return {f.out, placeholder(device), placeholder(device), placeholder(device), placeholder(device)};
-  }
-  return {f.out, f.a_bwd->q, f.a_bwd->s, f.b_bwd->q, f.b_bwd->s};
+                                           bool for_backward, const Tensor* a_amax, const Quantized* b_pre) {
+  Forward f = forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, a_amax, b_pre);
+  const int32_t device = f.out.get_device();
+  const auto copy = [&](const std::optional<Quantized>& c) {
+    return c ? std::pair<Tensor, Tensor>{c->q, c->s} : std::pair<Tensor, Tensor>{placeholder(device), placeholder(device)};
+  };
+  const auto [a_q, a_s] = copy(f.a_bwd);
+  const auto [b_q, b_s] = copy(f.b_bwd);
+  return {f.out, a_q, a_s, b_q, b_s};
 }
 
 std::tuple<Tensor, Tensor> gemm_fp8_backward(const Tensor& grad_in, const Tensor& a_bwd, const Tensor& sa_bwd,
@@ -198,6 +257,18 @@ namespace {
 Fp8ForwardResult gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype,
                               ScalarType fwd_dtype, int64_t granularity, bool for_backward) {
   return gemm_fp8_training_forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, nullptr);
+}
+
+// The forward with b given as its FP8 copy along K (b_q [N, K], b_scale_inv, its pt_fp8_scaling
+// code), e.g. a layer's per-step weight cache: only a is quantized. (out, a_bwd, sa_bwd); the
+// backward is gemm_fp8_bwd with the weight's copy along N, which the caller holds.
+std::tuple<Tensor, Tensor, Tensor> gemm_fp8_fwd_qb(Tensor a, Tensor b_q, Tensor b_scale_inv, int64_t b_scaling,
+                                                   bool trans_a, ScalarType out_dtype, ScalarType fwd_dtype,
+                                                   int64_t granularity, bool for_backward) {
+  const Quantized b{b_q, b_scale_inv, static_cast<int32_t>(b_scaling)};
+  auto [out, a_bwd, sa_bwd, unused_q, unused_s] =
+      gemm_fp8_training_forward(a, b_q, trans_a, true, out_dtype, fwd_dtype, granularity, for_backward, nullptr, &b);
+  return {out, a_bwd, sa_bwd};
 }
 
 // Inference (no backward follows): the product only, with no placeholder outputs.
@@ -277,6 +348,8 @@ void fp8_mm(const Quantized& x, const Quantized& y, const Tensor& out, float bet
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype, "
         "int granularity, bool for_backward) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("gemm_fp8_fwd_qb(Tensor a, Tensor b_q, Tensor b_scale_inv, int b_scaling, bool trans_a, "
+        "ScalarType out_dtype, ScalarType fwd_dtype, int granularity, bool for_backward) -> (Tensor, Tensor, Tensor)");
   m.def("gemm_fp8(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype, "
         "int granularity) -> Tensor");
   m.def("gemm_fp8_bwd(Tensor grad_out, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd, bool trans_a, "
@@ -287,6 +360,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
 static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("gemm_fp8_fwd", TORCH_BOX(&gemm_fp8_fwd));
   m.impl("gemm_fp8", TORCH_BOX(&gemm_fp8));
+  m.impl("gemm_fp8_fwd_qb", TORCH_BOX(&gemm_fp8_fwd_qb));
   m.impl("gemm_fp8_bwd", TORCH_BOX(&gemm_fp8_bwd));
 }
 

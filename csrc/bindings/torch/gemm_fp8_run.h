@@ -20,17 +20,22 @@ std::tuple<int64_t, int64_t, int64_t> check_dense_operands(const char* op, const
                                                            bool tb, ScalarType out_dtype, bool backward,
                                                            const char* k_reason, const char* bwd_reason);
 
-// The inference op gemm_fp8 (no backward follows: the product only), with a_amax as below.
+// The inference op gemm_fp8 (no backward follows: the product only), with a_amax and b_pre as below.
 Tensor gemm_fp8_inference(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, ScalarType out_dtype,
-                          ScalarType fwd_dtype, int64_t granularity, const Tensor* a_amax);
+                          ScalarType fwd_dtype, int64_t granularity, const Tensor* a_amax,
+                          const Quantized* b_pre = nullptr);
 
 // The training forward of gemm_fp8_fwd: (out, a_bwd, sa_bwd, b_bwd, sb_bwd), the copies the
 // backward reads (a along M, b along N), or placeholders without for_backward. a_amax (TENSORWISE,
 // float32 [1], may be null): a's amax as the op that wrote a reported it; a's amax pass is skipped.
+// b_pre (may be null): b already quantized, its copy along K ([N, K], the weight scaling of the
+// granularity; a layer's per-step cache): b is not read and b's backward copies are placeholders
+// (the caller holds its copy along N).
 using Fp8ForwardResult = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 Fp8ForwardResult gemm_fp8_training_forward(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                                            ScalarType out_dtype, ScalarType fwd_dtype, int64_t granularity,
-                                           bool for_backward, const Tensor* a_amax);
+                                           bool for_backward, const Tensor* a_amax,
+                                           const Quantized* b_pre = nullptr);
 
 // The backward of gemm_fp8_bwd: (grad_a, grad_b), placeholders for a gradient not asked for (or
 // accumulated into main_grad). grad_amax as a_amax above, for the output gradient.

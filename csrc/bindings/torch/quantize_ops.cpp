@@ -49,15 +49,19 @@ Tensor dequantize(Tensor q_in, Tensor scale_in, ScalarType out_dtype, int64_t gr
   return out;
 }
 
-// (q with x's shape, 0-dim scale_inv): x quantized TENSORWISE with scale = FMT_MAX / amax[0], the
-// same codes as quantizing x with its own amax pass when amax holds max |x|.
-std::tuple<Tensor, Tensor> quantize_fp8_with_amax(Tensor x_in, Tensor amax, ScalarType out_dtype) {
+// (q with x's shape, 0-dim scale_inv, q_t): x quantized TENSORWISE with scale = FMT_MAX / amax[0], the
+// same codes as quantizing x with its own amax pass when amax holds max |x|. With transposed, q_t
+// is a 2-D x's codes stored transposed ([k, m], written in the same pass: a weight's dgrad copy),
+// else a placeholder.
+std::tuple<Tensor, Tensor, Tensor> quantize_fp8_with_amax(Tensor x_in, Tensor amax, ScalarType out_dtype,
+                                                          bool transposed) {
   constexpr const char* op = "quantize_fp8_with_amax";
-  const int32_t device = check_cuda(op, {{"x", &x_in}, {"amax", &amax}});
   if (!is_float_dtype(x_in.scalar_type()))
     fail_with(ErrorKind::Type, op, ": argument 'x' has dtype ", dtype_name(x_in.scalar_type()),
               "; expected float32, float16 or bfloat16");
   if (x_in.dim() < 1) fail_with(ErrorKind::Value, op, ": argument 'x' must have at least 1 dimension");
+  if (transposed && x_in.dim() != 2)
+    fail_with(ErrorKind::Value, op, ": a transposed copy needs a 2-D 'x', got shape ", shape_string(x_in));
   if (!is_fp8(out_dtype))
     fail_with(ErrorKind::Type, op, ": argument 'out_dtype' is ", dtype_name(out_dtype),
               "; expected float8_e4m3fn or float8_e5m2");
@@ -66,21 +70,23 @@ std::tuple<Tensor, Tensor> quantize_fp8_with_amax(Tensor x_in, Tensor amax, Scal
               " ", shape_string(amax));
   if (x_in.numel() == 0)
     fail_with(ErrorKind::Value, op, ": argument 'x' is empty (the Python layer quantizes empty tensors)");
+  const int32_t device = check_cuda(op, {{"x", &x_in}, {"amax", &amax}});
   const Tensor x = as_contiguous(x_in), a = as_contiguous(amax);
   const int64_t cols = x.sizes()[x.dim() - 1];
   const Tensor rows = torch::stable::view(x, {x.numel() / cols, cols});
-  QuantRequest request{&rows, QuantSpec{out_dtype, PT_QUANT_TENSORWISE}, true, false};
+  QuantRequest request{&rows, QuantSpec{out_dtype, PT_QUANT_TENSORWISE}, true, transposed};
   request.amax = &a;
   DeviceScope scope(device);
   const auto q = quantize_fp8_jobs({request}, device, current_stream(device), op);
   const Quantized& row = *q[0].first;
-  return {torch::stable::view(row.q, x.sizes()), row.s};
+  return {torch::stable::view(row.q, x.sizes()), row.s, transposed ? q[0].second->q : placeholder(device)};
 }
 
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
-  m.def("quantize_fp8_with_amax(Tensor x, Tensor amax, ScalarType out_dtype) -> (Tensor, Tensor)");
+  m.def("quantize_fp8_with_amax(Tensor x, Tensor amax, ScalarType out_dtype, bool transposed=False) -> "
+        "(Tensor, Tensor, Tensor)");
   m.def("dequantize(Tensor q, Tensor scale_inv, ScalarType out_dtype, int granularity, int block_size, int axis, "
         "int flags) -> Tensor");
 }

@@ -53,6 +53,29 @@ MlpForward swiglu_mlp_fp8_fwd(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarT
   return {y, h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd};
 }
 
+// The training forward with both weights given as their TENSORWISE FP8 copies along H and I (a
+// layer's per-step cache: wgu_q [2I, H], wd_q [H, I], scales float32 [1]): only x and the SwiGLU output
+// are quantized. (y, h, x_bwd, sx_bwd, a_bwd, sa_bwd); the backward is swiglu_mlp_fp8_bwd with the
+// weights' copies along 2I and H, which the caller holds.
+using MlpForwardQw = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+
+MlpForwardQw swiglu_mlp_fp8_fwd_qw(Tensor x, Tensor wgu_q, Tensor wgu_s, Tensor wd_q, Tensor wd_s,
+                                   ScalarType fwd_dtype) {
+  if (x.dim() != 2 || wgu_q.dim() != 2 || wd_q.dim() != 2 || wgu_q.sizes()[0] % 2 ||
+      wd_q.sizes()[0] != x.sizes()[1] || wd_q.sizes()[1] != wgu_q.sizes()[0] / 2)
+    fail_with(ErrorKind::Value, kOp, ": expected x [M, H], w_gate_up [2I, H] and w_down [H, I]; got x ",
+              shape_string(x), ", w_gate_up ", shape_string(wgu_q), ", w_down ", shape_string(wd_q));
+  const ScalarType dtype = x.scalar_type();
+  const Quantized wgu{wgu_q, wgu_s, PT_FP8_SCALING_TENSOR}, wd{wd_q, wd_s, PT_FP8_SCALING_TENSOR};
+  auto [h, x_bwd, sx_bwd, u0, u1] =
+      gemm_fp8_training_forward(x, wgu_q, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, nullptr, &wgu);
+  std::optional<Tensor> a_amax;
+  const Tensor a = gated_act_forward(h, std::nullopt, std::nullopt, kSilu, &a_amax);
+  auto [y, a_bwd, sa_bwd, u2, u3] =
+      gemm_fp8_training_forward(a, wd_q, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, &*a_amax, &wd);
+  return {y, h, x_bwd, sx_bwd, a_bwd, sa_bwd};
+}
+
 // Without a backward: the output alone (no copies kept, no placeholders to allocate and box).
 Tensor swiglu_mlp_fp8(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype) {
   check_mlp(x, w_gate_up, w_down);
@@ -90,6 +113,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("swiglu_mlp_fp8(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype) -> Tensor");
   m.def("swiglu_mlp_fp8_fwd(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype) -> "
         "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("swiglu_mlp_fp8_fwd_qw(Tensor x, Tensor wgu_q, Tensor wgu_s, Tensor wd_q, Tensor wd_s, "
+        "ScalarType fwd_dtype) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("swiglu_mlp_fp8_bwd(Tensor dy, Tensor h, Tensor x_bwd, Tensor sx_bwd, Tensor wgu_bwd, Tensor swgu_bwd, "
         "Tensor a_bwd, Tensor sa_bwd, Tensor wd_bwd, Tensor swd_bwd, ScalarType grad_dtype, bool need_x, "
         "bool need_w_gate_up, bool need_w_down) -> (Tensor, Tensor, Tensor)");
@@ -99,6 +124,7 @@ static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("swiglu_mlp_fp8", TORCH_BOX(&swiglu_mlp_fp8));
   m.impl("swiglu_mlp_fp8_fwd", TORCH_BOX(&swiglu_mlp_fp8_fwd));
   m.impl("swiglu_mlp_fp8_bwd", TORCH_BOX(&swiglu_mlp_fp8_bwd));
+  m.impl("swiglu_mlp_fp8_fwd_qw", TORCH_BOX(&swiglu_mlp_fp8_fwd_qw));
 }
 
 PT_REGISTER_CUDA_AND_CPU(register_kernels)

@@ -1,7 +1,10 @@
 // gemm_fp8's training op with its autograd in C++: primus_turbo::gemm_fp8_train(a, b, ...) -> out
 // runs the native forward (gemm_fp8_fwd: both operands quantized, the GEMM, the copies the backward
 // reads) and saves those copies; its backward is one gemm_fp8_bwd call. The Python
-// NativeGemmFp8Function does the same where this library is not loaded.
+// NativeGemmFp8Function does the same where this library is not loaded. Given b_q / b_s (the
+// weight's FP8 copy along K and its pt_fp8_scaling code: a layer's per-step cache) the forward
+// quantizes a alone (gemm_fp8_fwd_qb) and the dgrad reads d_q / d_s (the copy along N); b still
+// receives the wgrad.
 #include "autograd_common.h"
 
 #include <tuple>
@@ -16,21 +19,45 @@ using BwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Te
                                           bool, bool, c10::ScalarType, int64_t, c10::ScalarType, c10::ScalarType, bool,
                                           bool, const std::optional<Tensor>&);
 using InferSig = Tensor(const Tensor&, const Tensor&, bool, bool, c10::ScalarType, c10::ScalarType, int64_t);
+using FwdQbSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, int64_t, bool,
+                                                    c10::ScalarType, c10::ScalarType, int64_t, bool);
 
 struct GemmFp8Function : public torch::autograd::Function<GemmFp8Function> {
   static Tensor forward(AutogradContext* ctx, const Tensor& a, const Tensor& b, bool ta, bool tb,
                         c10::ScalarType out_dtype, c10::ScalarType fwd_dtype, c10::ScalarType grad_dtype,
-                        int64_t granularity) {
+                        int64_t granularity, const OptTensor& b_q, const OptTensor& b_s, int64_t b_scaling,
+                        const OptTensor& d_q, const OptTensor& d_s) {
+    check_given(b_q, b_s, d_q, d_s);
     at::AutoDispatchBelowADInplaceOrView guard;
+    if (b_q) {
+      static const auto fwd_qb = op<FwdQbSig>("primus_turbo::gemm_fp8_fwd_qb");
+      auto [out, a_bwd, sa_bwd] = fwd_qb.call(a, *b_q, b_s.value_or(Tensor()), b_scaling, ta, out_dtype, fwd_dtype,
+                                              granularity, true);
+      // Without a dgrad copy (a needs no gradient) the backward is asked for the wgrad alone.
+      ctx->save_for_backward({a_bwd, sa_bwd, d_q.value_or(a_bwd.new_empty({0})), d_s.value_or(a_bwd.new_empty({0}))});
+      save_flags(ctx, a, b, ta, tb, grad_dtype, granularity);
+      return out;
+    }
     static const auto fwd = op<FwdSig>("primus_turbo::gemm_fp8_fwd");
     auto [out, a_bwd, sa_bwd, b_bwd, sb_bwd] = fwd.call(a, b, ta, tb, out_dtype, fwd_dtype, granularity, true);
     ctx->save_for_backward({a_bwd, sa_bwd, b_bwd, sb_bwd});
-    // Flags and dtypes in one word: trans_a, trans_b; the gradient's FP8 dtype and a's, b's dtypes.
+    save_flags(ctx, a, b, ta, tb, grad_dtype, granularity);
+    return out;
+  }
+
+  static void check_given(const OptTensor& b_q, const OptTensor& b_s, const OptTensor& d_q, const OptTensor& d_s) {
+    TORCH_CHECK_VALUE(b_q.has_value() == b_s.has_value() && d_q.has_value() == d_s.has_value(),
+                      "gemm_fp8: the given weight copies come with their scales (b_q with b_s, d_q with d_s)");
+    TORCH_CHECK_VALUE(b_q.has_value() || !d_q.has_value(), "gemm_fp8: d_q is given without b_q");
+  }
+
+  // Flags and dtypes in one word: trans_a, trans_b; the gradient's FP8 dtype and a's, b's dtypes.
+  static void save_flags(AutogradContext* ctx, const Tensor& a, const Tensor& b, bool ta, bool tb,
+                         c10::ScalarType grad_dtype, int64_t granularity) {
     ctx->saved_data["t"] = static_cast<int64_t>(ta) | (static_cast<int64_t>(tb) << 1);
     ctx->saved_data["g"] = granularity;
     ctx->saved_data["d"] = static_cast<int64_t>(grad_dtype) | (static_cast<int64_t>(a.scalar_type()) << 8) |
                            (static_cast<int64_t>(b.scalar_type()) << 16);
-    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -41,19 +68,32 @@ struct GemmFp8Function : public torch::autograd::Function<GemmFp8Function> {
     const bool need_a = ctx->needs_input_grad(0), need_b = ctx->needs_input_grad(1);
     auto [grad_a, grad_b] = bwd.call(grads[0], s[0], s[1], s[2], s[3], t & 1, t & 2, dtype(0),
                                      ctx->saved_data["g"].toInt(), dtype(8), dtype(16), need_a, need_b, std::nullopt);
-    return {need_a ? grad_a : Tensor(), need_b ? grad_b : Tensor(), Tensor(), Tensor(), Tensor(), Tensor(),
-            Tensor(), Tensor()};
+    variable_list out(13);
+    out[0] = need_a ? grad_a : Tensor();
+    out[1] = need_b ? grad_b : Tensor();
+    return out;
   }
 };
 
 Tensor gemm_fp8_train_autograd(const Tensor& a, const Tensor& b, bool ta, bool tb, c10::ScalarType out_dtype,
-                               c10::ScalarType fwd_dtype, c10::ScalarType grad_dtype, int64_t granularity) {
-  return GemmFp8Function::apply(a, b, ta, tb, out_dtype, fwd_dtype, grad_dtype, granularity);
+                               c10::ScalarType fwd_dtype, c10::ScalarType grad_dtype, int64_t granularity,
+                               const OptTensor& b_q, const OptTensor& b_s, int64_t b_scaling, const OptTensor& d_q,
+                               const OptTensor& d_s) {
+  return GemmFp8Function::apply(a, b, ta, tb, out_dtype, fwd_dtype, grad_dtype, granularity, b_q, b_s, b_scaling, d_q,
+                                d_s);
 }
 
-// Below autograd (no gradient will be asked for): the inference op.
+// Below autograd (no gradient will be asked for): the inference op, or the forward reading b_q.
 Tensor gemm_fp8_train_forward_only(const Tensor& a, const Tensor& b, bool ta, bool tb, c10::ScalarType out_dtype,
-                                   c10::ScalarType fwd_dtype, c10::ScalarType, int64_t granularity) {
+                                   c10::ScalarType fwd_dtype, c10::ScalarType, int64_t granularity,
+                                   const OptTensor& b_q, const OptTensor& b_s, int64_t b_scaling, const OptTensor&,
+                                   const OptTensor&) {
+  GemmFp8Function::check_given(b_q, b_s, std::nullopt, std::nullopt);
+  if (b_q) {
+    static const auto fwd_qb = op<FwdQbSig>("primus_turbo::gemm_fp8_fwd_qb");
+    return std::get<0>(
+        fwd_qb.call(a, *b_q, b_s.value_or(Tensor()), b_scaling, ta, out_dtype, fwd_dtype, granularity, false));
+  }
   static const auto infer = op<InferSig>("primus_turbo::gemm_fp8");
   return infer.call(a, b, ta, tb, out_dtype, fwd_dtype, granularity);
 }
@@ -62,7 +102,8 @@ Tensor gemm_fp8_train_forward_only(const Tensor& a, const Tensor& b, bool ta, bo
 
 TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("gemm_fp8_train(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype, "
-        "ScalarType grad_dtype, int granularity) -> Tensor");
+        "ScalarType grad_dtype, int granularity, Tensor? b_q=None, Tensor? b_s=None, int b_scaling=0, "
+        "Tensor? d_q=None, Tensor? d_s=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(primus_turbo, Autograd, m) { m.impl("gemm_fp8_train", gemm_fp8_train_autograd); }

@@ -8,8 +8,10 @@ from typing import Optional
 
 import torch
 
-from primus_turbo.pytorch.core.low_precision import Format
+from primus_turbo.pytorch.core.low_precision import Format, ScalingGranularity
 from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, QuantizedTensorPair, create_quantized_weight
+from primus_turbo.pytorch.ops._quantized_operands import keep_transposed_qdata
+from primus_turbo.pytorch.ops.quantization import quantize_fp8_row_and_transposed, quantize_fp8_with_amax
 
 __all__ = ["QuantizedWeightCache"]
 
@@ -51,7 +53,7 @@ def _track(layer) -> None:
 
 class QuantizedWeightCache:
     """Mixin of an ``nn.Module`` with ``weight`` (``[N, K]`` or ``[G, N, K]``, used with
-    ``trans_b=True``) and ``config`` (a Float8QuantConfig): ``_weight_operand()`` is the weight, or
+    ``trans_b=True``) and ``config`` (a Float8QuantConfig): ``weight_operand()`` is the weight, or
     with ``cache_quantized_weight`` its cached FP8 pair (along K for the forward, along N for the
     dgrad), rebuilt when the weight's storage, version counter, dtype, shape, device or the config
     change, and dropped by every torch optimizer step. Eager training only: under torch.compile and
@@ -95,11 +97,21 @@ class QuantizedWeightCache:
         """Fills the cache with the weight's copies: quantized here (TENSORWISE: scaled by ``amax``,
         max |weight| reduced elsewhere, when given), or ``quantized`` = (q, scale_inv) made
         elsewhere along K exactly as here."""
+        w, q_t = self.weight.detach(), None
         with torch.no_grad():
-            data, data_t = create_quantized_weight(self.weight.detach(), self._fp8_dtype(), self.config,
-                                                   need_weight_transpose_cache=True, amax=amax, quantized=quantized)
+            if quantized is None and self.config.granularity == ScalingGranularity.TENSORWISE and w.dim() == 2 and w.is_cuda:
+                # The dgrad's transposed copy in the same pass (else a transpose of the FP8 copy per step).
+                if amax is not None:
+                    q, s, q_t = quantize_fp8_with_amax(w, self._fp8_dtype(), amax, transposed=True)
+                else:
+                    q, s, q_t, _ = quantize_fp8_row_and_transposed(w, self._fp8_dtype(), ScalingGranularity.TENSORWISE)
+                quantized, amax = (q, s), None
+            data, data_t = create_quantized_weight(w, self._fp8_dtype(), self.config, need_weight_transpose_cache=True,
+                                                   amax=amax, quantized=quantized)
         key = self._cache_key()[:-1] + (copy.copy(self.config),)  # an in-place edit of config must not match
         self._weight_cache = (key, data, data_t)
+        if q_t is not None:
+            keep_transposed_qdata(data_t, q_t)
 
     def _cached_copies(self):
         """(data, data_t): the weight's FP8 copies for this optimizer step, made on first use."""
@@ -112,8 +124,6 @@ class QuantizedWeightCache:
         copy in its update, with the cache on and a plain weight: ``"amax"`` (TENSORWISE: it reports
         max |weight| for :meth:`refresh_weight_cache`), ``"blocks"`` (BLOCKWISE 128 x 128 weight
         blocks: it writes the copy itself, :meth:`refresh_weight_cache_blocks`), else None."""
-        from primus_turbo.pytorch.core.low_precision import ScalingGranularity
-
         if not getattr(self, "cache_quantized_weight", False) or self.config is None:
             return None
         if isinstance(self.weight, QuantizedTensor) or self.weight.dim() < 1:
@@ -144,8 +154,6 @@ class QuantizedWeightCache:
         self._weight_cache_fresh = True
         if qdata_t is not None and qdata_t.numel():
             # The dgrad's restatement of the pair's copy along N reads it instead of transposing.
-            from primus_turbo.pytorch.ops._quantized_operands import keep_transposed_qdata
-
             keep_transposed_qdata(self._weight_cache[2], qdata_t)
 
     def _cached_weight(self) -> QuantizedTensorPair:
@@ -164,5 +172,8 @@ class QuantizedWeightCache:
             and not torch.is_inference_mode_enabled()  # inference tensors cannot serve a later backward
         )
 
-    def _weight_operand(self):
+    def weight_operand(self):
+        """What this layer's FP8 GEMM reads as its weight: the cached FP8 pair (eager training with
+        ``cache_quantized_weight``; the weight's gradient flows through it) or the weight itself.
+        Ops that take the layer's weight outside its forward (``turbo.ops.swiglu_mlp_fp8``) pass this."""
         return self._cached_weight() if self._weight_cached_now() else self.weight

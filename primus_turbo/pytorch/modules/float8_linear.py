@@ -6,7 +6,7 @@ from torch import nn
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
 from primus_turbo.pytorch.modules._weight_cache import QuantizedWeightCache
 from primus_turbo.pytorch.modules.linear import Linear
-from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
+from primus_turbo.pytorch.ops.gemm_fp8 import cached_weight_native_ok, gemm_fp8, gemm_fp8_cached_weight
 
 __all__ = ["Float8Linear"]
 
@@ -74,7 +74,11 @@ class Float8Linear(QuantizedWeightCache, Linear):
         return linear
 
     def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:
-        return gemm_fp8(x2d, self._weight_operand(), trans_b=True, config=self.config)
+        if self._weight_cached_now() and cached_weight_native_ok(x2d, self.weight, self.config):
+            # One native call a direction, reading this step's copies.
+            data, data_t = self._cached_copies()
+            return gemm_fp8_cached_weight(x2d, self.weight, data, data_t, self.config)
+        return gemm_fp8(x2d, self.weight_operand(), trans_b=True, config=self.config)
 
     def extra_repr(self) -> str:
         cache = ", cache_quantized_weight=True" if getattr(self, "cache_quantized_weight", False) else ""

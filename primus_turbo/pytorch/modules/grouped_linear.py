@@ -93,7 +93,7 @@ class GroupedLinear(QuantizedWeightCache, nn.Module):
             # One native call a direction; the copies' kernel layouts are made once a step.
             data, data_t = self._cached_copies()
             return grouped_gemm_fp8_cached_weight(x, self.weight, data, data_t, group_lens, group_offs, self.config)
-        return grouped_gemm_fp8(x, self._weight_operand(), group_lens, group_offs, trans_b=True, config=self.config)
+        return grouped_gemm_fp8(x, self.weight_operand(), group_lens, group_offs, trans_b=True, config=self.config)
 
     def extra_repr(self) -> str:
         extra = f", config={self.config}" if self.config is not None else ""

@@ -417,7 +417,8 @@ def _infer_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity):
     return _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, False)[0]
 
 
-def _train_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, grad_dtype, granularity):
+def _train_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, grad_dtype, granularity, b_q=None, b_s=None,
+                b_scaling=0, d_q=None, d_s=None):
     return _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, True)[0]
 
 
@@ -455,6 +456,41 @@ class NativeGemmFp8Function(torch.autograd.Function):
         elif not need_b:
             grad_b = None
         return (grad_a if need_a else None), grad_b, None, None, None, None, None, None
+
+
+def _fwd_qb_fake(a, b_q, b_scale_inv, b_scaling, trans_a, out_dtype, fwd_dtype, granularity, for_backward):
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    out = a.new_empty((m, b_q.shape[0]), dtype=out_dtype)
+    if not for_backward:
+        return out, library.placeholder(a), library.placeholder(a)
+    s_a = {0: (), 1: (k, 1), 2: (_cdiv(m, 128), k)}[granularity]
+    return out, a.new_empty((k, m), dtype=fwd_dtype), a.new_empty(s_a, dtype=torch.float32)
+
+
+library.register_fake("gemm_fp8_fwd_qb", _fwd_qb_fake)
+_native_fwd_qb = native.ops.gemm_fp8_fwd_qb.default
+
+
+class NativeGemmFp8QuantizedBFunction(torch.autograd.Function):
+    """out = op(a) @ op(b) with b given quantized (``native_weight_copies``): the forward quantizes a
+    alone (one native call), the backward is gemm_fp8_bwd reading b's copy along N. b's gradient is
+    the high-precision gradient of the tensor it stands for (straight-through)."""
+
+    @staticmethod
+    def forward(ctx, a, b, b_fwd, b_bwd, trans_a: bool, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity):
+        fwd_dtype, grad_dtype = _dtypes(fmt)
+        code = _NATIVE_GRANULARITY[g]
+        out, a_bwd, sa_bwd = _native_fwd_qb(a, *b_fwd, trans_a, out_dtype, fwd_dtype, code, True)
+        none = library.placeholder(a)
+        ctx.save_for_backward(a_bwd, sa_bwd, *(b_bwd[:2] if b_bwd is not None else (none, none)))
+        ctx.args = (trans_a, trans_b, grad_dtype, code, a.dtype, b.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_a, grad_b = _native_bwd(grad_out, *ctx.saved_tensors, *ctx.args, need_a, need_b, None)
+        return (grad_a if need_a else None), (grad_b if need_b else None), *(None,) * 7
 
 
 # ---- argument checks -----------------------------------------------------------------------------
@@ -798,4 +834,78 @@ def _gemm_fp8_quantized(a, b, trans_a: bool, trans_b: bool, out_dtype, config, p
     """gemm_fp8 with QuantizedTensor / QuantizedTensorPair operands (either or both), training or not."""
     a, a_t, b, b_t, out_dtype = _qo.dense_operands("gemm_fp8", a, b, trans_a, trans_b, out_dtype, config)
     main_grad = _training_main_grad(b, pattern, config.granularity)
+    if main_grad is None:
+        training = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+        copies = native_weight_copies(a, b, b_t, trans_b, config, training and a.requires_grad)
+        if copies is not None and not training:
+            code, fwd_dtype = _NATIVE_GRANULARITY[config.granularity], _dtypes(config.format)[0]
+            return _native_fwd_qb(a, *copies[0], trans_a, out_dtype, fwd_dtype, code, False)[0]
+        if copies is not None:
+            return NativeGemmFp8QuantizedBFunction.apply(
+                a, b, *copies, trans_a, trans_b, out_dtype, config.format, config.granularity
+            )
     return GemmFp8Function.apply(a, b, a_t, b_t, trans_a, trans_b, out_dtype, config.format, config.granularity, main_grad)
+
+
+def cached_weight_native_ok(a, weight, config) -> bool:
+    """Whether a layer's per-step FP8 weight cache can feed the native training op
+    (``gemm_fp8_cached_weight``): eager mode with the C++ autograd, a 2-D float16/bfloat16/float32 CUDA
+    ``a`` of the weight's dtype, M, K and N positive multiples of 16, a granularity and format the
+    native path composes."""
+    return (
+        _native_train is not None and native.eager_cpp_autograd() and isinstance(a, torch.Tensor)
+        and not isinstance(a, QuantizedTensor) and a.is_cuda and a.dim() == 2 and a.dtype == weight.dtype
+        and a.dtype in _IN_DTYPES and config.granularity in _NATIVE_WEIGHT_CODE and config.format != Format.E5M2
+        and all(d > 0 and d % 16 == 0 for d in (a.shape[0], *weight.shape))
+    )
+
+
+def gemm_fp8_cached_weight(a, weight, data, data_t, config):
+    """``gemm_fp8(a, weight, trans_b=True)`` with the weight ``[N, K]`` already quantized for this
+    optimizer step (``data`` along K, ``data_t`` along N, as ``create_quantized_weight`` makes them):
+    one native training call that quantizes only ``a`` (and the output gradient), reading the
+    copies; ``weight`` receives the wgrad. The caller checked ``cached_weight_native_ok``; copies the
+    native GEMM does not read as they are take ``gemm_fp8`` with the pair."""
+    need_dgrad = torch.is_grad_enabled() and a.requires_grad
+    copies = native_weight_copies(a, data, data_t, True, config, need_dgrad)
+    if copies is None:
+        from primus_turbo.pytorch.modules._weight_cache import _StraightThrough
+
+        pair = QuantizedTensorPair(_StraightThrough.apply(weight, data) if weight.requires_grad else data, data_t)
+        return gemm_fp8(a, pair, trans_b=True, config=config)
+    (b_q, b_s, code), dgrad = copies
+    d_q, d_s = (dgrad[0], dgrad[1]) if dgrad is not None else (None, None)
+    return _native_train(a, weight, False, True, a.dtype, *_dtypes(config.format), _NATIVE_GRANULARITY[config.granularity],
+                         b_q, b_s, code, d_q, d_s)
+
+
+# The scaling code a granularity's weights take in the native GEMM (fp8_scalings in C++).
+_NATIVE_WEIGHT_CODE = {
+    ScalingGranularity.TENSORWISE: TENSOR,
+    ScalingGranularity.ROWWISE: ROW,
+    ScalingGranularity.BLOCKWISE: BLOCK_128x128,
+}
+
+
+def native_weight_copies(a, b, b_t, trans_b: bool, config, need_dgrad: bool):
+    """``(q, scale_inv, code)`` of a pre-quantized weight ``b`` along K (the forward's) and along N
+    (the dgrad's, or None without ``need_dgrad``) when the native path takes the GEMM with a
+    high-precision ``a`` (a layer's per-step weight cache, e.g.), else None: b FP8 in the config's
+    forward format and granularity, its copies in the scaling the native GEMM reads."""
+    if not (isinstance(b, QuantizedTensor) and isinstance(a, torch.Tensor) and not isinstance(a, QuantizedTensor)):
+        return None
+    code = _NATIVE_WEIGHT_CODE.get(config.granularity)
+    if code is None or config.format == Format.E5M2 or not a.is_cuda or b.qdata.dtype != _dtypes(config.format)[0]:
+        return None
+    k_dim = 1 if trans_b else 0
+    fwd = _qo.fp8_matrix("gemm_fp8", "b", b, k_dim)
+    if fwd is None or fwd[2] != code:
+        return None
+    bwd = None
+    if need_dgrad:
+        bwd = _qo.backward_copy(
+            b, b_t, lambda src: _qo.fp8_matrix("gemm_fp8", "b (backward copy)", src, 1 - k_dim), lambda src: None
+        )
+        if bwd is None or bwd[2] != code:
+            return None
+    return fwd, bwd

@@ -431,14 +431,17 @@ def quantize_fp8_row_and_transposed(x: torch.Tensor, out_dtype, granularity, blo
     return _quantize_op(_as_2d(x), out_dtype, g, block, True, True, True, _FLAG_2D if two_d else 0, 0)
 
 
-def _quantize_fp8_with_amax_fake(x, amax, out_dtype):
+def _quantize_fp8_with_amax_fake(x, amax, out_dtype, transposed=False):
     if out_dtype not in _FP8_DTYPES:
         raise TypeError(f"quantize_fp8_with_amax: argument 'out_dtype' is {out_dtype}; expected float8_e4m3fn or "
                         "float8_e5m2")
     if amax.dtype != torch.float32 or amax.numel() != 1:
         raise ValueError(f"quantize_fp8_with_amax: argument 'amax' must be one float32 value, got {amax.dtype} "
                          f"{tuple(amax.shape)}")
-    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((), dtype=torch.float32)
+    if transposed and x.dim() != 2:
+        raise ValueError(f"quantize_fp8_with_amax: a transposed copy needs a 2-D 'x', got shape {tuple(x.shape)}")
+    q_t = x.new_empty((x.shape[1], x.shape[0]), dtype=out_dtype) if transposed else library.placeholder(x)
+    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((), dtype=torch.float32), q_t
 
 
 library.register_fake("quantize_fp8_with_amax", _quantize_fp8_with_amax_fake)
@@ -446,13 +449,17 @@ _native_quantize_with_amax = native.ops.quantize_fp8_with_amax.default
 
 
 @native.raises_python_errors
-def quantize_fp8_with_amax(x: torch.Tensor, out_dtype: torch.dtype, amax: torch.Tensor):
+def quantize_fp8_with_amax(x: torch.Tensor, out_dtype: torch.dtype, amax: torch.Tensor, transposed: bool = False):
     """TENSORWISE :func:`quantize_fp8_unpadded` with max |x| given (float32, one value on x's
     device, reduced by the op that wrote x): ``(q, scale_inv)``, q with x's shape, scale_inv 0-dim;
-    the same codes as the quantizer's own amax pass gives when ``amax`` holds max |x|."""
+    the same codes as the quantizer's own amax pass gives when ``amax`` holds max |x|. With
+    ``transposed`` (2-D x): ``(q, scale_inv, q_t)``, q_t ``[K, M]`` the same codes stored
+    transposed, written in the same pass (a weight's dgrad copy)."""
     if isinstance(x, torch.Tensor) and x.numel() == 0:  # nothing to scale: the empty tensor's own result
-        return quantize_fp8_unpadded(x, out_dtype, ScalingGranularity.TENSORWISE)
-    return _native_quantize_with_amax(x, amax, out_dtype)
+        q, s = quantize_fp8_unpadded(x, out_dtype, ScalingGranularity.TENSORWISE)
+        return (q, s, q.t()) if transposed else (q, s)
+    q, s, q_t = _native_quantize_with_amax(x, amax, out_dtype, transposed)
+    return (q, s, q_t) if transposed else (q, s)
 
 
 def quantize_fp8_transposed(x: torch.Tensor, out_dtype, granularity, block_size=None):

@@ -18,6 +18,8 @@ import torch
 
 from primus_turbo.pytorch.core import library, native
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
+from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
+from primus_turbo.pytorch.ops import _quantized_operands as _qo
 from primus_turbo.pytorch.ops._checks import check_cuda_tensors
 from primus_turbo.pytorch.ops.activation import _bwd_fake as _act_bwd_fake
 from primus_turbo.pytorch.ops.activation import _fwd_fake as _act_fwd_fake
@@ -29,6 +31,7 @@ from primus_turbo.pytorch.ops.gemm_fp8 import (
     _dtypes,
     _fwd_fake,
     gemm_fp8,
+    native_weight_copies,
 )
 
 __all__ = ["swiglu_mlp_fp8"]
@@ -72,11 +75,20 @@ library.register_fake("gated_act_bwd_amax", _bwd_amax_fake)
 library.register_fake("swiglu_mlp_fp8", _infer_fake)
 library.register_fake("swiglu_mlp_fp8_fwd", _mlp_fwd_fake)
 library.register_fake("swiglu_mlp_fp8_bwd", _mlp_bwd_fake)
+
+
+def _mlp_fwd_qw_fake(x, wgu_q, wgu_s, wd_q, wd_s, fwd_dtype):
+    y, h, x_bwd, sx_bwd, _, _, a_bwd, sa_bwd, _, _ = _mlp_fwd_fake(x, wgu_q.to(x.dtype), wd_q.to(x.dtype), fwd_dtype)
+    return y, h, x_bwd, sx_bwd, a_bwd, sa_bwd
+
+
+library.register_fake("swiglu_mlp_fp8_fwd_qw", _mlp_fwd_qw_fake)
 _swiglu_fwd = native.ops.gated_act_fwd_amax.default
 _swiglu_bwd = native.ops.gated_act_bwd_amax.default
 _native_infer = native.ops.swiglu_mlp_fp8.default
 _native_fwd = native.ops.swiglu_mlp_fp8_fwd.default
 _native_bwd = native.ops.swiglu_mlp_fp8_bwd.default
+_native_fwd_qw = native.ops.swiglu_mlp_fp8_fwd_qw.default
 # With the C++ autograd (bindings/torch_autograd/swiglu_mlp_fp8_autograd.cpp): forward and backward
 # of a training call without Python in between.
 _native_train = native.training_op("swiglu_mlp_fp8_train", _train_fake)
@@ -99,6 +111,44 @@ class SwigluMlpFp8Function(torch.autograd.Function):
         need_x, need_wgu, need_wd = ctx.needs_input_grad[:3]
         dx, dwgu, dwd = _native_bwd(dy, *ctx.saved_tensors, ctx.grad_dtype, need_x, need_wgu, need_wd)
         return (dx if need_x else None), (dwgu if need_wgu else None), (dwd if need_wd else None), None
+
+
+class SwigluMlpFp8QuantizedWeightsFunction(torch.autograd.Function):
+    """SwigluMlpFp8Function with both weights given as TENSORWISE FP8 copies (a layer's per-step
+    weight cache): the forward quantizes x and the SwiGLU output alone (swiglu_mlp_fp8_fwd_qw), the
+    backward reads the weights' copies along 2I and H. The weights' gradients are the
+    high-precision gradients of the tensors they stand for (straight-through)."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate_up, w_down, wgu_copies, wd_copies, fmt: Format):
+        fwd_dtype, ctx.grad_dtype = _dtypes(fmt)
+        (wgu_fwd, wgu_bwd), (wd_fwd, wd_bwd) = wgu_copies, wd_copies
+        y, h, x_bwd, sx_bwd, a_bwd, sa_bwd = _native_fwd_qw(x, *wgu_fwd[:2], *wd_fwd[:2], fwd_dtype)
+        ctx.save_for_backward(h, x_bwd, sx_bwd, *wgu_bwd[:2], a_bwd, sa_bwd, *wd_bwd[:2])
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        need_x, need_wgu, need_wd = ctx.needs_input_grad[:3]
+        dx, dwgu, dwd = _native_bwd(dy, *ctx.saved_tensors, ctx.grad_dtype, need_x, need_wgu, need_wd)
+        return (dx if need_x else None), (dwgu if need_wgu else None), (dwd if need_wd else None), None, None, None
+
+
+def _weight_copies(x2, weights, config, training: bool):
+    """Each pre-quantized weight's (forward, dgrad) copies for the native path (``native_weight_copies``),
+    or None when either weight is not one it takes."""
+    copies = []
+    for w, w_t in weights:
+        c = native_weight_copies(x2, w, w_t, True, config, training)
+        if c is None or (training and c[1] is None):
+            return None
+        copies.append(c)
+    return copies
+
+
+def _operand(w, w_t):
+    """A weight as gemm_fp8 takes it: its pair of copies when pre-quantized, else the tensor."""
+    return QuantizedTensorPair(w, w_t) if isinstance(w, QuantizedTensor) else w
 
 
 def _check(x, w_gate_up, w_down) -> None:
@@ -147,16 +197,35 @@ def swiglu_mlp_fp8(
             :func:`swiglu` splits its input.
         w_down: ``[H, I]``.
 
+    Either weight may be pre-quantized, a :class:`QuantizedTensor` or :class:`QuantizedTensorPair`
+    as :func:`gemm_fp8` takes it, e.g. ``Float8Linear``'s per-step weight cache
+    (``layer.weight_operand()`` with ``cache_quantized_weight=True``): with both TENSORWISE pairs
+    (E4M3) the fused path reads their copies instead of quantizing the weights (the copies' scales
+    are the cache's, so the product equals the fused path's on the same copies); otherwise the
+    unfused chain reads them.
+
     Differentiable in all three. Calls with TENSORWISE and M, H and I positive multiples of 16 take
     the fused path (module docstring; one native call, and one for the backward); the result equals
     the unfused chain's either way (for finite values: the SwiGLU kernels' amax ignores NaN, as the
     batched amax pass does).
     """
-    _check(x, w_gate_up, w_down)
     config = _check_config(config)
+    weights = None
+    if _qo.is_quantized(w_gate_up) or _qo.is_quantized(w_down):
+        weights = (_qo.split_pair("swiglu_mlp_fp8", "w_gate_up", w_gate_up, config),
+                   _qo.split_pair("swiglu_mlp_fp8", "w_down", w_down, config))
+        w_gate_up, w_down = weights[0][0], weights[1][0]
+    _check(x, w_gate_up, w_down)
     x2 = x.reshape(-1, x.shape[-1])
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_gate_up, w_down))
-    if not _fused(x2, w_gate_up, w_down, config):
+    if weights is not None:
+        copies = _weight_copies(x2, weights, config, training) if _fused(x2, w_gate_up, w_down, config) else None
+        if copies is not None and training:
+            y = SwigluMlpFp8QuantizedWeightsFunction.apply(x2, w_gate_up, w_down, *copies, config.format)
+        else:  # the unfused chain, each GEMM reading its weight's copies
+            h = gemm_fp8(x2, _operand(*weights[0]), trans_b=True, config=config)
+            y = gemm_fp8(swiglu(h), _operand(*weights[1]), trans_b=True, config=config)
+    elif not _fused(x2, w_gate_up, w_down, config):
         h = gemm_fp8(x2, w_gate_up, trans_b=True, config=config)
         y = gemm_fp8(swiglu(h), w_down, trans_b=True, config=config)
     elif not training:  # one call, no backward copies
