@@ -72,6 +72,18 @@ def gemm_fp8():
         step(turbo.ops.gemm_fp8(a, b, trans_b=True, config=cfg), a, b)
         with torch.no_grad():  # inference: every quantized copy is transient
             turbo.ops.gemm_fp8(a, b, trans_b=True, config=cfg)
+        # A layer's per-step weight copies read by the native op (gemm_fp8_fwd_qb), twice a step.
+        layer = turbo.modules.Float8Linear(160, 32, config=cfg, device=dev, dtype=bf16, cache_quantized_weight=True)
+        for _ in range(2):
+            x = t(48, 160)
+            step(layer(x), x, layer.weight)
+    # The fused MLP reading two such layers' TENSORWISE copies (swiglu_mlp_fp8_fwd_qw).
+    cfg = next(fp8_configs())
+    gate_up, down = (turbo.modules.Float8Linear(i, o, bias=False, config=cfg, device=dev, dtype=bf16,
+                                                cache_quantized_weight=True) for i, o in ((80, 2 * 48), (48, 80)))
+    x = t(32, 80)
+    step(turbo.ops.swiglu_mlp_fp8(x, gate_up.weight_operand(), down.weight_operand(), cfg), x, gate_up.weight,
+         down.weight)
 
 
 def grouped_fp8():
@@ -217,6 +229,7 @@ def optim():
         p.grad = torch.randn_like(p)
     layer(t(16, 48)).float().sum().backward()
     opt.step()
+    layer(t(16, 48)).float().sum().backward()  # the step's copy and its transposed one, one pass
     block_layer(t(16, 272)).float().sum().backward()  # the forward reads the step's FP8 copy
     experts(t(64, 64), lens).float().sum().backward()  # and the grouped dgrad its transposed one
     opt.step()

@@ -4,6 +4,8 @@ to the quantizations after them) gives the unfused chain's output and gradients 
 gate against float64; the reported amaxes equal a pass over the rounded tensors. Also: the
 unfused fallback (ROWWISE, unaligned sizes), CUDA-graph capture, torch.compile(fullgraph=True)."""
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -69,7 +71,7 @@ def test_layers_cached_weights_match_the_plain_call_bitwise(config, amax_from_op
     # Float8Linear's per-step copies (quantized by the layer, or from an amax the optimizer
     # reported: the copy along K and the transposed one in one pass) feed the fused path, which
     # then quantizes only x and the SwiGLU output; the result is the plain call's bit for bit.
-    import primus_turbo.pytorch.ops.swiglu_mlp_fp8 as mod
+    mod = sys.modules["primus_turbo.pytorch.ops.swiglu_mlp_fp8"]  # the package attribute of that name is the function
 
     m, hidden, inter = 256, 512, 768
     x, wgu, wd = make(m, hidden, inter)
