@@ -4,7 +4,7 @@ operators sorted by self time and the CUDA runtime calls that can stall the host
 allocations) counted.
 
     python tools/profile_train_step_host.py --arch moe --variant turbo_fp8_blockwise --optimizer turbo \\
-        --fp8-weight-cache
+        --fp8-weight-cache experts
 """
 
 import argparse
@@ -27,7 +27,8 @@ def main() -> int:
     p.add_argument("--arch", choices=("dense", "moe"), default="moe")
     p.add_argument("--variant", default="turbo_fp8_blockwise")
     p.add_argument("--optimizer", choices=("torch", "turbo"), default="turbo")
-    p.add_argument("--fp8-weight-cache", action="store_true")
+    p.add_argument("--fp8-weight-cache", nargs="?", const="all", default=None, choices=("all", "experts"),
+                   help="as bench_train_step.py's: every FP8 layer (all, the default when given) or the expert stacks")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--rows", type=int, default=25)

@@ -95,9 +95,7 @@ def fp8_granularity(variant: str) -> str | None:
 
 def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dtype, weight_cache=None):
     """weight_cache: None, "all" (every FP8 layer keeps its quantized weight for the step) or
-    "experts" (the MoE expert stacks only; the other Linear layers quantize per call on the native
-    path: a Float8Linear with a cached weight takes the Python-composed quantized-operand path, about
-    1.3 ms of host time a call)."""
+    "experts" (the MoE expert stacks only; the other Linear layers quantize per call)."""
     import primus_turbo.pytorch as turbo
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 
