@@ -20,7 +20,8 @@ __device__ __forceinline__ int64_t clamped_start(const PtRaggedParams& p, int64_
   return min(max(static_cast<int64_t>(p.cu_seqlens[b]), int64_t{0}), p.total);
 }
 
-__global__ void __launch_bounds__(kRaggedThreads) ragged_offsets_kernel(const PtRaggedParams p) {
+// Lengths and offsets: blockIdx.y == 0, one thread a sequence (batch + 1 entries), grid-strided.
+__device__ __forceinline__ void ragged_offsets(const PtRaggedParams& p) {
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * kRaggedThreads + threadIdx.x; b <= p.batch;
        b += static_cast<int64_t>(gridDim.x) * kRaggedThreads) {
     const int64_t start = clamped_start(p, b);
@@ -32,10 +33,9 @@ __global__ void __launch_bounds__(kRaggedThreads) ragged_offsets_kernel(const Pt
   }
 }
 
-// One tail a blockIdx.y; its rows' elements grid-strided (a tail is empty unless the packed tensor
-// has rows past the last sequence).
-__global__ void __launch_bounds__(kRaggedThreads) ragged_tails_kernel(const PtRaggedParams p) {
-  const PtRaggedTail t = p.tails[blockIdx.y];
+// Tail t (blockIdx.y == t + 1): its rows' elements grid-strided (a tail is empty unless the packed
+// tensor has rows past the last sequence).
+__device__ __forceinline__ void ragged_tail(const PtRaggedParams& p, const PtRaggedTail& t) {
   const int64_t first = clamped_start(p, p.batch);
   const int64_t per_row = static_cast<int64_t>(t.heads) * t.dim;
   const int64_t count = (t.total > first ? t.total - first : 0) * per_row;
@@ -51,6 +51,16 @@ __global__ void __launch_bounds__(kRaggedThreads) ragged_tails_kernel(const PtRa
   }
 }
 
+// One launch for both jobs (they are independent: a tail's first row comes from cu_seqlens), so a
+// packed call issues one metadata launch before cuDNN's.
+__global__ void __launch_bounds__(kRaggedThreads) ragged_metadata_kernel(const PtRaggedParams p) {
+  if (blockIdx.y == 0) {
+    ragged_offsets(p);
+  } else {
+    ragged_tail(p, p.tails[blockIdx.y - 1]);
+  }
+}
+
 struct RaggedOffsets {
   static int run(const PtRaggedParams* p, char* err, size_t err_len) {
     if (p->num_strides < 0 || p->num_strides > PT_RAGGED_MAX_STRIDES || p->batch < 0) {
@@ -58,18 +68,16 @@ struct RaggedOffsets {
                static_cast<long long>(p->batch));
       return 1;
     }
-    const int64_t blocks = (p->batch + kRaggedThreads) / kRaggedThreads;  // batch + 1 entries
-    ragged_offsets_kernel<<<static_cast<unsigned>(blocks < 1024 ? blocks : 1024), kRaggedThreads, 0,
-                            static_cast<cudaStream_t>(p->stream)>>>(*p);
-    if (report_launch("ragged offsets", err, err_len)) return 1;
-    if (p->num_tails <= 0) return 0;
-    if (p->num_tails > PT_RAGGED_MAX_TAILS) {
+    if (p->num_tails < 0 || p->num_tails > PT_RAGGED_MAX_TAILS) {
       snprintf(err, err_len, "ragged offsets: %d tails", p->num_tails);
       return 1;
     }
-    ragged_tails_kernel<<<dim3(64, static_cast<unsigned>(p->num_tails)), kRaggedThreads, 0,
-                          static_cast<cudaStream_t>(p->stream)>>>(*p);
-    return report_launch("ragged tails", err, err_len);
+    // x: the offsets' blocks (batch + 1 entries, up to 1024 blocks), at least the tails' 64.
+    const int64_t offset_blocks = (p->batch + kRaggedThreads) / kRaggedThreads;
+    const int64_t blocks = offset_blocks < 64 ? 64 : (offset_blocks < 1024 ? offset_blocks : 1024);
+    ragged_metadata_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(1 + p->num_tails)),
+                             kRaggedThreads, 0, static_cast<cudaStream_t>(p->stream)>>>(*p);
+    return report_launch("ragged metadata", err, err_len);
   }
 };
 
