@@ -22,21 +22,23 @@ import config as cfg  # noqa: E402
 from model import Stack, rope_tables  # noqa: E402
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", choices=("dense", "moe"), default="moe")
-    p.add_argument("--variant", default="turbo_fp8_blockwise")
+def add_step_arguments(p: argparse.ArgumentParser, arch: str, variant: str) -> None:
+    """The model and step arguments shared with tools/step_gaps.py."""
+    p.add_argument("--arch", choices=("dense", "moe"), default=arch)
+    p.add_argument("--variant", default=variant)
     p.add_argument("--optimizer", choices=("torch", "turbo"), default="turbo")
     p.add_argument("--fp8-weight-cache", nargs="?", const="all", default=None, choices=("all", "experts"),
                    help="as bench_train_step.py's: every FP8 layer (all, the default when given) or the expert stacks")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tokens", type=int, default=8192)
-    p.add_argument("--rows", type=int, default=25)
-    args = p.parse_args()
+
+
+def make_step(args):
+    """(forward+backward, optimizer step) closures of the end-to-end benchmark's model for ``args``
+    (add_step_arguments), on the GPU, as bench_train_step.py builds the variant."""
     m = (cfg.DENSE_MODELS if args.arch == "dense" else cfg.MOE_MODELS)[
         "Llama-3.1-8B" if args.arch == "dense" else "Qwen3-30B-A3B"]
     seq = min(getattr(m, "seq", 4096), args.tokens)
-    batch = args.tokens // seq
     device, dtype = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(1234)
     with device:
@@ -48,14 +50,30 @@ def main() -> int:
         opt = turbo.optim.FusedAdamW(model.parameters(), lr=2e-5)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
-    x = torch.randn(batch, seq, m.hidden, device=device, dtype=dtype)
+    x = torch.randn(args.tokens // seq, seq, m.hidden, device=device, dtype=dtype)
     target = torch.randn_like(x)
     cos, sin = rope_tables(seq, model.rope_dim, device)
 
-    def step():
+    def fwd_bwd():
         F.mse_loss(step_model(x, cos, sin).float(), target.float()).backward()
+
+    def optimizer_step():
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    return fwd_bwd, optimizer_step
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_step_arguments(p, "moe", "turbo_fp8_blockwise")
+    p.add_argument("--rows", type=int, default=25)
+    args = p.parse_args()
+    fwd_bwd, optimizer_step = make_step(args)
+
+    def step():
+        fwd_bwd()
+        optimizer_step()
 
     for _ in range(3):
         step()

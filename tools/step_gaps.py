@@ -17,14 +17,9 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmark" / "e2e"))
-sys.path.insert(0, str(REPO / "benchmark" / "ops"))
-import bench_train_step as bts  # noqa: E402
-import config as cfg  # noqa: E402
-from model import Stack, rope_tables  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profile_train_step_host import add_step_arguments, make_step  # noqa: E402
 
 
 def launching_op(cpu_ops, t_us):
@@ -40,41 +35,12 @@ def launching_op(cpu_ops, t_us):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", choices=("dense", "moe"), default="dense")
-    p.add_argument("--variant", default="turbo_fp8_tensorwise")
-    p.add_argument("--optimizer", choices=("torch", "turbo"), default="turbo")
-    p.add_argument("--fp8-weight-cache", nargs="?", const="all", default=None, choices=("all", "experts"))
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--tokens", type=int, default=8192)
+    add_step_arguments(p, "dense", "turbo_fp8_tensorwise")
     p.add_argument("--steps", type=int, default=3, help="profiled steps (after three warm-up steps)")
     p.add_argument("--min-gap-us", type=float, default=5.0, help="gaps shorter than this are not attributed")
     p.add_argument("--rows", type=int, default=15)
     args = p.parse_args()
-    m = (cfg.DENSE_MODELS if args.arch == "dense" else cfg.MOE_MODELS)[
-        "Llama-3.1-8B" if args.arch == "dense" else "Qwen3-30B-A3B"]
-    seq = min(getattr(m, "seq", 4096), args.tokens)
-    device, dtype = torch.device("cuda"), torch.bfloat16
-    torch.manual_seed(1234)
-    with device:
-        base = Stack(m, args.layers, args.arch).to(dtype=dtype).state_dict()
-    model, step_model = bts.build(args.variant, base, m, args.layers, args.arch, device, dtype, args.fp8_weight_cache)
-    if args.optimizer == "turbo":
-        import primus_turbo.pytorch as turbo
-
-        opt = turbo.optim.FusedAdamW(model.parameters(), lr=2e-5)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
-    x = torch.randn(args.tokens // seq, seq, m.hidden, device=device, dtype=dtype)
-    target = torch.randn_like(x)
-    cos, sin = rope_tables(seq, model.rope_dim, device)
-
-    def fwd_bwd():
-        F.mse_loss(step_model(x, cos, sin).float(), target.float()).backward()
-
-    def optimizer_step():
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    fwd_bwd, optimizer_step = make_step(args)
     for _ in range(3):
         fwd_bwd()
         optimizer_step()
