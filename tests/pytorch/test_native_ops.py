@@ -470,6 +470,31 @@ def test_gemm_fp8_train_with_given_weight_copies_on_meta(code, scaling, need_a):
 
 
 @pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
+@pytest.mark.parametrize("use_sum", [True, False])
+def test_rmsnorm_residual_cpp_autograd_on_meta(use_sum):
+    # Both outputs differentiable; an unused sum takes no gradient (none materialized).
+    x, r = (torch.empty(4, 16, 256, device="meta", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    g = torch.empty(256, device="meta", dtype=torch.float32, requires_grad=True)
+    y, s = turbo.ops.rmsnorm_residual(x, r, g)
+    assert y.shape == s.shape == x.shape and type(y.grad_fn).__name__ == "CppFunction" and s.grad_fn is y.grad_fn
+    outputs = (y, s) if use_sum else (y,)
+    dx, dr, dg = torch.autograd.grad(outputs, (x, r, g), [torch.empty_like(o) for o in outputs])
+    assert dx.shape == dr.shape == x.shape and dg.shape == g.shape
+
+
+@pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
+@pytest.mark.parametrize("tables", [True, False])
+def test_rope_cpp_autograd_on_meta(tables):
+    q = torch.empty(2, 16, 4, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.empty(2, 16, 2, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = ((torch.empty(32, 32, device="meta"), torch.empty(32, 32, device="meta")) if tables else (None, None))
+    q_out, k_out = turbo.ops.rope(q, k, cos, sin)
+    assert q_out.shape == q.shape and k_out.shape == k.shape and type(q_out.grad_fn).__name__ == "CppFunction"
+    dq, dk = torch.autograd.grad((q_out,), (q, k), (torch.empty_like(q_out),))  # k_out unused: zeros
+    assert dq.shape == q.shape and dk.shape == k.shape
+
+
+@pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
 def test_norm_cpp_autograd_on_meta():
     x = torch.empty(4, 16, 256, device="meta", dtype=torch.bfloat16, requires_grad=True)
     g = torch.empty(256, device="meta", dtype=torch.float32, requires_grad=True)

@@ -119,6 +119,9 @@ _ln_bwd_op = native.ops.layernorm_bwd.default
 # With the C++ autograd (bindings/torch_autograd/norm_autograd.cpp): a training call's forward and
 # backward without Python in between (eager mode; torch.compile traces the Python functions).
 _rms_train = native.training_op("rmsnorm_train", lambda x, gamma, eps, zc: _fwd_fake(x, gamma, eps, zc)[0])
+_res_train = native.training_op(
+    "rmsnorm_residual_train", lambda x, residual, gamma, eps, zc: _res_fwd_fake(x, residual, gamma, eps, zc)[:2]
+)
 _ln_train = native.training_op("layernorm_train", lambda x, gamma, beta, eps: _ln_fwd_fake(x, gamma, beta, eps)[0])
 
 
@@ -201,6 +204,8 @@ def rmsnorm_residual(
     if type(eps) is not float or not all(isinstance(t, torch.Tensor) for t in (x, residual, gamma)):
         _check_args("rmsnorm_residual", x, eps, {"gamma": gamma}, {"residual": residual})
     if torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad or gamma.requires_grad):
+        if _res_train is not None and native.eager_cpp_autograd():
+            return _res_train(x, residual, gamma, eps, bool(zero_centered))
         return RmsNormResidualFunction.apply(x, residual, gamma, eps, bool(zero_centered))
     y, s, _ = _res_fwd_op(x, residual, gamma, eps, bool(zero_centered))
     return y, s

@@ -115,6 +115,11 @@ def _rope_fake(q, k, cos, sin, positions, cu_seqlens, rotary_dim, theta, interle
 
 library.register_fake("rope", _rope_fake)
 _rope_op = native.ops.rope.default
+# With the C++ autograd (bindings/torch_autograd/rope_autograd.cpp): both directions without Python.
+_rope_train = native.training_op(
+    "rope_train", lambda q, k, cos, sin, pos, cu, rd, theta, il, layout: _rope_fake(q, k, cos, sin, pos, cu, rd, theta,
+                                                                                   il, layout, False)
+)
 
 
 class RopeFunction(torch.autograd.Function):
@@ -187,6 +192,8 @@ def rope(
         raise TypeError(f"rope: argument 'interleaved' must be a bool, got {interleaved!r}")
     args = (q, k, cos, sin, positions, cu_seqlens, rotary_dim, float(theta), interleaved, _LAYOUTS[layout])
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        if _rope_train is not None and native.eager_cpp_autograd():
+            return _rope_train(*args)
         return RopeFunction.apply(*args)
     return _rope_op(*args, False)
 
