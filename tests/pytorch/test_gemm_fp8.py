@@ -316,6 +316,21 @@ def test_float8_linear_cached_weight_takes_one_native_call_equal_to_the_uncached
         assert (a is None and b is None) or torch.equal(a, b), f"{name} differs from the uncached layer"
 
 
+def test_float8_linear_cached_weight_takes_empty_batches_and_no_grad_calls():
+    # An expert with no tokens, and evaluation under no_grad, through a layer whose cache is on.
+    cfg = config_for(Format.HYBRID, G.TENSORWISE)
+    layer = turbo.modules.Float8Linear(256, 128, config=cfg, device="cuda", dtype=torch.bfloat16,
+                                       cache_quantized_weight=True)
+    x = torch.empty(0, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = layer(x)
+    y.sum().backward()
+    assert y.shape == (0, 128) and x.grad.shape == x.shape and torch.count_nonzero(layer.weight.grad) == 0
+    x = torch.randn(32, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with torch.no_grad():
+        y = layer(x)
+    assert torch.equal(y, layer(x).detach())
+
+
 def test_backend_selection_for_fp8_precision():
     a = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)

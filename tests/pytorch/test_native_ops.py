@@ -467,6 +467,18 @@ def test_gemm_fp8_train_with_given_weight_copies_on_meta(code, scaling, need_a):
     with pytest.raises(ValueError, match="b_q with b_s"):
         native.ops.gemm_fp8_train.default(a, b, False, True, torch.bfloat16, E4M3, torch.float8_e5m2, code, b_q, None,
                                           scaling, None, None)
+    if not need_a:
+        return
+    train = native.ops.gemm_fp8_train.default
+    with pytest.raises(ValueError, match="the dgrad's weight copy d_q"):  # a dgrad would have nothing to read
+        train(a, b, False, True, torch.bfloat16, E4M3, torch.float8_e5m2, code, b_q, b_s, scaling, None, None)
+    with torch.no_grad():  # no gradient will be asked for: no dgrad copy needed
+        train(a, b, False, True, torch.bfloat16, E4M3, torch.float8_e5m2, code, b_q, b_s, scaling, None, None)
+    with pytest.raises(ValueError, match="argument 'd_q' must be b_q's copy along N"):  # the layout, not the values
+        train(a, b, False, True, torch.bfloat16, E4M3, torch.float8_e5m2, code, b_q, b_s, scaling, b_q.t(), d_s)
+    wrong_s = torch.empty(n if code == 1 else 3, device="meta")
+    with pytest.raises(ValueError, match="argument 'd_s'"):
+        train(a, b, False, True, torch.bfloat16, E4M3, torch.float8_e5m2, code, b_q, b_s, scaling, d_q, wrong_s)
 
 
 @pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")

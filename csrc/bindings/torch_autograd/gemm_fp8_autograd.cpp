@@ -27,7 +27,6 @@ struct GemmFp8Function : public torch::autograd::Function<GemmFp8Function> {
                         c10::ScalarType out_dtype, c10::ScalarType fwd_dtype, c10::ScalarType grad_dtype,
                         int64_t granularity, const OptTensor& b_q, const OptTensor& b_s, int64_t b_scaling,
                         const OptTensor& d_q, const OptTensor& d_s) {
-    check_given(b_q, b_s, d_q, d_s);
     at::AutoDispatchBelowADInplaceOrView guard;
     if (b_q) {
       static const auto fwd_qb = op<FwdQbSig>("primus_turbo::gemm_fp8_fwd_qb");
@@ -45,10 +44,33 @@ struct GemmFp8Function : public torch::autograd::Function<GemmFp8Function> {
     return out;
   }
 
-  static void check_given(const OptTensor& b_q, const OptTensor& b_s, const OptTensor& d_q, const OptTensor& d_s) {
+  // The given copies as far as the forward's op does not check them: pairs complete, and the dgrad's
+  // copy d_q [K, N] (b_q [N, K] transposed, contiguous, b_q's dtype) with scales of its scaling
+  // (b_scaling: one value, one per row of d_q, or [ceil(K/128), ceil(N/128)] blocks, the last dim
+  // possibly padded to 4), present whenever a gradient of a will be asked for.
+  static void check_given(const Tensor& a, const OptTensor& b_q, const OptTensor& b_s, int64_t b_scaling,
+                          const OptTensor& d_q, const OptTensor& d_s) {
     TORCH_CHECK_VALUE(b_q.has_value() == b_s.has_value() && d_q.has_value() == d_s.has_value(),
                       "gemm_fp8: the given weight copies come with their scales (b_q with b_s, d_q with d_s)");
     TORCH_CHECK_VALUE(b_q.has_value() || !d_q.has_value(), "gemm_fp8: d_q is given without b_q");
+    if (!b_q) return;
+    TORCH_CHECK_VALUE(d_q || !(a.requires_grad() && at::GradMode::is_enabled()), "gemm_fp8: 'a' needs a gradient, so the dgrad's weight copy d_q "
+                      "(b_q's copy along N) must be given with b_q");
+    if (!d_q) return;
+    TORCH_CHECK_VALUE(b_q->dim() == 2, "gemm_fp8: argument 'b_q' must be 2-D [N, K], got ", b_q->sizes());
+    const int64_t n = b_q->size(0), k = b_q->size(1);
+    TORCH_CHECK_VALUE(d_q->dim() == 2 && d_q->size(0) == k && d_q->size(1) == n && d_q->is_contiguous() &&
+                          d_q->scalar_type() == b_q->scalar_type(),
+                      "gemm_fp8: argument 'd_q' must be b_q's copy along N: contiguous [", k, ", ", n, "] of ",
+                      b_q->scalar_type(), ", got ", d_q->sizes(), " ", d_q->scalar_type());
+    const int64_t kb = (k + 127) / 128, nb = (n + 127) / 128;
+    const bool ok = d_s->scalar_type() == at::kFloat && d_s->is_contiguous() &&
+                    (b_scaling == 0   ? d_s->numel() == 1
+                     : b_scaling == 1 ? d_s->numel() == k
+                                      : d_s->dim() == 2 && d_s->size(0) == kb &&
+                                            (d_s->size(1) == nb || d_s->size(1) == (nb + 3) / 4 * 4));
+    TORCH_CHECK_VALUE(ok, "gemm_fp8: argument 'd_s' ", d_s->sizes(), " (", d_s->scalar_type(),
+                      ") does not fit d_q [", k, ", ", n, "] with scaling code ", b_scaling);
   }
 
   // Flags and dtypes in one word: trans_a, trans_b; the gradient's FP8 dtype and a's, b's dtypes.
@@ -79,6 +101,9 @@ Tensor gemm_fp8_train_autograd(const Tensor& a, const Tensor& b, bool ta, bool t
                                c10::ScalarType fwd_dtype, c10::ScalarType grad_dtype, int64_t granularity,
                                const OptTensor& b_q, const OptTensor& b_s, int64_t b_scaling, const OptTensor& d_q,
                                const OptTensor& d_s) {
+  // Before apply: its forward runs with grad mode off, so whether a gradient will be asked for is
+  // known only here.
+  GemmFp8Function::check_given(a, b_q, b_s, b_scaling, d_q, d_s);
   return GemmFp8Function::apply(a, b, ta, tb, out_dtype, fwd_dtype, grad_dtype, granularity, b_q, b_s, b_scaling, d_q,
                                 d_s);
 }
@@ -88,7 +113,7 @@ Tensor gemm_fp8_train_forward_only(const Tensor& a, const Tensor& b, bool ta, bo
                                    c10::ScalarType fwd_dtype, c10::ScalarType, int64_t granularity,
                                    const OptTensor& b_q, const OptTensor& b_s, int64_t b_scaling, const OptTensor&,
                                    const OptTensor&) {
-  GemmFp8Function::check_given(b_q, b_s, std::nullopt, std::nullopt);
+  GemmFp8Function::check_given(a, b_q, b_s, b_scaling, std::nullopt, std::nullopt);
   if (b_q) {
     static const auto fwd_qb = op<FwdQbSig>("primus_turbo::gemm_fp8_fwd_qb");
     return std::get<0>(

@@ -894,6 +894,8 @@ def native_weight_copies(a, b, b_t, trans_b: bool, config, need_dgrad: bool):
     forward format and granularity, its copies in the scaling the native GEMM reads."""
     if not (isinstance(b, QuantizedTensor) and isinstance(a, torch.Tensor) and not isinstance(a, QuantizedTensor)):
         return None
+    if a.numel() == 0 or b.numel() == 0:  # empty problems: the composite path writes the empty product
+        return None
     code = _NATIVE_WEIGHT_CODE.get(config.granularity)
     if code is None or config.format == Format.E5M2 or not a.is_cuda or b.qdata.dtype != _dtypes(config.format)[0]:
         return None
