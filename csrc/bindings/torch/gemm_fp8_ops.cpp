@@ -128,6 +128,7 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
                 ScalarType fwd_dtype, int64_t granularity, bool for_backward, const Tensor* a_amax = nullptr,
                 const Quantized* b_pre = nullptr) {
   int64_t m, k, n;
+  NamedTensors inputs{{"a", &a_in}};
   if (b_pre) {
     // b's role is played by b_pre->q [N, K]; check a as the hp operand against itself read as b.
     std::tie(m, k, std::ignore) = check_dense_operands(kOp, a_in, a_in, trans_a, !trans_a, out_dtype, false,
@@ -137,16 +138,12 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
     if (for_backward && (m % 16 || n % 16))
       fail_with(ErrorKind::Value, kOp, ": the backward needs M=", m, " and N=", n,
                 " to be multiples of 16 (its transposed FP8 operands have rows of length M and N)");
+    inputs.push_back({"b_q", &b_pre->q});
+    inputs.push_back({"b_scale_inv", &b_pre->s});
   } else {
     std::tie(m, k, n) = check_dense_operands(kOp, a_in, b_in, trans_a, trans_b, out_dtype, for_backward,
                                              "FP8 GEMM operands are read in 16-byte rows",
                                              "its transposed FP8 operands have rows of length M and N");
-  }
-  NamedTensors inputs{{"a", &a_in}};
-  if (b_pre) {
-    inputs.push_back({"b_q", &b_pre->q});
-    inputs.push_back({"b_scale_inv", &b_pre->s});
-  } else {
     inputs.push_back({"b", &b_in});
   }
   if (a_amax) inputs.push_back({"a_amax", a_amax});
@@ -190,21 +187,30 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
 }  // namespace
 
 Tensor gemm_fp8_inference(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, ScalarType out_dtype,
-                          ScalarType fwd_dtype, int64_t granularity, const Tensor* a_amax, const Quantized* b_pre) {
-  return forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, false, a_amax, b_pre).out;
+                          ScalarType fwd_dtype, int64_t granularity, const Tensor* a_amax) {
+  return forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, false, a_amax).out;
 }
 
 Fp8ForwardResult gemm_fp8_training_forward(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                                            ScalarType out_dtype, ScalarType fwd_dtype, int64_t granularity,
-                                           bool for_backward, const Tensor* a_amax, const Quantized* b_pre) {
-  Forward f = forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, a_amax, b_pre);
-  const int32_t device = f.out.get_device();
-  const auto copy = [&](const std::optional<Quantized>& c) {
-    return c ? std::pair<Tensor, Tensor>{c->q, c->s} : std::pair<Tensor, Tensor>{placeholder(device), placeholder(device)};
-  };
-  const auto [a_q, a_s] = copy(f.a_bwd);
-  const auto [b_q, b_s] = copy(f.b_bwd);
-  return {f.out, a_q, a_s, b_q, b_s};
+                                           bool for_backward, const Tensor* a_amax) {
+  Forward f = forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, a_amax);
+  if (!for_backward) {
+    const int32_t device = f.out.get_device();
+    return {f.out, placeholder(device), placeholder(device), placeholder(device), placeholder(device)};
+  }
+  return {f.out, f.a_bwd->q, f.a_bwd->s, f.b_bwd->q, f.b_bwd->s};
+}
+
+Fp8GivenBResult gemm_fp8_forward_given_b(const Tensor& a, const Quantized& b, bool trans_a, ScalarType out_dtype,
+                                         ScalarType fwd_dtype, int64_t granularity, bool for_backward,
+                                         const Tensor* a_amax) {
+  Forward f = forward(a, b.q, trans_a, true, out_dtype, fwd_dtype, granularity, for_backward, a_amax, &b);
+  if (!for_backward) {
+    const int32_t device = f.out.get_device();
+    return {f.out, placeholder(device), placeholder(device)};
+  }
+  return {f.out, f.a_bwd->q, f.a_bwd->s};
 }
 
 std::tuple<Tensor, Tensor> gemm_fp8_backward(const Tensor& grad_in, const Tensor& a_bwd, const Tensor& sa_bwd,
@@ -262,13 +268,10 @@ Fp8ForwardResult gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, Sc
 // The forward with b given as its FP8 copy along K (b_q [N, K], b_scale_inv, its pt_fp8_scaling
 // code), e.g. a layer's per-step weight cache: only a is quantized. (out, a_bwd, sa_bwd); the
 // backward is gemm_fp8_bwd with the weight's copy along N, which the caller holds.
-std::tuple<Tensor, Tensor, Tensor> gemm_fp8_fwd_qb(Tensor a, Tensor b_q, Tensor b_scale_inv, int64_t b_scaling,
-                                                   bool trans_a, ScalarType out_dtype, ScalarType fwd_dtype,
-                                                   int64_t granularity, bool for_backward) {
+Fp8GivenBResult gemm_fp8_fwd_qb(Tensor a, Tensor b_q, Tensor b_scale_inv, int64_t b_scaling, bool trans_a,
+                                ScalarType out_dtype, ScalarType fwd_dtype, int64_t granularity, bool for_backward) {
   const Quantized b{b_q, b_scale_inv, static_cast<int32_t>(b_scaling)};
-  auto [out, a_bwd, sa_bwd, unused_q, unused_s] =
-      gemm_fp8_training_forward(a, b_q, trans_a, true, out_dtype, fwd_dtype, granularity, for_backward, nullptr, &b);
-  return {out, a_bwd, sa_bwd};
+  return gemm_fp8_forward_given_b(a, b, trans_a, out_dtype, fwd_dtype, granularity, for_backward, nullptr);
 }
 
 // Inference (no backward follows): the product only, with no placeholder outputs.

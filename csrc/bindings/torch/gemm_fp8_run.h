@@ -20,22 +20,26 @@ std::tuple<int64_t, int64_t, int64_t> check_dense_operands(const char* op, const
                                                            bool tb, ScalarType out_dtype, bool backward,
                                                            const char* k_reason, const char* bwd_reason);
 
-// The inference op gemm_fp8 (no backward follows: the product only), with a_amax and b_pre as below.
+// The inference op gemm_fp8 (no backward follows: the product only), with a_amax as below.
 Tensor gemm_fp8_inference(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, ScalarType out_dtype,
-                          ScalarType fwd_dtype, int64_t granularity, const Tensor* a_amax,
-                          const Quantized* b_pre = nullptr);
+                          ScalarType fwd_dtype, int64_t granularity, const Tensor* a_amax);
 
 // The training forward of gemm_fp8_fwd: (out, a_bwd, sa_bwd, b_bwd, sb_bwd), the copies the
 // backward reads (a along M, b along N), or placeholders without for_backward. a_amax (TENSORWISE,
 // float32 [1], may be null): a's amax as the op that wrote a reported it; a's amax pass is skipped.
-// b_pre (may be null): b already quantized, its copy along K ([N, K], the weight scaling of the
-// granularity; a layer's per-step cache): b is not read and b's backward copies are placeholders
-// (the caller holds its copy along N).
 using Fp8ForwardResult = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 Fp8ForwardResult gemm_fp8_training_forward(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                                            ScalarType out_dtype, ScalarType fwd_dtype, int64_t granularity,
-                                           bool for_backward, const Tensor* a_amax,
-                                           const Quantized* b_pre = nullptr);
+                                           bool for_backward, const Tensor* a_amax);
+
+// The forward of gemm_fp8_fwd_qb: b given already quantized, its copy along K (b.q [N, K], in the
+// weight scaling of the granularity; a layer's per-step cache, checked here), only a quantized.
+// (out, a_bwd, sa_bwd): a's copy along M, or placeholders without for_backward; b's copy along N
+// for the backward is the caller's. a_amax as above.
+using Fp8GivenBResult = std::tuple<Tensor, Tensor, Tensor>;
+Fp8GivenBResult gemm_fp8_forward_given_b(const Tensor& a, const Quantized& b, bool trans_a, ScalarType out_dtype,
+                                         ScalarType fwd_dtype, int64_t granularity, bool for_backward,
+                                         const Tensor* a_amax);
 
 // The backward of gemm_fp8_bwd: (grad_a, grad_b), placeholders for a gradient not asked for (or
 // accumulated into main_grad). grad_amax as a_amax above, for the output gradient.

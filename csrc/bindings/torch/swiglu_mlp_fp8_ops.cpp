@@ -67,12 +67,12 @@ MlpForwardQw swiglu_mlp_fp8_fwd_qw(Tensor x, Tensor wgu_q, Tensor wgu_s, Tensor 
               shape_string(x), ", w_gate_up ", shape_string(wgu_q), ", w_down ", shape_string(wd_q));
   const ScalarType dtype = x.scalar_type();
   const Quantized wgu{wgu_q, wgu_s, PT_FP8_SCALING_TENSOR}, wd{wd_q, wd_s, PT_FP8_SCALING_TENSOR};
-  auto [h, x_bwd, sx_bwd, u0, u1] =
-      gemm_fp8_training_forward(x, wgu_q, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, nullptr, &wgu);
+  auto [h, x_bwd, sx_bwd] =
+      gemm_fp8_forward_given_b(x, wgu, false, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, nullptr);
   std::optional<Tensor> a_amax;
   const Tensor a = gated_act_forward(h, std::nullopt, std::nullopt, kSilu, &a_amax);
-  auto [y, a_bwd, sa_bwd, u2, u3] =
-      gemm_fp8_training_forward(a, wd_q, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, &*a_amax, &wd);
+  auto [y, a_bwd, sa_bwd] =
+      gemm_fp8_forward_given_b(a, wd, false, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, &*a_amax);
   return {y, h, x_bwd, sx_bwd, a_bwd, sa_bwd};
 }
 

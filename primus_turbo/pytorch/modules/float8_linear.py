@@ -76,8 +76,9 @@ class Float8Linear(QuantizedWeightCache, Linear):
     def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:
         if self._weight_cached_now() and cached_weight_native_ok(x2d, self.weight, self.config):
             # One native call a direction, reading this step's copies.
-            data, data_t = self._cached_copies()
-            return gemm_fp8_cached_weight(x2d, self.weight, data, data_t, self.config)
+            out = gemm_fp8_cached_weight(x2d, self.weight, *self._cached_copies(), self.config)
+            if out is not None:
+                return out
         return gemm_fp8(x2d, self.weight_operand(), trans_b=True, config=self.config)
 
     def extra_repr(self) -> str:

@@ -864,15 +864,13 @@ def gemm_fp8_cached_weight(a, weight, data, data_t, config):
     """``gemm_fp8(a, weight, trans_b=True)`` with the weight ``[N, K]`` already quantized for this
     optimizer step (``data`` along K, ``data_t`` along N, as ``create_quantized_weight`` makes them):
     one native training call that quantizes only ``a`` (and the output gradient), reading the
-    copies; ``weight`` receives the wgrad. The caller checked ``cached_weight_native_ok``; copies the
-    native GEMM does not read as they are take ``gemm_fp8`` with the pair."""
+    copies; ``weight`` receives the wgrad. The caller checked ``cached_weight_native_ok``. None when
+    the copies are not in the layouts the native GEMM reads (the caller then passes the pair to
+    ``gemm_fp8``)."""
     need_dgrad = torch.is_grad_enabled() and a.requires_grad
     copies = native_weight_copies(a, data, data_t, True, config, need_dgrad)
     if copies is None:
-        from primus_turbo.pytorch.modules._weight_cache import _StraightThrough
-
-        pair = QuantizedTensorPair(_StraightThrough.apply(weight, data) if weight.requires_grad else data, data_t)
-        return gemm_fp8(a, pair, trans_b=True, config=config)
+        return None
     (b_q, b_s, code), dgrad = copies
     d_q, d_s = (dgrad[0], dgrad[1]) if dgrad is not None else (None, None)
     return _native_train(a, weight, False, True, a.dtype, *_dtypes(config.format), _NATIVE_GRANULARITY[config.granularity],

@@ -134,16 +134,11 @@ class SwigluMlpFp8QuantizedWeightsFunction(torch.autograd.Function):
         return (dx if need_x else None), (dwgu if need_wgu else None), (dwd if need_wd else None), None, None, None
 
 
-def _weight_copies(x2, weights, config, training: bool):
-    """Each pre-quantized weight's (forward, dgrad) copies for the native path (``native_weight_copies``),
-    or None when either weight is not one it takes."""
-    copies = []
-    for w, w_t in weights:
-        c = native_weight_copies(x2, w, w_t, True, config, training)
-        if c is None or (training and c[1] is None):
-            return None
-        copies.append(c)
-    return copies
+def _weight_copies(x2, weights, config):
+    """Each pre-quantized weight's (forward, dgrad) copies for the native training path
+    (``native_weight_copies``), or None when either weight is not one it takes."""
+    copies = [native_weight_copies(x2, w, w_t, True, config, True) for w, w_t in weights]
+    return None if any(c is None for c in copies) else copies
 
 
 def _operand(w, w_t):
@@ -219,8 +214,8 @@ def swiglu_mlp_fp8(
     x2 = x.reshape(-1, x.shape[-1])
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_gate_up, w_down))
     if weights is not None:
-        copies = _weight_copies(x2, weights, config, training) if _fused(x2, w_gate_up, w_down, config) else None
-        if copies is not None and training:
+        copies = _weight_copies(x2, weights, config) if training and _fused(x2, w_gate_up, w_down, config) else None
+        if copies is not None:
             y = SwigluMlpFp8QuantizedWeightsFunction.apply(x2, w_gate_up, w_down, *copies, config.format)
         else:  # the unfused chain, each GEMM reading its weight's copies
             h = gemm_fp8(x2, _operand(*weights[0]), trans_b=True, config=config)
