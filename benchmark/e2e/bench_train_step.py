@@ -93,9 +93,11 @@ def fp8_granularity(variant: str) -> str | None:
     return variant.split("_fp8_")[1].split("_")[0] if "_fp8_" in variant else None
 
 
-def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dtype, weight_cache=None):
+def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dtype, weight_cache=None,
+          fast_accum: bool = False):
     """weight_cache: None, "all" (every FP8 layer keeps its quantized weight for the step) or
-    "experts" (the MoE expert stacks only; the other Linear layers quantize per call)."""
+    "experts" (the MoE expert stacks only; the other Linear layers quantize per call). fast_accum:
+    our FP8 configs let the forward GEMMs accumulate in the fast mode (as torchao's recipes do)."""
     import primus_turbo.pytorch as turbo
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 
@@ -116,7 +118,8 @@ def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dty
             gran = {"tensorwise": ScalingGranularity.TENSORWISE, "rowwise": ScalingGranularity.ROWWISE,
                     "blockwise": ScalingGranularity.BLOCKWISE}[g]
             fp8 = Float8QuantConfig(format=Format.HYBRID, granularity=gran,
-                                    block_size=128 if gran == ScalingGranularity.BLOCKWISE else None)
+                                    block_size=128 if gran == ScalingGranularity.BLOCKWISE else None,
+                                    fast_accum=fast_accum)
         # The router stays in bf16 (a tiny GEMM whose rounding would move tokens between experts).
         turbo.convert_model(model, fp8_config=fp8, module_filter_fn=lambda mod, fqn: not fqn.endswith("router"))
         cache = bool(weight_cache) and fp8 is not None
@@ -220,6 +223,10 @@ def main() -> int:
                    help="the turbo variants' optimizer: torch.optim.AdamW (as every variant, the default) or "
                    "turbo.optim.FusedAdamW (with --fp8-weight-cache it also makes the TENSORWISE layers' FP8 "
                    "weights from the update's max |weight|)")
+    p.add_argument("--fp8-fast-accum", action="store_true",
+                   help="our FP8 variants with Float8QuantConfig(fast_accum=True): the forward GEMMs may skip the "
+                   "FP32 promotion of partial sums, as torchao's float8 recipes do in their forward (its "
+                   "use_fast_accum); the backward GEMMs keep full accumulation")
     p.add_argument("--attn-backend", choices=("auto", "TURBO", "CUDNN"), default="auto",
                    help="attention backend of the turbo variants (auto: unset, the library's choice)")
     p.add_argument("--autotune", action="store_true",
@@ -263,7 +270,7 @@ def main() -> int:
                    "autotune" if args.autotune and args.attn_backend == "auto" else args.attn_backend)}
         try:
             model, step_model = build(variant, base_state, m, args.layers, args.arch, device, dtype,
-                                      args.fp8_weight_cache)
+                                      args.fp8_weight_cache, args.fp8_fast_accum)
             if args.optimizer == "turbo" and variant.startswith("turbo"):
                 import primus_turbo.pytorch as turbo
 
@@ -378,12 +385,14 @@ def main() -> int:
                "other_ms", "out_snr_db", "route_agreement", "out_snr_same_routes_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
     # Accumulation and weight-cache runs are variants of the configuration, kept apart from it.
     config_tag = ((f"_mb{args.microbatches}" if args.microbatches > 1 else "") + ({"all": "_wcache", "experts": "_wcache_experts"}.get(args.fp8_weight_cache, ""))
-                  + ("_fusedopt" if args.optimizer == "turbo" else ""))
+                  + ("_fusedopt" if args.optimizer == "turbo" else "") + ("_fastacc" if args.fp8_fast_accum else ""))
     tag = config_tag + (f"_{args.tag}" if args.tag else "")
     rows = [{**r, "microbatches": args.microbatches, "fp8_weight_cache": args.fp8_weight_cache or False,
-             "optimizer": "FusedAdamW" if args.optimizer == "turbo" and r["variant"].startswith("turbo") else "AdamW"}
+             "optimizer": "FusedAdamW" if args.optimizer == "turbo" and r["variant"].startswith("turbo") else "AdamW",
+             "fp8_fast_accum": args.fp8_fast_accum and r["variant"].startswith("turbo_fp8")}
             for r in rows]
-    columns[columns.index("step_ms"):columns.index("step_ms")] = ["microbatches", "fp8_weight_cache", "optimizer"]
+    columns[columns.index("step_ms"):columns.index("step_ms")] = ["microbatches", "fp8_weight_cache", "optimizer",
+                                                                  "fp8_fast_accum"]
     bu.write_csv(out_dir / f"e2e_{args.arch}{tag}.csv", rows, columns)
     from plot_breakdown import plot
 

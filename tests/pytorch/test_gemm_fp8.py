@@ -5,6 +5,7 @@ dequantized operands (kernel correctness, every scaling pair), and forward / dgr
 whole op against float64 products of the original operands (end-to-end quality gates: E4M3
 >= 25 dB, E5M2 / HYBRID >= 20 dB)."""
 
+import dataclasses
 import sys
 import warnings
 
@@ -286,9 +287,11 @@ def test_float8_linear_weight_cache_matches_and_refreshes(g, monkeypatch):
     )
 
 
+@pytest.mark.parametrize("fast_accum", [False, True], ids=["full_accum", "fast_accum"])
 @pytest.mark.parametrize("g", [G.TENSORWISE, G.ROWWISE, G.BLOCKWISE], ids=lambda v: v.name)
 @pytest.mark.parametrize("frozen_input", [False, True])
-def test_float8_linear_cached_weight_takes_one_native_call_equal_to_the_uncached_layer(g, frozen_input, monkeypatch):
+def test_float8_linear_cached_weight_takes_one_native_call_equal_to_the_uncached_layer(g, frozen_input, fast_accum,
+                                                                                       monkeypatch):
     # The cached layer's forward is one native training call reading the step's weight copies
     # (gemm_fp8_train with b_q / d_q); output, input and weight gradients are the uncached layer's
     # bit for bit (the same quantizers wrote the same copies, the same GEMMs read them).
@@ -296,9 +299,10 @@ def test_float8_linear_cached_weight_takes_one_native_call_equal_to_the_uncached
 
     given = []
     real = mod._native_train
-    monkeypatch.setattr(mod, "_native_train", lambda *a: given.append(len(a) > 8 and a[8] is not None) or real(*a))
+    monkeypatch.setattr(mod, "_native_train",
+                        lambda *a, **kw: given.append(len(a) > 8 and a[8] is not None) or real(*a, **kw))
     torch.manual_seed(3)
-    cfg = config_for(Format.HYBRID, g)
+    cfg = dataclasses.replace(config_for(Format.HYBRID, g), fast_accum=fast_accum)
     ref = turbo.modules.Float8Linear(384, 256, bias=True, config=cfg, device="cuda", dtype=torch.bfloat16)
     cached = turbo.modules.Float8Linear(384, 256, bias=True, config=cfg, device="cuda", dtype=torch.bfloat16,
                                         cache_quantized_weight=True)
@@ -314,6 +318,35 @@ def test_float8_linear_cached_weight_takes_one_native_call_equal_to_the_uncached
     assert given == [False, True]
     for name, a, b in zip(("out", "dx", "dw", "dbias"), *results):
         assert (a is None and b is None) or torch.equal(a, b), f"{name} differs from the uncached layer"
+
+
+@pytest.mark.parametrize("g", [G.TENSORWISE, G.ROWWISE, G.BLOCKWISE], ids=lambda v: v.name)
+def test_fast_accum_changes_the_forward_product_only(g):
+    # fast_accum lets the forward GEMM skip the FP32 promotion of its partial sums (cuBLASLt, tensor and
+    # row scalings); the backward's GEMMs read the same copies with full accumulation, so dgrad and wgrad
+    # are those of the default config bit for bit. Block scalings always promote: the output too.
+    torch.manual_seed(11)
+    m, n, k = 512, 1024, 8192  # a deep reduction, where skipping the promotion shows most
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    results = {}
+    for fast in (False, True):
+        cfg = dataclasses.replace(config_for(Format.HYBRID, g), fast_accum=fast)
+        ai, bi = a.clone().requires_grad_(), b.clone().requires_grad_()
+        out = turbo.ops.gemm_fp8(ai, bi, trans_b=True, config=cfg)
+        out.backward(dy)
+        results[fast] = (out.detach(), ai.grad, bi.grad)
+    (full, da, db), (fast, da_fast, db_fast) = results[False], results[True]
+    assert torch.equal(da, da_fast) and torch.equal(db, db_fast), "the backward changed with fast_accum"
+    if g == G.BLOCKWISE:
+        assert torch.equal(full, fast)
+    assert snr_db(fast, reference(a, b, False, True)) >= GATE[Format.E4M3]
+    # The fast mode's rounding is far below the quantization's: it stays close to the full product.
+    assert snr_db(fast, full.double()) >= 35.0
+    with torch.no_grad():  # the inference op takes it too
+        cfg = dataclasses.replace(config_for(Format.HYBRID, g), fast_accum=True)
+        assert torch.equal(turbo.ops.gemm_fp8(a, b, trans_b=True, config=cfg), fast)
 
 
 def test_float8_linear_cached_weight_takes_empty_batches_and_no_grad_calls():

@@ -19,6 +19,7 @@ CONFIGS = [
     Float8QuantConfig(format=f, granularity=G.MX_BLOCKWISE, block_size=32, scale_dtype=ScaleDtype.E8M0)
     for f in (Format.E4M3, Format.E5M2, Format.HYBRID)
 ]
+FAST_ACCUM = [Float8QuantConfig(format=Format.HYBRID, granularity=g, fast_accum=True) for g in (G.TENSORWISE, G.ROWWISE)]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.format.name}-{c.granularity.name}")
@@ -26,6 +27,17 @@ CONFIGS = [
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_shapes_forward_and_backward_on_meta(config, trans_a, trans_b):
     check_gemm_step_on_meta(turbo.ops.gemm_fp8, trans_a, trans_b, config=config)
+
+
+@pytest.mark.parametrize("config", FAST_ACCUM, ids=lambda c: c.granularity.name)
+def test_fast_accum_configs_take_the_same_shapes_on_meta(config):
+    check_gemm_step_on_meta(turbo.ops.gemm_fp8, False, True, config=config)
+
+
+def test_fast_accum_must_be_a_bool():
+    assert Float8QuantConfig().fast_accum is False
+    with pytest.raises(TypeError, match="fast_accum must be a bool"):
+        Float8QuantConfig(fast_accum=1)
 
 
 def test_out_dtype_and_default_config():

@@ -31,7 +31,7 @@ NATIVE_OPS = {
     "gated_act_bwd": "gated_act_bwd(Tensor dy, Tensor x, Tensor? probs, Tensor? row_mask, int act, bool need_dprobs)",
     "gated_act_fwd_amax": "gated_act_fwd_amax(Tensor x, Tensor? probs, Tensor? row_mask, int act) -> (Tensor, Tensor)",
     "gated_act_bwd_amax": "gated_act_bwd_amax(Tensor dy, Tensor x, Tensor? probs, Tensor? row_mask, int act",
-    "swiglu_mlp_fp8": "swiglu_mlp_fp8(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype) -> Tensor",
+    "swiglu_mlp_fp8": "swiglu_mlp_fp8(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype, bool fast_accum",
     "swiglu_mlp_fp8_fwd": "swiglu_mlp_fp8_fwd(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype",
     "swiglu_mlp_fp8_bwd": "swiglu_mlp_fp8_bwd(Tensor dy, Tensor h, Tensor x_bwd, Tensor sx_bwd, Tensor wgu_bwd",
     "moe_token_permute": "moe_token_permute(Tensor tokens, Tensor routing_map, Tensor? probs, int num_out)",
@@ -433,12 +433,13 @@ def test_gemm_cpp_autograd_on_meta(trans_a, trans_b):
 @pytest.mark.skipif(not native.CPP_AUTOGRAD, reason="the C++ autograd library is not built")
 @pytest.mark.parametrize("code", [0, 1, 2])
 @pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False), (False, False)])
-def test_gemm_fp8_train_cpp_autograd_on_meta(code, trans_a, trans_b):
+@pytest.mark.parametrize("fast_accum", [False, True])
+def test_gemm_fp8_train_cpp_autograd_on_meta(code, trans_a, trans_b, fast_accum):
     m, k, n = 64, 256, 48
     a = torch.empty((k, m) if trans_a else (m, k), device="meta", dtype=torch.bfloat16, requires_grad=True)
     b = torch.empty((n, k) if trans_b else (k, n), device="meta", dtype=torch.bfloat16, requires_grad=True)
     y = native.ops.gemm_fp8_train.default(a, b, trans_a, trans_b, torch.bfloat16, torch.float8_e4m3fn,
-                                          torch.float8_e5m2, code)
+                                          torch.float8_e5m2, code, fast_accum=fast_accum)
     assert y.shape == (m, n) and type(y.grad_fn).__name__ == "CppFunction"
     ga, gb = torch.autograd.grad(y, (a, b), torch.empty_like(y))
     assert ga.shape == a.shape and gb.shape == b.shape

@@ -19,7 +19,9 @@ from turbo_test_utils import capture_graph, poison_allocator, snr_db
 pytestmark = pytest.mark.gpu
 
 FP8_SNR = 20.0  # dB: the output and each gradient against float64 (two FP8 GEMMs in a row)
-TENSORWISE = [Float8QuantConfig(granularity=G.TENSORWISE), Float8QuantConfig(format=Format.HYBRID, granularity=G.TENSORWISE)]
+TENSORWISE = [Float8QuantConfig(granularity=G.TENSORWISE), Float8QuantConfig(format=Format.HYBRID, granularity=G.TENSORWISE),
+              Float8QuantConfig(format=Format.HYBRID, granularity=G.TENSORWISE, fast_accum=True)]
+TENSORWISE_IDS = ["e4m3", "hybrid", "hybrid_fast_accum"]
 
 
 def make(m, hidden, inter, dtype=torch.bfloat16, seed=0):
@@ -49,7 +51,7 @@ def run(fn, x, wgu, wd, dy):
     return (y.detach(), *grads)
 
 
-@pytest.mark.parametrize("config", TENSORWISE, ids=["e4m3", "hybrid"])
+@pytest.mark.parametrize("config", TENSORWISE, ids=TENSORWISE_IDS)
 @pytest.mark.parametrize("m,hidden,inter", [(256, 512, 768), (48, 256, 1408), (4096, 1024, 2816)])
 def test_fused_matches_the_unfused_chain_bitwise_and_float64(config, m, hidden, inter):
     x, wgu, wd = make(m, hidden, inter)
@@ -65,7 +67,7 @@ def test_fused_matches_the_unfused_chain_bitwise_and_float64(config, m, hidden, 
         assert snr_db(a.double(), r) >= FP8_SNR, f"{name}: {snr_db(a.double(), r):.1f} dB"
 
 
-@pytest.mark.parametrize("config", TENSORWISE, ids=["e4m3", "hybrid"])
+@pytest.mark.parametrize("config", TENSORWISE, ids=TENSORWISE_IDS)
 @pytest.mark.parametrize("amax_from_optimizer", [False, True])
 def test_layers_cached_weights_match_the_plain_call_bitwise(config, amax_from_optimizer, monkeypatch):
     # Float8Linear's per-step copies (quantized by the layer, or from an amax the optimizer
@@ -161,7 +163,7 @@ def test_only_the_down_weight_needs_a_gradient():
     assert torch.equal(fused, chain)
 
 
-@pytest.mark.parametrize("config", TENSORWISE, ids=["e4m3", "hybrid"])
+@pytest.mark.parametrize("config", TENSORWISE, ids=TENSORWISE_IDS)
 def test_inference_is_one_fused_call_equal_to_the_chain(config):
     # Without a backward the fused path still runs (forward only, no backward copies).
     x, wgu, wd = make(256, 512, 768)

@@ -62,7 +62,7 @@ def test_fused_backward_shapes_under_fake_cuda_tensors():
     fn = SwigluMlpFp8Function
 
     class Ctx:
-        needs_input_grad = (True, True, True, False)
+        needs_input_grad = (True, True, True, False, False)
 
         def save_for_backward(self, *t):
             self.saved_tensors = t
@@ -72,8 +72,8 @@ def test_fused_backward_shapes_under_fake_cuda_tensors():
         x = torch.empty(64, 128, device="cuda", dtype=torch.bfloat16)
         wgu = torch.empty(2 * 96, 128, device="cuda", dtype=torch.bfloat16)
         wd = torch.empty(128, 96, device="cuda", dtype=torch.bfloat16)
-        y = fn.forward(ctx, x, wgu, wd, Format.HYBRID)
-        dx, dwgu, dwd, _ = fn.backward(ctx, torch.empty_like(y))
+        y = fn.forward(ctx, x, wgu, wd, Format.HYBRID, True)
+        dx, dwgu, dwd, *_ = fn.backward(ctx, torch.empty_like(y))
     assert y.shape == (64, 128)
     assert dx.shape == x.shape and dwgu.shape == wgu.shape and dwd.shape == wd.shape
 

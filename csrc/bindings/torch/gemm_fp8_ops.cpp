@@ -70,11 +70,13 @@ constexpr size_t kMaxPlans = 4096;
 PlanCache<pt_gemm_fp8_plan> g_plans;
 
 pt_gemm_fp8_plan make_plan(const pt_tensor& pa, const pt_tensor& psa, int32_t sa, const pt_tensor& pb,
-                           const pt_tensor& psb, int32_t sb, const pt_tensor& pd, float beta, int32_t device) {
-  const GemmFp8PlanRequest request{&pa, &psa, sa, &pb, &psb, sb, &pd, beta};
+                           const pt_tensor& psb, int32_t sb, const pt_tensor& pd, float beta, int32_t flags,
+                           int32_t device) {
+  const GemmFp8PlanRequest request{&pa, &psa, sa, &pb, &psb, sb, &pd, beta, flags};
   const Choice c = plan_with_python(kPlanGemmFp8, &request, device, kOp);
   pt_gemm_fp8_plan plan = nullptr;
-  check_status(pt_gemm_fp8_plan_create(&pa, &psa, sa, &pb, &psb, sb, &pd, beta, c.backend, c.config, &plan), kOp);
+  check_status(pt_gemm_fp8_plan_create(&pa, &psa, sa, &pb, &psb, sb, &pd, beta, flags, c.backend, c.config, &plan),
+               kOp);
   return plan;
 }
 
@@ -125,8 +127,8 @@ void check_prequantized_b(const Quantized& b, int64_t k, ScalarType fwd_dtype, i
 // (b_pre: b is then not read). With for_backward, also the copies the backward reads: a along M
 // and, when b was quantized here, b along N (as the quantizer wrote them).
 Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b, ScalarType out_dtype,
-                ScalarType fwd_dtype, int64_t granularity, bool for_backward, const Tensor* a_amax = nullptr,
-                const Quantized* b_pre = nullptr) {
+                ScalarType fwd_dtype, int64_t granularity, bool for_backward, const Tensor* a_amax,
+                bool fast_accum, const Quantized* b_pre = nullptr) {
   int64_t m, k, n;
   NamedTensors inputs{{"a", &a_in}};
   if (b_pre) {
@@ -164,7 +166,7 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
   if (b_pre) {
     auto q = quantize_fp8_jobs({qa}, device, stream, "gemm_fp8 quantize");
     auto& [qa_row, qa_col] = q[0];
-    fp8_mm(trans_a ? *qa_col : *qa_row, *b_pre, f.out, 0.0f, device, stream);
+    fp8_mm(trans_a ? *qa_col : *qa_row, *b_pre, f.out, 0.0f, device, stream, fast_accum);
     if (for_backward) f.a_bwd = trans_a ? qa_row : qa_col;
     return f;
   }
@@ -176,7 +178,7 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
       "gemm_fp8 quantize");
   auto& [qa_row, qa_col] = q[0];
   auto& [qb_row, qb_col] = q[1];
-  fp8_mm(trans_a ? *qa_col : *qa_row, trans_b ? *qb_row : *qb_col, f.out, 0.0f, device, stream);
+  fp8_mm(trans_a ? *qa_col : *qa_row, trans_b ? *qb_row : *qb_col, f.out, 0.0f, device, stream, fast_accum);
   if (for_backward) {
     f.a_bwd = trans_a ? qa_row : qa_col;
     f.b_bwd = trans_b ? qb_col : qb_row;
@@ -187,14 +189,14 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
 }  // namespace
 
 Tensor gemm_fp8_inference(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, ScalarType out_dtype,
-                          ScalarType fwd_dtype, int64_t granularity, const Tensor* a_amax) {
-  return forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, false, a_amax).out;
+                          ScalarType fwd_dtype, int64_t granularity, const Tensor* a_amax, bool fast_accum) {
+  return forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, false, a_amax, fast_accum).out;
 }
 
 Fp8ForwardResult gemm_fp8_training_forward(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                                            ScalarType out_dtype, ScalarType fwd_dtype, int64_t granularity,
-                                           bool for_backward, const Tensor* a_amax) {
-  Forward f = forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, a_amax);
+                                           bool for_backward, const Tensor* a_amax, bool fast_accum) {
+  Forward f = forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, a_amax, fast_accum);
   if (!for_backward) {
     const int32_t device = f.out.get_device();
     return {f.out, placeholder(device), placeholder(device), placeholder(device), placeholder(device)};
@@ -204,8 +206,8 @@ Fp8ForwardResult gemm_fp8_training_forward(const Tensor& a, const Tensor& b, boo
 
 Fp8GivenBResult gemm_fp8_forward_given_b(const Tensor& a, const Quantized& b, bool trans_a, ScalarType out_dtype,
                                          ScalarType fwd_dtype, int64_t granularity, bool for_backward,
-                                         const Tensor* a_amax) {
-  Forward f = forward(a, b.q, trans_a, true, out_dtype, fwd_dtype, granularity, for_backward, a_amax, &b);
+                                         const Tensor* a_amax, bool fast_accum) {
+  Forward f = forward(a, b.q, trans_a, true, out_dtype, fwd_dtype, granularity, for_backward, a_amax, fast_accum, &b);
   if (!for_backward) {
     const int32_t device = f.out.get_device();
     return {f.out, placeholder(device), placeholder(device)};
@@ -261,23 +263,26 @@ std::tuple<Tensor, Tensor> gemm_fp8_backward(const Tensor& grad_in, const Tensor
 namespace {
 
 Fp8ForwardResult gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype,
-                              ScalarType fwd_dtype, int64_t granularity, bool for_backward) {
-  return gemm_fp8_training_forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, nullptr);
+                              ScalarType fwd_dtype, int64_t granularity, bool for_backward, bool fast_accum) {
+  return gemm_fp8_training_forward(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, nullptr,
+                                   fast_accum);
 }
 
 // The forward with b given as its FP8 copy along K (b_q [N, K], b_scale_inv, its pt_fp8_scaling
 // code), e.g. a layer's per-step weight cache: only a is quantized. (out, a_bwd, sa_bwd); the
 // backward is gemm_fp8_bwd with the weight's copy along N, which the caller holds.
 Fp8GivenBResult gemm_fp8_fwd_qb(Tensor a, Tensor b_q, Tensor b_scale_inv, int64_t b_scaling, bool trans_a,
-                                ScalarType out_dtype, ScalarType fwd_dtype, int64_t granularity, bool for_backward) {
+                                ScalarType out_dtype, ScalarType fwd_dtype, int64_t granularity, bool for_backward,
+                                bool fast_accum) {
   const Quantized b{b_q, b_scale_inv, static_cast<int32_t>(b_scaling)};
-  return gemm_fp8_forward_given_b(a, b, trans_a, out_dtype, fwd_dtype, granularity, for_backward, nullptr);
+  return gemm_fp8_forward_given_b(a, b, trans_a, out_dtype, fwd_dtype, granularity, for_backward, nullptr,
+                                  fast_accum);
 }
 
 // Inference (no backward follows): the product only, with no placeholder outputs.
 Tensor gemm_fp8(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype,
-                int64_t granularity) {
-  return gemm_fp8_inference(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, nullptr);
+                int64_t granularity, bool fast_accum) {
+  return gemm_fp8_inference(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, nullptr, fast_accum);
 }
 
 std::tuple<Tensor, Tensor> gemm_fp8_bwd(Tensor grad_in, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd,
@@ -322,19 +327,25 @@ std::tuple<int64_t, int64_t, int64_t> check_dense_operands(const char* op, const
   return {m, k, n};
 }
 
-void fp8_mm(const Quantized& x, const Quantized& y, const Tensor& out, float beta, int32_t device, void* stream) {
+void fp8_mm(const Quantized& x, const Quantized& y, const Tensor& out, float beta, int32_t device, void* stream,
+            bool fast_accum) {
   if (out.numel() == 0) return;
   const Tensor sx = kernel_scale(x), sy = kernel_scale(y);
   const pt_tensor pa = to_pt(x.q), pb = to_pt(y.q), pd = to_pt(out);
   const pt_tensor psa = scale_descriptor(sx, x.scaling), psb = scale_descriptor(sy, y.scaling);
   std::vector<int64_t> values{pa.shape[0], pa.shape[1], pb.shape[0], pa.dtype,     pb.dtype,
                               pd.dtype,    pd.strides[0], x.scaling, y.scaling, beta != 0.0f,
-                              device,      alignment(pa.data), alignment(pb.data), alignment(pd.data)};
+                              device,      alignment(pa.data), alignment(pb.data), alignment(pd.data),
+                              fast_accum};
   const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
   OwnedPlan<pt_gemm_fp8_plan> owned(nullptr, pt_gemm_fp8_plan_destroy);
   const pt_gemm_fp8_plan plan = cached_plan(
       g_plans, key, stream, owned,
-      [&] { return make_plan(pa, psa, x.scaling, pb, psb, y.scaling, pd, beta, device); }, kMaxPlans);
+      [&] {
+        return make_plan(pa, psa, x.scaling, pb, psb, y.scaling, pd, beta, fast_accum ? PT_GEMM_FP8_FAST_ACCUM : 0,
+                         device);
+      },
+      kMaxPlans);
   // The workspace comes from the caching allocator per call (graph-pool safe), and only where the
   // plan's algorithm reads one.
   std::optional<Tensor> ws;
@@ -350,11 +361,12 @@ void fp8_mm(const Quantized& x, const Quantized& y, const Tensor& out, float bet
 
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("gemm_fp8_fwd(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype, "
-        "int granularity, bool for_backward) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "int granularity, bool for_backward, bool fast_accum=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("gemm_fp8_fwd_qb(Tensor a, Tensor b_q, Tensor b_scale_inv, int b_scaling, bool trans_a, "
-        "ScalarType out_dtype, ScalarType fwd_dtype, int granularity, bool for_backward) -> (Tensor, Tensor, Tensor)");
+        "ScalarType out_dtype, ScalarType fwd_dtype, int granularity, bool for_backward, bool fast_accum=False) -> "
+        "(Tensor, Tensor, Tensor)");
   m.def("gemm_fp8(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype, "
-        "int granularity) -> Tensor");
+        "int granularity, bool fast_accum=False) -> Tensor");
   m.def("gemm_fp8_bwd(Tensor grad_out, Tensor a_bwd, Tensor sa_bwd, Tensor b_bwd, Tensor sb_bwd, bool trans_a, "
         "bool trans_b, ScalarType grad_dtype, int granularity, ScalarType a_dtype, ScalarType b_dtype, bool need_a, "
         "bool need_b, Tensor(a!)? main_grad) -> (Tensor, Tensor)");

@@ -42,6 +42,7 @@ struct GemmFp8PlanRequest {
   int32_t b_scaling;
   const pt_tensor* d;
   float beta;
+  int32_t flags;  // pt_gemm_fp8_flag bits
 };
 
 // 0, or a pt_status (100: TypeError) with a message.

@@ -3,7 +3,8 @@
 // projections in TENSORWISE FP8, one native call per direction. The SwiGLU kernels report the amax of what they
 // write, and the quantization after them takes it instead of running an amax pass: in the forward
 // the down projection's input, in the backward the gradient the gate/up projection quantizes. The
-// values are those of the unfused chain (gemm_fp8, swiglu, gemm_fp8), bit for bit.
+// values are those of the unfused chain (gemm_fp8, swiglu, gemm_fp8), bit for bit. fast_accum: the two
+// forward products may accumulate in the fast mode (the config's fast_accum).
 #include <optional>
 #include <tuple>
 
@@ -41,15 +42,15 @@ void check_mlp(const Tensor& x, const Tensor& w_gate_up, const Tensor& w_down) {
 // copies.
 using MlpForward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
-MlpForward swiglu_mlp_fp8_fwd(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype) {
+MlpForward swiglu_mlp_fp8_fwd(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype, bool fast_accum) {
   check_mlp(x, w_gate_up, w_down);
   const ScalarType dtype = x.scalar_type();
   auto [h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd] =
-      gemm_fp8_training_forward(x, w_gate_up, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, nullptr);
+      gemm_fp8_training_forward(x, w_gate_up, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, nullptr, fast_accum);
   std::optional<Tensor> a_amax;
   const Tensor a = gated_act_forward(h, std::nullopt, std::nullopt, kSilu, &a_amax);
   auto [y, a_bwd, sa_bwd, wd_bwd, swd_bwd] =
-      gemm_fp8_training_forward(a, w_down, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, &*a_amax);
+      gemm_fp8_training_forward(a, w_down, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, &*a_amax, fast_accum);
   return {y, h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd};
 }
 
@@ -60,7 +61,7 @@ MlpForward swiglu_mlp_fp8_fwd(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarT
 using MlpForwardQw = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
 MlpForwardQw swiglu_mlp_fp8_fwd_qw(Tensor x, Tensor wgu_q, Tensor wgu_s, Tensor wd_q, Tensor wd_s,
-                                   ScalarType fwd_dtype) {
+                                   ScalarType fwd_dtype, bool fast_accum) {
   if (x.dim() != 2 || wgu_q.dim() != 2 || wd_q.dim() != 2 || wgu_q.sizes()[0] % 2 ||
       wd_q.sizes()[0] != x.sizes()[1] || wd_q.sizes()[1] != wgu_q.sizes()[0] / 2)
     fail_with(ErrorKind::Value, kOp, ": expected x [M, H], w_gate_up [2I, H] and w_down [H, I]; got x ",
@@ -68,22 +69,22 @@ MlpForwardQw swiglu_mlp_fp8_fwd_qw(Tensor x, Tensor wgu_q, Tensor wgu_s, Tensor 
   const ScalarType dtype = x.scalar_type();
   const Quantized wgu{wgu_q, wgu_s, PT_FP8_SCALING_TENSOR}, wd{wd_q, wd_s, PT_FP8_SCALING_TENSOR};
   auto [h, x_bwd, sx_bwd] =
-      gemm_fp8_forward_given_b(x, wgu, false, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, nullptr);
+      gemm_fp8_forward_given_b(x, wgu, false, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, nullptr, fast_accum);
   std::optional<Tensor> a_amax;
   const Tensor a = gated_act_forward(h, std::nullopt, std::nullopt, kSilu, &a_amax);
   auto [y, a_bwd, sa_bwd] =
-      gemm_fp8_forward_given_b(a, wd, false, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, &*a_amax);
+      gemm_fp8_forward_given_b(a, wd, false, dtype, fwd_dtype, PT_QUANT_TENSORWISE, true, &*a_amax, fast_accum);
   return {y, h, x_bwd, sx_bwd, a_bwd, sa_bwd};
 }
 
 // Without a backward: the output alone (no copies kept, no placeholders to allocate and box).
-Tensor swiglu_mlp_fp8(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype) {
+Tensor swiglu_mlp_fp8(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype, bool fast_accum) {
   check_mlp(x, w_gate_up, w_down);
   const ScalarType dtype = x.scalar_type();
-  const Tensor h = gemm_fp8_inference(x, w_gate_up, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, nullptr);
+  const Tensor h = gemm_fp8_inference(x, w_gate_up, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, nullptr, fast_accum);
   std::optional<Tensor> a_amax;
   const Tensor a = gated_act_forward(h, std::nullopt, std::nullopt, kSilu, &a_amax);
-  return gemm_fp8_inference(a, w_down, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, &*a_amax);
+  return gemm_fp8_inference(a, w_down, false, true, dtype, fwd_dtype, PT_QUANT_TENSORWISE, &*a_amax, fast_accum);
 }
 
 // (dx, dw_gate_up, dw_down); a gradient not asked for is a placeholder.
@@ -110,11 +111,12 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_mlp_fp8_bwd(Tensor dy, Tensor h, Tenso
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
-  m.def("swiglu_mlp_fp8(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype) -> Tensor");
-  m.def("swiglu_mlp_fp8_fwd(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype) -> "
+  m.def("swiglu_mlp_fp8(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype, bool fast_accum=False) -> "
+        "Tensor");
+  m.def("swiglu_mlp_fp8_fwd(Tensor x, Tensor w_gate_up, Tensor w_down, ScalarType fwd_dtype, bool fast_accum=False) -> "
         "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("swiglu_mlp_fp8_fwd_qw(Tensor x, Tensor wgu_q, Tensor wgu_s, Tensor wd_q, Tensor wd_s, "
-        "ScalarType fwd_dtype) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "ScalarType fwd_dtype, bool fast_accum=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("swiglu_mlp_fp8_bwd(Tensor dy, Tensor h, Tensor x_bwd, Tensor sx_bwd, Tensor wgu_bwd, Tensor swgu_bwd, "
         "Tensor a_bwd, Tensor sa_bwd, Tensor wd_bwd, Tensor swd_bwd, ScalarType grad_dtype, bool need_x, "
         "bool need_w_gate_up, bool need_w_down) -> (Tensor, Tensor, Tensor)");

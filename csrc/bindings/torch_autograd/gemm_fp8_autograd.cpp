@@ -4,7 +4,8 @@
 // NativeGemmFp8Function does the same where this library is not loaded. Given b_q / b_s (the
 // weight's FP8 copy along K and its pt_fp8_scaling code: a layer's per-step cache) the forward
 // quantizes a alone (gemm_fp8_fwd_qb) and the dgrad reads d_q / d_s (the copy along N); b still
-// receives the wgrad.
+// receives the wgrad. fast_accum: the forward product may accumulate in the fast mode (the
+// config's fast_accum); the backward's GEMMs always promote.
 #include "autograd_common.h"
 
 #include <tuple>
@@ -14,31 +15,32 @@ namespace {
 using namespace primus_turbo::torch_autograd;
 
 using FwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, bool, bool,
-                                                                  c10::ScalarType, c10::ScalarType, int64_t, bool);
+                                                                  c10::ScalarType, c10::ScalarType, int64_t, bool,
+                                                                  bool);
 using BwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                           bool, bool, c10::ScalarType, int64_t, c10::ScalarType, c10::ScalarType, bool,
                                           bool, const std::optional<Tensor>&);
-using InferSig = Tensor(const Tensor&, const Tensor&, bool, bool, c10::ScalarType, c10::ScalarType, int64_t);
+using InferSig = Tensor(const Tensor&, const Tensor&, bool, bool, c10::ScalarType, c10::ScalarType, int64_t, bool);
 using FwdQbSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, int64_t, bool,
-                                                    c10::ScalarType, c10::ScalarType, int64_t, bool);
+                                                    c10::ScalarType, c10::ScalarType, int64_t, bool, bool);
 
 struct GemmFp8Function : public torch::autograd::Function<GemmFp8Function> {
   static Tensor forward(AutogradContext* ctx, const Tensor& a, const Tensor& b, bool ta, bool tb,
                         c10::ScalarType out_dtype, c10::ScalarType fwd_dtype, c10::ScalarType grad_dtype,
                         int64_t granularity, const OptTensor& b_q, const OptTensor& b_s, int64_t b_scaling,
-                        const OptTensor& d_q, const OptTensor& d_s) {
+                        const OptTensor& d_q, const OptTensor& d_s, bool fast_accum) {
     at::AutoDispatchBelowADInplaceOrView guard;
     if (b_q) {
       static const auto fwd_qb = op<FwdQbSig>("primus_turbo::gemm_fp8_fwd_qb");
       auto [out, a_bwd, sa_bwd] = fwd_qb.call(a, *b_q, b_s.value_or(Tensor()), b_scaling, ta, out_dtype, fwd_dtype,
-                                              granularity, true);
+                                              granularity, true, fast_accum);
       // Without a dgrad copy (a needs no gradient) the backward is asked for the wgrad alone.
       ctx->save_for_backward({a_bwd, sa_bwd, d_q.value_or(a_bwd.new_empty({0})), d_s.value_or(a_bwd.new_empty({0}))});
       save_flags(ctx, a, b, ta, tb, grad_dtype, granularity);
       return out;
     }
     static const auto fwd = op<FwdSig>("primus_turbo::gemm_fp8_fwd");
-    auto [out, a_bwd, sa_bwd, b_bwd, sb_bwd] = fwd.call(a, b, ta, tb, out_dtype, fwd_dtype, granularity, true);
+    auto [out, a_bwd, sa_bwd, b_bwd, sb_bwd] = fwd.call(a, b, ta, tb, out_dtype, fwd_dtype, granularity, true, fast_accum);
     ctx->save_for_backward({a_bwd, sa_bwd, b_bwd, sb_bwd});
     save_flags(ctx, a, b, ta, tb, grad_dtype, granularity);
     return out;
@@ -90,7 +92,7 @@ struct GemmFp8Function : public torch::autograd::Function<GemmFp8Function> {
     const bool need_a = ctx->needs_input_grad(0), need_b = ctx->needs_input_grad(1);
     auto [grad_a, grad_b] = bwd.call(grads[0], s[0], s[1], s[2], s[3], t & 1, t & 2, dtype(0),
                                      ctx->saved_data["g"].toInt(), dtype(8), dtype(16), need_a, need_b, std::nullopt);
-    variable_list out(13);
+    variable_list out(14);
     out[0] = need_a ? grad_a : Tensor();
     out[1] = need_b ? grad_b : Tensor();
     return out;
@@ -100,27 +102,28 @@ struct GemmFp8Function : public torch::autograd::Function<GemmFp8Function> {
 Tensor gemm_fp8_train_autograd(const Tensor& a, const Tensor& b, bool ta, bool tb, c10::ScalarType out_dtype,
                                c10::ScalarType fwd_dtype, c10::ScalarType grad_dtype, int64_t granularity,
                                const OptTensor& b_q, const OptTensor& b_s, int64_t b_scaling, const OptTensor& d_q,
-                               const OptTensor& d_s) {
+                               const OptTensor& d_s, bool fast_accum) {
   // Before apply: its forward runs with grad mode off, so whether a gradient will be asked for is
   // known only here.
   GemmFp8Function::check_given(a, b_q, b_s, b_scaling, d_q, d_s);
   return GemmFp8Function::apply(a, b, ta, tb, out_dtype, fwd_dtype, grad_dtype, granularity, b_q, b_s, b_scaling, d_q,
-                                d_s);
+                                d_s, fast_accum);
 }
 
 // Below autograd (no gradient will be asked for): the inference op, or the forward reading b_q.
 Tensor gemm_fp8_train_forward_only(const Tensor& a, const Tensor& b, bool ta, bool tb, c10::ScalarType out_dtype,
                                    c10::ScalarType fwd_dtype, c10::ScalarType, int64_t granularity,
                                    const OptTensor& b_q, const OptTensor& b_s, int64_t b_scaling, const OptTensor&,
-                                   const OptTensor&) {
+                                   const OptTensor&, bool fast_accum) {
   GemmFp8Function::check_given(a, b_q, b_s, b_scaling, std::nullopt, std::nullopt);
   if (b_q) {
     static const auto fwd_qb = op<FwdQbSig>("primus_turbo::gemm_fp8_fwd_qb");
     return std::get<0>(
-        fwd_qb.call(a, *b_q, b_s.value_or(Tensor()), b_scaling, ta, out_dtype, fwd_dtype, granularity, false));
+        fwd_qb.call(a, *b_q, b_s.value_or(Tensor()), b_scaling, ta, out_dtype, fwd_dtype, granularity, false,
+                    fast_accum));
   }
   static const auto infer = op<InferSig>("primus_turbo::gemm_fp8");
-  return infer.call(a, b, ta, tb, out_dtype, fwd_dtype, granularity);
+  return infer.call(a, b, ta, tb, out_dtype, fwd_dtype, granularity, fast_accum);
 }
 
 }  // namespace
@@ -128,7 +131,7 @@ Tensor gemm_fp8_train_forward_only(const Tensor& a, const Tensor& b, bool ta, bo
 TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("gemm_fp8_train(Tensor a, Tensor b, bool trans_a, bool trans_b, ScalarType out_dtype, ScalarType fwd_dtype, "
         "ScalarType grad_dtype, int granularity, Tensor? b_q=None, Tensor? b_s=None, int b_scaling=0, "
-        "Tensor? d_q=None, Tensor? d_s=None) -> Tensor");
+        "Tensor? d_q=None, Tensor? d_s=None, bool fast_accum=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(primus_turbo, Autograd, m) { m.impl("gemm_fp8_train", gemm_fp8_train_autograd); }

@@ -13,10 +13,10 @@ extern "C" {
 
 pt_status pt_gemm_fp8(const pt_tensor* a, const pt_tensor* a_scale, int32_t a_scaling,
                       const pt_tensor* b, const pt_tensor* b_scale, int32_t b_scaling,
-                      pt_tensor* d, float beta, int32_t backend, int32_t config, void* workspace,
-                      size_t workspace_bytes, void* stream) {
+                      pt_tensor* d, float beta, int32_t flags, int32_t backend, int32_t config,
+                      void* workspace, size_t workspace_bytes, void* stream) {
   return api_guard([&] {
-    const Fp8Problem p = make_fp8_problem(a, a_scale, a_scaling, b, b_scale, b_scaling, d, beta);
+    const Fp8Problem p = make_fp8_problem(a, a_scale, a_scaling, b, b_scale, b_scaling, d, beta, flags);
     const Fp8Backend& be = fp8_backend_for(backend);
     auto s = static_cast<cudaStream_t>(stream);
     if (p.m == 0 || p.n == 0) return;
@@ -34,11 +34,11 @@ pt_status pt_gemm_fp8(const pt_tensor* a, const pt_tensor* a_scale, int32_t a_sc
 
 pt_status pt_gemm_fp8_query(const pt_tensor* a, const pt_tensor* a_scale, int32_t a_scaling,
                             const pt_tensor* b, const pt_tensor* b_scale, int32_t b_scaling,
-                            const pt_tensor* d, float beta, int32_t backend, int32_t* accepted,
+                            const pt_tensor* d, float beta, int32_t flags, int32_t backend, int32_t* accepted,
                             int32_t* num_configs, char* reason, size_t reason_len) {
   return api_guard([&] {
     PT_CHECK_ARG(accepted && num_configs, "pt_gemm_fp8_query: output pointers must not be null");
-    const Fp8Problem p = make_fp8_problem(a, a_scale, a_scaling, b, b_scale, b_scaling, d, beta);
+    const Fp8Problem p = make_fp8_problem(a, a_scale, a_scaling, b, b_scale, b_scaling, d, beta, flags);
     const Fp8Backend& be = fp8_backend_for(backend);
     const bool trivial = p.m == 0 || p.n == 0 || p.k == 0;
     const std::string why = trivial ? "" : be.rejection(p);
@@ -50,9 +50,9 @@ pt_status pt_gemm_fp8_query(const pt_tensor* a, const pt_tensor* a_scale, int32_
 
 pt_status pt_gemm_fp8_problem_key(const pt_tensor* a, const pt_tensor* a_scale, int32_t a_scaling,
                                   const pt_tensor* b, const pt_tensor* b_scale, int32_t b_scaling,
-                                  const pt_tensor* d, float beta, char* key, size_t key_len) {
+                                  const pt_tensor* d, float beta, int32_t flags, char* key, size_t key_len) {
   return api_guard([&] {
-    const Fp8Problem p = make_fp8_problem(a, a_scale, a_scaling, b, b_scale, b_scaling, d, beta);
+    const Fp8Problem p = make_fp8_problem(a, a_scale, a_scaling, b, b_scale, b_scaling, d, beta, flags);
     copy_out(p.key(), key, key_len, "key");
   });
 }

@@ -65,7 +65,9 @@ struct Descriptors {
     set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, scale_mode(p.b.scaling));
     set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, scale_mode(p.a.scaling));
 #endif
-    const int8_t fast_accum = 0;  // full FP32 accumulation (blockwise modes require it anyway)
+    // Full FP32 accumulation unless the caller allows the fast mode; the block-scaled modes
+    // require full accumulation.
+    const int8_t fast_accum = p.fast_accum && p.a.scaling < PT_FP8_SCALING_BLOCK_1x128 ? 1 : 0;
     set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum);
     PT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&a.value, cuda_type(p.b.dtype), p.k, p.n, p.b.ld));
     PT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&b.value, cuda_type(p.a.dtype), p.k, p.m, p.a.ld));

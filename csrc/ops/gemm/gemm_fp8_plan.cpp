@@ -33,13 +33,13 @@ extern "C" {
 
 pt_status pt_gemm_fp8_plan_create(const pt_tensor* a, const pt_tensor* a_scale, int32_t a_scaling,
                                   const pt_tensor* b, const pt_tensor* b_scale, int32_t b_scaling,
-                                  const pt_tensor* d, float beta, int32_t backend, int32_t config,
-                                  pt_gemm_fp8_plan* plan) {
+                                  const pt_tensor* d, float beta, int32_t flags, int32_t backend,
+                                  int32_t config, pt_gemm_fp8_plan* plan) {
   return api_guard([&] {
     PT_CHECK_ARG(plan != nullptr, "pt_gemm_fp8_plan_create: 'plan' must not be null");
     *plan = nullptr;
     auto out = std::make_unique<pt_gemm_fp8_plan_s>();
-    out->problem = make_fp8_problem(a, a_scale, a_scaling, b, b_scale, b_scaling, d, beta);
+    out->problem = make_fp8_problem(a, a_scale, a_scaling, b, b_scale, b_scaling, d, beta, flags);
     const Fp8Problem& p = out->problem;
     const Fp8Backend& be = fp8_backend_for(backend);
     out->align = PlanAlignment::of(p.a.ptr, p.b.ptr, p.d);

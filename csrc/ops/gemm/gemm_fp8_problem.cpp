@@ -84,12 +84,14 @@ std::string Fp8Problem::key() const {
   return str_cat(m, "x", n, "x", k, "|", dtype_name(a.dtype), "*", dtype_name(b.dtype), ">",
                  dtype_name(d_dtype), "|", fp8_scaling_name(a.scaling), "*",
                  fp8_scaling_name(b.scaling), "|ld", a.ld, ",", b.ld, ",", ldd,
-                 accumulate() ? "|accumulate" : "");
+                 accumulate() ? "|accumulate" : "", fast_accum ? "|fast_accum" : "");
 }
 
 Fp8Problem make_fp8_problem(const pt_tensor* a, const pt_tensor* a_scale, int32_t a_scaling,
                             const pt_tensor* b, const pt_tensor* b_scale, int32_t b_scaling,
-                            const pt_tensor* d, float beta) {
+                            const pt_tensor* d, float beta, int32_t flags) {
+  PT_CHECK_ARG((flags & ~int32_t{PT_GEMM_FP8_FAST_ACCUM}) == 0, "argument 'flags' has unknown bits (", flags,
+               "); expected a combination of pt_gemm_fp8_flag values");
   Fp8Problem p;
   int64_t ka = 0, kb = 0;
   p.a = operand(a, "a", &p.m, &ka);
@@ -117,6 +119,7 @@ Fp8Problem make_fp8_problem(const pt_tensor* a, const pt_tensor* a_scale, int32_
   p.d = d->data;
   p.ldd = md.row_major ? md.ld : md.cols;
   p.beta = beta;
+  p.fast_accum = flags & PT_GEMM_FP8_FAST_ACCUM;
   return p;
 }
 

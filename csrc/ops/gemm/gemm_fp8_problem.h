@@ -25,6 +25,7 @@ struct Fp8Problem {
   void* d = nullptr;
   int64_t ldd = 0;
   float beta = 0.0f;
+  bool fast_accum = false;  // PT_GEMM_FP8_FAST_ACCUM: fast accumulation allowed
 
   bool accumulate() const { return beta != 0.0f; }
   std::string key() const;
@@ -36,6 +37,6 @@ const char* fp8_scaling_name(int32_t scaling);
 // Failures are PT_ERROR_INVALID_ARGUMENT naming the argument and what was expected.
 Fp8Problem make_fp8_problem(const pt_tensor* a, const pt_tensor* a_scale, int32_t a_scaling,
                             const pt_tensor* b, const pt_tensor* b_scale, int32_t b_scaling,
-                            const pt_tensor* d, float beta);
+                            const pt_tensor* d, float beta, int32_t flags);
 
 }  // namespace primus_turbo::gemm

@@ -71,13 +71,23 @@ class ScalingRecipe:
 
 @dataclass
 class Float8QuantConfig:
+    """How an FP8 op quantizes and multiplies. ``fast_accum``: the forward GEMM (``out = a @ b``)
+    may accumulate in the tensor cores' fast mode, without promoting its partial sums to FP32 every
+    few K steps, as the forward GEMMs of torchao's and TransformerEngine's default recipes do; the
+    dgrad and wgrad GEMMs always accumulate in full FP32. A permission, not a request: taken by the
+    cuBLASLt GEMMs of TENSORWISE and ROWWISE on the native dense paths (``gemm_fp8``,
+    ``Float8Linear``, ``swiglu_mlp_fp8``); block-scaled and grouped GEMMs always promote."""
+
     format: Format = Format.E4M3
     granularity: ScalingGranularity = ScalingGranularity.TENSORWISE
     strategy: ScalingStrategy = ScalingStrategy.DYNAMIC
     scale_dtype: ScaleDtype = ScaleDtype.FP32
     block_size: Optional[int] = None
+    fast_accum: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.fast_accum, bool):
+            raise TypeError(f"Float8QuantConfig: fast_accum must be a bool, got {self.fast_accum!r}")
         if not isinstance(self.format, Format) or self.format == Format.E2M1_X2:
             raise ValueError(f"Float8QuantConfig: format must be E4M3, E5M2 or HYBRID, got {self.format}")
         if not isinstance(self.granularity, ScalingGranularity):

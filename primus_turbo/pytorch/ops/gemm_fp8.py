@@ -85,6 +85,7 @@ class _GemmFp8PlanRequest(ctypes.Structure):
         ("b_scaling", ctypes.c_int32),
         ("d", ctypes.POINTER(PtTensor)),
         ("beta", ctypes.c_float),
+        ("flags", ctypes.c_int32),
     ]
 
 
@@ -95,14 +96,15 @@ class Fp8GemmProblem(autotune.TunableProblem):
     backends = (BackendType.CUBLASLT, BackendType.CUTLASS)
 
     def __init__(self, args: tuple, device: torch.device):
-        """args: pt_gemm_fp8's (a, a_scale, a_scaling, b, b_scale, b_scaling, d, beta) descriptors."""
+        """args: pt_gemm_fp8's (a, a_scale, a_scaling, b, b_scale, b_scaling, d, beta, flags) descriptors."""
         self._args, self.beta, self.device = args, float(args[7]), device
         self.stream = current_stream_handle(device)
         self._scratch = None
 
     @classmethod
-    def from_tensors(cls, a, sa, a_scaling, b, sb, b_scaling, out, beta) -> "Fp8GemmProblem":
-        return cls((to_pt(a), to_pt(sa), a_scaling, to_pt(b), to_pt(sb), b_scaling, to_pt(out), float(beta)), out.device)
+    def from_tensors(cls, a, sa, a_scaling, b, sb, b_scaling, out, beta, flags: int = 0) -> "Fp8GemmProblem":
+        args = (to_pt(a), to_pt(sa), a_scaling, to_pt(b), to_pt(sb), b_scaling, to_pt(out), float(beta), int(flags))
+        return cls(args, out.device)
 
     @classmethod
     def from_request(cls, request: int, device: int) -> "Fp8GemmProblem":
@@ -111,7 +113,7 @@ class Fp8GemmProblem(autotune.TunableProblem):
         copy = PtTensor.from_buffer_copy
         args = (
             copy(r.a.contents), copy(r.a_scale.contents), r.a_scaling, copy(r.b.contents),
-            copy(r.b_scale.contents), r.b_scaling, copy(r.d.contents), r.beta,
+            copy(r.b_scale.contents), r.b_scaling, copy(r.d.contents), r.beta, r.flags,
         )
         return cls(args, torch.device("cuda", device))
 
@@ -129,7 +131,7 @@ class Fp8GemmProblem(autotune.TunableProblem):
         if for_tuning and self.beta != 0.0:  # profiling must not accumulate into the caller's tensor
             if self._scratch is None:
                 self._scratch = empty_like_pt(args[6], self.device).zero_()
-            args = args[:6] + (to_pt(self._scratch), self.beta)
+            args = args[:6] + (to_pt(self._scratch), self.beta, args[8])
         ws = workspace(self.device)
         status = lib.pt_gemm_fp8(*args, backend.value, config, ws.data_ptr(), ws.numel(), self.stream)
         if status:
@@ -386,7 +388,7 @@ _NATIVE_GRANULARITY = {
 }
 
 
-def _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward):
+def _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, for_backward, fast_accum=False):
     out_dtype_, m, k, n = check_hp_operands(
         "gemm_fp8", a, b, trans_a, trans_b, out_dtype, "FP8 GEMM operands are read in 16-byte rows",
         "its transposed FP8 operands have rows of length M and N",
@@ -413,12 +415,12 @@ def _bwd_fake(grad, a_bwd, sa_bwd, b_bwd, sb_bwd, trans_a, trans_b, grad_dtype, 
     return grad_a, grad_b
 
 
-def _infer_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity):
+def _infer_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, fast_accum=False):
     return _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, False)[0]
 
 
 def _train_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, grad_dtype, granularity, b_q=None, b_s=None,
-                b_scaling=0, d_q=None, d_s=None):
+                b_scaling=0, d_q=None, d_s=None, fast_accum=False):
     return _fwd_fake(a, b, trans_a, trans_b, out_dtype, fwd_dtype, granularity, True)[0]
 
 
@@ -437,10 +439,13 @@ class NativeGemmFp8Function(torch.autograd.Function):
     """GemmFp8Function's math with each direction one native call."""
 
     @staticmethod
-    def forward(ctx, a, b, trans_a: bool, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity, main_grad):
+    def forward(ctx, a, b, trans_a: bool, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity, main_grad,
+                fast_accum: bool):
         fwd_dtype, grad_dtype = _dtypes(fmt)
         code = _NATIVE_GRANULARITY[g]
-        out, a_bwd, sa_bwd, b_bwd, sb_bwd = _native_fwd(a, b, trans_a, trans_b, out_dtype, fwd_dtype, code, True)
+        out, a_bwd, sa_bwd, b_bwd, sb_bwd = _native_fwd(
+            a, b, trans_a, trans_b, out_dtype, fwd_dtype, code, True, fast_accum
+        )
         ctx.save_for_backward(a_bwd, sa_bwd, b_bwd, sb_bwd)
         ctx.args = (trans_a, trans_b, grad_dtype, code, a.dtype, b.dtype)
         ctx.b_shape, ctx.main_grad = b.shape, main_grad
@@ -455,10 +460,11 @@ class NativeGemmFp8Function(torch.autograd.Function):
             grad_b = dummy_wgrad(ctx.b_shape, ctx.args[5], main_grad.device)
         elif not need_b:
             grad_b = None
-        return (grad_a if need_a else None), grad_b, None, None, None, None, None, None
+        return (grad_a if need_a else None), grad_b, None, None, None, None, None, None, None
 
 
-def _fwd_qb_fake(a, b_q, b_scale_inv, b_scaling, trans_a, out_dtype, fwd_dtype, granularity, for_backward):
+def _fwd_qb_fake(a, b_q, b_scale_inv, b_scaling, trans_a, out_dtype, fwd_dtype, granularity, for_backward,
+                 fast_accum=False):
     m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
     out = a.new_empty((m, b_q.shape[0]), dtype=out_dtype)
     if not for_backward:
@@ -477,10 +483,11 @@ class NativeGemmFp8QuantizedBFunction(torch.autograd.Function):
     the high-precision gradient of the tensor it stands for (straight-through)."""
 
     @staticmethod
-    def forward(ctx, a, b, b_fwd, b_bwd, trans_a: bool, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity):
+    def forward(ctx, a, b, b_fwd, b_bwd, trans_a: bool, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity,
+                fast_accum: bool):
         fwd_dtype, grad_dtype = _dtypes(fmt)
         code = _NATIVE_GRANULARITY[g]
-        out, a_bwd, sa_bwd = _native_fwd_qb(a, *b_fwd, trans_a, out_dtype, fwd_dtype, code, True)
+        out, a_bwd, sa_bwd = _native_fwd_qb(a, *b_fwd, trans_a, out_dtype, fwd_dtype, code, True, fast_accum)
         none = library.placeholder(a)
         ctx.save_for_backward(a_bwd, sa_bwd, *(b_bwd[:2] if b_bwd is not None else (none, none)))
         ctx.args = (trans_a, trans_b, grad_dtype, code, a.dtype, b.dtype)
@@ -490,7 +497,7 @@ class NativeGemmFp8QuantizedBFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_a, grad_b = _native_bwd(grad_out, *ctx.saved_tensors, *ctx.args, need_a, need_b, None)
-        return (grad_a if need_a else None), (grad_b if need_b else None), *(None,) * 7
+        return (grad_a if need_a else None), (grad_b if need_b else None), *(None,) * 8
 
 
 # ---- argument checks -----------------------------------------------------------------------------
@@ -801,12 +808,14 @@ def gemm_fp8(
             if not training:
                 if fuse_bgrad_accum_pattern is not None:
                     check_main_grad_pattern(fuse_bgrad_accum_pattern)
-                return _native_infer(a, b, trans_a, trans_b, out_dtype, torch.float8_e4m3fn, code)
+                return _native_infer(a, b, trans_a, trans_b, out_dtype, torch.float8_e4m3fn, code, config.fast_accum)
             main_grad = _training_main_grad(b, fuse_bgrad_accum_pattern, config.granularity)
             if main_grad is None and native.eager_cpp_autograd():
-                return _native_train(a, b, trans_a, trans_b, out_dtype, *_dtypes(config.format), code)
+                return _native_train(
+                    a, b, trans_a, trans_b, out_dtype, *_dtypes(config.format), code, fast_accum=config.fast_accum
+                )
             return NativeGemmFp8Function.apply(
-                a, b, trans_a, trans_b, out_dtype, config.format, config.granularity, main_grad
+                a, b, trans_a, trans_b, out_dtype, config.format, config.granularity, main_grad, config.fast_accum
             )
     pads = _odd_shape_padding(a, b, trans_a, trans_b)
     if pads is not None and a.dtype == b.dtype and a.dtype in _IN_DTYPES:
@@ -839,10 +848,10 @@ def _gemm_fp8_quantized(a, b, trans_a: bool, trans_b: bool, out_dtype, config, p
         copies = native_weight_copies(a, b, b_t, trans_b, config, training and a.requires_grad)
         if copies is not None and not training:
             code, fwd_dtype = _NATIVE_GRANULARITY[config.granularity], _dtypes(config.format)[0]
-            return _native_fwd_qb(a, *copies[0], trans_a, out_dtype, fwd_dtype, code, False)[0]
+            return _native_fwd_qb(a, *copies[0], trans_a, out_dtype, fwd_dtype, code, False, config.fast_accum)[0]
         if copies is not None:
             return NativeGemmFp8QuantizedBFunction.apply(
-                a, b, *copies, trans_a, trans_b, out_dtype, config.format, config.granularity
+                a, b, *copies, trans_a, trans_b, out_dtype, config.format, config.granularity, config.fast_accum
             )
     return GemmFp8Function.apply(a, b, a_t, b_t, trans_a, trans_b, out_dtype, config.format, config.granularity, main_grad)
 
@@ -874,7 +883,7 @@ def gemm_fp8_cached_weight(a, weight, data, data_t, config):
     (b_q, b_s, code), dgrad = copies
     d_q, d_s = (dgrad[0], dgrad[1]) if dgrad is not None else (None, None)
     return _native_train(a, weight, False, True, a.dtype, *_dtypes(config.format), _NATIVE_GRANULARITY[config.granularity],
-                         b_q, b_s, code, d_q, d_s)
+                         b_q, b_s, code, d_q, d_s, fast_accum=config.fast_accum)
 
 
 # The scaling code a granularity's weights take in the native GEMM (fp8_scalings in C++).

@@ -47,15 +47,15 @@ def _bwd_amax_fake(dy, x, probs, row_mask, act, need_dprobs):
     return (*_act_bwd_fake(dy, x, probs, row_mask, act, need_dprobs), x.new_empty((1,), dtype=torch.float32))
 
 
-def _mlp_fwd_fake(x, w_gate_up, w_down, fwd_dtype, for_backward=True):
+def _mlp_fwd_fake(x, w_gate_up, w_down, fwd_dtype, fast_accum=False, for_backward=True):
     h, *gate_up_copies = _fwd_fake(x, w_gate_up, False, True, x.dtype, fwd_dtype, _TENSORWISE, for_backward)
     a = h.new_empty((h.shape[0], h.shape[1] // 2))
     y, *down_copies = _fwd_fake(a, w_down, False, True, x.dtype, fwd_dtype, _TENSORWISE, for_backward)
     return y, h, *gate_up_copies, *down_copies
 
 
-def _infer_fake(x, w_gate_up, w_down, fwd_dtype):
-    return _mlp_fwd_fake(x, w_gate_up, w_down, fwd_dtype, False)[0]
+def _infer_fake(x, w_gate_up, w_down, fwd_dtype, fast_accum=False):
+    return _mlp_fwd_fake(x, w_gate_up, w_down, fwd_dtype, for_backward=False)[0]
 
 
 def _mlp_bwd_fake(dy, h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd, swd_bwd, grad_dtype, need_x,
@@ -65,7 +65,7 @@ def _mlp_bwd_fake(dy, h, x_bwd, sx_bwd, wgu_bwd, swgu_bwd, a_bwd, sa_bwd, wd_bwd
     return tuple(h.new_empty(shape) if need else library.placeholder(h) for need, shape in grads)
 
 
-def _train_fake(x, w_gate_up, w_down, fwd_dtype, grad_dtype):
+def _train_fake(x, w_gate_up, w_down, fwd_dtype, grad_dtype, fast_accum=False):
     return _infer_fake(x, w_gate_up, w_down, fwd_dtype)
 
 
@@ -77,7 +77,7 @@ library.register_fake("swiglu_mlp_fp8_fwd", _mlp_fwd_fake)
 library.register_fake("swiglu_mlp_fp8_bwd", _mlp_bwd_fake)
 
 
-def _mlp_fwd_qw_fake(x, wgu_q, wgu_s, wd_q, wd_s, fwd_dtype):
+def _mlp_fwd_qw_fake(x, wgu_q, wgu_s, wd_q, wd_s, fwd_dtype, fast_accum=False):
     y, h, x_bwd, sx_bwd, _, _, a_bwd, sa_bwd, _, _ = _mlp_fwd_fake(x, wgu_q.to(x.dtype), wd_q.to(x.dtype), fwd_dtype)
     return y, h, x_bwd, sx_bwd, a_bwd, sa_bwd
 
@@ -100,9 +100,9 @@ class SwigluMlpFp8Function(torch.autograd.Function):
     after them inside it."""
 
     @staticmethod
-    def forward(ctx, x, w_gate_up, w_down, fmt: Format):
+    def forward(ctx, x, w_gate_up, w_down, fmt: Format, fast_accum: bool):
         fwd_dtype, ctx.grad_dtype = _dtypes(fmt)
-        y, *saved = _native_fwd(x, w_gate_up, w_down, fwd_dtype)
+        y, *saved = _native_fwd(x, w_gate_up, w_down, fwd_dtype, fast_accum)
         ctx.save_for_backward(*saved)
         return y
 
@@ -110,7 +110,7 @@ class SwigluMlpFp8Function(torch.autograd.Function):
     def backward(ctx, dy):
         need_x, need_wgu, need_wd = ctx.needs_input_grad[:3]
         dx, dwgu, dwd = _native_bwd(dy, *ctx.saved_tensors, ctx.grad_dtype, need_x, need_wgu, need_wd)
-        return (dx if need_x else None), (dwgu if need_wgu else None), (dwd if need_wd else None), None
+        return (dx if need_x else None), (dwgu if need_wgu else None), (dwd if need_wd else None), None, None
 
 
 class SwigluMlpFp8QuantizedWeightsFunction(torch.autograd.Function):
@@ -120,10 +120,10 @@ class SwigluMlpFp8QuantizedWeightsFunction(torch.autograd.Function):
     high-precision gradients of the tensors they stand for (straight-through)."""
 
     @staticmethod
-    def forward(ctx, x, w_gate_up, w_down, wgu_copies, wd_copies, fmt: Format):
+    def forward(ctx, x, w_gate_up, w_down, wgu_copies, wd_copies, fmt: Format, fast_accum: bool):
         fwd_dtype, ctx.grad_dtype = _dtypes(fmt)
         (wgu_fwd, wgu_bwd), (wd_fwd, wd_bwd) = wgu_copies, wd_copies
-        y, h, x_bwd, sx_bwd, a_bwd, sa_bwd = _native_fwd_qw(x, *wgu_fwd[:2], *wd_fwd[:2], fwd_dtype)
+        y, h, x_bwd, sx_bwd, a_bwd, sa_bwd = _native_fwd_qw(x, *wgu_fwd[:2], *wd_fwd[:2], fwd_dtype, fast_accum)
         ctx.save_for_backward(h, x_bwd, sx_bwd, *wgu_bwd[:2], a_bwd, sa_bwd, *wd_bwd[:2])
         return y
 
@@ -131,7 +131,7 @@ class SwigluMlpFp8QuantizedWeightsFunction(torch.autograd.Function):
     def backward(ctx, dy):
         need_x, need_wgu, need_wd = ctx.needs_input_grad[:3]
         dx, dwgu, dwd = _native_bwd(dy, *ctx.saved_tensors, ctx.grad_dtype, need_x, need_wgu, need_wd)
-        return (dx if need_x else None), (dwgu if need_wgu else None), (dwd if need_wd else None), None, None, None
+        return (dx if need_x else None), (dwgu if need_wgu else None), (dwd if need_wd else None), None, None, None, None
 
 
 def _weight_copies(x2, weights, config):
@@ -216,7 +216,8 @@ def swiglu_mlp_fp8(
     if weights is not None:
         copies = _weight_copies(x2, weights, config) if training and _fused(x2, w_gate_up, w_down, config) else None
         if copies is not None:
-            y = SwigluMlpFp8QuantizedWeightsFunction.apply(x2, w_gate_up, w_down, *copies, config.format)
+            y = SwigluMlpFp8QuantizedWeightsFunction.apply(x2, w_gate_up, w_down, *copies, config.format,
+                                                           config.fast_accum)
         else:  # the unfused chain, each GEMM reading its weight's copies
             h = gemm_fp8(x2, _operand(*weights[0]), trans_b=True, config=config)
             y = gemm_fp8(swiglu(h), _operand(*weights[1]), trans_b=True, config=config)
@@ -224,9 +225,9 @@ def swiglu_mlp_fp8(
         h = gemm_fp8(x2, w_gate_up, trans_b=True, config=config)
         y = gemm_fp8(swiglu(h), w_down, trans_b=True, config=config)
     elif not training:  # one call, no backward copies
-        y = _native_infer(x2, w_gate_up, w_down, _dtypes(config.format)[0])
+        y = _native_infer(x2, w_gate_up, w_down, _dtypes(config.format)[0], config.fast_accum)
     elif native.eager_cpp_autograd():
-        y = _native_train(x2, w_gate_up, w_down, *_dtypes(config.format))
+        y = _native_train(x2, w_gate_up, w_down, *_dtypes(config.format), fast_accum=config.fast_accum)
     else:
-        y = SwigluMlpFp8Function.apply(x2, w_gate_up, w_down, config.format)
+        y = SwigluMlpFp8Function.apply(x2, w_gate_up, w_down, config.format, config.fast_accum)
     return y.view(*x.shape[:-1], w_down.shape[0])
