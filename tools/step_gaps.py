@@ -39,6 +39,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3, help="profiled steps (after three warm-up steps)")
     p.add_argument("--min-gap-us", type=float, default=5.0, help="gaps shorter than this are not attributed")
     p.add_argument("--rows", type=int, default=15)
+    p.add_argument("--largest", type=int, default=8, help="the largest gaps listed one by one")
+    p.add_argument("--trace", default=None, help="also write the profile as a gzipped Chrome trace (.json.gz)")
     args = p.parse_args()
     fwd_bwd, optimizer_step = make_step(args)
     for _ in range(3):
@@ -55,6 +57,15 @@ def main() -> int:
                 torch.cuda.synchronize()
             optimizer_step()
         torch.cuda.synchronize()
+    if args.trace:
+        import gzip
+        import shutil
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+            prof.export_chrome_trace(tmp.name)
+            with open(tmp.name, "rb") as src, gzip.open(args.trace, "wb") as dst:
+                shutil.copyfileobj(src, dst)
     events = prof.events()
     steps = sorted((e.time_range.start, e.time_range.end) for e in events
                    if e.name.startswith("timed_step_") and e.device_type == torch.autograd.DeviceType.CPU)
@@ -84,8 +95,13 @@ def main() -> int:
                 counts[name] += 1
                 by_op[launching_op(cpu_ops, k[0] - 1.0)[:90]] += gap
                 totals["gaps"] += gap
-                during = collections.Counter(o[2] for o in cpu_ops if end <= o[0] < k[0])
-                largest.append((gap, prev[:60], name[:60], ", ".join(f"{op[:40]} x{c}" for op, c in during.most_common(6))))
+                # What the host did meanwhile: the ops that started in the gap, by their total time.
+                during = collections.Counter()
+                for o in cpu_ops:
+                    if end <= o[0] < k[0]:
+                        during[o[2]] += o[1] - o[0]
+                largest.append((gap, prev[:60], name[:60],
+                                ", ".join(f"{op[:48]} {us:.0f}us" for op, us in during.most_common(8))))
             end, prev = max(end, k[1]), k[2]
     n = max(len(steps), 1)
     print(f"per step: wall {totals['wall'] / n / 1e3:.2f} ms, kernels {totals['busy'] / n / 1e3:.2f} ms, "
@@ -97,8 +113,8 @@ def main() -> int:
     print("gaps by the CPU op running just before that kernel started (us per step):")
     for name, us in by_op.most_common(args.rows):
         print(f"  {us / n:8.0f}  {name}")
-    print("the largest gaps (us: previous kernel -> next kernel; CPU ops that started in the gap):")
-    for gap, before, after, during in sorted(largest, reverse=True)[:8]:
+    print("the largest gaps (us: previous kernel -> next kernel; CPU ops that started in the gap, by time):")
+    for gap, before, after, during in sorted(largest, reverse=True)[:args.largest]:
         print(f"  {gap:8.0f}: {before} -> {after}; {during}")
     return 0
 
