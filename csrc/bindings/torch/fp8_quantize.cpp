@@ -33,8 +33,17 @@ std::pair<int32_t, int32_t> fp8_scalings(int64_t granularity, const char* op) {
 
 namespace {
 
-// One tensor of a request's outputs: owned (its own allocation: the op may return it) or transient
-// (taken from the batch's Scratch once its size is known). Its descriptor exists before either.
+// Where a batch's outputs come from: the transient copies' scratch allocation, and (kept_together)
+// one allocation for the kept copies; bytes are summed first, the blocks made once the sizes are known.
+struct Pools {
+  size_t scratch_bytes = 0, kept_bytes = 0;
+  bool kept_together = false;
+  std::optional<Scratch> scratch, kept;
+};
+
+// One tensor of a request's outputs: owned (its own allocation, or a view of the batch's kept block:
+// the op may return it) or transient (taken from the batch's Scratch). Its descriptor exists before
+// the memory does.
 struct Slot {
   std::vector<int64_t> shape;
   ScalarType dtype;
@@ -42,14 +51,14 @@ struct Slot {
   std::optional<Tensor> t;
   pt_tensor desc{};
 
-  Slot(std::vector<int64_t> sizes, ScalarType type, bool in_scratch, size_t& scratch_bytes, int32_t device)
+  Slot(std::vector<int64_t> sizes, ScalarType type, bool in_scratch, Pools& pools, int32_t device)
       : shape(std::move(sizes)), dtype(type), transient(in_scratch) {
-    if (!transient) {
+    if (!transient && !pools.kept_together) {
       t = empty(shape.data(), static_cast<int64_t>(shape.size()), dtype, device);
       desc = to_pt(*t);
       return;
     }
-    scratch_bytes += Scratch::share(shape, dtype);
+    (transient ? pools.scratch_bytes : pools.kept_bytes) += Scratch::share(shape, dtype);
     // Described on an aligned stand-in address until bind(): the planning reads sizes and
     // alignment only.
     desc.data = reinterpret_cast<void*>(Scratch::kAlign);
@@ -62,9 +71,9 @@ struct Slot {
     }
   }
 
-  void bind(Scratch& scratch) {
-    if (!transient) return;
-    t = scratch.take(shape, dtype);
+  void bind(Pools& pools) {
+    if (t) return;  // its own allocation
+    t = (transient ? *pools.scratch : *pools.kept).take(shape, dtype);
     desc.data = t->data_ptr();
   }
 };
@@ -77,7 +86,7 @@ struct Outputs {
   pt_tensor x{};
   std::optional<pt_tensor> amax;
 
-  Outputs(const QuantRequest& r, size_t& scratch_bytes, int32_t device, const char* context) {
+  Outputs(const QuantRequest& r, Pools& pools, int32_t device, const char* context) {
     const Tensor& t = *r.x;
     const bool stack = t.dim() == 3;  // [b, m, k]: every output per matrix, stacked
     const int64_t m = t.sizes()[stack], k = t.sizes()[stack + 1];
@@ -90,19 +99,18 @@ struct Outputs {
       return shape;
     };
     if (r.want_row) {
-      qr.emplace(stacked({m, k}), r.spec.dtype, r.row_transient, scratch_bytes, device);
-      sr.emplace(stacked(scale_shape(r.spec, m, k, true)), ScalarType::Float, r.row_transient, scratch_bytes, device);
+      qr.emplace(stacked({m, k}), r.spec.dtype, r.row_transient, pools, device);
+      sr.emplace(stacked(scale_shape(r.spec, m, k, true)), ScalarType::Float, r.row_transient, pools, device);
     }
     if (r.want_col) {
-      qc.emplace(stacked({k, m}), r.spec.dtype, r.col_transient, scratch_bytes, device);
-      sc.emplace(stacked(scale_shape(r.spec, m, k, false)), ScalarType::Float, r.col_transient, scratch_bytes,
-                 device);
+      qc.emplace(stacked({k, m}), r.spec.dtype, r.col_transient, pools, device);
+      sc.emplace(stacked(scale_shape(r.spec, m, k, false)), ScalarType::Float, r.col_transient, pools, device);
     }
   }
 
-  void bind(Scratch& scratch) {
+  void bind(Pools& pools) {
     for (std::optional<Slot>* s : {&qr, &sr, &qc, &sc})
-      if (*s) (*s)->bind(scratch);
+      if (*s) (*s)->bind(pools);
   }
 
   pt_quantize_job job(const QuantSpec& spec) {
@@ -126,23 +134,25 @@ struct Outputs {
 }  // namespace
 
 std::vector<QuantPair> quantize_fp8_jobs(std::initializer_list<QuantRequest> requests, int32_t device, void* stream,
-                                         const char* context) {
-  size_t scratch_bytes = 0;
+                                         const char* context, bool kept_together) {
+  Pools pools;
+  pools.kept_together = kept_together;
   std::vector<Outputs> outs;
   outs.reserve(requests.size());
   std::vector<pt_quantize_job> jobs;
   for (const QuantRequest& r : requests) {
-    outs.emplace_back(r, scratch_bytes, device, context);
+    outs.emplace_back(r, pools, device, context);
     jobs.push_back(outs.back().job(r.spec));
   }
   const int32_t count = static_cast<int32_t>(jobs.size());
   // The transient copies and the jobs' amax scratch (none where no job reduces an amax) in one
   // allocation.
   const size_t ws_bytes = pt_quantize_jobs_workspace_bytes(jobs.data(), count);
-  Scratch scratch(device, scratch_bytes + Scratch::share(ws_bytes));
-  for (Outputs& o : outs) o.bind(scratch);
+  pools.scratch.emplace(device, pools.scratch_bytes + Scratch::share(ws_bytes));
+  if (pools.kept_bytes) pools.kept.emplace(device, pools.kept_bytes);
+  for (Outputs& o : outs) o.bind(pools);
   std::optional<Tensor> ws;
-  if (ws_bytes) ws = scratch.take({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte);
+  if (ws_bytes) ws = pools.scratch->take({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte);
   check_status(pt_quantize_jobs(jobs.data(), count, ws ? ws->data_ptr() : nullptr, ws_bytes, stream), context);
   std::vector<QuantPair> result;
   for (const Outputs& o : outs) result.push_back(o.result());

@@ -59,8 +59,11 @@ struct QuantRequest {
 };
 
 // One or two quantizations (a GEMM's operands) in one pt_quantize_jobs call, which launches small
-// FP8 ones together, amax included. Results in request order.
+// FP8 ones together, amax included. Results in request order. kept_together: the copies that are not
+// transient share one allocation too (views of it, each keeping all of it alive): for copies that
+// are saved together and freed together, as a training forward's for its backward; an op that
+// returns copies a caller may keep apart leaves it false.
 std::vector<QuantPair> quantize_fp8_jobs(std::initializer_list<QuantRequest> requests, int32_t device, void* stream,
-                                         const char* context);
+                                         const char* context, bool kept_together = false);
 
 }  // namespace primus_turbo::torch_binding

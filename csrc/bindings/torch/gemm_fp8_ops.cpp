@@ -164,7 +164,7 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
   qa.amax = checked_amax(a_amax, granularity, "a_amax");
   Forward f{empty({m, n}, out_dtype, device), std::nullopt, std::nullopt};
   if (b_pre) {
-    auto q = quantize_fp8_jobs({qa}, device, stream, "gemm_fp8 quantize");
+    auto q = quantize_fp8_jobs({qa}, device, stream, "gemm_fp8 quantize", true);
     auto& [qa_row, qa_col] = q[0];
     fp8_mm(trans_a ? *qa_col : *qa_row, *b_pre, f.out, 0.0f, device, stream, fast_accum);
     if (for_backward) f.a_bwd = trans_a ? qa_row : qa_col;
@@ -172,10 +172,11 @@ Forward forward(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans
   }
   const Tensor b = as_contiguous(b_in);
   const bool b_row = trans_b || for_backward, b_col = !trans_b || for_backward;
-  // Both operands in one call (small ones in one launch, their amax reductions included).
+  // Both operands in one call (small ones in one launch, their amax reductions included); the copies
+  // kept for the backward in one allocation (saved together, freed together).
   auto q = quantize_fp8_jobs(
       {qa, request(b, fwd_dtype, granularity, true, b_row, b_col, keep && !trans_b, keep && trans_b)}, device, stream,
-      "gemm_fp8 quantize");
+      "gemm_fp8 quantize", true);
   auto& [qa_row, qa_col] = q[0];
   auto& [qb_row, qb_col] = q[1];
   fp8_mm(trans_a ? *qa_col : *qa_row, trans_b ? *qb_row : *qb_col, f.out, 0.0f, device, stream, fast_accum);
