@@ -186,18 +186,26 @@ def num_grouped_fp8_configs() -> int:
     return lib.pt_grouped_gemm_fp8_num_configs(BACKEND_CUTLASS)
 
 
-def grouped_fp8_name(a: str, b: str, out_dtype: str, b_scale_rows: int, config: int) -> str:
-    what = "wgrad" if b_scale_rows == 0 else f"b-scales {b_scale_rows}-row"
-    return f"grouped_gemm_fp8 {a}x{b}->{out_dtype} {what} config {config}"
+# The kinds of FP8 grouped kernel a job names: block scales (b_scale_rows 1 or 128), row scales in the
+# epilogue (ROWWISE; "rows_fast" with fast accumulation), and the experimental FP8 wgrad.
+_GROUPED_FP8_KINDS = {1: "b-scales 1-row", 128: "b-scales 128-row", "rows": "row scales",
+                      "rows_fast": "row scales, fast accumulation", "wgrad": "wgrad"}
 
 
-def compile_grouped_fp8_one(a: str, b: str, out_dtype: str, b_scale_rows: int, config: int) -> float:
-    """b_scale_rows 0: the wgrad (reduction split) kernel of the experimental FP8 wgrad."""
+def grouped_fp8_name(a: str, b: str, out_dtype: str, kind, config: int) -> str:
+    return f"grouped_gemm_fp8 {a}x{b}->{out_dtype} {_GROUPED_FP8_KINDS[kind]} config {config}"
+
+
+def compile_grouped_fp8_one(a: str, b: str, out_dtype: str, kind, config: int) -> float:
+    """kind: a key of _GROUPED_FP8_KINDS."""
     start = time.time()
-    if b_scale_rows == 0:
-        check(lib.pt_grouped_gemm_fp8_wgrad_prepare(_FP8_CODES[a], _FP8_CODES[b], _DTYPES[out_dtype], config))
+    codes = (_FP8_CODES[a], _FP8_CODES[b], _DTYPES[out_dtype])
+    if kind == "wgrad":
+        check(lib.pt_grouped_gemm_fp8_wgrad_prepare(*codes, config))
+    elif kind == "rows_fast":
+        check(lib.pt_grouped_gemm_fp8_fast_prepare(*codes, config))
     else:
-        check(lib.pt_grouped_gemm_fp8_prepare(_FP8_CODES[a], _FP8_CODES[b], _DTYPES[out_dtype], b_scale_rows, config))
+        check(lib.pt_grouped_gemm_fp8_prepare(*codes, 0 if kind == "rows" else kind, config))
     return time.time() - start
 
 
@@ -311,9 +319,10 @@ def default_jobs(families: Sequence[str] = DEFAULT_FAMILIES) -> List[Tuple]:
         jobs += [("grouped_gemm", "fp16", layout, c) for layout in GROUPED_LAYOUTS for c in (0, 3)]
         jobs += [("grouped_gemm", "bf16", layout, c) for layout in GROUPED_LAYOUTS
                  for c in range(num_grouped_configs())]
-    if "grouped_gemm_fp8" in families:
-        jobs += [("grouped_gemm_fp8", a, b, "bf16", rows, c)
-                 for a, b in FP8_GROUPED_PAIRS["hybrid"] for rows in (1, 128) for c in (0, 1)]
+    if "grouped_gemm_fp8" in families:  # ROWWISE takes the row-scaled kernel; its fast form the forward pair only
+        jobs += [("grouped_gemm_fp8", a, b, "bf16", kind, c)
+                 for a, b in FP8_GROUPED_PAIRS["hybrid"] for kind in (1, 128, "rows") for c in (0, 1)]
+        jobs += [("grouped_gemm_fp8", "e4m3", "e4m3", "bf16", "rows_fast", c) for c in (0, 1)]
     return jobs
 
 
@@ -325,7 +334,7 @@ def _compile_prepared(label: str, fn: str, args: Tuple) -> float:
 
 def _job_fns(job: Tuple):
     """GEMM jobs are (dtype, out_dtype, layout, config); grouped ones ("grouped_gemm", dtype,
-    layout, config); FP8 grouped ones ("grouped_gemm_fp8", a, b, out_dtype, b_scale_rows, config);
+    layout, config); FP8 grouped ones ("grouped_gemm_fp8", a, b, out_dtype, kind, config);
     elementwise ones ("prepare", label, C function, args)."""
     if job[0] == "prepare":
         return _compile_prepared, lambda label, fn, args: label, job[1:]
@@ -422,10 +431,11 @@ def main(argv=None) -> int:
         pairs = sorted({pair for fmt in args.fp8_format for pair in FP8_GROUPED_PAIRS[fmt]})
         for out in args.out_dtype or args.dtype:
             for a, b in pairs:
-                jobs.extend(("grouped_gemm_fp8", a, b, out, rows, c) for rows in (1, 128) for c in configs)
+                jobs.extend(("grouped_gemm_fp8", a, b, out, kind, c) for kind in (1, 128, "rows", "rows_fast")
+                            for c in configs)
             if args.fp8_wgrad:  # (grad, input) for trans_b=True and (input, grad) otherwise
                 wpairs = sorted({p for (a, b) in pairs for p in ((a, b), (b, a))})
-                jobs.extend(("grouped_gemm_fp8", a, b, out, 0, c) for (a, b) in wpairs for c in configs)
+                jobs.extend(("grouped_gemm_fp8", a, b, out, "wgrad", c) for (a, b) in wpairs for c in configs)
     if args.list:
         for job in jobs:
             _, namer, job_args = _job_fns(job)

@@ -87,6 +87,7 @@ class PtGroupedGemmFp8Args(ctypes.Structure):
         ("num_sms", ctypes.c_int32),
         ("wgrad", ctypes.c_int32),
         ("tokens", ctypes.c_int64),
+        ("flags", ctypes.c_int32),
     ]
 
 
@@ -159,6 +160,7 @@ _PROTOTYPES = {
     "pt_grouped_gemm_fp8_prepare": (_i32, [_i32, _i32, _i32, _i32, _i32]),
     "pt_grouped_gemm_fp8_num_configs": (_i32, [_i32]),
     "pt_grouped_gemm_fp8_wgrad_prepare": (_i32, [_i32, _i32, _i32, _i32]),
+    "pt_grouped_gemm_fp8_fast_prepare": (_i32, [_i32, _i32, _i32, _i32]),
     "pt_gemm_fp8": (_i32, [_T, _T, _i32, _T, _T, _i32, _T, _f32, _i32, _i32, _i32, _vp, _sz, _vp]),
     "pt_gemm_fp8_query": (_i32, [_T, _T, _i32, _T, _T, _i32, _T, _f32, _i32, _i32, _P(_i32), _P(_i32), _cp, _sz]),
     "pt_gemm_fp8_prepare": (_i32, [_i32, _i32, _i32, _i32, _i32, _i32]),

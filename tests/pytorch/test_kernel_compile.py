@@ -306,6 +306,13 @@ def test_cutlass_grouped_gemm_fp8_compiles_for_sm90a_with_fp8_wgmma():
     _assert_no_register_spills("grouped_gemm_fp8_cutlass_*_128x128x128_*")
 
 
+def test_cutlass_grouped_gemm_fp8_row_scaled_compiles_for_sm90a_with_fp8_wgmma():
+    """The ROWWISE kernel (scales in the epilogue), forward point with fast accumulation."""
+    check(lib.pt_grouped_gemm_fp8_fast_prepare(_E4M3, _E4M3, _BF16, 0))
+    _assert_sass_contains("QGMMA", "grouped_gemm_fp8_rowwise_cutlass_*", every_module=True)
+    _assert_no_register_spills("grouped_gemm_fp8_rowwise_cutlass_*")
+
+
 def test_cutlass_grouped_gemm_fp8_wgrad_compiles_for_sm90a_with_fp8_wgmma():
     """The reduction-split (variable-K) FP8 grouped kernel: HYBRID wgrad point, E5M2 x E4M3."""
     check(lib.pt_grouped_gemm_fp8_wgrad_prepare(_E5M2, _E4M3, _BF16, 0))

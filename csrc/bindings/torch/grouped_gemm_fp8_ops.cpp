@@ -38,15 +38,17 @@ constexpr int64_t kBlock = 128;
 PlanCache<WorkspacePlan> g_plans;
 
 // out = grouped (a * sa) @ (b * sb)^T on the cached plan of the problem. tokens < 0: forward/dgrad;
-// else the variable-K wgrad over that many tokens.
+// else the variable-K wgrad over that many tokens. b_scale_rows 0: row scales (sa [M], sb [G, N]),
+// with fast_accum the forward's fast accumulation.
 void run_mm(const Tensor& a_in, const Tensor& sa_in, const Tensor& b_in, const Tensor& sb_in, const Tensor& lens_in,
             const std::optional<Tensor>& offs_in, const Tensor& out, int64_t b_scale_rows, int64_t num_sms,
-            int64_t tokens, int32_t device, void* stream) {
+            int64_t tokens, int32_t device, void* stream, bool fast_accum = false) {
   if (out.numel() == 0) return;
   if (num_sms < 0 || num_sms > INT32_MAX)
     fail_with(ErrorKind::Value, kOp, ": num_cu must be a positive int or None, got ", num_sms);
-  if (b_scale_rows != 1 && b_scale_rows != 128)
-    fail_with(ErrorKind::Value, kOp, ": b_scale_rows must be 1 or 128, got ", b_scale_rows);
+  if (b_scale_rows != 0 && b_scale_rows != 1 && b_scale_rows != 128)
+    fail_with(ErrorKind::Value, kOp, ": b_scale_rows must be 1 or 128 (0: row scales), got ", b_scale_rows);
+  const int32_t flags = fast_accum && b_scale_rows == 0 ? PT_GEMM_FP8_FAST_ACCUM : 0;
   const Tensor a = as_contiguous(a_in), sa = as_contiguous(sa_in), b = as_contiguous(b_in),
                sb = as_contiguous(sb_in), lens = as_contiguous(lens_in);
   std::optional<Tensor> offs;
@@ -57,11 +59,11 @@ void run_mm(const Tensor& a_in, const Tensor& sa_in, const Tensor& b_in, const T
   const bool wgrad = tokens >= 0;
   const pt_grouped_gemm_fp8_args args{&pa, &psa, &pb, &psb, &pl, offs ? &po : nullptr, &pd,
                                       static_cast<int32_t>(b_scale_rows), static_cast<int32_t>(num_sms),
-                                      wgrad ? 1 : 0, wgrad ? tokens : 0};
+                                      wgrad ? 1 : 0, wgrad ? tokens : 0, flags};
   std::vector<int64_t> values{pa.shape[0], pa.shape[1], pb.shape[0], pb.shape[1], pb.ndim > 2 ? pb.shape[2] : -1,
                               pl.shape[0], offs ? 1 : 0, pa.dtype, pb.dtype, pd.dtype, b_scale_rows, tokens,
                               device, alignment(pa.data) >= 16, alignment(pb.data) >= 16, alignment(pd.data) >= 16,
-                              num_sms};
+                              num_sms, flags};
   const PlanKey key = plan_key(std::move(values), {"PRIMUS_TURBO_GROUPED_GEMM_BACKEND", "PRIMUS_TURBO_AUTO_TUNE"});
   const WorkspacePlan plan = workspace_plan(
       g_plans, key, kPlanGroupedGemmFp8, &args, device, stream, kOp,
@@ -96,21 +98,24 @@ QuantRequest tokens_request(const Tensor& x, ScalarType dtype, int64_t granulari
   return QuantRequest{&x, QuantSpec{dtype, granularity}, true, false, true, false};
 }
 
-// x's quantization in the kernel's A layout: (q [R, C], scale [R, ceil(C/128)]), TENSORWISE /
-// ROWWISE scales repeated over the K blocks they cover.
-std::pair<Tensor, Tensor> tokens_operand(const QuantPair& quantized, const Tensor& x, int64_t granularity,
-                                         int32_t device) {
-  const Quantized& row = *quantized.first;
-  if (granularity == PT_QUANT_BLOCKWISE) return {row.q, row.s};
-  return {row.q, broadcast(row.s, {x.sizes()[0], cdiv(x.sizes()[1], kBlock)}, device)};
-}
-
-// A weight operand as the kernel reads B: q [G, n, k] K-major, its scales and b_scale_rows.
+// A weight operand as the kernel reads B: q [G, n, k] K-major, its scales and b_scale_rows (0: one
+// scale per row, s [G, n]: the row-scaled kernel).
 struct WeightOperand {
   Tensor q;
   Tensor s;
   int64_t rows;
 };
+
+// x's quantization in the kernel's A layout for the weight operand wb it meets: q [R, C] with
+// scale [R] (ROWWISE against a row-scaled weight) or [R, ceil(C/128)] (TENSORWISE / ROWWISE scales
+// repeated over the K blocks they cover).
+std::pair<Tensor, Tensor> tokens_operand(const QuantPair& quantized, const Tensor& x, int64_t granularity,
+                                         const WeightOperand& wb, int32_t device) {
+  const Quantized& row = *quantized.first;
+  if (granularity == PT_QUANT_BLOCKWISE) return {row.q, row.s};
+  if (wb.rows == 0) return {row.q, torch::stable::view(row.s, {x.sizes()[0]})};
+  return {row.q, broadcast(row.s, {x.sizes()[0], cdiv(x.sizes()[1], kBlock)}, device)};
+}
 
 // A weight w [G, X, Y] flattened to [G * X, Y] for its quantization along Y: for ROWWISE in its
 // K-major orientation (K = Y, or X with transpose: transposed first), else as it lies.
@@ -126,11 +131,18 @@ QuantRequest weight_request(const Tensor& flat, ScalarType dtype, int64_t granul
 }
 
 // ROWWISE: a weight quantized per row, q [G * N, K] or [G, N, K] K-major with one scale per row
-// (G * N of them), as the kernel's B.
-WeightOperand weight_rows(const Quantized& row, int64_t g, int32_t device) {
+// (G * N of them), as the row-scaled kernel's B.
+WeightOperand weight_rows(const Quantized& row, int64_t g) {
   const int64_t k = row.q.sizes()[row.q.dim() - 1], n = row.q.numel() / (g * k);
-  const Tensor per_row = torch::stable::view(row.s, {g, n, 1});
-  return {torch::stable::view(row.q, {g, n, k}), broadcast(per_row, {g, n, cdiv(k, kBlock)}, device), 1};
+  return {torch::stable::view(row.q, {g, n, k}), torch::stable::view(as_contiguous(row.s), {g, n}), 0};
+}
+
+// A given ROWWISE weight (its per-row scales repeated over the K blocks, [G, n, kb], rows 1) as the
+// row-scaled kernel's B: each row's scale once, [G, n].
+WeightOperand rows_of(const WeightOperand& w) {
+  if (w.rows != 1 || w.s.dim() != 3) return w;
+  const Tensor first = torch::stable::select(w.s, 2, 0);
+  return {w.q, as_contiguous(first), 0};
 }
 
 // TENSORWISE / BLOCKWISE: the weight [G, X, Y] quantized as it lies: (q [G, X, Y], scale: 0-dim or
@@ -268,23 +280,25 @@ int32_t check_devices(const char* first, const Tensor& x, const Tensor& b, const
 // Returns (out [M, N], wq, ws): with for_backward, the dgrad's B (op(b) [G, K, N], K-major along N)
 // and its scales (TENSORWISE 0-dim, ROWWISE [G, K, 1], BLOCKWISE [G, K/128, ceil(N/128)]); else,
 // and for ROWWISE experts whose rows are not a multiple of 128, placeholders. b_q / b_s / b_rows: the weight already in the kernel's B layout (given_weight), so
-// only the tokens are quantized.
+// only the tokens are quantized. ROWWISE runs the row-scaled kernel (its scales in the epilogue; a
+// given weight's repeated scales taken once a row), accumulating in the fast mode with fast_accum.
 std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in, Tensor group_lens,
                                                         std::optional<Tensor> group_offs, bool trans_b,
                                                         ScalarType out_dtype, ScalarType fwd_dtype,
                                                         int64_t granularity, int64_t num_sms, bool for_backward,
                                                         std::optional<Tensor> b_q, std::optional<Tensor> b_s,
-                                                        int64_t b_rows) {
+                                                        int64_t b_rows, bool fast_accum) {
   const auto [m, k, n] = check_operands(a_in, b_in, group_lens, group_offs, trans_b, out_dtype, granularity);
   const int32_t device = check_devices("a", a_in, b_in, group_lens, group_offs);
   DeviceScope scope(device);
   void* stream = current_stream(device);
   check_group_lens_on_host(kOp, group_lens, m, stream);
   const int64_t groups = b_in.sizes()[0];
+  const bool rowwise = granularity == PT_QUANT_ROWWISE;
   std::optional<WeightOperand> given;
   if (b_q) given = given_weight("b", *b_q, b_s, b_rows, groups, n, k);
+  if (given && rowwise) given = rows_of(*given);
   const Tensor a = as_contiguous(a_in);
-  const bool rowwise = granularity == PT_QUANT_ROWWISE;
   // Tokens and (unless given) weight in one call (small ones in one launch, their amax reductions
   // included).
   const QuantRequest tokens = tokens_request(a, fwd_dtype, granularity);
@@ -298,18 +312,18 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   }
   const auto q = weight ? quantize_fp8_jobs({tokens, *weight}, device, stream, kOp)
                         : quantize_fp8_jobs({tokens}, device, stream, kOp);
-  const auto [qa, sa] = tokens_operand(q[0], a, granularity, device);
   Tensor out = empty({m, n}, out_dtype, device);
   if (given || (rowwise && !stack)) {
-    const WeightOperand wb = given ? *given : weight_rows(*q[1].first, groups, device);
-    run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
+    const WeightOperand wb = given ? *given : weight_rows(*q[1].first, groups);
+    const auto [qa, sa] = tokens_operand(q[0], a, granularity, wb, device);
+    run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream, fast_accum);
     return {out, placeholder(device), placeholder(device)};
   }
   if (stack) {
     const Quantized& fwd = trans_b ? *q[1].first : *q[1].second;
-    const WeightOperand wb =
-        rowwise ? weight_rows(fwd, groups, device) : orient_blocks(fwd.q, fwd.s, false, device, stream);
-    run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
+    const WeightOperand wb = rowwise ? weight_rows(fwd, groups) : orient_blocks(fwd.q, fwd.s, false, device, stream);
+    const auto [qa, sa] = tokens_operand(q[0], a, granularity, wb, device);
+    run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream, fast_accum);
     if (!for_backward) return {out, placeholder(device), placeholder(device)};
     const Quantized& dgrad = trans_b ? *q[1].second : *q[1].first;
     return {out, dgrad.q, dgrad.s};
@@ -318,6 +332,7 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   // orientation transposed from that copy.
   const auto [wq, ws] = weight_blocks(q[1], groups, granularity);
   const WeightOperand wb = orient_blocks(wq, ws, !trans_b, device, stream);
+  const auto [qa, sa] = tokens_operand(q[0], a, granularity, wb, device);
   run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
   if (!for_backward) return {out, placeholder(device), placeholder(device)};
   return {out, orient_blocks(wq, ws, trans_b, device, stream).q, ws};
@@ -347,6 +362,7 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
               "; expected ", groups * k, " of them (one per row of [G, K, N])");
   std::optional<WeightOperand> wb;
   if (need_a && d_q) wb = given_weight("d", *d_q, d_s, d_rows, b_in.sizes()[0], k, n);
+  if (wb && granularity == PT_QUANT_ROWWISE) wb = rows_of(*wb);
   DeviceScope scope(device);
   void* stream = current_stream(device);
   const Tensor grad = as_contiguous(grad_in);
@@ -360,15 +376,15 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
       q = quantize_fp8_jobs({tokens_request(grad, grad_dtype, granularity),
                              weight_request(flat_b, fwd_dtype, granularity, false)},
                             device, stream, kOp);
-      wb = weight_rows(*q[1].first, groups, device);
+      wb = weight_rows(*q[1].first, groups);
     } else {
       q = quantize_fp8_jobs({tokens_request(grad, grad_dtype, granularity)}, device, stream, kOp);
       if (!wb) {  // the forward returned it oriented
-        wb = granularity == PT_QUANT_ROWWISE ? weight_rows(Quantized{wq, ws, PT_FP8_SCALING_ROW}, groups, device)
+        wb = granularity == PT_QUANT_ROWWISE ? weight_rows(Quantized{wq, ws, PT_FP8_SCALING_ROW}, groups)
                                              : orient_blocks(wq, ws, false, device, stream);
       }
     }
-    const auto [qg, sg] = tokens_operand(q[0], grad, granularity, device);
+    const auto [qg, sg] = tokens_operand(q[0], grad, granularity, *wb, device);
     grad_a = empty({m, k}, a_dtype, device);
     run_mm(qg, sg, wb->q, wb->s, group_lens, group_offs, grad_a, wb->rows, num_sms, -1, device, stream);
   }
@@ -487,7 +503,7 @@ Tensor grouped_gemm_fp8_wgrad_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_sc
 STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("grouped_gemm_fp8_fwd(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b, "
         "ScalarType out_dtype, ScalarType fwd_dtype, int granularity, int num_sms, bool for_backward, "
-        "Tensor? b_q=None, Tensor? b_s=None, int b_rows=0) -> (Tensor, Tensor, Tensor)");
+        "Tensor? b_q=None, Tensor? b_s=None, int b_rows=0, bool fast_accum=False) -> (Tensor, Tensor, Tensor)");
   m.def("grouped_gemm_fp8_bwd(Tensor grad_out, Tensor a, Tensor b, Tensor wq, Tensor ws, Tensor group_lens, "
         "Tensor? group_offs, bool trans_b, ScalarType grad_dtype, ScalarType fwd_dtype, int granularity, int num_sms, "
         "bool need_a, bool need_b, Tensor? d_q=None, Tensor? d_s=None, int d_rows=0) -> (Tensor, Tensor)");

@@ -3,7 +3,8 @@
 // GEMM, the quantized weight the dgrad reads) and saves what the backward needs; the backward is
 // one grouped_gemm_fp8_bwd call (FP8 dgrad, bf16/fp16 wgrad). The Python
 // NativeGroupedGemmFp8Function does the same where this library is not loaded, and takes the FP8
-// wgrad (PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD=1), which this op does not.
+// wgrad (PRIMUS_TURBO_GROUPED_GEMM_FP8_WGRAD=1), which this op does not. fast_accum: the forward's
+// fast accumulation (ROWWISE, the row-scaled kernel); the dgrad always promotes.
 #include "autograd_common.h"
 
 #include <tuple>
@@ -14,7 +15,7 @@ using namespace primus_turbo::torch_autograd;
 
 using FwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, bool,
                                                   c10::ScalarType, c10::ScalarType, int64_t, int64_t, bool,
-                                                  const OptTensor&, const OptTensor&, int64_t);
+                                                  const OptTensor&, const OptTensor&, int64_t, bool);
 using BwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                           const Tensor&, const OptTensor&, bool, c10::ScalarType, c10::ScalarType,
                                           int64_t, int64_t, bool, bool, const OptTensor&, const OptTensor&, int64_t);
@@ -26,13 +27,13 @@ struct GroupedGemmFp8Function : public torch::autograd::Function<GroupedGemmFp8F
                         const OptTensor& group_offs, bool trans_b, c10::ScalarType out_dtype,
                         c10::ScalarType fwd_dtype, c10::ScalarType grad_dtype, int64_t granularity, int64_t num_sms,
                         const OptTensor& b_q, const OptTensor& b_s, int64_t b_rows, const OptTensor& d_q,
-                        const OptTensor& d_s, int64_t d_rows) {
+                        const OptTensor& d_s, int64_t d_rows, bool fast_accum) {
     // The quantized weight is kept only where a dgrad will read it (and was not given).
     const bool dgrad = a.requires_grad();
     at::AutoDispatchBelowADInplaceOrView guard;
     static const auto fwd = op<FwdSig>("primus_turbo::grouped_gemm_fp8_fwd");
     auto [out, wq, ws] = fwd.call(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granularity, num_sms,
-                                  dgrad && !d_q, b_q, b_s, b_rows);
+                                  dgrad && !d_q, b_q, b_s, b_rows, fast_accum);
     ctx->save_for_backward({a, b, group_lens, group_offs.value_or(Tensor()), wq, ws, d_q.value_or(Tensor()),
                             d_s.value_or(Tensor())});
     ctx->saved_data["t"] = trans_b;
@@ -56,7 +57,7 @@ struct GroupedGemmFp8Function : public torch::autograd::Function<GroupedGemmFp8F
                                      static_cast<c10::ScalarType>(d & 0xff), ctx->saved_data["g"].toInt(),
                                      ctx->saved_data["n"].toInt(), need_a, need_b, d_q, d_s,
                                      ctx->saved_data["r"].toInt());
-    variable_list out(16);
+    variable_list out(17);
     out[0] = need_a ? grad_a : Tensor();
     out[1] = need_b ? grad_b : Tensor();
     return out;
@@ -67,9 +68,9 @@ Tensor grouped_gemm_fp8_train_autograd(const Tensor& a, const Tensor& b, const T
                                        const OptTensor& group_offs, bool trans_b, c10::ScalarType out_dtype,
                                        c10::ScalarType fwd_dtype, c10::ScalarType grad_dtype, int64_t granularity,
                                        int64_t num_sms, const OptTensor& b_q, const OptTensor& b_s, int64_t b_rows,
-                                       const OptTensor& d_q, const OptTensor& d_s, int64_t d_rows) {
+                                       const OptTensor& d_q, const OptTensor& d_s, int64_t d_rows, bool fast_accum) {
   return GroupedGemmFp8Function::apply(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, grad_dtype,
-                                       granularity, num_sms, b_q, b_s, b_rows, d_q, d_s, d_rows);
+                                       granularity, num_sms, b_q, b_s, b_rows, d_q, d_s, d_rows, fast_accum);
 }
 
 // Below autograd (no gradient will be asked for): the forward alone, nothing kept for a backward.
@@ -77,10 +78,10 @@ Tensor grouped_gemm_fp8_train_forward_only(const Tensor& a, const Tensor& b, con
                                            const OptTensor& group_offs, bool trans_b, c10::ScalarType out_dtype,
                                            c10::ScalarType fwd_dtype, c10::ScalarType, int64_t granularity,
                                            int64_t num_sms, const OptTensor& b_q, const OptTensor& b_s, int64_t b_rows,
-                                           const OptTensor&, const OptTensor&, int64_t) {
+                                           const OptTensor&, const OptTensor&, int64_t, bool fast_accum) {
   static const auto fwd = op<FwdSig>("primus_turbo::grouped_gemm_fp8_fwd");
   return std::get<0>(fwd.call(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granularity, num_sms,
-                              false, b_q, b_s, b_rows));
+                              false, b_q, b_s, b_rows, fast_accum));
 }
 
 }  // namespace
@@ -88,8 +89,8 @@ Tensor grouped_gemm_fp8_train_forward_only(const Tensor& a, const Tensor& b, con
 TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
   m.def("grouped_gemm_fp8_train(Tensor a, Tensor b, Tensor group_lens, Tensor? group_offs, bool trans_b, "
         "ScalarType out_dtype, ScalarType fwd_dtype, ScalarType grad_dtype, int granularity, int num_sms, "
-        "Tensor? b_q=None, Tensor? b_s=None, int b_rows=0, Tensor? d_q=None, Tensor? d_s=None, int d_rows=0) "
-        "-> Tensor");
+        "Tensor? b_q=None, Tensor? b_s=None, int b_rows=0, Tensor? d_q=None, Tensor? d_s=None, int d_rows=0, "
+        "bool fast_accum=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(primus_turbo, Autograd, m) { m.impl("grouped_gemm_fp8_train", grouped_gemm_fp8_train_autograd); }

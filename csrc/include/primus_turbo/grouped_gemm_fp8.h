@@ -5,7 +5,7 @@
 // host and every call can be captured in a CUDA graph whose group sizes change between replays.
 #pragma once
 
-#include "primus_turbo/primus_turbo.h"
+#include "primus_turbo/primus_turbo.h"  // includes gemm_fp8.h (pt_gemm_fp8_flag)
 
 #ifdef __cplusplus
 extern "C" {
@@ -19,8 +19,10 @@ extern "C" {
 //   b        [G, N, K] float8_e4m3 / float8_e5m2
 //   b_scale  float32 [G, N, kb] (b_scale_rows = 1) or [G, ceil(N/128), kb] (b_scale_rows = 128)
 //   d        [M, N] bfloat16 / float16 / float32
-// Tensorwise and rowwise scalings are expressed in these layouts by the caller (a value repeated
-// over the blocks it covers). group_lens int64 [G], group_offs NULL or int64 [G + 1]; sizes that
+// Tensorwise scalings are expressed in these layouts by the caller (a value repeated over the
+// blocks it covers). Row scales (b_scale_rows = 0): a_scale float32 [M] and b_scale [G, N], one
+// scale per row of each operand, applied to the product in the epilogue; the mainloop then reads no
+// scales and, with PT_GEMM_FP8_FAST_ACCUM in flags, accumulates in the fast mode (gemm_fp8.h). group_lens int64 [G], group_offs NULL or int64 [G + 1]; sizes that
 // do not add up to M are clamped on the device as in grouped_gemm.h.
 typedef struct pt_grouped_gemm_fp8_args {
   const pt_tensor* a;
@@ -30,7 +32,7 @@ typedef struct pt_grouped_gemm_fp8_args {
   const pt_tensor* group_lens;
   const pt_tensor* group_offs;  // may be NULL
   const pt_tensor* d;
-  int32_t b_scale_rows;  // 1 or 128
+  int32_t b_scale_rows;  // 1 or 128 (block scales), 0 (row scales)
   int32_t num_sms;       // SMs the persistent kernel may use; 0: all
   // wgrad = 1: the groups split the reduction (the variable-K weight gradient). Group g's
   // clamped token count len_g is padded to plen_g = round_up(len_g, 128), the padded groups packed
@@ -41,6 +43,7 @@ typedef struct pt_grouped_gemm_fp8_args {
   // token count the lengths are clamped to. b_scale_rows must be 1. An empty group gets zeros.
   int32_t wgrad;
   int64_t tokens;
+  int32_t flags;  // pt_gemm_fp8_flag bits; PT_GEMM_FP8_FAST_ACCUM is taken with row scales
 } pt_grouped_gemm_fp8_args;
 
 // backend: PT_BACKEND_CUTLASS. config: index into its candidates, or -1 for its default.
@@ -64,9 +67,12 @@ PT_API pt_status pt_grouped_gemm_fp8_config_name(const pt_grouped_gemm_fp8_args*
 PT_API pt_status pt_grouped_gemm_fp8_problem_key(const pt_grouped_gemm_fp8_args* args, char* key,
                                                  size_t key_len);
 // Compiles (or loads from the cache) one kernel point for sm_90a without running it; needs no
-// GPU. Thread-safe.
+// GPU. Thread-safe. b_scale_rows 0: the row-scaled kernel, with full accumulation.
 PT_API pt_status pt_grouped_gemm_fp8_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,
                                              int32_t b_scale_rows, int32_t config);
+// The same for the row-scaled kernel with fast accumulation (PT_GEMM_FP8_FAST_ACCUM).
+PT_API pt_status pt_grouped_gemm_fp8_fast_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,
+                                                  int32_t config);
 // The same for the wgrad (reduction split) kernel of one dtype point.
 PT_API pt_status pt_grouped_gemm_fp8_wgrad_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,
                                                    int32_t config);

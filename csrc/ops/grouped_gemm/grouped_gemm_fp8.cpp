@@ -27,6 +27,11 @@ struct Config {
   }
 };
 
+// How the kernel applies the scales: per 128-deep K block in the mainloop (b_scale_rows 1 or 128),
+// or one per row of each operand in the epilogue (b_scale_rows 0: cutlass_grouped_gemm_fp8_rowwise_sm90.cuh),
+// whose mainloop may then accumulate in the fast mode.
+enum class Scaling : int32_t { kBlocks = 0, kRows = 1, kRowsFastAccum = 2 };
+
 // Bounded on purpose: every point is one module per (dtypes, scale granularity), minutes of nvcc.
 // The tile's N side is 128 because a 128x128-scaled B needs exactly one scale per tile side. The
 // tile is 128x128: the block-scaled mainloop keeps two accumulators (one K block's and the
@@ -45,7 +50,8 @@ struct Problem {
   int64_t groups = 0, rows = 0, n = 0, k = 0;
   int64_t m = 0, ld = 0;  // wgrad: d [G, m, n], operands [m | n, ld]
   int32_t a_dtype = 0, b_dtype = 0, d_dtype = 0;
-  int32_t b_scale_rows = 1;
+  int32_t b_scale_rows = 1;  // 0: row scales
+  Scaling scaling = Scaling::kBlocks;
   int32_t num_sms = 0;  // 0: all
   const int64_t* group_lens = nullptr;
   const int64_t* group_offs = nullptr;
@@ -81,10 +87,10 @@ void take_num_sms(Problem& p, const pt_grouped_gemm_fp8_args* args) {
   PT_CHECK_ARG(p.num_sms >= 0, "grouped_gemm_fp8: num_sms must be >= 0 (0: all SMs), got ", p.num_sms);
 }
 
-// Both scale tensors: contiguous float32 of the given shapes (a_scale 2-D, b_scale of b_dims' rank).
+// Both scale tensors: contiguous float32 of the given shapes (each of its dims' rank).
 void check_scales(const pt_grouped_gemm_fp8_args* args, std::initializer_list<int64_t> a_dims,
                   std::initializer_list<int64_t> b_dims) {
-  check_tensor(args->a_scale, "a_scale", 2);
+  check_tensor(args->a_scale, "a_scale", static_cast<int>(a_dims.size()));
   check_tensor(args->b_scale, "b_scale", static_cast<int>(b_dims.size()));
   PT_CHECK_ARG(args->a_scale->dtype == PT_FLOAT32 && args->b_scale->dtype == PT_FLOAT32,
                "grouped_gemm_fp8: scales must be float32");
@@ -119,6 +125,8 @@ Problem make_problem(const pt_grouped_gemm_fp8_args* args) {
     check_shape(args->group_offs, "group_offs", {p.groups + 1}, kWho);
   }
   p.wgrad = args->wgrad != 0;
+  PT_CHECK_ARG((args->flags & ~int32_t{PT_GEMM_FP8_FAST_ACCUM}) == 0, "grouped_gemm_fp8: argument 'flags' has "
+               "unknown bits (", args->flags, "); expected a combination of pt_gemm_fp8_flag values");
   check_tensor(args->a, "a", 2);
   check_tensor(args->b, "b", p.wgrad ? 2 : 3);
   check_tensor(args->d, "out", p.wgrad ? 3 : 2);
@@ -159,10 +167,16 @@ Problem make_problem(const pt_grouped_gemm_fp8_args* args) {
   check_shape(args->d, "out", {p.rows, p.n}, kWho);
   p.b_scale_rows = args->b_scale_rows;
   take_num_sms(p, args);
-  PT_CHECK_ARG(p.b_scale_rows == 1 || p.b_scale_rows == 128,
-               "grouped_gemm_fp8: b_scale_rows must be 1 or 128, got ", p.b_scale_rows);
-  const int64_t kb = ceil_div(p.k, 128);
-  check_scales(args, {p.rows, kb}, {p.groups, ceil_div(p.n, p.b_scale_rows), kb});
+  PT_CHECK_ARG(p.b_scale_rows == 0 || p.b_scale_rows == 1 || p.b_scale_rows == 128,
+               "grouped_gemm_fp8: b_scale_rows must be 1 or 128 (block scales) or 0 (row scales), got ",
+               p.b_scale_rows);
+  if (p.b_scale_rows == 0) {
+    p.scaling = args->flags & PT_GEMM_FP8_FAST_ACCUM ? Scaling::kRowsFastAccum : Scaling::kRows;
+    check_scales(args, {p.rows}, {p.groups, p.n});
+  } else {
+    const int64_t kb = ceil_div(p.k, 128);
+    check_scales(args, {p.rows, kb}, {p.groups, ceil_div(p.n, p.b_scale_rows), kb});
+  }
   take_pointers(p, args);
   return p;
 }
@@ -211,10 +225,11 @@ const char* cutlass_type(int32_t dt) {
 }
 
 struct KernelKey {
-  int32_t a_dtype, b_dtype, d_dtype, b_scale_rows;
+  int32_t a_dtype, b_dtype, d_dtype, b_scale_rows;  // b_scale_rows 0: row scales
   int config;
   bool wgrad = false;
-  auto tie() const { return std::tie(a_dtype, b_dtype, d_dtype, b_scale_rows, config, wgrad); }
+  bool fast_accum = false;  // row scales only
+  auto tie() const { return std::tie(a_dtype, b_dtype, d_dtype, b_scale_rows, config, wgrad, fast_accum); }
   bool operator<(const KernelKey& o) const { return tie() < o.tie(); }
 };
 
@@ -227,6 +242,19 @@ void check_config(int config) {
 jit::ModuleRequest module_request(const KernelKey& k) {
   const Config& c = candidates().at(k.config);
   jit::ModuleRequest r;
+  if (k.b_scale_rows == 0) {
+    r.name = str_cat("grouped_gemm_fp8_rowwise_cutlass_", dtype_short_name(k.a_dtype), "x",
+                     dtype_short_name(k.b_dtype), "_", dtype_short_name(k.d_dtype), k.fast_accum ? "_fast_" : "_",
+                     c.name());
+    r.needs_cutlass = true;
+    r.source = str_cat(
+        "#include \"primus_turbo/kernels/grouped_gemm/cutlass_grouped_gemm_fp8_rowwise_sm90.cuh\"\n"
+        "using Kernel = primus_turbo::kernels::grouped_fp8::CutlassGroupedGemmFp8RowwiseSm90<\n    ",
+        cutlass_type(k.a_dtype), ", ", cutlass_type(k.b_dtype), ", ", cutlass_type(k.d_dtype), ",\n    ", c.tile_m,
+        ", ", c.tile_n, ", ", c.cluster_m, ", ", c.cluster_n, ", ", k.fast_accum ? "true" : "false",
+        ">;\nPT_JIT_EXPORT_GROUPED_GEMM_FP8(Kernel)\n");
+    return r;
+  }
   r.name = str_cat("grouped_gemm_fp8_cutlass_", dtype_short_name(k.a_dtype), "x",
                    dtype_short_name(k.b_dtype), "_", dtype_short_name(k.d_dtype), "_sfb",
                    k.b_scale_rows, k.wgrad ? "_wgrad_" : "_", c.name());
@@ -249,9 +277,10 @@ Loaded load(const KernelKey& key) {
   check_config(key.config);
   PT_CHECK_ARG(is_fp8(key.a_dtype) && is_fp8(key.b_dtype) && is_out(key.d_dtype),
                "grouped_gemm_fp8: dtypes must be FP8 x FP8 -> bfloat16/float16/float32");
-  PT_CHECK_ARG(key.b_scale_rows == 1 || key.b_scale_rows == 128,
-               "grouped_gemm_fp8: b_scale_rows must be 1 or 128, got ", key.b_scale_rows);
+  PT_CHECK_ARG(key.b_scale_rows == 0 || key.b_scale_rows == 1 || key.b_scale_rows == 128,
+               "grouped_gemm_fp8: b_scale_rows must be 0, 1 or 128, got ", key.b_scale_rows);
   PT_CHECK_ARG(!key.wgrad || key.b_scale_rows == 1, "grouped_gemm_fp8 wgrad: b_scale_rows must be 1");
+  PT_CHECK_ARG(!key.fast_accum || key.b_scale_rows == 0, "grouped_gemm_fp8: fast accumulation needs row scales");
   static jit::LoadedCache<KernelKey, Loaded> loaded;
   return loaded.get(key, [&] {
     auto module = jit::get_module(module_request(key));  // may compile: outside the lock
@@ -261,7 +290,7 @@ Loaded load(const KernelKey& key) {
 }
 
 KernelKey kernel_key(const Problem& p, int config) {
-  return {p.a_dtype, p.b_dtype, p.d_dtype, p.b_scale_rows, config, p.wgrad};
+  return {p.a_dtype, p.b_dtype, p.d_dtype, p.b_scale_rows, config, p.wgrad, p.scaling == Scaling::kRowsFastAccum};
 }
 
 // The 1x2 cluster (two N tiles of one M tile share A's loads) unless there are too few tiles to
@@ -335,6 +364,7 @@ pt_status pt_grouped_gemm_fp8(const pt_grouped_gemm_fp8_args* args, int32_t back
     char err[1024] = {0};
     if (k.run(&params, err, sizeof(err)) != 0) {
       PT_THROW(PT_ERROR_CUDA, "CUTLASS FP8 grouped GEMM ", candidates()[c].name(), p.wgrad ? " wgrad" : "",
+               p.b_scale_rows == 0 ? " (row scales)" : "",
                " (G=", p.groups, ", M=", p.wgrad ? p.m : p.rows, ", N=", p.n, ", K=", p.wgrad ? p.ld : p.k,
                ") failed: ", err);
     }
@@ -381,7 +411,8 @@ pt_status pt_grouped_gemm_fp8_config_name(const pt_grouped_gemm_fp8_args* args, 
     check_backend(backend);
     const int c = resolve_config(p, config);
     check_config(c);
-    copy_out(str_cat("cutlass_", candidates()[c].name()), name, name_len, "name");
+    const char* scaling = p.scaling == Scaling::kRowsFastAccum ? "_rows_fast" : p.scaling == Scaling::kRows ? "_rows" : "";
+    copy_out(str_cat("cutlass_", candidates()[c].name(), scaling), name, name_len, "name");
   });
 }
 
@@ -393,7 +424,8 @@ pt_status pt_grouped_gemm_fp8_problem_key(const pt_grouped_gemm_fp8_args* args, 
                              : str_cat("fp8|M", p.rows, "xN", p.n, "xK", p.k),
                      "xG", p.groups, "|",
                      dtype_name(p.a_dtype), "x", dtype_name(p.b_dtype), "->", dtype_name(p.d_dtype),
-                     "|sfb", p.b_scale_rows, "|align", p.aligned16 ? 16 : 0,
+                     "|sfb", p.b_scale_rows, p.scaling == Scaling::kRowsFastAccum ? "|fast_accum" : "",
+                     "|align", p.aligned16 ? 16 : 0,
                      p.group_offs ? "|offs" : "", p.num_sms > 0 ? str_cat("|sms", p.num_sms) : ""),
              key, key_len, "key");
   });
@@ -402,6 +434,10 @@ pt_status pt_grouped_gemm_fp8_problem_key(const pt_grouped_gemm_fp8_args* args, 
 pt_status pt_grouped_gemm_fp8_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,
                                       int32_t b_scale_rows, int32_t config) {
   return api_guard([&] { load({a_dtype, b_dtype, d_dtype, b_scale_rows, config < 0 ? 0 : config}); });
+}
+
+pt_status pt_grouped_gemm_fp8_fast_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype, int32_t config) {
+  return api_guard([&] { load({a_dtype, b_dtype, d_dtype, 0, config < 0 ? 0 : config, false, true}); });
 }
 
 pt_status pt_grouped_gemm_fp8_wgrad_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,

@@ -82,14 +82,15 @@ class GroupedGemmFp8Problem(autotune.TunableProblem):
     default_backend = BackendType.CUTLASS
     backends = (BackendType.CUTLASS,)
 
-    def __init__(self, pts, offs, b_scale_rows: int, num_sms: int, wgrad: bool, tokens: int, device: torch.device):
+    def __init__(self, pts, offs, b_scale_rows: int, num_sms: int, wgrad: bool, tokens: int, device: torch.device,
+                 flags: int = 0):
         """pts: the descriptors of a, a_scale, b, b_scale, group_lens and the output (owned here:
         the args struct points at them)."""
         self._pts, self._offs = pts, offs
         pa, psa, pb, psb, pl, pd = (ctypes.pointer(t) for t in self._pts)
         po = ctypes.pointer(self._offs) if self._offs is not None else None
         self.args = PtGroupedGemmFp8Args(pa, psa, pb, psb, pl, po, pd, int(b_scale_rows), int(num_sms), int(wgrad),
-                                         int(tokens))
+                                         int(tokens), int(flags))
         self.ref = ctypes.byref(self.args)
         self.device = device
         self.stream = current_stream_handle(device)
@@ -102,7 +103,7 @@ class GroupedGemmFp8Problem(autotune.TunableProblem):
         pts = [copy(p.contents) for p in (args.a, args.a_scale, args.b, args.b_scale, args.group_lens, args.d)]
         offs = copy(args.group_offs.contents) if args.group_offs else None
         return cls(pts, offs, args.b_scale_rows, args.num_sms, bool(args.wgrad), args.tokens,
-                   torch.device("cuda", device))
+                   torch.device("cuda", device), args.flags)
 
     def key(self) -> str:
         return string_out(lib.pt_grouped_gemm_fp8_problem_key, self.ref, size=512)
@@ -382,7 +383,7 @@ class GroupedGemmFp8Function(torch.autograd.Function):
 
 
 def _fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granularity, num_sms, for_backward,
-              b_q=None, b_s=None, b_rows=0):
+              b_q=None, b_s=None, b_rows=0, fast_accum=False):
     out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype, FP8_ROWS)
     out = a.new_empty((a.shape[0], n), dtype=out_dtype)
     # ROWWISE experts whose rows are not a multiple of 128: the backward quantizes b again, along N;
@@ -409,7 +410,7 @@ _bwd_op = native.ops.grouped_gemm_fp8_bwd.default
 
 
 def _train_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, grad_dtype, granularity, num_sms,
-                b_q=None, b_s=None, b_rows=0, d_q=None, d_s=None, d_rows=0):
+                b_q=None, b_s=None, b_rows=0, d_q=None, d_s=None, d_rows=0, fast_accum=False):
     return _fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granularity, num_sms, False)[0]
 
 
@@ -424,11 +425,11 @@ class NativeGroupedGemmFp8Function(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, group_lens, group_offs, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity,
-                num_sms: int):
+                num_sms: int, fast_accum: bool = False):
         fwd_dtype, grad_dtype = _dtypes(fmt)
         code = _NATIVE_GRANULARITY[g]
         out, wq, ws = _fwd_op(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, code, num_sms,
-                              ctx.needs_input_grad[0])
+                              ctx.needs_input_grad[0], fast_accum=fast_accum)
         ctx.save_for_backward(a, b, group_lens, group_offs, wq, ws)
         ctx.trans_b, ctx.g, ctx.code, ctx.num_sms = trans_b, g, code, num_sms
         ctx.fwd_dtype, ctx.grad_dtype = fwd_dtype, grad_dtype
@@ -444,7 +445,7 @@ class NativeGroupedGemmFp8Function(torch.autograd.Function):
         if fp8_wgrad:
             grad_b = grouped_fp8_wgrad(a, grad_out.contiguous(), group_lens, group_offs, ctx.trans_b, ctx.fwd_dtype,
                                        ctx.grad_dtype, ctx.g, b.dtype, ctx.num_sms)
-        return grad_a if need_a else None, grad_b if need_b else None, None, None, None, None, None, None, None
+        return grad_a if need_a else None, grad_b if need_b else None, None, None, None, None, None, None, None, None
 
 
 def plain_hp_operands(a, b) -> bool:
@@ -660,14 +661,14 @@ def grouped_gemm_fp8(
         if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):  # no backward: the product only
             out_dt = a.dtype if out_dtype is None else out_dtype
             return _fwd_op(a, b, group_lens, group_offs, trans_b, out_dt, _dtypes(config.format)[0],
-                           _NATIVE_GRANULARITY[g], num_sms, False)[0]
+                           _NATIVE_GRANULARITY[g], num_sms, False, fast_accum=config.fast_accum)[0]
         if not FP8_WGRAD and native.eager_cpp_autograd():
             fwd_dtype, grad_dtype = _dtypes(config.format)
             return _train_op(a, b, group_lens, group_offs, trans_b, a.dtype if out_dtype is None else out_dtype,
-                             fwd_dtype, grad_dtype, _NATIVE_GRANULARITY[g], num_sms)
+                             fwd_dtype, grad_dtype, _NATIVE_GRANULARITY[g], num_sms, fast_accum=config.fast_accum)
         return NativeGroupedGemmFp8Function.apply(
             a, b, group_lens, group_offs, trans_b, a.dtype if out_dtype is None else out_dtype, config.format, g,
-            num_sms,
+            num_sms, config.fast_accum,
         )
     out_dtype, k, n = check_hp_operands("grouped_gemm_fp8", a, b, group_lens, group_offs, trans_b, out_dtype, FP8_ROWS)
     if a.shape[0] == 0 or n == 0 or k == 0:  # nothing to quantize: the bf16 op's exact empty / zero result
@@ -702,7 +703,7 @@ def grouped_gemm_fp8_cached_weight(a, weight, data, data_t, group_lens, group_of
     if a.requires_grad and torch.is_grad_enabled():
         qd, sd, d_rows = _dgrad_weight(data, data_t, g, fwd_dtype, 1)
     return _train_op(a, weight, group_lens, group_offs, True, a.dtype, fwd_dtype, grad_dtype, _NATIVE_GRANULARITY[g],
-                     num_sms, qb, sb, rows, qd, sd, d_rows)
+                     num_sms, qb, sb, rows, qd, sd, d_rows, fast_accum=config.fast_accum)
 
 
 def _quantized_forward(a, b, group_lens, group_offs, trans_b: bool, out_dtype, config, num_sms: int, pattern):
