@@ -45,10 +45,12 @@ def warm_modules():
     e4, e5, bf16, f16, f32 = 3, 4, 2, 1, 0
     jobs = [(x, y, d, rows, 0) for (x, y) in ((e4, e4), (e5, e5), (e5, e4)) for rows in (1, 128) for d in (bf16,)]
     jobs += [(e4, e4, f16, 128, 0), (e4, e4, f32, 128, 0)]  # TENSORWISE states B's scale per 128 rows
+    jobs += [(x, y, bf16, 0, c) for (x, y) in ((e4, e4), (e5, e5), (e5, e4)) for c in (0, 1)]  # ROWWISE: row scales
     wjobs = [(e5, e4, bf16, 0), (e4, e5, bf16, 0), (e4, e4, bf16, 0), (e5, e5, bf16, 0)]
     with ThreadPoolExecutor(max_workers=8) as pool:
         futures = [pool.submit(lib.pt_grouped_gemm_fp8_prepare, *j) for j in jobs]
         futures += [pool.submit(lib.pt_grouped_gemm_fp8_wgrad_prepare, *j) for j in wjobs]
+        futures += [pool.submit(lib.pt_grouped_gemm_fp8_fast_prepare, e4, e4, bf16, c) for c in (0, 1)]
         for f in futures:
             check(f.result())
 
@@ -339,6 +341,32 @@ def test_rows_no_group_covers_are_zero_and_debug_check(monkeypatch):
         turbo.ops.grouped_gemm_fp8(a, b, torch.tensor([-1, 50, 0], dtype=torch.int64, device="cuda"))
     with pytest.raises(ValueError, match="more than the 100 rows"):
         turbo.ops.grouped_gemm_fp8(a, b, torch.tensor([50, 50, 1], dtype=torch.int64, device="cuda"))
+
+
+@pytest.mark.parametrize("lens", [[700, 0, 300, 1048], [0, 0, 2048, 0]], ids=["skewed", "one_group"])
+def test_rowwise_fast_accum_changes_the_forward_product_only(lens):
+    # ROWWISE runs the row-scaled kernel; with fast_accum its forward skips the FP32 promotion of the
+    # partial sums, while the dgrad (and the bf16 wgrad) are the default config's bit for bit.
+    torch.manual_seed(5)
+    k, n = 2048, 384
+    group_lens = torch.tensor(lens, dtype=torch.int64, device="cuda")
+    a = torch.randn(sum(lens), k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(len(lens), n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    dy = torch.randn(sum(lens), n, device="cuda", dtype=torch.bfloat16)
+    results = {}
+    for fast in (False, True):
+        config = Float8QuantConfig(format=Format.HYBRID, granularity=RW, fast_accum=fast)
+        ai, bi = a.clone().requires_grad_(), b.clone().requires_grad_()
+        out = turbo.ops.grouped_gemm_fp8(ai, bi, group_lens, trans_b=True, config=config)
+        out.backward(dy)
+        results[fast] = (out.detach(), ai.grad, bi.grad)
+    (full, da, db), (fast, da_fast, db_fast) = results[False], results[True]
+    assert torch.equal(da, da_fast) and torch.equal(db, db_fast), "the backward changed with fast_accum"
+    starts = [0] + list(torch.tensor(lens).cumsum(0)[:-1])
+    ref = torch.cat([a[s:s + m].double() @ b[g].double().t() for g, (s, m) in enumerate(zip(starts, lens))])
+    for got in (full, fast):
+        assert snr_db(got, ref) >= E2E_GATE[Format.E4M3]
+    assert snr_db(fast, full.double()) >= 35.0
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
