@@ -26,6 +26,7 @@ def main(argv=None) -> int:
     p.add_argument("--inter", type=int, default=768, help="expert intermediate size")
     p.add_argument("--granularity", choices=("tensorwise", "rowwise", "blockwise"), default="blockwise")
     p.add_argument("--balanced", action="store_true", help="equal tokens per expert (else a skewed routing)")
+    p.add_argument("--fast-accum", action="store_true", help="Float8QuantConfig(fast_accum=True) (ROWWISE forward)")
     args = p.parse_args(argv)
 
     os.environ["PRIMUS_TURBO_AUTO_TUNE"] = "1"
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
     lens = lens.cuda()
     gran = ScalingGranularity[args.granularity.upper()]
     cfg = Float8QuantConfig(format=Format.HYBRID, granularity=gran,
-                            block_size=128 if gran == ScalingGranularity.BLOCKWISE else None)
+                            block_size=128 if gran == ScalingGranularity.BLOCKWISE else None, fast_accum=args.fast_accum)
     layers = {"gate_up": (2 * args.inter, args.hidden), "down": (args.hidden, args.inter)}
     for name, (n, k) in layers.items():
         print(f"{name}: N={n} K={k}")
