@@ -307,8 +307,9 @@ def test_cutlass_grouped_gemm_fp8_compiles_for_sm90a_with_fp8_wgmma():
 
 
 def test_cutlass_grouped_gemm_fp8_row_scaled_compiles_for_sm90a_with_fp8_wgmma():
-    """The ROWWISE kernel (scales in the epilogue), forward point with fast accumulation."""
-    check(lib.pt_grouped_gemm_fp8_fast_prepare(_E4M3, _E4M3, _BF16, 0))
+    """The ROWWISE kernel (scales in the epilogue), forward point with fast accumulation: a 128x128
+    and a 128x256 tile (one accumulator, so the wide tile fits without spilling)."""
+    _prepare_all((0, 2), lambda c: check(lib.pt_grouped_gemm_fp8_fast_prepare(_E4M3, _E4M3, _BF16, c)), "rows fast")
     _assert_sass_contains("QGMMA", "grouped_gemm_fp8_rowwise_cutlass_*", every_module=True)
     _assert_no_register_spills("grouped_gemm_fp8_rowwise_cutlass_*")
 

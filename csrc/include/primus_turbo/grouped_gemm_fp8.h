@@ -76,7 +76,8 @@ PT_API pt_status pt_grouped_gemm_fp8_fast_prepare(int32_t a_dtype, int32_t b_dty
 // The same for the wgrad (reduction split) kernel of one dtype point.
 PT_API pt_status pt_grouped_gemm_fp8_wgrad_prepare(int32_t a_dtype, int32_t b_dtype, int32_t d_dtype,
                                                    int32_t config);
-// Size of the CUTLASS config list, or -1 for a backend without an FP8 grouped GEMM.
+// Size of the CUTLASS config list of the block-scaled kernel (the fast row-scaled one offers more:
+// pt_grouped_gemm_fp8_query), or -1 for a backend without an FP8 grouped GEMM.
 PT_API int32_t pt_grouped_gemm_fp8_num_configs(int32_t backend);
 
 #ifdef __cplusplus

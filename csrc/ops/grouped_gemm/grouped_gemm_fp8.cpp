@@ -37,12 +37,22 @@ enum class Scaling : int32_t { kBlocks = 0, kRows = 1, kRowsFastAccum = 2 };
 // tile is 128x128: the block-scaled mainloop keeps two accumulators (one K block's and the
 // promoted sum), so a 256-row tile (128x128 per consumer warpgroup) spills registers and runs at
 // half the speed of the bf16 kernel.
-const std::vector<Config>& candidates() {
-  static const std::vector<Config> configs = {
+// The row-scaled kernel with fast accumulation keeps one accumulator, so it also takes 128x256
+// tiles (64x256 per consumer warpgroup): half the A reloads and epilogues per product of the
+// 128-wide tile (with promotion, two accumulators of that size spill). Every list starts with the
+// block-scaled kernel's two configs, so a default index means the same tile for each.
+const std::vector<Config>& candidates(Scaling scaling = Scaling::kBlocks) {
+  static const std::vector<Config> blocks = {
       {128, 128, 1, 2},
       {128, 128, 1, 1},
   };
-  return configs;
+  static const std::vector<Config> fast = {
+      {128, 128, 1, 2},
+      {128, 128, 1, 1},
+      {128, 256, 1, 1},
+      {128, 256, 2, 1},
+  };
+  return scaling == Scaling::kRowsFastAccum ? fast : blocks;
 }
 
 struct Problem {
@@ -231,16 +241,19 @@ struct KernelKey {
   bool fast_accum = false;  // row scales only
   auto tie() const { return std::tie(a_dtype, b_dtype, d_dtype, b_scale_rows, config, wgrad, fast_accum); }
   bool operator<(const KernelKey& o) const { return tie() < o.tie(); }
+  Scaling scaling() const {
+    return b_scale_rows != 0 ? Scaling::kBlocks : fast_accum ? Scaling::kRowsFastAccum : Scaling::kRows;
+  }
 };
 
-void check_config(int config) {
-  const int n = static_cast<int>(candidates().size());
+void check_config(int config, Scaling scaling) {
+  const int n = static_cast<int>(candidates(scaling).size());
   PT_CHECK_ARG(config >= 0 && config < n, "grouped_gemm_fp8: config ", config,
                " is out of range [0, ", n, ")");
 }
 
 jit::ModuleRequest module_request(const KernelKey& k) {
-  const Config& c = candidates().at(k.config);
+  const Config& c = candidates(k.scaling()).at(k.config);
   jit::ModuleRequest r;
   if (k.b_scale_rows == 0) {
     r.name = str_cat("grouped_gemm_fp8_rowwise_cutlass_", dtype_short_name(k.a_dtype), "x",
@@ -274,7 +287,7 @@ struct Loaded {
 };
 
 Loaded load(const KernelKey& key) {
-  check_config(key.config);
+  check_config(key.config, key.scaling());
   PT_CHECK_ARG(is_fp8(key.a_dtype) && is_fp8(key.b_dtype) && is_out(key.d_dtype),
                "grouped_gemm_fp8: dtypes must be FP8 x FP8 -> bfloat16/float16/float32");
   PT_CHECK_ARG(key.b_scale_rows == 0 || key.b_scale_rows == 1 || key.b_scale_rows == 128,
@@ -363,7 +376,8 @@ pt_status pt_grouped_gemm_fp8(const pt_grouped_gemm_fp8_args* args, int32_t back
     params.stream = stream;
     char err[1024] = {0};
     if (k.run(&params, err, sizeof(err)) != 0) {
-      PT_THROW(PT_ERROR_CUDA, "CUTLASS FP8 grouped GEMM ", candidates()[c].name(), p.wgrad ? " wgrad" : "",
+      PT_THROW(PT_ERROR_CUDA, "CUTLASS FP8 grouped GEMM ", candidates(p.scaling)[c].name(),
+               p.wgrad ? " wgrad" : "",
                p.b_scale_rows == 0 ? " (row scales)" : "",
                " (G=", p.groups, ", M=", p.wgrad ? p.m : p.rows, ", N=", p.n, ", K=", p.wgrad ? p.ld : p.k,
                ") failed: ", err);
@@ -384,7 +398,7 @@ pt_status pt_grouped_gemm_fp8_query(const pt_grouped_gemm_fp8_args* args, int32_
       why = rejection(p);
     }
     *accepted = why.empty();
-    *num_configs = why.empty() && !is_trivial(p) ? static_cast<int32_t>(candidates().size()) : 0;
+    *num_configs = why.empty() && !is_trivial(p) ? static_cast<int32_t>(candidates(p.scaling).size()) : 0;
     if (reason && reason_len) copy_out(why.substr(0, reason_len - 1), reason, reason_len, "reason");
   });
 }
@@ -410,9 +424,9 @@ pt_status pt_grouped_gemm_fp8_config_name(const pt_grouped_gemm_fp8_args* args, 
     const Problem p = make_problem(args);
     check_backend(backend);
     const int c = resolve_config(p, config);
-    check_config(c);
+    check_config(c, p.scaling);
     const char* scaling = p.scaling == Scaling::kRowsFastAccum ? "_rows_fast" : p.scaling == Scaling::kRows ? "_rows" : "";
-    copy_out(str_cat("cutlass_", candidates()[c].name(), scaling), name, name_len, "name");
+    copy_out(str_cat("cutlass_", candidates(p.scaling)[c].name(), scaling), name, name_len, "name");
   });
 }
 

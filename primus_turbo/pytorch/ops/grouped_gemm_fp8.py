@@ -194,6 +194,7 @@ def grouped_fp8_mm(
     qa, sa, qb, sb, group_lens, group_offs, b_scale_rows: int, out_dtype, num_sms: int = 0
 ) -> torch.Tensor:
     """``out[rows of g] = (qa * sa)[rows of g] @ (qb[g] * sb[g])^T`` with the kernel's scale layouts:
+    sa ``[M]``, sb ``[G, N]`` (b_scale_rows=0: one scale per row, applied after the product) or
     sa ``[M, ceil(K/128)]``, sb ``[G, N, ceil(K/128)]`` (b_scale_rows=1) or
     ``[G, ceil(N/128), ceil(K/128)]`` (128). num_sms: SMs the persistent kernel may use (0: all)."""
     return _mm_op(qa, sa, qb, sb, group_lens, group_offs, b_scale_rows, out_dtype, num_sms)
@@ -543,11 +544,11 @@ def _prequantized_forward(a, b, group_lens, group_offs, trans_b, out_dtype, g, n
         )
     extra = {"group_offs": group_offs} if isinstance(group_offs, torch.Tensor) else {}
     check_cuda_tensors("grouped_gemm_fp8", a=qa, b=qb, a_scale_inv=sa, b_scale_inv=sb, group_lens=group_lens, **extra)
-    if g != ScalingGranularity.BLOCKWISE:
+    if g == ScalingGranularity.ROWWISE:  # the row-scaled kernel, as the native ROWWISE path runs it
+        sa, sb, rows = sa.reshape(m), sb.reshape(n_groups, n), 0
+    elif g != ScalingGranularity.BLOCKWISE:
         sa = sa.float().reshape(-1, 1).expand(m, kb)
-    if g == ScalingGranularity.ROWWISE:
-        sb = sb.float().reshape(-1, 1).expand(n_groups * n, kb).reshape(n_groups, n, kb)
-    elif g == ScalingGranularity.TENSORWISE:
+    if g == ScalingGranularity.TENSORWISE:
         sb = _stated_per_block(sb, n_groups, n, k)
     return grouped_fp8_mm(qa, sa.contiguous(), qb, sb.contiguous(), group_lens, group_offs, rows, out_dtype, num_sms)
 
