@@ -322,7 +322,7 @@ def default_jobs(families: Sequence[str] = DEFAULT_FAMILIES) -> List[Tuple]:
     if "grouped_gemm_fp8" in families:  # ROWWISE takes the row-scaled kernel; its fast form the forward pair only
         jobs += [("grouped_gemm_fp8", a, b, "bf16", kind, c)
                  for a, b in FP8_GROUPED_PAIRS["hybrid"] for kind in (1, 128, "rows") for c in (0, 1)]
-        jobs += [("grouped_gemm_fp8", "e4m3", "e4m3", "bf16", "rows_fast", c) for c in (0, 1)]
+        jobs += [("grouped_gemm_fp8", "e4m3", "e4m3", "bf16", "rows_fast", c) for c in (0, 1, 2)]
     return jobs
 
 

@@ -104,6 +104,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--format", choices=("e4m3", "e5m2", "hybrid"), default="hybrid")
     p.add_argument("--fp8-wgrad", action="store_true", help="the experimental FP8 wgrad (default: bf16 wgrad)")
     p.add_argument("--fp4", action="store_true", help="turbo.ops.grouped_gemm_fp4 (MXFP4, emulated) instead")
+    p.add_argument("--fast-accum", action="store_true",
+                   help="Float8QuantConfig(fast_accum=True): the ROWWISE forward on the row-scaled kernel's fast mode")
     p.add_argument("--models", nargs="+", default=None)
     p.add_argument("--ep", nargs="+", type=int, default=None)
     p.add_argument("--tokens", nargs="+", type=int, default=None, help="average tokens per expert")
@@ -125,12 +127,16 @@ def select_cases(args) -> list:
     return gc.select_cases(args, QUICK_MODELS, QUICK_TOKENS, balanced_only=True)
 
 
+FAST_ACCUM = False  # --fast-accum: Float8QuantConfig(fast_accum=True)
+
+
 def quant_config(granularity: str, fmt: str):
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 
     g = ScalingGranularity[granularity.upper()]
     return Float8QuantConfig(
-        format=Format[fmt.upper()], granularity=g, block_size=128 if g == ScalingGranularity.BLOCKWISE else None
+        format=Format[fmt.upper()], granularity=g, block_size=128 if g == ScalingGranularity.BLOCKWISE else None,
+        fast_accum=FAST_ACCUM,
     )
 
 
@@ -261,7 +267,9 @@ def run_case(row: dict, case, granularity: str, args) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global FAST_ACCUM
     args = parse_args(argv)
+    FAST_ACCUM = args.fast_accum
     if not torch.cuda.is_available():
         print("bench_grouped_gemm_fp8: no CUDA device", file=sys.stderr)
         return 2

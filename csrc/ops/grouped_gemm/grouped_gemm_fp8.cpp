@@ -308,7 +308,13 @@ KernelKey kernel_key(const Problem& p, int config) {
 
 // The 1x2 cluster (two N tiles of one M tile share A's loads) unless there are too few tiles to
 // pair. Group sizes are unknown on the host: estimate the tiles from the packed extent.
+// With fast accumulation the row-scaled kernel takes the 128x256 tile wherever it still fills the GPU
+// (on the MoE layers' shapes 10-18% faster than 128x128).
 int default_config(const Problem& p, int sm_count) {
+  if (p.scaling == Scaling::kRowsFastAccum) {
+    const int64_t wide = (ceil_div(p.rows, 128) + p.groups / 2) * ceil_div(p.n, 256);
+    if (wide >= sm_count && p.n > 128) return 2;
+  }
   const int64_t tiles = p.wgrad ? p.groups * ceil_div(p.m, 128) * ceil_div(p.n, 128)
                                 : (ceil_div(p.rows, 128) + p.groups / 2) * ceil_div(p.n, 128);
   return tiles >= sm_count && p.n > 128 ? 0 : 1;
