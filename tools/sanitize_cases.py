@@ -97,14 +97,16 @@ def grouped_fp8():
     for cfg in list(fp8_configs())[:2]:
         a, b = t(100, 160), t(3, 144, 160)
         step(turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=True, config=cfg), a, b)
-    # ROWWISE on the row-scaled kernel with fast accumulation, and from a layer's per-step weight copies.
-    cfg = Float8QuantConfig(format=Format.HYBRID, granularity=ScalingGranularity.ROWWISE, fast_accum=True)
-    a, b = t(100, 160), t(3, 128, 160)
-    step(turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=True, config=cfg), a, b)
-    layer = turbo.modules.GroupedLinear(3, 160, 128, device=dev, dtype=bf16, config=cfg, cache_quantized_weight=True)
-    for _ in range(2):
-        x = t(100, 160)
-        step(layer(x, lens), x, layer.weight)
+    # ROWWISE and TENSORWISE on the row-scaled kernel with fast accumulation, and from a layer's
+    # per-step weight copies.
+    for g in (ScalingGranularity.ROWWISE, ScalingGranularity.TENSORWISE):
+        cfg = Float8QuantConfig(format=Format.HYBRID, granularity=g, fast_accum=True)
+        a, b = t(100, 160), t(3, 128, 160)
+        step(turbo.ops.grouped_gemm_fp8(a, b, lens, trans_b=True, config=cfg), a, b)
+        layer = turbo.modules.GroupedLinear(3, 160, 128, device=dev, dtype=bf16, config=cfg, cache_quantized_weight=True)
+        for _ in range(2):
+            x = t(100, 160)
+            step(layer(x, lens), x, layer.weight)
 
 
 def fp4():

@@ -343,10 +343,13 @@ def test_rows_no_group_covers_are_zero_and_debug_check(monkeypatch):
         turbo.ops.grouped_gemm_fp8(a, b, torch.tensor([50, 50, 1], dtype=torch.int64, device="cuda"))
 
 
-@pytest.mark.parametrize("lens", [[700, 0, 300, 1048], [0, 0, 2048, 0]], ids=["skewed", "one_group"])
-def test_rowwise_fast_accum_changes_the_forward_product_only(lens):
-    # ROWWISE runs the row-scaled kernel; with fast_accum its forward skips the FP32 promotion of the
-    # partial sums, while the dgrad (and the bf16 wgrad) are the default config's bit for bit.
+@pytest.mark.parametrize("g", [RW, TW], ids=lambda v: v.name)
+@pytest.mark.parametrize("lens", [[700, 0, 300, 1048], [0, 0, 2048, 0], [3, 29, 0, 1]], ids=["skewed", "one_group",
+                                                                                           "odd_starts"])
+def test_fast_accum_changes_the_forward_product_only(lens, g):
+    # ROWWISE runs the row-scaled kernel, and TENSORWISE does with fast_accum: the forward then skips
+    # the FP32 promotion of the partial sums, while the dgrad (and the bf16 wgrad) are the default
+    # config's bit for bit. Odd group starts: each group's row scales start anywhere.
     torch.manual_seed(5)
     k, n = 2048, 384
     group_lens = torch.tensor(lens, dtype=torch.int64, device="cuda")
@@ -355,7 +358,7 @@ def test_rowwise_fast_accum_changes_the_forward_product_only(lens):
     dy = torch.randn(sum(lens), n, device="cuda", dtype=torch.bfloat16)
     results = {}
     for fast in (False, True):
-        config = Float8QuantConfig(format=Format.HYBRID, granularity=RW, fast_accum=fast)
+        config = Float8QuantConfig(format=Format.HYBRID, granularity=g, fast_accum=fast)
         ai, bi = a.clone().requires_grad_(), b.clone().requires_grad_()
         out = turbo.ops.grouped_gemm_fp8(ai, bi, group_lens, trans_b=True, config=config)
         out.backward(dy)

@@ -107,14 +107,16 @@ struct WeightOperand {
 };
 
 // x's quantization in the kernel's A layout for the weight operand wb it meets: q [R, C] with
-// scale [R] (ROWWISE against a row-scaled weight) or [R, ceil(C/128)] (TENSORWISE / ROWWISE scales
-// repeated over the K blocks they cover).
+// scale [R] (against a row-scaled weight: ROWWISE's own, TENSORWISE's one value repeated) or
+// [R, ceil(C/128)] (TENSORWISE / ROWWISE scales repeated over the K blocks they cover).
 std::pair<Tensor, Tensor> tokens_operand(const QuantPair& quantized, const Tensor& x, int64_t granularity,
                                          const WeightOperand& wb, int32_t device) {
   const Quantized& row = *quantized.first;
   if (granularity == PT_QUANT_BLOCKWISE) return {row.q, row.s};
-  if (wb.rows == 0) return {row.q, torch::stable::view(row.s, {x.sizes()[0]})};
-  return {row.q, broadcast(row.s, {x.sizes()[0], cdiv(x.sizes()[1], kBlock)}, device)};
+  const int64_t rows = x.sizes()[0];
+  if (wb.rows == 0)
+    return {row.q, granularity == PT_QUANT_ROWWISE ? torch::stable::view(row.s, {rows}) : broadcast(row.s, {rows}, device)};
+  return {row.q, broadcast(row.s, {rows, cdiv(x.sizes()[1], kBlock)}, device)};
 }
 
 // A weight w [G, X, Y] flattened to [G * X, Y] for its quantization along Y: for ROWWISE in its
@@ -137,12 +139,16 @@ WeightOperand weight_rows(const Quantized& row, int64_t g) {
   return {torch::stable::view(row.q, {g, n, k}), torch::stable::view(as_contiguous(row.s), {g, n}), 0};
 }
 
-// A given ROWWISE weight (its per-row scales repeated over the K blocks, [G, n, kb], rows 1) as the
-// row-scaled kernel's B: each row's scale once, [G, n].
-WeightOperand rows_of(const WeightOperand& w) {
-  if (w.rows != 1 || w.s.dim() != 3) return w;
-  const Tensor first = torch::stable::select(w.s, 2, 0);
-  return {w.q, as_contiguous(first), 0};
+// A ROWWISE or TENSORWISE weight operand in a block layout (ROWWISE: its per-row scales repeated
+// over the K blocks, [G, n, kb], rows 1; TENSORWISE: its one scale over every block, rows 128) as the
+// row-scaled kernel's B: one scale a row, [G, n].
+WeightOperand rows_of(const WeightOperand& w, int64_t granularity, int32_t device) {
+  if (w.rows == 0 || w.s.dim() != 3) return w;
+  const int64_t g = w.q.sizes()[0], n = w.q.sizes()[1];
+  if (granularity == PT_QUANT_ROWWISE) return {w.q, as_contiguous(torch::stable::select(w.s, 2, 0)), 0};
+  Tensor flat = torch::stable::view(as_contiguous(w.s), {w.s.numel()});
+  const Tensor one = torch::stable::narrow(flat, 0, 0, 1);
+  return {w.q, broadcast(one, {g, n}, device), 0};
 }
 
 // TENSORWISE / BLOCKWISE: the weight [G, X, Y] quantized as it lies: (q [G, X, Y], scale: 0-dim or
@@ -280,8 +286,9 @@ int32_t check_devices(const char* first, const Tensor& x, const Tensor& b, const
 // Returns (out [M, N], wq, ws): with for_backward, the dgrad's B (op(b) [G, K, N], K-major along N)
 // and its scales (TENSORWISE 0-dim, ROWWISE [G, K, 1], BLOCKWISE [G, K/128, ceil(N/128)]); else,
 // and for ROWWISE experts whose rows are not a multiple of 128, placeholders. b_q / b_s / b_rows: the weight already in the kernel's B layout (given_weight), so
-// only the tokens are quantized. ROWWISE runs the row-scaled kernel (its scales in the epilogue; a
-// given weight's repeated scales taken once a row), accumulating in the fast mode with fast_accum.
+// only the tokens are quantized. ROWWISE, and TENSORWISE with fast_accum, run the row-scaled kernel
+// (scales in the epilogue; a given weight's repeated scales taken once a row), accumulating in the
+// fast mode with fast_accum.
 std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in, Tensor group_lens,
                                                         std::optional<Tensor> group_offs, bool trans_b,
                                                         ScalarType out_dtype, ScalarType fwd_dtype,
@@ -297,7 +304,6 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   const bool rowwise = granularity == PT_QUANT_ROWWISE;
   std::optional<WeightOperand> given;
   if (b_q) given = given_weight("b", *b_q, b_s, b_rows, groups, n, k);
-  if (given && rowwise) given = rows_of(*given);
   const Tensor a = as_contiguous(a_in);
   // Tokens and (unless given) weight in one call (small ones in one launch, their amax reductions
   // included).
@@ -313,17 +319,21 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   const auto q = weight ? quantize_fp8_jobs({tokens, *weight}, device, stream, kOp)
                         : quantize_fp8_jobs({tokens}, device, stream, kOp);
   Tensor out = empty({m, n}, out_dtype, device);
-  if (given || (rowwise && !stack)) {
-    const WeightOperand wb = given ? *given : weight_rows(*q[1].first, groups);
+  // The row-scaled kernel for ROWWISE, and for TENSORWISE when its fast accumulation is asked for
+  // (promoted, the block-scaled kernel runs it as fast).
+  const bool row_scaled = rowwise || (granularity == PT_QUANT_TENSORWISE && fast_accum);
+  const auto product = [&](WeightOperand wb) {
+    if (row_scaled) wb = rows_of(wb, granularity, device);
     const auto [qa, sa] = tokens_operand(q[0], a, granularity, wb, device);
     run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream, fast_accum);
+  };
+  if (given || (rowwise && !stack)) {
+    product(given ? *given : weight_rows(*q[1].first, groups));
     return {out, placeholder(device), placeholder(device)};
   }
   if (stack) {
     const Quantized& fwd = trans_b ? *q[1].first : *q[1].second;
-    const WeightOperand wb = rowwise ? weight_rows(fwd, groups) : orient_blocks(fwd.q, fwd.s, false, device, stream);
-    const auto [qa, sa] = tokens_operand(q[0], a, granularity, wb, device);
-    run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream, fast_accum);
+    product(rowwise ? weight_rows(fwd, groups) : orient_blocks(fwd.q, fwd.s, false, device, stream));
     if (!for_backward) return {out, placeholder(device), placeholder(device)};
     const Quantized& dgrad = trans_b ? *q[1].second : *q[1].first;
     return {out, dgrad.q, dgrad.s};
@@ -331,9 +341,7 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   // A TENSORWISE weight whose experts' rows are not a multiple of 128: quantized flat, each
   // orientation transposed from that copy.
   const auto [wq, ws] = weight_blocks(q[1], groups, granularity);
-  const WeightOperand wb = orient_blocks(wq, ws, !trans_b, device, stream);
-  const auto [qa, sa] = tokens_operand(q[0], a, granularity, wb, device);
-  run_mm(qa, sa, wb.q, wb.s, group_lens, group_offs, out, wb.rows, num_sms, -1, device, stream);
+  product(orient_blocks(wq, ws, !trans_b, device, stream));
   if (!for_backward) return {out, placeholder(device), placeholder(device)};
   return {out, orient_blocks(wq, ws, trans_b, device, stream).q, ws};
 }
@@ -362,7 +370,7 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
               "; expected ", groups * k, " of them (one per row of [G, K, N])");
   std::optional<WeightOperand> wb;
   if (need_a && d_q) wb = given_weight("d", *d_q, d_s, d_rows, b_in.sizes()[0], k, n);
-  if (wb && granularity == PT_QUANT_ROWWISE) wb = rows_of(*wb);
+  if (wb && granularity == PT_QUANT_ROWWISE) wb = rows_of(*wb, granularity, device);
   DeviceScope scope(device);
   void* stream = current_stream(device);
   const Tensor grad = as_contiguous(grad_in);

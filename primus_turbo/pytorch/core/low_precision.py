@@ -76,8 +76,9 @@ class Float8QuantConfig:
     few K steps, as the forward GEMMs of torchao's and TransformerEngine's default recipes do; the
     dgrad and wgrad GEMMs always accumulate in full FP32. A permission, not a request: taken by the
     cuBLASLt GEMMs of TENSORWISE and ROWWISE on the native dense paths (``gemm_fp8``,
-    ``Float8Linear``, ``swiglu_mlp_fp8``) and by the ROWWISE grouped GEMM (``grouped_gemm_fp8``,
-    ``GroupedLinear``: row scales applied after the product); block-scaled GEMMs always promote."""
+    ``Float8Linear``, ``swiglu_mlp_fp8``) and by the ROWWISE and TENSORWISE grouped GEMMs
+    (``grouped_gemm_fp8``, ``GroupedLinear``: the row-scaled kernel, scales applied after the
+    product); block-scaled GEMMs always promote."""
 
     format: Format = Format.E4M3
     granularity: ScalingGranularity = ScalingGranularity.TENSORWISE
