@@ -431,8 +431,10 @@ def main(argv=None) -> int:
         pairs = sorted({pair for fmt in args.fp8_format for pair in FP8_GROUPED_PAIRS[fmt]})
         for out in args.out_dtype or args.dtype:
             for a, b in pairs:
-                jobs.extend(("grouped_gemm_fp8", a, b, out, kind, c) for kind in (1, 128, "rows", "rows_fast")
-                            for c in configs)
+                jobs.extend(("grouped_gemm_fp8", a, b, out, kind, c) for kind in (1, 128, "rows") for c in configs)
+                if a == b:  # a forward pair (the dgrad's never accumulates fast): its fast form's 128x256 tiles too
+                    fast = args.configs if args.configs is not None else list(range(4))
+                    jobs.extend(("grouped_gemm_fp8", a, b, out, "rows_fast", c) for c in fast)
             if args.fp8_wgrad:  # (grad, input) for trans_b=True and (input, grad) otherwise
                 wpairs = sorted({p for (a, b) in pairs for p in ((a, b), (b, a))})
                 jobs.extend(("grouped_gemm_fp8", a, b, out, "wgrad", c) for (a, b) in wpairs for c in configs)

@@ -167,22 +167,28 @@ def warm_modules(granularities, fmt: str, fp8_wgrad: bool) -> None:
     from primus_turbo._core.lib import check, lib
 
     e4, e5, bf16 = 3, 4, 2
-    if fmt == FP4_NAME:  # the emulation's E4M3 x E4M3 kernel with per-row (1x128) B scales
-        granularities, fmt = ["rowwise"], "e4m3"
+    fp4 = fmt == FP4_NAME
+    if fp4:  # the emulation's E4M3 x E4M3 kernel with per-row (1x128) B scales
+        granularities, fmt = [], "e4m3"
     fwd = e5 if fmt == "e5m2" else e4
     grad = e4 if fmt == "e4m3" else e5
-    rows = {"tensorwise": 1, "rowwise": 1, "blockwise": 128}
+    # TENSORWISE states its scale per 128x128 block; ROWWISE runs the row-scaled kernel (b_scale_rows 0),
+    # and with --fast-accum both forwards take its fast form (128x256 tiles on large problems).
+    rows = {"tensorwise": 128, "rowwise": 0, "blockwise": 128}
     jobs = {(a, fwd, bf16, rows[g], c) for g in granularities for a in (fwd, grad) for c in (0, 1)}
-    if "rowwise" in granularities:
+    if fp4:
         jobs |= {(e4, e4, bf16, 1, c) for c in (0, 1)}
+    row_scaled = {"rowwise", "tensorwise"} & set(granularities)
+    fast = {(fwd, fwd, bf16, c) for c in (0, 1, 2)} if FAST_ACCUM and row_scaled else set()
     wjobs = {(grad, fwd, bf16, c) for c in (0, 1)} if fp8_wgrad else set()
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=8) as pool:
         futures = [pool.submit(lib.pt_grouped_gemm_fp8_prepare, *j) for j in sorted(jobs)]
         futures += [pool.submit(lib.pt_grouped_gemm_fp8_wgrad_prepare, *j) for j in sorted(wjobs)]
+        futures += [pool.submit(lib.pt_grouped_gemm_fp8_fast_prepare, *j) for j in sorted(fast)]
         for f in futures:
             check(f.result())
-    jobs |= wjobs
+    jobs |= wjobs | fast
     print(f"[bench_grouped_gemm_fp8] {len(jobs)} kernel modules ready in {time.monotonic() - t0:.0f} s", flush=True)
 
 

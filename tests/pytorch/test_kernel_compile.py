@@ -307,9 +307,12 @@ def test_cutlass_grouped_gemm_fp8_compiles_for_sm90a_with_fp8_wgmma():
 
 
 def test_cutlass_grouped_gemm_fp8_row_scaled_compiles_for_sm90a_with_fp8_wgmma():
-    """The ROWWISE kernel (scales in the epilogue), forward point with fast accumulation: a 128x128
-    and a 128x256 tile (one accumulator, so the wide tile fits without spilling)."""
-    _prepare_all((0, 2), lambda c: check(lib.pt_grouped_gemm_fp8_fast_prepare(_E4M3, _E4M3, _BF16, c)), "rows fast")
+    """The ROWWISE kernel (scales in the epilogue): the forward point with fast accumulation at a
+    128x128 and a 128x256 tile (one accumulator, so the wide tile fits without spilling), and the
+    promoted HYBRID dgrad point."""
+    jobs = [("fast", 0), ("fast", 2), ("promoted", 0)]
+    _prepare_all(jobs, lambda j: check(lib.pt_grouped_gemm_fp8_fast_prepare(_E4M3, _E4M3, _BF16, j[1]) if j[0] == "fast"
+                                       else lib.pt_grouped_gemm_fp8_prepare(_E5M2, _E4M3, _BF16, 0, j[1])), "rows")
     _assert_sass_contains("QGMMA", "grouped_gemm_fp8_rowwise_cutlass_*", every_module=True)
     _assert_no_register_spills("grouped_gemm_fp8_rowwise_cutlass_*")
 

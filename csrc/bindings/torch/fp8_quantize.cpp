@@ -149,7 +149,7 @@ std::vector<QuantPair> quantize_fp8_jobs(std::initializer_list<QuantRequest> req
   // allocation.
   const size_t ws_bytes = pt_quantize_jobs_workspace_bytes(jobs.data(), count);
   pools.scratch.emplace(device, pools.scratch_bytes + Scratch::share(ws_bytes));
-  if (pools.kept_bytes) pools.kept.emplace(device, pools.kept_bytes);
+  if (kept_together) pools.kept.emplace(device, pools.kept_bytes);  // capacity 0: take() allocates
   for (Outputs& o : outs) o.bind(pools);
   std::optional<Tensor> ws;
   if (ws_bytes) ws = pools.scratch->take({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte);

@@ -141,11 +141,17 @@ WeightOperand weight_rows(const Quantized& row, int64_t g) {
 
 // A ROWWISE or TENSORWISE weight operand in a block layout (ROWWISE: its per-row scales repeated
 // over the K blocks, [G, n, kb], rows 1; TENSORWISE: its one scale over every block, rows 128) as the
-// row-scaled kernel's B: one scale a row, [G, n].
+// row-scaled kernel's B: one scale a row, [G, n]. The repetition is the layout's contract (the
+// library's quantizers and weight caches write it so); it is not checked on the device.
 WeightOperand rows_of(const WeightOperand& w, int64_t granularity, int32_t device) {
   if (w.rows == 0 || w.s.dim() != 3) return w;
   const int64_t g = w.q.sizes()[0], n = w.q.sizes()[1];
-  if (granularity == PT_QUANT_ROWWISE) return {w.q, as_contiguous(torch::stable::select(w.s, 2, 0)), 0};
+  if (granularity == PT_QUANT_ROWWISE) {
+    if (w.rows != 1)
+      fail_with(ErrorKind::Value, kOp, ": a ROWWISE weight's scales are per row (rows 1, [G, N, ceil(K/128)]); got ",
+                "rows ", w.rows, " and scales ", shape_string(w.s));
+    return {w.q, as_contiguous(torch::stable::select(w.s, 2, 0)), 0};
+  }
   Tensor flat = torch::stable::view(as_contiguous(w.s), {w.s.numel()});
   const Tensor one = torch::stable::narrow(flat, 0, 0, 1);
   return {w.q, broadcast(one, {g, n}, device), 0};

@@ -67,7 +67,8 @@ struct Descriptors {
 #endif
     // Full FP32 accumulation unless the caller allows the fast mode; the block-scaled modes
     // require full accumulation.
-    const int8_t fast_accum = p.fast_accum && p.a.scaling < PT_FP8_SCALING_BLOCK_1x128 ? 1 : 0;
+    const bool blocks = p.a.scaling >= PT_FP8_SCALING_BLOCK_1x128 || p.b.scaling >= PT_FP8_SCALING_BLOCK_1x128;
+    const int8_t fast_accum = p.fast_accum && !blocks ? 1 : 0;
     set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum);
     PT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&a.value, cuda_type(p.b.dtype), p.k, p.n, p.b.ld));
     PT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&b.value, cuda_type(p.a.dtype), p.k, p.m, p.a.ld));

@@ -78,7 +78,9 @@ class Float8QuantConfig:
     cuBLASLt GEMMs of TENSORWISE and ROWWISE on the native dense paths (``gemm_fp8``,
     ``Float8Linear``, ``swiglu_mlp_fp8``) and by the ROWWISE and TENSORWISE grouped GEMMs
     (``grouped_gemm_fp8``, ``GroupedLinear``: the row-scaled kernel, scales applied after the
-    product); block-scaled GEMMs always promote."""
+    product); block-scaled GEMMs always promote, and so do the composed paths (QuantizedTensor
+    operands without native copies, pre-quantized tuples, E5M2, the experimental FP8 grouped wgrad,
+    and a cached ``GroupedLinear`` under ``torch.compile``)."""
 
     format: Format = Format.E4M3
     granularity: ScalingGranularity = ScalingGranularity.TENSORWISE

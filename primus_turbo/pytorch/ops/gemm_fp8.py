@@ -440,7 +440,7 @@ class NativeGemmFp8Function(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, trans_a: bool, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity, main_grad,
-                fast_accum: bool):
+                fast_accum: bool = False):
         fwd_dtype, grad_dtype = _dtypes(fmt)
         code = _NATIVE_GRANULARITY[g]
         out, a_bwd, sa_bwd, b_bwd, sb_bwd = _native_fwd(
@@ -484,7 +484,7 @@ class NativeGemmFp8QuantizedBFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, b_fwd, b_bwd, trans_a: bool, trans_b: bool, out_dtype, fmt: Format, g: ScalingGranularity,
-                fast_accum: bool):
+                fast_accum: bool = False):
         fwd_dtype, grad_dtype = _dtypes(fmt)
         code = _NATIVE_GRANULARITY[g]
         out, a_bwd, sa_bwd = _native_fwd_qb(a, *b_fwd, trans_a, out_dtype, fwd_dtype, code, True, fast_accum)

@@ -100,7 +100,7 @@ class SwigluMlpFp8Function(torch.autograd.Function):
     after them inside it."""
 
     @staticmethod
-    def forward(ctx, x, w_gate_up, w_down, fmt: Format, fast_accum: bool):
+    def forward(ctx, x, w_gate_up, w_down, fmt: Format, fast_accum: bool = False):
         fwd_dtype, ctx.grad_dtype = _dtypes(fmt)
         y, *saved = _native_fwd(x, w_gate_up, w_down, fwd_dtype, fast_accum)
         ctx.save_for_backward(*saved)
@@ -120,7 +120,7 @@ class SwigluMlpFp8QuantizedWeightsFunction(torch.autograd.Function):
     high-precision gradients of the tensors they stand for (straight-through)."""
 
     @staticmethod
-    def forward(ctx, x, w_gate_up, w_down, wgu_copies, wd_copies, fmt: Format, fast_accum: bool):
+    def forward(ctx, x, w_gate_up, w_down, wgu_copies, wd_copies, fmt: Format, fast_accum: bool = False):
         fwd_dtype, ctx.grad_dtype = _dtypes(fmt)
         (wgu_fwd, wgu_bwd), (wd_fwd, wd_bwd) = wgu_copies, wd_copies
         y, h, x_bwd, sx_bwd, a_bwd, sa_bwd = _native_fwd_qw(x, *wgu_fwd[:2], *wd_fwd[:2], fwd_dtype, fast_accum)
