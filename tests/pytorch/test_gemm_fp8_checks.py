@@ -298,3 +298,23 @@ def test_gemm_float32_output_of_bf16_operands_trains():
     assert out.dtype == torch.float32
     out.sum().backward()  # the float32 gradient meets bf16 operands
     assert a.grad.dtype == torch.bfloat16 and b.grad.shape == (64, 48)
+
+
+def test_core_fast_accum_flag_is_part_of_the_problem_key():
+    import ctypes
+
+    from primus_turbo import precompile
+    from primus_turbo._core import lib
+    from primus_turbo._core.lib import string_out
+
+    e4m3, f32, bf16 = 3, 0, 2
+    parts = [precompile._tensor((64, 128), e4m3), precompile._tensor((), f32), precompile._tensor((32, 128), e4m3),
+             precompile._tensor((), f32), precompile._tensor((64, 32), bf16)]
+    a, sa, b, sb, d = (ctypes.pointer(t) for t in parts)
+
+    def key(flags):
+        return string_out(lib.pt_gemm_fp8_problem_key, a, sa, TENSOR, b, sb, TENSOR, d, 0.0, flags, size=256)
+
+    assert "fast_accum" not in key(0) and key(1).endswith("|fast_accum")
+    with pytest.raises(ValueError, match="argument 'flags' has unknown bits"):
+        key(2)

@@ -329,3 +329,19 @@ def test_core_wgrad_descriptors():
         _key(args(rows=128))
     with pytest.raises(ValueError, match=r"argument 'a_scale' has shape"):
         _key(args(sa=(64, 4)))
+
+
+def test_row_scales_and_flags_in_the_core():
+    # b_scale_rows 0: one scale per row of a ([M]) and of each expert's b ([G, N]); flags ask for the
+    # fast accumulation, part of the problem key; unknown bits and block-shaped row scales are errors.
+    rows_args = _core_args(rows=0, sa=(64,), sb=(2, 48))
+    assert _key(rows_args).endswith("|sfb0|align16")
+    rows_args.flags = 1  # PT_GEMM_FP8_FAST_ACCUM
+    assert _key(rows_args).endswith("|sfb0|fast_accum|align16")
+    rows_args.flags = 4
+    with pytest.raises(ValueError, match="argument 'flags' has unknown bits"):
+        _key(rows_args)
+    with pytest.raises(ValueError, match="argument 'a_scale' must be 1-D"):
+        _key(_core_args(rows=0, sb=(2, 48)))
+    with pytest.raises(ValueError, match=r"argument 'b_scale' has shape \[2, 40\]; expected \[2, 48\]"):
+        _key(_core_args(rows=0, sa=(64,), sb=(2, 40)))
