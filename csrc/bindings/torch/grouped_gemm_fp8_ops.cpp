@@ -308,8 +308,12 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   check_group_lens_on_host(kOp, group_lens, m, stream);
   const int64_t groups = b_in.sizes()[0];
   const bool rowwise = granularity == PT_QUANT_ROWWISE;
+  // The row-scaled kernel for ROWWISE, and for TENSORWISE when its fast accumulation is asked for
+  // (promoted, the block-scaled kernel runs it as fast).
+  const bool row_scaled = rowwise || (granularity == PT_QUANT_TENSORWISE && fast_accum);
   std::optional<WeightOperand> given;
   if (b_q) given = given_weight("b", *b_q, b_s, b_rows, groups, n, k);
+  if (given && row_scaled) given = rows_of(*given, granularity, device);  // checked before the quantization
   const Tensor a = as_contiguous(a_in);
   // Tokens and (unless given) weight in one call (small ones in one launch, their amax reductions
   // included).
@@ -325,9 +329,6 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   const auto q = weight ? quantize_fp8_jobs({tokens, *weight}, device, stream, kOp)
                         : quantize_fp8_jobs({tokens}, device, stream, kOp);
   Tensor out = empty({m, n}, out_dtype, device);
-  // The row-scaled kernel for ROWWISE, and for TENSORWISE when its fast accumulation is asked for
-  // (promoted, the block-scaled kernel runs it as fast).
-  const bool row_scaled = rowwise || (granularity == PT_QUANT_TENSORWISE && fast_accum);
   const auto product = [&](WeightOperand wb) {
     if (row_scaled) wb = rows_of(wb, granularity, device);
     const auto [qa, sa] = tokens_operand(q[0], a, granularity, wb, device);
@@ -376,9 +377,10 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
               "; expected ", groups * k, " of them (one per row of [G, K, N])");
   std::optional<WeightOperand> wb;
   if (need_a && d_q) wb = given_weight("d", *d_q, d_s, d_rows, b_in.sizes()[0], k, n);
-  if (wb && granularity == PT_QUANT_ROWWISE) wb = rows_of(*wb, granularity, device);
   DeviceScope scope(device);
   void* stream = current_stream(device);
+  // A given ROWWISE copy's scales once a row (the row-scaled kernel), on the op's device.
+  if (wb && granularity == PT_QUANT_ROWWISE) wb = rows_of(*wb, granularity, device);
   const Tensor grad = as_contiguous(grad_in);
   Tensor grad_a = placeholder(device), grad_b = placeholder(device);
   if (need_a) {
