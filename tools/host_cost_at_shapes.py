@@ -4,6 +4,9 @@ inputs, where the host is the whole call). Each sample: synchronize, then time t
 the launch queue is empty and no wait on the GPU is counted; the median of --reps samples.
 
     python3 -P tools/host_cost_at_shapes.py [--reps 40] [--ops gemm,gemm_fp8_blockwise]
+    py-spy record --native -r 1000 -f raw -o stacks.txt -- \
+        python3 -P tools/host_cost_at_shapes.py --spin gemm_fp8_tensorwise/0 --seconds 5
+        # one case (ours; "/0t" for torch's) in the same synchronize-then-call loop, for a sampler
 """
 
 import argparse
@@ -80,10 +83,22 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--ops", default=None, help="comma-separated subset")
+    p.add_argument("--spin", default=None, help="NAME/INDEX[t]: only this case (t: torch's), for --seconds")
+    p.add_argument("--seconds", type=float, default=5.0)
     args = p.parse_args()
     import primus_turbo.pytorch as turbo
 
     table = cases(turbo)
+    if args.spin:
+        name, index = args.spin.split("/")
+        label, ours, theirs = table[name][int(index.rstrip("t"))]
+        fn = theirs if index.endswith("t") else ours
+        end, calls = time.perf_counter() + args.seconds, 0
+        while time.perf_counter() < end:
+            host_us(fn, 20)
+            calls += 23
+        print(f"{name} {label} {'torch' if index.endswith('t') else 'ours'}: {calls} calls")
+        return 0
     names = args.ops.split(",") if args.ops else list(table)
     print(f"{'op':28s} {'shape':26s} {'ours us':>9s} {'torch us':>9s} {'torch/ours':>10s}")
     for name in names:
