@@ -94,10 +94,11 @@ def fp8_granularity(variant: str) -> str | None:
 
 
 def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dtype, weight_cache=None,
-          fast_accum: bool = False):
+          fast_accum: bool = False, fused_routing: bool = True):
     """weight_cache: None, "all" (every FP8 layer keeps its quantized weight for the step) or
     "experts" (the MoE expert stacks only; the other Linear layers quantize per call). fast_accum:
-    our FP8 configs let the forward GEMMs accumulate in the fast mode (as torchao's recipes do)."""
+    our FP8 configs let the forward GEMMs accumulate in the fast mode (as torchao's recipes do).
+    fused_routing: our MoE variants route with turbo's fused softmax top-k (else torch's ops)."""
     import primus_turbo.pytorch as turbo
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 
@@ -127,7 +128,7 @@ def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dty
             for mod in model.modules():
                 if isinstance(mod, turbo.modules.Float8Linear):
                     mod._init_weight_cache(True)
-        model.use_turbo(turbo, fp8_config=fp8, cache_fp8_weights=cache)
+        model.use_turbo(turbo, fp8_config=fp8, cache_fp8_weights=cache, fused_routing=fused_routing)
     if variant.endswith("compile"):
         torch._dynamo.reset()  # each compiled variant from scratch: no recompile limit across variants
     step_model = torch.compile(model) if variant.endswith("compile") else model
@@ -227,6 +228,9 @@ def main() -> int:
                    help="our FP8 variants with Float8QuantConfig(fast_accum=True): the forward GEMMs may skip the "
                    "FP32 promotion of partial sums, as torchao's float8 recipes do in their forward (its "
                    "use_fast_accum); the backward GEMMs keep full accumulation")
+    p.add_argument("--routing", choices=("fused", "torch"), default="fused",
+                   help="the MoE router of our variants: turbo's fused softmax top-k, or torch's softmax / topk / "
+                   "scatter (as before it was used, for an A/B)")
     p.add_argument("--attn-backend", choices=("auto", "TURBO", "CUDNN"), default="auto",
                    help="attention backend of the turbo variants (auto: unset, the library's choice)")
     p.add_argument("--autotune", action="store_true",
@@ -270,7 +274,7 @@ def main() -> int:
                    "autotune" if args.autotune and args.attn_backend == "auto" else args.attn_backend)}
         try:
             model, step_model = build(variant, base_state, m, args.layers, args.arch, device, dtype,
-                                      args.fp8_weight_cache, args.fp8_fast_accum)
+                                      args.fp8_weight_cache, args.fp8_fast_accum, args.routing == "fused")
             if args.optimizer == "turbo" and variant.startswith("turbo"):
                 import primus_turbo.pytorch as turbo
 
@@ -316,6 +320,9 @@ def main() -> int:
                 print(f"  {variant} losses:", " ".join(f"{v:.4f}" for v in losses[::5] + losses[-1:]), flush=True)
             times, opt_times = [], []
             clocks = bu.GpuClockSampler() if on_gpu else contextlib.nullcontext()
+            # Allocations the caching allocator could only serve after freeing its cached blocks
+            # (each a device synchronization: the GPU drains and the host's lead is lost).
+            retries0 = torch.cuda.memory_stats().get("num_alloc_retries", 0) if on_gpu else 0
             with clocks:
                 for _ in range(args.timed):
                     if on_gpu:
@@ -333,6 +340,7 @@ def main() -> int:
                     opt_times.append((time.perf_counter() - t1) * 1e3)
             if on_gpu:
                 row["sm_clock_mhz"], row["power_w"] = clocks.median_clock_mhz, clocks.median_power_w
+                row["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries0
             row["step_ms"] = statistics.median(times)
             row["optimizer_ms"] = statistics.median(opt_times)
             row["tflops"] = flops / (row["step_ms"] * 1e-3) / 1e12
@@ -368,6 +376,7 @@ def main() -> int:
             f"  busy {row.get('gpu_busy_share', float('nan')):.2f}"
             f"  same kernels x{row.get('shared_kernel_ratio', 1.0):.3f}  loss {row.get('loss_final', float('nan')):.4f}"
             f"  SM {row.get('sm_clock_mhz') or float('nan'):.0f} MHz {row.get('power_w') or float('nan'):.0f} W"
+            f"  alloc retries {row.get('alloc_retries', 0)}"
             f"  {row['status']}",
             flush=True,
         )
@@ -381,11 +390,12 @@ def main() -> int:
     out_dir = bu.results_dir_for(args.output_dir, gpu)
     rows = [{**bu.run_stamp(gpu), **r} for r in rows]
     columns = ["gpu", "date", "commit", "variant", "attn_backend", "model", "layers", "batch", "seq", "step_ms", "optimizer_ms", "tflops", "speedup_vs_torch_eager",
-               "gpu_busy_ms", "gpu_busy_share", "shared_kernel_ratio", "sm_clock_mhz", "power_w"] + list(dict.fromkeys(f"{n}_ms" for n, _ in FAMILIES)) + [
+               "gpu_busy_ms", "gpu_busy_share", "shared_kernel_ratio", "sm_clock_mhz", "power_w", "alloc_retries"] + list(dict.fromkeys(f"{n}_ms" for n, _ in FAMILIES)) + [
                "other_ms", "out_snr_db", "route_agreement", "out_snr_same_routes_db", "loss_first", "loss_final", "loss_rel_diff", "status"]
     # Accumulation and weight-cache runs are variants of the configuration, kept apart from it.
     config_tag = ((f"_mb{args.microbatches}" if args.microbatches > 1 else "") + ({"all": "_wcache", "experts": "_wcache_experts"}.get(args.fp8_weight_cache, ""))
-                  + ("_fusedopt" if args.optimizer == "turbo" else "") + ("_fastacc" if args.fp8_fast_accum else ""))
+                  + ("_fusedopt" if args.optimizer == "turbo" else "") + ("_fastacc" if args.fp8_fast_accum else "")
+                  + ("_torchrouting" if args.routing == "torch" and args.arch == "moe" else ""))
     tag = config_tag + (f"_{args.tag}" if args.tag else "")
     rows = [{**r, "microbatches": args.microbatches, "fp8_weight_cache": args.fp8_weight_cache or False,
              "optimizer": "FusedAdamW" if args.optimizer == "turbo" and r["variant"].startswith("turbo") else "AdamW",

@@ -11,7 +11,8 @@ layers run on torch ops or, after ``use_turbo(...)``, on ours, with the same par
   model has them.
 
 torch path: SDPA, torch RoPE and SwiGLU, ``torch._grouped_mm`` experts with argsort / index_add
-routing. turbo path: ``turbo.ops.rope``, ``flash_attn_func``, ``swiglu``, ``token_permute``,
+routing. turbo path: ``turbo.ops.rope``, ``flash_attn_func``, ``fused_group_topk_routing_with_aux_score``
+(softmax top-k; the k probabilities renormalized as the torch path does), ``swiglu``, ``token_permute``,
 ``grouped_gemm`` (``grouped_gemm_fp8`` with an FP8 config), ``swiglu_with_probs``,
 ``token_unpermute``; the Linear and RMSNorm layers become ours through ``turbo.convert_model``.
 A dense MLP whose two projections are TENSORWISE ``Float8Linear`` layers runs as one
@@ -132,19 +133,43 @@ class MoEMLP(nn.Module):
         self.fp8_config = None  # turbo path: FP8 grouped GEMMs for the experts
         self.fp8_layers = None  # (gate_up, down) GroupedLinear sharing the experts' weights, when cached
         self.routes = None  # a list: each forward appends its sorted top-k expert ids (Stack.record_routes)
+        self.fused_routing = True  # turbo path: turbo.ops.fused_group_topk_routing_with_aux_score
 
     def route(self, x2):
+        """(top-k probabilities renormalized over the k, their expert ids) [tokens, k] each."""
         probs = self.router(x2).float().softmax(-1)
         top_p, top_i = probs.topk(self.topk, dim=-1)
         return top_p / top_p.sum(-1, keepdim=True), top_i
 
+    def route_dense(self, x2):
+        """The same routing as (probs, routing_map) [tokens, experts] for token_permute: turbo's fused
+        softmax top-k (one kernel a direction), or torch's ops scattered into the dense layout."""
+        logits = self.router(x2).float()
+        if self.fused_routing:
+            _, probs, routing_map = self.turbo.ops.fused_group_topk_routing_with_aux_score(
+                logits, self.topk, score_function="softmax"
+            )
+            return probs / probs.sum(-1, keepdim=True), routing_map
+        probs = logits.softmax(-1)
+        top_p, top_i = probs.topk(self.topk, dim=-1)
+        t = x2.shape[0]
+        routing_map = torch.zeros(t, self.num_experts, dtype=torch.bool, device=x2.device).scatter_(1, top_i, True)
+        dense = torch.zeros(t, self.num_experts, dtype=torch.float32, device=x2.device)
+        return dense.scatter(1, top_i, top_p / top_p.sum(-1, keepdim=True)), routing_map
+
     def forward(self, x):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        top_p, top_i = self.route(x2)
-        if self.routes is not None:
-            self.routes.append(top_i.sort(-1).values)
-        y = self._turbo_experts(x2, top_p, top_i) if self.turbo is not None else self._torch_experts(x2, top_p, top_i)
+        if self.turbo is not None:
+            probs, routing_map = self.route_dense(x2)
+            if self.routes is not None:  # the chosen ids in ascending order, as sort() gives them
+                self.routes.append(routing_map.nonzero()[:, 1].view(-1, self.topk))
+            y = self._turbo_experts(x2, probs, routing_map)
+        else:
+            top_p, top_i = self.route(x2)
+            if self.routes is not None:
+                self.routes.append(top_i.sort(-1).values)
+            y = self._torch_experts(x2, top_p, top_i)
         if self.shared is not None:
             y = y + self.shared(x2)
         return y.view(shape)
@@ -161,10 +186,8 @@ class MoEMLP(nn.Module):
         y = torch._grouped_mm(h, w.down.transpose(-2, -1), offs=offs)
         return torch.zeros_like(x2).index_add_(0, token, y)
 
-    def _turbo_experts(self, x2, top_p, top_i):
+    def _turbo_experts(self, x2, probs, routing_map):
         ops, w, t = self.turbo.ops, self.experts, x2.shape[0]
-        routing_map = torch.zeros(t, self.num_experts, dtype=torch.bool, device=x2.device).scatter_(1, top_i, True)
-        probs = torch.zeros(t, self.num_experts, dtype=torch.float32, device=x2.device).scatter(1, top_i, top_p)
         xs, pprobs, row_id_map = ops.token_permute(
             x2, probs=probs, routing_map=routing_map, num_out_tokens=t * self.topk
         )
@@ -234,10 +257,11 @@ class Stack(nn.Module):
         self.norm = nn.RMSNorm(m.hidden, eps=1e-5)
         self.rope_dim = self.layers[0].attn.dqk
 
-    def use_turbo(self, turbo, fp8_config=None, cache_fp8_weights: bool = False) -> None:
+    def use_turbo(self, turbo, fp8_config=None, cache_fp8_weights: bool = False, fused_routing: bool = True) -> None:
         for layer in self.layers:
             layer.attn.turbo = layer.mlp.turbo = turbo
             if isinstance(layer.mlp, MoEMLP):
+                layer.mlp.fused_routing = fused_routing
                 layer.mlp.fp8_config = fp8_config
                 if fp8_config is not None and cache_fp8_weights:
                     layer.mlp.fp8_layers = tuple(_cached_grouped(turbo, w, fp8_config)

@@ -65,9 +65,10 @@ bool needs_amax_pass(const QuantProblem& p) {
 }
 
 // The separate path: memsets, the amax launch where needed, the quantize launch. given_amax
-// (tensorwise): x's amax reduced beforehand, read instead of an amax pass.
+// (tensorwise): x's amax reduced beforehand, read instead of an amax pass. zeroed: the caller
+// cleared the amax workspace already (one memset for several jobs).
 void quantize_one(const QuantProblem& p, const Kernels& kern, PtQuantParams qp, void* workspace, size_t need,
-                  cudaStream_t s, const float* given_amax = nullptr) {
+                  cudaStream_t s, const float* given_amax = nullptr, bool zeroed = false) {
   char err[1024] = {0};
   if (p.mn_major) {
     // The padding rows of the blocks-major scales are zeroed here (a strided memset, only when a
@@ -89,7 +90,7 @@ void quantize_one(const QuantProblem& p, const Kernels& kern, PtQuantParams qp, 
     qp.row_block = qp.col_block = 0;
   } else if (needs_amax_pass(p)) {
     // Device-side amax first; the quantize kernel reads it (no host round trip).
-    PT_CHECK_CUDA(cudaMemsetAsync(workspace, 0, need, s));
+    if (!zeroed) PT_CHECK_CUDA(cudaMemsetAsync(workspace, 0, need, s));
     float* ws = static_cast<float*>(workspace);
     PtQuantAmaxParams ap{};
     ap.m = p.m;
@@ -237,13 +238,16 @@ pt_status pt_quantize_jobs(const pt_quantize_job* jobs, int32_t count, void* wor
     const int sms = device_info(device).sm_count;
     auto* ws = static_cast<char*>(workspace);
     if (!batched) {
+      // The jobs' amax shares lie back to back: one memset clears them all (a driver call less per
+      // job after the first).
+      if (need > 0) PT_CHECK_CUDA(cudaMemsetAsync(workspace, 0, need, static_cast<cudaStream_t>(stream)));
       for (int32_t j = 0; j < count; ++j) {
         const QuantProblem& p = ps[j];
         const pt_quantize_job& job = jobs[j];
         if (p.m > 0 && p.k > 0) {
           const PtQuantParams qp = kernel_params(p, job.x, job.q_row, job.s_row, job.q_col, job.s_col, 0, stream, sms);
           quantize_one(p, load_kernels(p.x_dtype, p.q_dtype, arch), qp, ws, plan.job_bytes(j),
-                       static_cast<cudaStream_t>(stream), plan.given_amax[j]);
+                       static_cast<cudaStream_t>(stream), plan.given_amax[j], true);
         }
         ws += plan.job_bytes(j);
       }
