@@ -387,11 +387,15 @@ def test_grouped_linear_fp8_weight_cache_matches_and_refreshes(g, native, monkey
     if native and not native_core.CPP_AUTOGRAD:
         pytest.skip("the C++ autograd library is not loaded")
     calls, native_calls = [], []
-    real = wc.create_quantized_weight
-    monkeypatch.setattr(wc, "create_quantized_weight", lambda *a, **k: calls.append(1) or real(*a, **k))
-    real_native = gl.grouped_gemm_fp8_cached_weight
-    monkeypatch.setattr(gl, "grouped_gemm_fp8_cached_weight",
-                        lambda *a, **k: native_calls.append(1) or real_native(*a, **k))
+    gf = sys.modules["primus_turbo.pytorch.ops.grouped_gemm_fp8"]
+    rows_form = native and g == ScalingGranularity.ROWWISE  # both copies from one native pass
+    # The quantization counted: create_quantized_weight, or grouped_weight_rows for the ROWWISE form.
+    module, name = (gf, "grouped_weight_rows") if rows_form else (wc, "create_quantized_weight")
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    native_name = "grouped_gemm_fp8_rows_cached" if rows_form else "grouped_gemm_fp8_cached_weight"
+    real_native = getattr(gl, native_name)
+    monkeypatch.setattr(gl, native_name, lambda *a, **k: native_calls.append(1) or real_native(*a, **k))
     if not native:
         monkeypatch.setattr(gl, "cached_weight_native_ok", lambda *a: False)
     torch.manual_seed(11)
@@ -406,6 +410,54 @@ def test_grouped_linear_fp8_weight_cache_matches_and_refreshes(g, native, monkey
         lambda layer, x: layer(x, lens), calls,
     )
     assert bool(native_calls) == native
+
+
+def test_grouped_linear_rows_cache_is_the_uncached_layer_bit_for_bit():
+    """ROWWISE cached weights come from one native pass in the kernels' own form (one scale a row,
+    b_rows / d_rows 0): the layer gives the uncached layer's output and gradients bit for bit, with
+    an empty expert and a frozen input too; the copies have the documented shapes."""
+    from primus_turbo.pytorch.core import native as native_core
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_weight_rows
+
+    if not native_core.CPP_AUTOGRAD:
+        pytest.skip("the C++ autograd library is not loaded")
+    torch.manual_seed(5)
+    config = cfg(RW, Format.HYBRID)
+    ref = turbo.modules.GroupedLinear(3, 256, 384, device="cuda", dtype=torch.bfloat16, config=config)
+    cached = turbo.modules.GroupedLinear(3, 256, 384, device="cuda", dtype=torch.bfloat16, config=config,
+                                         cache_quantized_weight=True)
+    cached.load_state_dict(ref.state_dict())
+    q, s, q_t, s_t = grouped_weight_rows(cached.weight, torch.float8_e4m3fn)
+    assert (q.shape, s.shape, q_t.shape, s_t.shape) == ((3, 384, 256), (3, 384), (3, 256, 384), (3, 256))
+    lens = torch.tensor([100, 0, 92], dtype=torch.int64, device="cuda")
+    for x_grad in (True, False):
+        x = torch.randn(192, 256, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(192, 384, device="cuda", dtype=torch.bfloat16)
+        outs = []
+        for layer in (ref, cached):
+            xi = x.clone().requires_grad_(x_grad)
+            y = layer(xi, lens)
+            y.backward(dy)
+            outs.append((y.detach(), xi.grad, layer.weight.grad.clone()))
+            layer.weight.grad = None
+        (yr, dxr, dwr), (yc, dxc, dwc) = outs
+        assert torch.equal(yc, yr) and torch.equal(dwc, dwr)
+        assert (dxr is None and dxc is None) or torch.equal(dxc, dxr)
+    assert cached._weight_rows is not None
+    cached.invalidate_weight_cache()
+    assert cached._weight_rows is None
+
+
+def test_grouped_weight_rows_checks():
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_weight_rows
+
+    w = torch.randn(2, 100, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        grouped_weight_rows(w, torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="out_dtype"):
+        grouped_weight_rows(torch.randn(2, 128, 64, device="cuda", dtype=torch.bfloat16), torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16 or float16"):
+        grouped_weight_rows(torch.randn(2, 128, 64, device="cuda"), torch.float8_e4m3fn)
 
 
 @pytest.mark.parametrize("trans_b", [True, False])

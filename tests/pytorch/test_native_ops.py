@@ -50,6 +50,7 @@ NATIVE_OPS = {
     "grouped_gemm_fp8_bwd": "grouped_gemm_fp8_bwd(Tensor grad_out, Tensor a, Tensor b, Tensor wq, Tensor ws",
     "grouped_gemm_fp8_mm": "grouped_gemm_fp8_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens",
     "grouped_gemm_fp8_wgrad_mm": "grouped_gemm_fp8_wgrad_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale",
+    "grouped_weight_rows_fp8": "grouped_weight_rows_fp8(Tensor w, ScalarType out_dtype) -> (Tensor, Tensor, Tensor, Tensor)",
 }
 
 
@@ -107,6 +108,33 @@ def _direct(op, *args):
 def test_cpu_tensors_raise_value_error_naming_the_argument(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize(
+    "w,dtype,error,match",
+    [
+        (_cpu(2, 128, 64), torch.float8_e4m3fn, ValueError, "argument 'w' is on cpu"),
+        (_cpu(2, 100, 64), torch.float8_e4m3fn, ValueError, "N a multiple of 128"),
+        (_cpu(2, 128, 40), torch.float8_e4m3fn, ValueError, "K of 16"),
+        (_cpu(128, 64), torch.float8_e4m3fn, ValueError, r"expected w \[G, N, K\]"),
+        (_cpu(2, 128, 64), torch.bfloat16, TypeError, "out_dtype"),
+        (_cpu(2, 128, 64, dtype=torch.float32), torch.float8_e4m3fn, TypeError, "bfloat16 or float16"),
+    ],
+)
+def test_grouped_weight_rows_checks_before_launch(w, dtype, error, match):
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_weight_rows
+
+    with pytest.raises(error, match=match):
+        grouped_weight_rows(w, dtype)
+
+
+def test_grouped_weight_rows_shapes_under_fake_cuda_tensors():
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_weight_rows
+
+    with FakeTensorMode():
+        w = torch.empty(4, 256, 96, dtype=torch.bfloat16, device="cuda")
+        shapes = [tuple(t.shape) for t in grouped_weight_rows(w, torch.float8_e4m3fn)]
+    assert shapes == [(4, 256, 96), (4, 256), (4, 96, 256), (4, 96)]
 
 
 def test_native_checks_raise_the_fake_implementations_classes():

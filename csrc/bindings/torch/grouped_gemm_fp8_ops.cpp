@@ -198,7 +198,7 @@ WeightOperand orient_blocks(const Tensor& q, const Tensor& s, bool transpose, in
 // cache_quantized_weight): q [G, N, K] FP8 K-major for this product's N and K, scales in the layout
 // b_scale_rows names. Checked against the problem, so a stale or mismatched copy gets an error.
 WeightOperand given_weight(const char* what, const Tensor& q, const std::optional<Tensor>& s, int64_t rows,
-                           int64_t groups, int64_t n, int64_t k) {
+                           int64_t groups, int64_t n, int64_t k, int64_t granularity) {
   if (!s) fail_with(ErrorKind::Value, kOp, ": ", what, "_q is given without ", what, "_s");
   if (q.dim() != 3 || q.sizes()[0] != groups || q.sizes()[1] != n || q.sizes()[2] != k)
     fail_with(ErrorKind::Value, kOp, ": ", what, "_q has shape ", shape_string(q), "; expected [", groups, ", ", n,
@@ -208,6 +208,16 @@ WeightOperand given_weight(const char* what, const Tensor& q, const std::optiona
               "; expected a float8 dtype");
   if (s->scalar_type() != ScalarType::Float)
     fail_with(ErrorKind::Type, kOp, ": ", what, "_s has dtype ", dtype_name(s->scalar_type()), "; expected float32");
+  if (rows == 0) {
+    // The row-scaled kernel's own form, one scale a row (grouped_weight_rows_fp8's): ROWWISE only.
+    if (granularity != PT_QUANT_ROWWISE)
+      fail_with(ErrorKind::Value, kOp, ": ", what, "_rows=0 (one scale a row) is a ROWWISE weight's form; granularity ",
+                "code ", granularity, " reads rows 1 or 128");
+    if (s->dim() != 2 || s->sizes()[0] != groups || s->sizes()[1] != n || !s->is_contiguous())
+      fail_with(ErrorKind::Value, kOp, ": ", what, "_s has shape ", shape_string(*s), " with ", what,
+                "_rows=0; expected contiguous [", groups, ", ", n, "]");
+    return {q, *s, 0};
+  }
   const int64_t kb = cdiv(k, kBlock), sn = rows == 1 ? n : cdiv(n, kBlock);
   if ((rows != 1 && rows != kBlock) || s->dim() != 3 || s->sizes()[0] != groups || s->sizes()[1] != sn ||
       s->sizes()[2] != kb)
@@ -312,7 +322,7 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
   // (promoted, the block-scaled kernel runs it as fast).
   const bool row_scaled = rowwise || (granularity == PT_QUANT_TENSORWISE && fast_accum);
   std::optional<WeightOperand> given;
-  if (b_q) given = given_weight("b", *b_q, b_s, b_rows, groups, n, k);
+  if (b_q) given = given_weight("b", *b_q, b_s, b_rows, groups, n, k, granularity);
   if (given && row_scaled) given = rows_of(*given, granularity, device);  // checked before the quantization
   const Tensor a = as_contiguous(a_in);
   // Tokens and (unless given) weight in one call (small ones in one launch, their amax reductions
@@ -376,7 +386,7 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
     fail_with(ErrorKind::Value, kOp, ": the forward's ROWWISE weight scales have shape ", shape_string(ws),
               "; expected ", groups * k, " of them (one per row of [G, K, N])");
   std::optional<WeightOperand> wb;
-  if (need_a && d_q) wb = given_weight("d", *d_q, d_s, d_rows, b_in.sizes()[0], k, n);
+  if (need_a && d_q) wb = given_weight("d", *d_q, d_s, d_rows, b_in.sizes()[0], k, n, granularity);
   DeviceScope scope(device);
   void* stream = current_stream(device);
   // A given ROWWISE copy's scales once a row (the row-scaled kernel), on the op's device.
@@ -406,6 +416,33 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
   }
   if (need_b) grad_b = hp_wgrad(a, grad, group_lens, group_offs, trans_b, k, num_sms, device);
   return {grad_a, grad_b};
+}
+
+// A ROWWISE weight stack w [G, N, K] (used with trans_b; N a multiple of 128) quantized for a layer's
+// per-step cache from one amax pass and one quantize pass: (q [G, N, K], s [G, N]) the forward's B
+// and (q_t [G, K, N], s_t [G, K]) the dgrad's, each one scale a row as the row-scaled kernel reads
+// them (b_rows / d_rows 0). The values are the uncached training forward's, bit for bit.
+std::tuple<Tensor, Tensor, Tensor, Tensor> grouped_weight_rows_fp8(Tensor w_in, ScalarType dtype) {
+  constexpr const char* op = "grouped_weight_rows_fp8";
+  if (w_in.dim() != 3) fail_with(ErrorKind::Value, op, ": expected w [G, N, K], got ", shape_string(w_in));
+  if (!is_hp(w_in.scalar_type()))
+    fail_with(ErrorKind::Type, op, ": w has dtype ", dtype_name(w_in.scalar_type()), "; expected bfloat16 or float16");
+  if (dtype != ScalarType::Float8_e4m3fn && dtype != ScalarType::Float8_e5m2)
+    fail_with(ErrorKind::Type, op, ": out_dtype is ", dtype_name(dtype), "; expected float8_e4m3fn or float8_e5m2");
+  const int64_t g = w_in.sizes()[0], n = w_in.sizes()[1], k = w_in.sizes()[2];
+  if (g == 0 || n == 0 || k == 0 || n % kBlock || k % 16)
+    fail_with(ErrorKind::Value, op, ": w ", shape_string(w_in), " must be non-empty with N a multiple of 128 (each ",
+              "expert's 128-row blocks) and K of 16 (FP8 rows are read 16 bytes at a time)");
+  const int32_t device = check_cuda(op, {{"w", &w_in}});
+  DeviceScope scope(device);
+  void* stream = current_stream(device);
+  const Tensor w = as_contiguous(w_in);
+  // Both copies kept (returned), each in its own allocation: a cache may drop one before the other.
+  const QuantRequest request{&w, QuantSpec{dtype, PT_QUANT_ROWWISE}, true, true};
+  const auto q = quantize_fp8_jobs({request}, device, stream, op);
+  const WeightOperand fwd = weight_rows(*q[0].first, g);
+  const Quantized& dgrad = *q[0].second;  // [G, K, N], one scale a row of it
+  return {fwd.q, fwd.s, dgrad.q, torch::stable::view(as_contiguous(dgrad.s), {g, k})};
 }
 
 // ---- MXFP4, emulated on the FP8 kernel (ops/grouped_gemm_fp4.py) --------------------------------
@@ -531,6 +568,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(primus_turbo, m) {
         "Tensor? group_offs, int b_scale_rows, ScalarType out_dtype, int num_sms) -> Tensor");
   m.def("grouped_gemm_fp8_wgrad_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor group_lens, "
         "Tensor? group_offs, int tokens, ScalarType out_dtype, int num_sms) -> Tensor");
+  m.def("grouped_weight_rows_fp8(Tensor w, ScalarType out_dtype) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 static void register_kernels(torch::stable::detail::StableLibrary& m) {
@@ -540,6 +578,7 @@ static void register_kernels(torch::stable::detail::StableLibrary& m) {
   m.impl("grouped_gemm_fp4_bwd", TORCH_BOX(&grouped_gemm_fp4_bwd));
   m.impl("grouped_gemm_fp8_mm", TORCH_BOX(&grouped_gemm_fp8_mm));
   m.impl("grouped_gemm_fp8_wgrad_mm", TORCH_BOX(&grouped_gemm_fp8_wgrad_mm));
+  m.impl("grouped_weight_rows_fp8", TORCH_BOX(&grouped_weight_rows_fp8));
 }
 
 PT_REGISTER_CUDA_AND_CPU(register_kernels)

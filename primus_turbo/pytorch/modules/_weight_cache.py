@@ -62,6 +62,7 @@ class QuantizedWeightCache:
     def _init_weight_cache(self, enabled: bool) -> None:
         self.cache_quantized_weight = bool(enabled)
         self._weight_cache = None  # (key, data, data_t)
+        self._weight_rows = None  # (key, (q, s, q_t, s_t)): a ROWWISE stack's kernel-ready copies
         self._weight_cache_fresh = False
         if self.cache_quantized_weight:
             _track(self)
@@ -69,6 +70,7 @@ class QuantizedWeightCache:
     def invalidate_weight_cache(self) -> None:
         """Drops the cached FP8 copies of the weight; the next forward quantizes it again."""
         self._weight_cache = None
+        self._weight_rows = None
         self._weight_cache_fresh = False
 
     def _apply(self, fn, *args, **kwargs):  # .to() / .cuda() / .half(): the copies would be stale
@@ -78,6 +80,7 @@ class QuantizedWeightCache:
     def __getstate__(self):  # pickling and deepcopy leave the cache behind
         state = self.__dict__.copy()
         state["_weight_cache"] = None
+        state["_weight_rows"] = None
         state["_weight_cache_fresh"] = False
         return state
 
@@ -118,6 +121,20 @@ class QuantizedWeightCache:
         if self._weight_cache is None or self._weight_cache[0] != self._cache_key():
             self._quantize_weight()
         return self._weight_cache[1], self._weight_cache[2]
+
+    def _rows_copies(self):
+        """A ROWWISE weight stack's two copies for this optimizer step in the grouped kernels' own
+        form, ``(q [G, N, K], s [G, N], q_t [G, K, N], s_t [G, K])``, from one native pass at first
+        use (the QuantizedTensor copies would take a transpose of the weight and two of their FP8
+        data); None where that form does not apply. Dropped with the other copies."""
+        from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_weight_rows, weight_rows_native_ok
+
+        if not weight_rows_native_ok(self.weight, self.config):
+            return None
+        key, held = self._cache_key(), getattr(self, "_weight_rows", None)  # absent in a layer pickled before
+        if held is None or held[0] != key:
+            held = self._weight_rows = (key[:-1] + (copy.copy(self.config),), grouped_weight_rows(self.weight, self._fp8_dtype()))
+        return held[1]
 
     def step_refresh(self) -> Optional[str]:
         """How an optimizer that knows this protocol (turbo.optim.FusedAdamW) makes the weight's FP8

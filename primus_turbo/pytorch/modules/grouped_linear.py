@@ -15,6 +15,7 @@ from primus_turbo.pytorch.ops.grouped_gemm_fp8 import (
     cached_weight_native_ok,
     grouped_gemm_fp8,
     grouped_gemm_fp8_cached_weight,
+    grouped_gemm_fp8_rows_cached,
 )
 
 __all__ = ["GroupedLinear"]
@@ -90,7 +91,11 @@ class GroupedLinear(QuantizedWeightCache, nn.Module):
         if self.config is None:
             return grouped_gemm(x, self.weight, group_lens, group_offs, trans_b=True)
         if self._weight_cached_now() and cached_weight_native_ok(x, self.config):
-            # One native call a direction; the copies' kernel layouts are made once a step.
+            # One native call a direction; the copies' kernel layouts are made once a step (ROWWISE:
+            # both in one native pass, already in the kernels' form).
+            rows = self._rows_copies()
+            if rows is not None:
+                return grouped_gemm_fp8_rows_cached(x, self.weight, *rows, group_lens, group_offs, self.config)
             data, data_t = self._cached_copies()
             return grouped_gemm_fp8_cached_weight(x, self.weight, data, data_t, group_lens, group_offs, self.config)
         return grouped_gemm_fp8(x, self.weight_operand(), group_lens, group_offs, trans_b=True, config=self.config)

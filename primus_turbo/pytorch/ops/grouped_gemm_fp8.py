@@ -689,6 +689,47 @@ def cached_weight_native_ok(a, config) -> bool:
     )
 
 
+def _weight_rows_fake(w, out_dtype):
+    g, n, k = w.shape
+    return (w.new_empty((g, n, k), dtype=out_dtype), w.new_empty((g, n), dtype=torch.float32),
+            w.new_empty((g, k, n), dtype=out_dtype), w.new_empty((g, k), dtype=torch.float32))
+
+
+library.register_fake("grouped_weight_rows_fp8", _weight_rows_fake)
+_weight_rows_op = native.ops.grouped_weight_rows_fp8.default
+
+
+def weight_rows_native_ok(w: torch.Tensor, config) -> bool:
+    """Whether a weight stack's ROWWISE per-step copies come from :func:`grouped_weight_rows`: 3-D
+    bf16/fp16 on CUDA, each expert's rows a multiple of 128, K of 16, nothing empty."""
+    return (
+        config.granularity == ScalingGranularity.ROWWISE and w.dim() == 3 and w.is_cuda and w.dtype in _IN_DTYPES
+        and w.numel() > 0 and w.shape[1] % _BLOCK == 0 and w.shape[2] % 16 == 0
+    )
+
+
+@native.raises_python_errors
+def grouped_weight_rows(w: torch.Tensor, dtype: torch.dtype):
+    """A ROWWISE weight stack ``w [G, N, K]`` (``trans_b`` layout) quantized in one native pass into
+    both copies the grouped kernels read, one scale a row each: ``(q [G, N, K], s [G, N])`` for the
+    forward and ``(q_t [G, K, N], s_t [G, K])`` for the dgrad, the values the uncached training
+    forward makes. The caller checked :func:`weight_rows_native_ok`."""
+    with torch.no_grad():
+        return _weight_rows_op(w.detach(), dtype)
+
+
+def grouped_gemm_fp8_rows_cached(a, weight, q, s, q_t, s_t, group_lens, group_offs, config, num_sms: int = 0):
+    """``grouped_gemm_fp8(a, weight, ..., trans_b=True)`` at ROWWISE with the weight's copies from
+    :func:`grouped_weight_rows` (a layer's per-step cache): the native training op quantizes only the
+    tokens and the output gradient; ``weight`` receives the bf16/fp16 wgrad. The caller checked
+    ``cached_weight_native_ok``."""
+    fwd_dtype, grad_dtype = _dtypes(config.format)
+    need_d = a.requires_grad and torch.is_grad_enabled()
+    return _train_op(a, weight, group_lens, group_offs, True, a.dtype, fwd_dtype, grad_dtype,
+                     _NATIVE_GRANULARITY[ScalingGranularity.ROWWISE], num_sms, q, s, 0, q_t if need_d else None,
+                     s_t if need_d else None, 0, fast_accum=config.fast_accum)
+
+
 def grouped_gemm_fp8_cached_weight(a, weight, data, data_t, group_lens, group_offs, config, num_sms: int = 0):
     """``grouped_gemm_fp8(a, weight, ..., trans_b=True)`` with the weight ``[G, N, K]`` already quantized
     for this optimizer step (``data`` along K, ``data_t`` along N, as ``create_quantized_weight`` makes
