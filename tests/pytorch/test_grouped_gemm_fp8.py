@@ -372,6 +372,15 @@ def test_fast_accum_changes_the_forward_product_only(lens, g):
     assert snr_db(fast, full.double()) >= 35.0
 
 
+def _uncached_and_cached(groups: int, k: int, n: int, config):
+    """Two bf16 GroupedLinear layers with the same weights: one quantizing per call, one caching."""
+    ref = turbo.modules.GroupedLinear(groups, k, n, device="cuda", dtype=torch.bfloat16, config=config)
+    cached = turbo.modules.GroupedLinear(groups, k, n, device="cuda", dtype=torch.bfloat16, config=config,
+                                         cache_quantized_weight=True)
+    cached.load_state_dict(ref.state_dict())
+    return ref, cached
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 @pytest.mark.parametrize("g", [ScalingGranularity.TENSORWISE, ScalingGranularity.ROWWISE, ScalingGranularity.BLOCKWISE],
                          ids=lambda v: v.name)
@@ -399,11 +408,7 @@ def test_grouped_linear_fp8_weight_cache_matches_and_refreshes(g, native, monkey
     if not native:
         monkeypatch.setattr(gl, "cached_weight_native_ok", lambda *a: False)
     torch.manual_seed(11)
-    config = cfg(g, Format.HYBRID)
-    ref = turbo.modules.GroupedLinear(4, 256, 128, device="cuda", dtype=torch.bfloat16, config=config)
-    cached = turbo.modules.GroupedLinear(4, 256, 128, device="cuda", dtype=torch.bfloat16, config=config,
-                                         cache_quantized_weight=True)
-    cached.load_state_dict(ref.state_dict())
+    ref, cached = _uncached_and_cached(4, 256, 128, cfg(g, Format.HYBRID))
     lens = torch.tensor([40, 0, 72, 16], dtype=torch.int64, device="cuda")
     check_weight_cache_over_microbatches(
         ref, cached, lambda: torch.randn(128, 256, device="cuda", dtype=torch.bfloat16),
@@ -422,11 +427,7 @@ def test_grouped_linear_rows_cache_is_the_uncached_layer_bit_for_bit():
     if not native_core.CPP_AUTOGRAD:
         pytest.skip("the C++ autograd library is not loaded")
     torch.manual_seed(5)
-    config = cfg(RW, Format.HYBRID)
-    ref = turbo.modules.GroupedLinear(3, 256, 384, device="cuda", dtype=torch.bfloat16, config=config)
-    cached = turbo.modules.GroupedLinear(3, 256, 384, device="cuda", dtype=torch.bfloat16, config=config,
-                                         cache_quantized_weight=True)
-    cached.load_state_dict(ref.state_dict())
+    ref, cached = _uncached_and_cached(3, 256, 384, cfg(RW, Format.HYBRID))
     q, s, q_t, s_t = grouped_weight_rows(cached.weight, torch.float8_e4m3fn)
     assert (q.shape, s.shape, q_t.shape, s_t.shape) == ((3, 384, 256), (3, 384), (3, 256, 384), (3, 256))
     lens = torch.tensor([100, 0, 92], dtype=torch.int64, device="cuda")
