@@ -507,3 +507,39 @@ def test_every_config_gives_the_same_product(gran):
     for config, out in enumerate(outs):
         assert snr_db(out.double(), expect) >= KERNEL_GATE, f"config {config}"
         torch.testing.assert_close(out, outs[0], rtol=1e-2, atol=1e-2, msg=f"config {config} against config 0")
+
+
+def test_given_weight_copies_on_another_device_are_refused_by_name():
+    """The weight copies a cache passes (b_q / b_s, d_q / d_s) are device-checked with the other
+    arguments before any launch."""
+    from primus_turbo.pytorch.core import native as native_core
+    from primus_turbo.pytorch.ops.gemm_fp8 import _NATIVE_GRANULARITY
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_weight_rows
+
+    a = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2, 128, 256, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([32, 32], dtype=torch.int64, device="cuda")
+    q, s, q_t, s_t = grouped_weight_rows(w, torch.float8_e4m3fn)
+    fwd = native_core.raises_python_errors(torch.ops.primus_turbo.grouped_gemm_fp8_fwd.default)
+    code = _NATIVE_GRANULARITY[RW]
+    with pytest.raises(ValueError, match="'b_s' is on cpu"):
+        fwd(a, w, lens, None, True, torch.bfloat16, torch.float8_e4m3fn, code, 0, True, q, s.cpu(), 0, False)
+    out = fwd(a, w, lens, None, True, torch.bfloat16, torch.float8_e4m3fn, code, 0, True, q, s, 0, False)[0]
+    bwd = native_core.raises_python_errors(torch.ops.primus_turbo.grouped_gemm_fp8_bwd.default)
+    empty = torch.empty(0, device="cuda")
+    with pytest.raises(ValueError, match="'d_q' is on cpu"):
+        bwd(torch.randn_like(out), a, w, empty, empty, lens, None, True, torch.float8_e5m2, torch.float8_e4m3fn, code,
+            0, True, False, q_t.cpu(), s_t, 0)
+
+
+def test_weight_cache_is_not_read_under_cuda_graph_capture():
+    """A captured graph would read copies the next optimizer step replaces: under capture the layer
+    quantizes per call."""
+    layer = turbo.modules.GroupedLinear(2, 256, 128, device="cuda", dtype=torch.bfloat16, config=cfg(RW),
+                                        cache_quantized_weight=True)
+    assert layer._weight_cached_now()
+    graph, x = torch.cuda.CUDAGraph(), torch.zeros(4, device="cuda")
+    with torch.cuda.graph(graph):
+        x.add_(1)
+        assert not layer._weight_cached_now()
+    assert layer._weight_cached_now()

@@ -15,8 +15,10 @@
 // one read (each expert's transposed copy written by the quantizer: a 128x128 block keeps its
 // scale when transposed; ROWWISE scales the copy per column of the expert, after an amax pass).
 // Other ROWWISE weights are quantized again along N by the backward. Group sizes stay on the device.
+#include <initializer_list>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/stable/ops.h>
@@ -292,10 +294,13 @@ std::tuple<int64_t, int64_t, int64_t> check_operands(const Tensor& a, const Tens
   return mkn;
 }
 
+// given: a weight's copies passed in the kernel's layout (b_q / b_s, d_q / d_s), checked with the rest.
 int32_t check_devices(const char* first, const Tensor& x, const Tensor& b, const Tensor& lens,
-                      const std::optional<Tensor>& offs, const char* op = kOp) {
+                      const std::optional<Tensor>& offs, const char* op = kOp,
+                      std::initializer_list<std::pair<const char*, const std::optional<Tensor>*>> given = {}) {
   NamedTensors all{{first, &x}, {"b", &b}, {"group_lens", &lens}};
   add_present(all, "group_offs", offs);
+  for (const auto& [name, t] : given) add_present(all, name, *t);
   return check_cuda(op, all);
 }
 
@@ -312,7 +317,7 @@ std::tuple<Tensor, Tensor, Tensor> grouped_gemm_fp8_fwd(Tensor a_in, Tensor b_in
                                                         std::optional<Tensor> b_q, std::optional<Tensor> b_s,
                                                         int64_t b_rows, bool fast_accum) {
   const auto [m, k, n] = check_operands(a_in, b_in, group_lens, group_offs, trans_b, out_dtype, granularity);
-  const int32_t device = check_devices("a", a_in, b_in, group_lens, group_offs);
+  const int32_t device = check_devices("a", a_in, b_in, group_lens, group_offs, kOp, {{"b_q", &b_q}, {"b_s", &b_s}});
   DeviceScope scope(device);
   void* stream = current_stream(device);
   check_group_lens_on_host(kOp, group_lens, m, stream);
@@ -371,7 +376,8 @@ std::tuple<Tensor, Tensor> grouped_gemm_fp8_bwd(Tensor grad_in, Tensor a, Tensor
                                                 ScalarType grad_dtype, ScalarType fwd_dtype, int64_t granularity,
                                                 int64_t num_sms, bool need_a, bool need_b, std::optional<Tensor> d_q,
                                                 std::optional<Tensor> d_s, int64_t d_rows) {
-  const int32_t device = check_devices("grad_out", grad_in, b_in, group_lens, group_offs);
+  const int32_t device =
+      check_devices("grad_out", grad_in, b_in, group_lens, group_offs, kOp, {{"d_q", &d_q}, {"d_s", &d_s}});
   check_backward_operands(kOp, grad_in, a, b_in);
   const ScalarType a_dtype = a.scalar_type();
   const int64_t m = grad_in.sizes()[0], n = grad_in.sizes()[1], k = trans_b ? b_in.sizes()[2] : b_in.sizes()[1];

@@ -56,8 +56,8 @@ class QuantizedWeightCache:
     ``trans_b=True``) and ``config`` (a Float8QuantConfig): ``weight_operand()`` is the weight, or
     with ``cache_quantized_weight`` its cached FP8 pair (along K for the forward, along N for the
     dgrad), rebuilt when the weight's storage, version counter, dtype, shape, device or the config
-    change, and dropped by every torch optimizer step. Eager training only: under torch.compile and
-    inference mode the weight is quantized per call."""
+    change, and dropped by every torch optimizer step. Eager training only: under torch.compile,
+    CUDA-graph capture and inference mode the weight is quantized per call."""
 
     def _init_weight_cache(self, enabled: bool) -> None:
         self.cache_quantized_weight = bool(enabled)
@@ -101,6 +101,7 @@ class QuantizedWeightCache:
         max |weight| reduced elsewhere, when given), or ``quantized`` = (q, scale_inv) made
         elsewhere along K exactly as here."""
         w, q_t = self.weight.detach(), None
+        self._weight_rows = None  # one set of copies at a time
         with torch.no_grad():
             if quantized is None and self.config.granularity == ScalingGranularity.TENSORWISE and w.dim() == 2 and w.is_cuda:
                 # The dgrad's transposed copy in the same pass (else a transpose of the FP8 copy per step).
@@ -133,6 +134,7 @@ class QuantizedWeightCache:
             return None
         key, held = self._cache_key(), getattr(self, "_weight_rows", None)  # absent in a layer pickled before
         if held is None or held[0] != key:
+            self._weight_cache = None  # one set of copies at a time
             held = self._weight_rows = (key[:-1] + (copy.copy(self.config),), grouped_weight_rows(self.weight, self._fp8_dtype()))
         return held[1]
 
@@ -187,6 +189,8 @@ class QuantizedWeightCache:
             and not isinstance(self.weight, QuantizedTensor)
             and not torch.compiler.is_compiling()
             and not torch.is_inference_mode_enabled()  # inference tensors cannot serve a later backward
+            # A captured graph would keep reading copies the next optimizer step frees or replaces.
+            and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
         )
 
     def weight_operand(self):

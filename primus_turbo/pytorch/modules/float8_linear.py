@@ -27,7 +27,8 @@ class Float8Linear(QuantizedWeightCache, Linear):
     the weight is quantized once per step instead of once per forward. Code that changes the weight
     through ``weight.data`` outside a torch optimizer (which leaves the version counter as it was),
     or edits ``config`` in place, calls :meth:`invalidate_weight_cache`. Eager training only:
-    under ``torch.compile`` and ``torch.inference_mode`` the weight is quantized per call.
+    under ``torch.compile``, CUDA-graph capture and ``torch.inference_mode`` the weight is
+    quantized per call.
     """
 
     def __init__(

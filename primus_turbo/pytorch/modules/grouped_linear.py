@@ -35,8 +35,8 @@ class GroupedLinear(QuantizedWeightCache, nn.Module):
     counter moves, or any torch optimizer steps): with gradient accumulation or activation
     recomputation the experts' weights are quantized once per step instead of once per forward.
     Code that changes the weight through ``weight.data`` outside a torch optimizer calls
-    :meth:`invalidate_weight_cache`. Eager training only: under ``torch.compile`` and
-    ``torch.inference_mode`` the weight is quantized per call.
+    :meth:`invalidate_weight_cache`. Eager training only: under ``torch.compile``, CUDA-graph
+    capture and ``torch.inference_mode`` the weight is quantized per call.
     """
 
     def __init__(

@@ -718,6 +718,7 @@ def grouped_weight_rows(w: torch.Tensor, dtype: torch.dtype):
         return _weight_rows_op(w.detach(), dtype)
 
 
+@native.raises_python_errors
 def grouped_gemm_fp8_rows_cached(a, weight, q, s, q_t, s_t, group_lens, group_offs, config, num_sms: int = 0):
     """``grouped_gemm_fp8(a, weight, ..., trans_b=True)`` at ROWWISE with the weight's copies from
     :func:`grouped_weight_rows` (a layer's per-step cache): the native training op quantizes only the
@@ -730,6 +731,7 @@ def grouped_gemm_fp8_rows_cached(a, weight, q, s, q_t, s_t, group_lens, group_of
                      s_t if need_d else None, 0, fast_accum=config.fast_accum)
 
 
+@native.raises_python_errors
 def grouped_gemm_fp8_cached_weight(a, weight, data, data_t, group_lens, group_offs, config, num_sms: int = 0):
     """``grouped_gemm_fp8(a, weight, ..., trans_b=True)`` with the weight ``[G, N, K]`` already quantized
     for this optimizer step (``data`` along K, ``data_t`` along N, as ``create_quantized_weight`` makes
