@@ -718,17 +718,24 @@ def grouped_weight_rows(w: torch.Tensor, dtype: torch.dtype):
         return _weight_rows_op(w.detach(), dtype)
 
 
+def _train_given_weight(a, weight, group_lens, group_offs, config, num_sms: int, fwd, dgrad):
+    """The native training op with the weight's copies given in the kernel's layout: ``fwd`` the
+    forward's ``(q, s, rows)``, ``dgrad()`` the dgrad's, asked for only when ``a`` will get a
+    gradient. ``weight`` receives the bf16/fp16 wgrad."""
+    fwd_dtype, grad_dtype = _dtypes(config.format)
+    qd, sd, d_rows = dgrad() if a.requires_grad and torch.is_grad_enabled() else (None, None, 0)
+    return _train_op(a, weight, group_lens, group_offs, True, a.dtype, fwd_dtype, grad_dtype,
+                     _NATIVE_GRANULARITY[config.granularity], num_sms, *fwd, qd, sd, d_rows,
+                     fast_accum=config.fast_accum)
+
+
 @native.raises_python_errors
 def grouped_gemm_fp8_rows_cached(a, weight, q, s, q_t, s_t, group_lens, group_offs, config, num_sms: int = 0):
     """``grouped_gemm_fp8(a, weight, ..., trans_b=True)`` at ROWWISE with the weight's copies from
-    :func:`grouped_weight_rows` (a layer's per-step cache): the native training op quantizes only the
-    tokens and the output gradient; ``weight`` receives the bf16/fp16 wgrad. The caller checked
-    ``cached_weight_native_ok``."""
-    fwd_dtype, grad_dtype = _dtypes(config.format)
-    need_d = a.requires_grad and torch.is_grad_enabled()
-    return _train_op(a, weight, group_lens, group_offs, True, a.dtype, fwd_dtype, grad_dtype,
-                     _NATIVE_GRANULARITY[ScalingGranularity.ROWWISE], num_sms, q, s, 0, q_t if need_d else None,
-                     s_t if need_d else None, 0, fast_accum=config.fast_accum)
+    :func:`grouped_weight_rows` (a layer's per-step cache, one scale a row: rows 0): the native
+    training op quantizes only the tokens and the output gradient; ``weight`` receives the
+    bf16/fp16 wgrad. The caller checked ``cached_weight_native_ok``."""
+    return _train_given_weight(a, weight, group_lens, group_offs, config, num_sms, (q, s, 0), lambda: (q_t, s_t, 0))
 
 
 @native.raises_python_errors
@@ -738,16 +745,11 @@ def grouped_gemm_fp8_cached_weight(a, weight, data, data_t, group_lens, group_of
     them): their kernel layouts (restated once, kept with the copies) go to the native training op,
     which quantizes only the tokens and the output gradient; ``weight`` receives the bf16/fp16 wgrad.
     The caller checked ``cached_weight_native_ok``."""
-    op = "grouped_gemm_fp8"
-    g = config.granularity
-    fwd_dtype, grad_dtype = _dtypes(config.format)
-    qb, sb, rows = _qo.grouped_weight(op, "b", data, 2)
-    qd = sd = None
-    d_rows = 0
-    if a.requires_grad and torch.is_grad_enabled():
-        qd, sd, d_rows = _dgrad_weight(data, data_t, g, fwd_dtype, 1)
-    return _train_op(a, weight, group_lens, group_offs, True, a.dtype, fwd_dtype, grad_dtype, _NATIVE_GRANULARITY[g],
-                     num_sms, qb, sb, rows, qd, sd, d_rows, fast_accum=config.fast_accum)
+    fwd_dtype = _dtypes(config.format)[0]
+    return _train_given_weight(
+        a, weight, group_lens, group_offs, config, num_sms, _qo.grouped_weight("grouped_gemm_fp8", "b", data, 2),
+        lambda: _dgrad_weight(data, data_t, config.granularity, fwd_dtype, 1),
+    )
 
 
 def _quantized_forward(a, b, group_lens, group_offs, trans_b: bool, out_dtype, config, num_sms: int, pattern):
