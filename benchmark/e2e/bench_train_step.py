@@ -25,6 +25,8 @@ Variants:
 - ``turbo_fp8_<granularity>``: ``turbo.convert_model(model, fp8_config=...)`` (Float8Linear,
   HYBRID; the router stays bf16) on top of that, and ``grouped_gemm_fp8`` experts, for
   tensorwise, rowwise and blockwise;
+- ``turbo_fp8_<granularity>_fp8attn``: the same with FP8 attention too (``flash_attn_fp8_func``:
+  q, k and v quantized in blocks of 64 rows inside the forward; the 16-bit backward);
 - ``turbo_*_compile``: a turbo variant under torch.compile (by default ``turbo_bf16_compile`` and
   ``turbo_fp8_rowwise_compile``; the others by ``--variants``);
 - ``torchao_fp8_<recipe>_compile``: the torch model with torchao's float8 training
@@ -78,6 +80,7 @@ ALL_VARIANTS = (
     + tuple(f"turbo_fp8_{g}" for g in GRANULARITIES)
     + tuple(f"turbo_fp8_{g}_compile" for g in GRANULARITIES)
     + tuple(f"torchao_fp8_{r}_compile" for r in TORCHAO_RECIPES)
+    + tuple(f"turbo_fp8_{g}_fp8attn" for g in GRANULARITIES)
 )
 # What a plain run measures: one compiled FP8 variant of ours (rowwise) beside the eager ones, and
 # torchao's where it is installed.
@@ -128,7 +131,8 @@ def build(variant: str, base_state: dict, m, layers: int, arch: str, device, dty
             for mod in model.modules():
                 if isinstance(mod, turbo.modules.Float8Linear):
                     mod._init_weight_cache(True)
-        model.use_turbo(turbo, fp8_config=fp8, cache_fp8_weights=cache, fused_routing=fused_routing)
+        model.use_turbo(turbo, fp8_config=fp8, cache_fp8_weights=cache, fused_routing=fused_routing,
+                        fp8_attention=variant.endswith("_fp8attn"))
     if variant.endswith("compile"):
         torch._dynamo.reset()  # each compiled variant from scratch: no recompile limit across variants
     step_model = torch.compile(model) if variant.endswith("compile") else model
@@ -412,7 +416,8 @@ def main() -> int:
             if r["status"] != "OK" or not r["variant"].startswith("turbo") or r["variant"].endswith("compile"):
                 continue
             prefix = f"e2e_{args.arch}_"
-            name = prefix + ("bf16" if r["variant"] == "turbo_bf16" else "fp8_" + fp8_granularity(r["variant"])) + tag
+            name = prefix + ("bf16" if r["variant"] == "turbo_bf16" else "fp8_" + fp8_granularity(r["variant"]))
+            name += ("_fp8attn" if r["variant"].endswith("_fp8attn") else "") + tag
             entry = bu.summary_entry(
                 [r["tflops"]], [base["tflops"]], [r["loss_rel_diff"] <= (0.02 if "bf16" in name else 0.05)],
                 out_snr_db=r.get("out_snr_db"),
@@ -421,17 +426,21 @@ def main() -> int:
                 attn_backend=r["attn_backend"],
             )
             bu.update_summary(args.output_dir, gpu, name, entry)
-        # Ours against torchao's float8 + torch.compile, each side's fastest FP8 variant.
-        ours = [r for r in rows if r["status"] == "OK" and r["variant"].startswith("turbo_fp8")]
+        # Ours against torchao's float8 + torch.compile, each side's fastest FP8 variant: FP8 GEMMs only
+        # (as torchao's recipes), and, where run, with FP8 attention too (entry "_fp8attn").
         theirs = [r for r in rows if r["status"] == "OK" and r["variant"].startswith("torchao")]
-        if ours and theirs:
+        for suffix in ("", "_fp8attn"):
+            ours = [r for r in rows if r["status"] == "OK" and r["variant"].startswith("turbo_fp8")
+                    and r["variant"].endswith("_fp8attn") == bool(suffix)]
+            if not (ours and theirs):
+                continue
             best, ref = max(ours, key=lambda r: r["tflops"]), max(theirs, key=lambda r: r["tflops"])
             gate = best.get("loss_rel_diff", float("inf")) <= 0.05  # the FP8 loss gate
             entry = bu.summary_entry([best["tflops"]], [ref["tflops"]], [gate], metric="model TFLOPS (fwd+bwd)",
                                      baseline=f"torchao float8 + torch.compile ({ref['variant']})", gpu=gpu,
                                      variant=best["variant"])
             # Named by the configuration only: the runs that include torchao are what this entry measures.
-            bu.update_summary(args.output_dir, gpu, f"e2e_{args.arch}_fp8_vs_torchao{config_tag}", entry)
+            bu.update_summary(args.output_dir, gpu, f"e2e_{args.arch}_fp8_vs_torchao{suffix}{config_tag}", entry)
     return 0 if all(r["status"] == "OK" for r in rows) else 1
 
 

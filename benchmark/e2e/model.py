@@ -11,7 +11,8 @@ layers run on torch ops or, after ``use_turbo(...)``, on ours, with the same par
   model has them.
 
 torch path: SDPA, torch RoPE and SwiGLU, ``torch._grouped_mm`` experts with argsort / index_add
-routing. turbo path: ``turbo.ops.rope``, ``flash_attn_func``, ``fused_group_topk_routing_with_aux_score``
+routing. turbo path: ``turbo.ops.rope``, ``flash_attn_func`` (``flash_attn_fp8_func`` with
+``fp8_attention``), ``fused_group_topk_routing_with_aux_score``
 (softmax top-k; the k probabilities renormalized as the torch path does), ``swiglu``, ``token_permute``,
 ``grouped_gemm`` (``grouped_gemm_fp8`` with an FP8 config), ``swiglu_with_probs``,
 ``token_unpermute``; the Linear and RMSNorm layers become ours through ``turbo.convert_model``.
@@ -50,6 +51,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(hidden, sum(self.splits), bias=False)
         self.out = nn.Linear(hq * dv, hidden, bias=False)
         self.turbo = None
+        self.fp8_attention = False  # turbo path: flash_attn_fp8_func (q, k, v in FP8 blocks) for the core
 
     def forward(self, x, cos, sin):
         b, s = x.shape[:2]
@@ -59,7 +61,8 @@ class Attention(nn.Module):
         v = v.view(b, s, self.hkv, self.dv)
         if self.turbo is not None:
             q, k = self.turbo.ops.rope(q, k, cos, sin)
-            attn = self.turbo.ops.flash_attn_func(q, k, v, causal=True)  # [B, S, H, Dv]
+            attend = self.turbo.ops.flash_attn_fp8_func if self.fp8_attention else self.turbo.ops.flash_attn_func
+            attn = attend(q, k, v, causal=True)  # [B, S, H, Dv]
         else:
             q, k = torch_rope(q, cos, sin), torch_rope(k, cos, sin)
             attn = F.scaled_dot_product_attention(
@@ -257,9 +260,11 @@ class Stack(nn.Module):
         self.norm = nn.RMSNorm(m.hidden, eps=1e-5)
         self.rope_dim = self.layers[0].attn.dqk
 
-    def use_turbo(self, turbo, fp8_config=None, cache_fp8_weights: bool = False, fused_routing: bool = True) -> None:
+    def use_turbo(self, turbo, fp8_config=None, cache_fp8_weights: bool = False, fused_routing: bool = True,
+                  fp8_attention: bool = False) -> None:
         for layer in self.layers:
             layer.attn.turbo = layer.mlp.turbo = turbo
+            layer.attn.fp8_attention = fp8_attention
             if isinstance(layer.mlp, MoEMLP):
                 layer.mlp.fused_routing = fused_routing
                 layer.mlp.fp8_config = fp8_config

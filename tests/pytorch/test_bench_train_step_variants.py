@@ -33,6 +33,7 @@ def test_variant_names(bench):
         else:
             assert g is None
     assert bench.fp8_granularity("turbo_fp8_blockwise_compile") == "blockwise"
+    assert bench.fp8_granularity("turbo_fp8_tensorwise_fp8attn") == "tensorwise"
 
 
 def test_shared_kernel_ratio(bench):
