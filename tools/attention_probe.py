@@ -1,7 +1,7 @@
 """Times our TURBO attention forward or backward alone (bench_utils.time_cuda: median of per-call
 CUDA events) on a few shapes, for A/B tests of the sm90 kernels (with PRIMUS_TURBO_KERNEL_INCLUDE
 pointing at a variant of csrc/kernels): hdim 128 [8, 2K, 32/8] causal and [8, 2K, 32/32] full,
-[4, 4K, 32/8] causal, [2, 8K, 32/32] full, [1, 16K, 32/32] causal and full;
+[4, 4K, 32/8] causal, [1, 8K, 32/8] causal (the dense training step's), [2, 8K, 32/32] full, [1, 16K, 32/32] causal and full;
 MLA 192/128 [4, 4K, 128] and [1, 16K, 16] causal. The backward is autograd.grad of one forward.
 fp8fwd times flash_attn_fp8_func's forward (quantization included) and prints each kernel's share
 of the 16K shapes; fp8bwd times its backward on our FP8 backward kernels (MLA's head dims take the
@@ -23,7 +23,8 @@ from benchmark.ops.bench_utils import time_cuda  # noqa: E402
 
 SHAPES = [  # batch, seqlen, heads q / kv, head dims q·k / v, causal
     (8, 2048, 32, 8, 128, 128, True), (8, 2048, 32, 32, 128, 128, False),
-    (4, 4096, 32, 8, 128, 128, True), (2, 8192, 32, 32, 128, 128, False), (1, 16384, 32, 32, 128, 128, True),
+    (4, 4096, 32, 8, 128, 128, True), (1, 8192, 32, 8, 128, 128, True), (2, 8192, 32, 32, 128, 128, False),
+    (1, 16384, 32, 32, 128, 128, True),
     (1, 16384, 32, 32, 128, 128, False), (4, 4096, 128, 128, 192, 128, True), (1, 16384, 16, 16, 192, 128, True),
 ]
 
