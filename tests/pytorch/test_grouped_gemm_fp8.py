@@ -449,6 +449,50 @@ def test_grouped_linear_rows_cache_is_the_uncached_layer_bit_for_bit():
     assert cached._weight_rows is None
 
 
+@pytest.mark.parametrize("g", [ScalingGranularity.TENSORWISE, RW, ScalingGranularity.BLOCKWISE], ids=lambda v: v.name)
+def test_grouped_linear_cached_takes_what_the_uncached_layer_takes(g):
+    """A cached layer takes every input the uncached one takes, with the same results: a batch with
+    no tokens (an expert-parallel rank that got none: an empty output, a zero weight gradient) and,
+    at BLOCKWISE, experts whose rows are not whole 128-row blocks (out_features 192: the cached
+    form cannot hold their blocks, so the layer quantizes per call)."""
+    torch.manual_seed(7)
+    ref, cached = _uncached_and_cached(3, 256, 192, cfg(g, Format.HYBRID))
+    for lens in ([0, 0, 0], [40, 0, 56]):
+        rows = sum(lens)
+        lens = torch.tensor(lens, dtype=torch.int64, device="cuda")
+        x = torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(rows, 192, device="cuda", dtype=torch.bfloat16)
+        outs = []
+        for layer in (ref, cached):
+            xi = x.clone().requires_grad_(True)
+            y = layer(xi, lens)
+            y.backward(dy)
+            outs.append((y.detach(), xi.grad, layer.weight.grad.clone()))
+            layer.weight.grad = None
+        (yr, dxr, dwr), (yc, dxc, dwc) = outs
+        assert yc.shape == yr.shape == (rows, 192) and dxc.shape == (rows, 256)
+        if rows == 0:
+            assert dwc.abs().max().item() == 0 and dwr.abs().max().item() == 0
+        else:
+            assert snr_db(yc, yr) >= 40.0 and snr_db(dxc, dxr) >= 40.0 and snr_db(dwc, dwr) >= 40.0
+    assert cached._weight_cached_now() == (g != ScalingGranularity.BLOCKWISE)
+    assert cached.step_refresh() == {ScalingGranularity.TENSORWISE: "amax", RW: None, BW: None}[g]
+
+
+def test_native_forward_fake_matches_the_op_blockwise_k_not_multiple_of_128():
+    """The training forward's fake gives the dgrad copy's block scales the real op's shape,
+    [G, ceil(K/128), N/128], when K (here 208) is not a multiple of 128 (trans_b)."""
+    gf = sys.modules["primus_turbo.pytorch.ops.grouped_gemm_fp8"]
+    a = torch.randn(64, 208, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2, 256, 208, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([30, 34], dtype=torch.int64, device="cuda")
+    args = (a, b, lens, None, True, torch.bfloat16, torch.float8_e4m3fn, gf._NATIVE_GRANULARITY[BW], 0, True)
+    real = gf._fwd_op(*args)
+    fake = gf._fwd_fake(*args)
+    assert [tuple(t.shape) for t in real] == [tuple(t.shape) for t in fake]
+    assert tuple(real[2].shape) == (2, 2, 2)
+
+
 def test_grouped_weight_rows_checks():
     from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_weight_rows
 

@@ -258,7 +258,7 @@ def test_grouped_gemm_fp8_native_path_shapes_under_fake_cuda_tensors(granularity
             a, b, lens, None, trans_b, torch.bfloat16, fp8, code, 0, True
         )
         assert wq.shape == (g, k, n) and wq.dtype == fp8  # the dgrad's B, op(b) [G, K, N]
-        assert ws.shape == ((), (g, k, 1), (g, k // 128, -(-n // 128)))[code]  # per tensor, row, block
+        assert ws.shape == ((), (g, k, 1), (g, -(-k // 128), -(-n // 128)))[code]  # per tensor, row, block
         if granularity == ScalingGranularity.ROWWISE:  # experts' rows not whole 128-row tiles: b again
             odd = torch.empty((g, 144, k) if trans_b else (g, k, 144), device="cuda", dtype=torch.bfloat16)
             _, oq, os_ = torch.ops.primus_turbo.grouped_gemm_fp8_fwd(
@@ -270,6 +270,19 @@ def test_grouped_gemm_fp8_native_path_shapes_under_fake_cuda_tensors(granularity
             grad, a, b, wq, ws, lens, None, trans_b, torch.float8_e5m2, fp8, code, 0, True, True
         )
         assert da.shape == a.shape and db.shape == b.shape
+
+
+def test_grouped_gemm_fp8_fake_blockwise_dgrad_scales_round_k_up():
+    """BLOCKWISE with trans_b and K not a multiple of 128: the dgrad copy's block scales are
+    [G, ceil(K/128), N/128], as the op writes them (the fake once rounded K down)."""
+    with FakeTensorMode():
+        a = torch.empty((48, 208), device="cuda", dtype=torch.bfloat16)
+        b = torch.empty((3, 128, 208), device="cuda", dtype=torch.bfloat16)
+        lens = torch.empty((3,), device="cuda", dtype=torch.int64)
+        _, wq, ws = torch.ops.primus_turbo.grouped_gemm_fp8_fwd(
+            a, b, lens, None, True, torch.bfloat16, torch.float8_e4m3fn, 2, 0, True
+        )
+    assert wq.shape == (3, 208, 128) and ws.shape == (3, 2, 1)
 
 
 @pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False), (False, False)])

@@ -145,7 +145,7 @@ class QuantizedWeightCache:
         blocks: it writes the copy itself, :meth:`refresh_weight_cache_blocks`), else None."""
         if not getattr(self, "cache_quantized_weight", False) or self.config is None:
             return None
-        if isinstance(self.weight, QuantizedTensor) or self.weight.dim() < 1:
+        if isinstance(self.weight, QuantizedTensor) or self.weight.dim() < 1 or not self._weight_cache_applies():
             return None
         g = self.config.granularity
         if g == ScalingGranularity.TENSORWISE:
@@ -182,11 +182,17 @@ class QuantizedWeightCache:
             data = _StraightThrough.apply(w, data)
         return QuantizedTensorPair(data, data_t)
 
+    def _weight_cache_applies(self) -> bool:
+        """Whether the cached FP8 form can hold this layer's weight (a layer whose weight it cannot
+        express quantizes per call instead)."""
+        return True
+
     def _weight_cached_now(self) -> bool:
         """Whether this call reads the per-step cache (eager training with a plain weight)."""
         return (
             getattr(self, "cache_quantized_weight", False)
             and not isinstance(self.weight, QuantizedTensor)
+            and self._weight_cache_applies()
             and not torch.compiler.is_compiling()
             and not torch.is_inference_mode_enabled()  # inference tensors cannot serve a later backward
             # A captured graph would keep reading copies the next optimizer step frees or replaces.

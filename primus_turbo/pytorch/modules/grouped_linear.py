@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
 from primus_turbo.pytorch.modules._weight_cache import QuantizedWeightCache
 from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
 from primus_turbo.pytorch.ops.grouped_gemm_fp8 import (
@@ -36,7 +36,9 @@ class GroupedLinear(QuantizedWeightCache, nn.Module):
     recomputation the experts' weights are quantized once per step instead of once per forward.
     Code that changes the weight through ``weight.data`` outside a torch optimizer calls
     :meth:`invalidate_weight_cache`. Eager training only: under ``torch.compile``, CUDA-graph
-    capture and ``torch.inference_mode`` the weight is quantized per call.
+    capture and ``torch.inference_mode`` the weight is quantized per call, and so is a BLOCKWISE
+    stack whose experts are not whole 128-row blocks (``out_features % 128``: the cached form keeps
+    128 x 128 blocks inside one expert).
     """
 
     def __init__(
@@ -90,7 +92,7 @@ class GroupedLinear(QuantizedWeightCache, nn.Module):
             )
         if self.config is None:
             return grouped_gemm(x, self.weight, group_lens, group_offs, trans_b=True)
-        if self._weight_cached_now() and cached_weight_native_ok(x, self.config):
+        if self._weight_cached_now() and cached_weight_native_ok(x, self.weight, self.config):
             # One native call a direction; the copies' kernel layouts are made once a step (ROWWISE:
             # both in one native pass, already in the kernels' form).
             rows = self._rows_copies()
@@ -99,6 +101,12 @@ class GroupedLinear(QuantizedWeightCache, nn.Module):
             data, data_t = self._cached_copies()
             return grouped_gemm_fp8_cached_weight(x, self.weight, data, data_t, group_lens, group_offs, self.config)
         return grouped_gemm_fp8(x, self.weight_operand(), group_lens, group_offs, trans_b=True, config=self.config)
+
+    def _weight_cache_applies(self) -> bool:
+        # BLOCKWISE: an expert's 128 x 128 weight blocks may not reach into the next expert, so a
+        # stack whose experts are not whole 128-row blocks is quantized per call (as without the cache).
+        g = self.config.granularity if self.config is not None else None
+        return g != ScalingGranularity.BLOCKWISE or self.weight.shape[1] % 128 == 0
 
     def extra_repr(self) -> str:
         extra = f", config={self.config}" if self.config is not None else ""

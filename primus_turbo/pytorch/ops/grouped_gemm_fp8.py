@@ -393,7 +393,7 @@ def _fwd_fake(a, b, group_lens, group_offs, trans_b, out_dtype, fwd_dtype, granu
         return out, library.placeholder(a), library.placeholder(a)
     # The dgrad's B: op(b) [G, K, N], K-major along N; scales per tensor, per row of it, per block.
     g = b.shape[0]
-    s = () if granularity == 0 else (g, k, 1) if granularity == 1 else (g, k // _BLOCK, _cdiv(n, _BLOCK))
+    s = () if granularity == 0 else (g, k, 1) if granularity == 1 else (g, _cdiv(k, _BLOCK), _cdiv(n, _BLOCK))
     return out, b.new_empty((g, k, n), dtype=fwd_dtype), b.new_empty(s, dtype=torch.float32)
 
 
@@ -679,13 +679,15 @@ def grouped_gemm_fp8(
     )
 
 
-def cached_weight_native_ok(a, config) -> bool:
+def cached_weight_native_ok(a, weight, config) -> bool:
     """Whether a layer's per-step FP8 weight cache can feed the native training op: eager mode with
-    the C++ autograd, bf16/fp16 tokens ``a``, a granularity the native path composes, no FP8 wgrad."""
+    the C++ autograd, no FP8 wgrad, and tokens ``a`` and ``weight`` ``[G, N, K]`` that the uncached
+    layer would send to the native op too (``_native_ok``: bf16/fp16, nothing empty, BLOCKWISE
+    experts of whole 128-row blocks). The rest (a rank with no tokens, say) takes the layer's
+    uncached call."""
     return (
-        _train_op is not None and not FP8_WGRAD and native.eager_cpp_autograd() and isinstance(a, torch.Tensor)
-        and not isinstance(a, QuantizedTensor) and a.dtype in _IN_DTYPES and a.dim() == 2
-        and config.granularity in _NATIVE_GRANULARITY
+        _train_op is not None and not FP8_WGRAD and native.eager_cpp_autograd()
+        and _native_ok(a, weight, config.granularity)
     )
 
 
