@@ -364,6 +364,44 @@ def test_float8_linear_cached_weight_takes_empty_batches_and_no_grad_calls():
     assert torch.equal(y, layer(x).detach())
 
 
+@pytest.mark.parametrize("g", [G.TENSORWISE, G.ROWWISE, G.BLOCKWISE], ids=lambda v: v.name)
+def test_float8_linear_cached_weight_takes_unaligned_shapes(g):
+    """A cached layer takes what the uncached one takes: 7 input rows (a last batch), a 3-D input of
+    10 rows, and feature counts that are not multiples of 16 (that layer quantizes per call), with
+    the same outputs and gradients; and the fused MLP on the layers' cached copies with 7 rows."""
+    cfg = config_for(Format.HYBRID, g)
+    for k, n, shape in ((64, 64, (7, 64)), (64, 64, (2, 5, 64)), (100, 48, (32, 100)), (64, 40, (16, 64))):
+        torch.manual_seed(3)
+        ref = turbo.modules.Float8Linear(k, n, config=cfg, device="cuda", dtype=torch.bfloat16)
+        cached = turbo.modules.Float8Linear(k, n, config=cfg, device="cuda", dtype=torch.bfloat16,
+                                            cache_quantized_weight=True)
+        cached.load_state_dict(ref.state_dict())
+        assert cached._weight_cached_now() == (k % 16 == 0 and n % 16 == 0)
+        x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(*shape[:-1], n, device="cuda", dtype=torch.bfloat16)
+        got = []
+        for layer in (ref, cached):
+            xi = x.clone().requires_grad_(True)
+            y = layer(xi)
+            y.backward(dy)
+            with torch.no_grad():
+                y_eval = layer(x)
+            got.append((y.detach(), y_eval, xi.grad, layer.weight.grad.clone()))
+        for r, c in zip(*got):
+            assert c.shape == r.shape and snr_db(c, r) >= 40.0
+    if g == G.TENSORWISE:  # the fused MLP reads TENSORWISE copies
+        up = turbo.modules.Float8Linear(64, 128, bias=False, config=cfg, device="cuda", dtype=torch.bfloat16,
+                                        cache_quantized_weight=True)
+        down = turbo.modules.Float8Linear(64, 64, bias=False, config=cfg, device="cuda", dtype=torch.bfloat16,
+                                          cache_quantized_weight=True)
+        x = torch.randn(7, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        y = turbo.ops.swiglu_mlp_fp8(x, up.weight_operand(), down.weight_operand(), cfg)
+        plain = turbo.ops.swiglu_mlp_fp8(x, up.weight, down.weight, cfg)
+        assert y.shape == (7, 64) and snr_db(y, plain) >= 40.0
+        y.sum().backward()
+        assert x.grad.shape == x.shape and up.weight.grad is not None
+
+
 def test_backend_selection_for_fp8_precision():
     a = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)

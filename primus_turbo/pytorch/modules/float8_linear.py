@@ -28,7 +28,9 @@ class Float8Linear(QuantizedWeightCache, Linear):
     through ``weight.data`` outside a torch optimizer (which leaves the version counter as it was),
     or edits ``config`` in place, calls :meth:`invalidate_weight_cache`. Eager training only:
     under ``torch.compile``, CUDA-graph capture and ``torch.inference_mode`` the weight is
-    quantized per call.
+    quantized per call, and so is the weight of a layer whose ``in_features`` or
+    ``out_features`` is not a multiple of 16 (FP8 rows are read 16 bytes at a time). Any number of
+    input rows works either way.
     """
 
     def __init__(
@@ -73,6 +75,11 @@ class Float8Linear(QuantizedWeightCache, Linear):
         linear.__class__ = cls
         linear._init_fp8(config, cache_quantized_weight)
         return linear
+
+    def _weight_cache_applies(self) -> bool:
+        # The FP8 copies are rows of 16 bytes: a layer with other feature counts quantizes per call
+        # (padded inside gemm_fp8).
+        return self.in_features % 16 == 0 and self.out_features % 16 == 0
 
     def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:
         if self._weight_cached_now() and cached_weight_native_ok(x2d, self.weight, self.config):

@@ -839,8 +839,23 @@ def gemm_fp8(
     )
 
 
+def _rows_pad_beside_quantized(a, b, trans_a: bool) -> int:
+    """Rows to add to a plain ``a`` whose M is not a multiple of 16 beside a quantized ``b`` (a
+    layer's cached weight and a last batch of 7 tokens, say), else 0."""
+    if not (isinstance(a, torch.Tensor) and not isinstance(a, QuantizedTensor) and a.dim() == 2 and _qo.is_quantized(b)):
+        return 0
+    return (-a.shape[1 if trans_a else 0]) % 16
+
+
 def _gemm_fp8_quantized(a, b, trans_a: bool, trans_b: bool, out_dtype, config, pattern):
     """gemm_fp8 with QuantizedTensor / QuantizedTensorPair operands (either or both), training or not."""
+    pm = _rows_pad_beside_quantized(a, b, trans_a)
+    if pm:
+        # Zero rows up to a multiple of 16, the result cut back: exact (zero rows add nothing to the
+        # products nor to any amax), and the slice drops their gradients.
+        m = a.shape[1 if trans_a else 0]
+        padded = F.pad(a, (0, pm) if trans_a else (0, 0, 0, pm))
+        return _gemm_fp8_quantized(padded, b, trans_a, trans_b, out_dtype, config, pattern)[:m]
     a, a_t, b, b_t, out_dtype = _qo.dense_operands("gemm_fp8", a, b, trans_a, trans_b, out_dtype, config)
     main_grad = _training_main_grad(b, pattern, config.granularity)
     if main_grad is None:
