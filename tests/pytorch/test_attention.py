@@ -449,6 +449,46 @@ def test_fused_dq_backward_matches_the_deterministic_one(varlen):
         GlobalBackendManager.set_attn_backend(None)
 
 
+def test_cudnn_varlen_graphs_keep_each_calls_mask():
+    """Packed calls on cuDNN share a graph across max lengths of one bucket; a mask side that
+    constrains at one max length and hides nothing at another must not carry over (window (100, 0)
+    at max 80 then 128; causal at max 1 then 50). Each call matches the reference."""
+    cases = (({"window_size": (100, 0)}, ([80, 40], [128, 60])), ({"causal": True}, ([1, 1], [50, 14])))
+    GlobalBackendManager.set_attn_backend("CUDNN")
+    try:
+        for kwargs, runs in cases:
+            for lens in runs:
+                n = sum(lens)
+                torch.manual_seed(n)
+                q, k, v, dout = (torch.randn(n, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                cu = offsets(lens)
+                leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                out = turbo.ops.flash_attn_varlen_func(*leaves, cu, cu, max(lens), max(lens), **kwargs)
+                grads = torch.autograd.grad(out, leaves, dout)
+                ref = varlen_reference(q, k, v, dout, cu, cu, None, **kwargs)
+                for name, g, r in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref[0], *ref[2:5])):
+                    assert_snr(g, r, MIN_SNR, f"cuDNN varlen {lens} {kwargs} {name}")
+    finally:
+        GlobalBackendManager.set_attn_backend(None)
+
+
+def test_forced_cudnn_takes_a_decode_window():
+    """One query against 1000 keys, causal with window (128, 0), backend CUDNN: the right bound 0
+    hides nothing for one query but stays with the left one, so cuDNN runs it (it refused "a left
+    window without a right bound" before) and matches the reference."""
+    q, k, v, dout, _ = make(1, 1, 1000, 4, 4, 128, 128, seed=21)
+    GlobalBackendManager.set_attn_backend("CUDNN")
+    try:
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = turbo.ops.flash_attn_func(*leaves, causal=True, window_size=(128, 0))
+        grads = torch.autograd.grad(out, leaves, dout)
+    finally:
+        GlobalBackendManager.set_attn_backend(None)
+    ref = reference(q, k, v, dout, None, causal=True, window_size=(128, 0))
+    for name, g, r in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref[0], *ref[2:5])):
+        assert_snr(g, r, MIN_SNR, f"decode window {name}")
+
+
 def test_unset_backend_runs_what_cudnn_refuses_on_our_kernel():
     # rows that see no key (causal, Sq > Sk) and a left window alone: cuDNN is skipped, not failed
     q, k, v, dout, sink = make(2, 333, 100, 4, 2, 128, 128, sink=True, seed=17)

@@ -160,12 +160,15 @@ std::shared_ptr<fe::graph::Tensor_attributes> per_head(fe::graph::Graph& g, cons
 }
 
 // The window sides that constrain something (-1 otherwise): a left side of at least Sk - 1 or a
-// right side of at least Sq - 1 hides no key of any row.
+// right side of at least Sq - 1 hides no key of any row (packed: of any sequence up to the max
+// lengths). A right side is kept while the left one constrains (cuDNN takes a left bound only with
+// a right one; an unconstraining right bound changes nothing).
 struct Window {
   int64_t left, right;
 };
 Window effective_window(const PtAttnParams& r) {
-  return {r.window_left >= r.seqlen_k - 1 ? -1 : r.window_left, r.window_right >= r.seqlen_q - 1 ? -1 : r.window_right};
+  const int64_t left = r.window_left >= r.seqlen_k - 1 ? -1 : r.window_left;
+  return {left, r.window_right >= r.seqlen_q - 1 && left < 0 ? -1 : r.window_right};
 }
 
 // Our window rule (key j visible from query i iff i + Sk - Sq - left <= j <= i + Sk - Sq + right) in
@@ -274,11 +277,14 @@ std::vector<int64_t> key_of(const Problem& p, bool backward, bool deterministic,
   // Packed: the lse strides hold the token count, which the graph never reads (it writes cuDNN's own
   // statistics layout); keyed, they would make a graph per batch of documents.
   const int64_t lse_sb = ragged ? 0 : r.lse_sb, lse_sh = ragged ? 0 : r.lse_sh;
+  // The mask as the graph has it: packed problems share a graph across max lengths of one bucket,
+  // whose effective windows differ (a side may constrain at one max length and not at another).
+  const Window w = effective_window(r);
   std::vector<int64_t> key{device,     backward,   deterministic, p.dtype,      r.batch,      sq,
                            sk,         r.heads_q,  r.heads_kv,    r.head_dim,   r.head_dim_v, r.q_sb,
                            r.q_ss,     r.q_sh,     r.k_sb,        r.k_ss,       r.k_sh,       r.v_sb,
                            r.v_ss,     r.v_sh,     r.o_sb,        r.o_ss,       r.o_sh,       lse_sb,
-                           lse_sh,     scale_bits, r.window_left, r.window_right, r.sink != nullptr, ragged};
+                           lse_sh,     scale_bits, w.left,        w.right,      r.sink != nullptr, ragged};
   if (backward) {
     for (int64_t s : {r.do_sb, r.do_ss, r.do_sh, r.dq_sb, r.dq_ss, r.dq_sh, r.dk_sb, r.dk_ss, r.dk_sh, r.dv_sb,
                       r.dv_ss, r.dv_sh})
