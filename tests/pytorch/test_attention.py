@@ -449,6 +449,26 @@ def test_fused_dq_backward_matches_the_deterministic_one(varlen):
         GlobalBackendManager.set_attn_backend(None)
 
 
+@pytest.mark.parametrize("op", ["TURBO", "CUDNN", "FP8"])
+def test_varlen_rows_past_the_last_sequence(op):
+    """Tokens past cu_seqlens_q[-1] belong to no sequence: every path gives them a zero output and
+    the log-sum-exp of a row that sees nothing, +inf (our kernels once wrote 0 there, cuDNN +inf)."""
+    lens, tail = [37, 0, 100], 11
+    n = sum(lens)
+    torch.manual_seed(n)
+    q, k, v = (torch.randn(n + tail, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cu = offsets(lens)
+    GlobalBackendManager.set_attn_backend("CUDNN" if op == "CUDNN" else "TURBO")
+    try:
+        fn = turbo.ops.flash_attn_varlen_fp8_func if op == "FP8" else turbo.ops.flash_attn_varlen_func
+        poison_allocator(q.numel() * q.element_size())
+        out, lse = fn(q, k, v, cu, cu, max(lens), max(lens), causal=True, return_lse=True)
+    finally:
+        GlobalBackendManager.set_attn_backend(None)
+    assert (out[n:] == 0).all() and torch.isinf(lse[:, n:]).all() and (lse[:, n:] > 0).all()
+    assert torch.isfinite(lse[:, :n]).all() and torch.isfinite(out[:n]).all()
+
+
 def test_cudnn_varlen_graphs_keep_each_calls_mask():
     """Packed calls on cuDNN share a graph across max lengths of one bucket; a mask side that
     constrains at one max length and hides nothing at another must not carry over (window (100, 0)

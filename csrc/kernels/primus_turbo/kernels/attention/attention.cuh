@@ -15,6 +15,13 @@
 
 namespace primus_turbo::kernels::attention {
 
+// +inf into x[0, n): the log-sum-exp of packed rows outside every sequence, the value of a row that
+// sees no key (what the kernels write for such a row inside a sequence, and cuDNN's path too).
+__global__ void __launch_bounds__(256) fill_inf_kernel(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    x[i] = INFINITY;
+}
+
 template <class T, int kD, int kDV>
 struct Attention {
   static_assert(kD % 16 == 0 && kDV % 16 == 0 && kD <= 256 && kDV <= 256, "head dims");
@@ -69,9 +76,10 @@ struct Attention {
     if (!check(p, err, err_len)) return 1;
     const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
     if (packed(p)) {
-      // Tokens outside every sequence are never visited: give them zeros, not garbage.
+      // Tokens outside every sequence are never visited: give them zeros (lse +inf), not garbage.
       cudaMemsetAsync(p->out, 0, p->total_q * p->o_ss * sizeof(T), stream);
-      cudaMemsetAsync(p->lse, 0, p->heads_q * p->lse_sh * sizeof(float), stream);
+      const int64_t n = p->heads_q * p->lse_sh;
+      if (n > 0) fill_inf_kernel<<<static_cast<unsigned>(n < 256 * 1024 ? (n + 255) / 256 : 1024), 256, 0, stream>>>(p->lse, n);
     }
     if (p->batch > 0 && p->heads_q > 0) launch(*p, stream);
     return report_launch(what, err, err_len);
