@@ -3,6 +3,8 @@
 // call. Group sizes stay on the device: nothing here reads them, so no call synchronizes.
 #include <vector>
 
+#include <torch/csrc/stable/ops.h>
+
 #include "bindings/torch/debug_readback.h"
 #include "bindings/torch/grouped_gemm_run.h"
 #include "bindings/torch/plan_cache.h"
@@ -48,6 +50,9 @@ Tensor grouped_gemm(Tensor a, Tensor b, Tensor group_lens, std::optional<Tensor>
               shape_string(b), " has K = ", kb, " (trans_b=", trans_b ? "True" : "False", ")");
   const int32_t device = check_devices(a, b, "b", group_lens, group_offs);
   Tensor out = empty({a.sizes()[0], n}, a.scalar_type(), device);
+  // Given offsets may leave rows between or before the groups (blocks padded past their lengths):
+  // those come back as zeros, not as what the allocator held.
+  if (group_offs) torch::stable::zero_(out);
   grouped_gemm_run(a, b, group_lens, group_offs, out, false, trans_b, num_sms, device);
   return out;
 }

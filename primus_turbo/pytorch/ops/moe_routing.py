@@ -154,6 +154,7 @@ def _check_routing_args(logits, topk, groups, selected_groups, score_function) -
     check_cuda_tensors(op, logits=logits)
 
 
+@native.raises_python_errors
 def fused_group_topk_routing_with_aux_score(
     logits: torch.Tensor,
     topk: int,
@@ -207,6 +208,7 @@ def fused_group_topk_routing_with_aux_score(
     )
 
 
+@native.raises_python_errors
 def indices_to_multihot(
     indices: torch.Tensor, probs_indices: torch.Tensor, num_of_local_experts: int, fused: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,6 +253,7 @@ def indices_to_multihot(
     )
 
 
+@native.raises_python_errors
 def tokens_per_expert_to_mask(tokens_per_expert: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """int64 ``[num_tokens]`` mask: 1 for the first ``tokens_per_expert.sum()`` positions, 0 after
     (the valid rows of a padded, permuted token buffer). ``tokens_per_expert``: int32/int64
