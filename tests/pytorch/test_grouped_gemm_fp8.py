@@ -381,6 +381,16 @@ def _uncached_and_cached(groups: int, k: int, n: int, config):
     return ref, cached
 
 
+def _layer_step(layer, x, lens, dy, x_grad: bool):
+    """(output, x's gradient or None, the weight's gradient) of one forward and backward of
+    ``layer`` on a copy of ``x``; the layer's weight gradient is cleared after."""
+    xi = x.clone().requires_grad_(x_grad)
+    y = layer(xi, lens)
+    y.backward(dy)
+    dw, layer.weight.grad = layer.weight.grad.clone(), None
+    return y.detach(), xi.grad, dw
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 @pytest.mark.parametrize("g", [ScalingGranularity.TENSORWISE, ScalingGranularity.ROWWISE, ScalingGranularity.BLOCKWISE],
                          ids=lambda v: v.name)
@@ -434,14 +444,7 @@ def test_grouped_linear_rows_cache_is_the_uncached_layer_bit_for_bit():
     for x_grad in (True, False):
         x = torch.randn(192, 256, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(192, 384, device="cuda", dtype=torch.bfloat16)
-        outs = []
-        for layer in (ref, cached):
-            xi = x.clone().requires_grad_(x_grad)
-            y = layer(xi, lens)
-            y.backward(dy)
-            outs.append((y.detach(), xi.grad, layer.weight.grad.clone()))
-            layer.weight.grad = None
-        (yr, dxr, dwr), (yc, dxc, dwc) = outs
+        (yr, dxr, dwr), (yc, dxc, dwc) = (_layer_step(layer, x, lens, dy, x_grad) for layer in (ref, cached))
         assert torch.equal(yc, yr) and torch.equal(dwc, dwr)
         assert (dxr is None and dxc is None) or torch.equal(dxc, dxr)
     assert cached._weight_rows is not None
@@ -462,14 +465,7 @@ def test_grouped_linear_cached_takes_what_the_uncached_layer_takes(g):
         lens = torch.tensor(lens, dtype=torch.int64, device="cuda")
         x = torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(rows, 192, device="cuda", dtype=torch.bfloat16)
-        outs = []
-        for layer in (ref, cached):
-            xi = x.clone().requires_grad_(True)
-            y = layer(xi, lens)
-            y.backward(dy)
-            outs.append((y.detach(), xi.grad, layer.weight.grad.clone()))
-            layer.weight.grad = None
-        (yr, dxr, dwr), (yc, dxc, dwc) = outs
+        (yr, dxr, dwr), (yc, dxc, dwc) = (_layer_step(layer, x, lens, dy, True) for layer in (ref, cached))
         assert yc.shape == yr.shape == (rows, 192) and dxc.shape == (rows, 256)
         if rows == 0:
             assert dwc.abs().max().item() == 0 and dwr.abs().max().item() == 0
